@@ -1,0 +1,605 @@
+//! The conformance suite every metadata engine must pass. Each engine's tests call
+//! [`run_all`] with a factory that yields a freshly formatted engine (and a guard that keeps its
+//! storage alive), so the suite is written once and run against SQLite, PostgreSQL, ...
+
+use std::any::Any;
+
+use crate::engine::MetaEngine;
+use crate::error::MetaError;
+use crate::types::*;
+
+/// Format parameters the suite uses: two targets, 1 MiB stripes, 64 KiB inline threshold.
+pub fn params() -> FormatParams {
+    FormatParams {
+        name: "conformance".into(),
+        targets: vec![
+            ("file:///tmp/ost0".into(), 0),
+            ("file:///tmp/ost1".into(), 0),
+        ],
+        stripe_count: 1,
+        stripe_size: 1 << 20,
+        inline_threshold: 64 << 10,
+        force: false,
+    }
+}
+
+/// A factory of fresh engines; the first element keeps the engine's storage alive.
+pub type Factory<'a> = dyn Fn() -> (Box<dyn Any>, Box<dyn MetaEngine>) + 'a;
+
+/// Every check, each on a fresh filesystem.
+pub fn run_all(factory: &Factory<'_>) {
+    let checks: &[(&str, fn(&dyn MetaEngine))] = &[
+        ("format_and_root", format_and_root),
+        ("create_lookup_and_errors", create_lookup_and_errors),
+        ("setattr_and_truncate", setattr_and_truncate),
+        ("unlink_rmdir_nlink", unlink_rmdir_nlink),
+        ("rename_cases", rename_cases),
+        ("readdir_pages", readdir_pages),
+        ("symlink_and_link", symlink_and_link),
+        ("xattrs", xattrs),
+        ("slices_and_commit_order", slices_and_commit_order),
+        ("open_unlinked_file_survives", open_unlinked_file_survives),
+        ("sessions_and_reaping", sessions_and_reaping),
+        ("locks", locks),
+        ("stripe_defaults_and_projects", stripe_defaults_and_projects),
+        ("setgid_inheritance", setgid_inheritance),
+        ("compaction_replace_chunk", compaction_replace_chunk),
+    ];
+    for (name, check) in checks {
+        let (_guard, engine) = factory();
+        eprintln!("conformance: {name}");
+        check(engine.as_ref());
+    }
+}
+
+fn file() -> NewNode {
+    NewNode {
+        kind: Kind::File,
+        perm: 0o644,
+        uid: 1000,
+        gid: 1000,
+        rdev: 0,
+        symlink: None,
+    }
+}
+
+fn dir() -> NewNode {
+    NewNode {
+        kind: Kind::Dir,
+        perm: 0o755,
+        uid: 1000,
+        gid: 1000,
+        rdev: 0,
+        symlink: None,
+    }
+}
+
+fn layout() -> Layout {
+    Layout {
+        stripe_size: 1 << 20,
+        targets: vec![0, 1],
+    }
+}
+
+fn obj_slice(chunk: u64, off: u64, len: u64, obj: u64) -> Slice {
+    Slice {
+        seq: 0,
+        chunk,
+        off,
+        len,
+        data: SliceData::Object { target: 0, obj },
+    }
+}
+
+fn format_and_root(e: &dyn MetaEngine) {
+    let info = e.info().unwrap();
+    assert_eq!(info.name, "conformance");
+    assert_eq!(info.default_stripe_size, 1 << 20);
+    assert_eq!(info.inline_threshold, 64 << 10);
+    assert_eq!(e.targets().unwrap().len(), 2);
+    let root = e.getattr(ROOT_INO).unwrap();
+    assert_eq!(root.kind, Kind::Dir);
+    assert_eq!(root.nlink, 2);
+}
+
+fn create_lookup_and_errors(e: &dyn MetaEngine) {
+    let a = e.create(ROOT_INO, b"f", &file(), Some(layout())).unwrap();
+    assert_eq!(a.kind, Kind::File);
+    assert_eq!(a.nlink, 1);
+    assert_eq!(a.layout, Some(layout()));
+    assert_eq!(e.lookup(ROOT_INO, b"f").unwrap().ino, a.ino);
+    assert!(matches!(
+        e.create(ROOT_INO, b"f", &file(), None),
+        Err(MetaError::Exists)
+    ));
+    assert!(matches!(
+        e.lookup(ROOT_INO, b"nope"),
+        Err(MetaError::NotFound)
+    ));
+    assert!(matches!(e.lookup(a.ino, b"x"), Err(MetaError::NotDir)));
+    assert!(matches!(
+        e.create(a.ino, b"x", &file(), None),
+        Err(MetaError::NotDir)
+    ));
+    let long = vec![b'a'; 256];
+    assert!(matches!(
+        e.create(ROOT_INO, &long, &file(), None),
+        Err(MetaError::NameTooLong)
+    ));
+    let ok = vec![b'b'; 255];
+    e.create(ROOT_INO, &ok, &file(), None).unwrap();
+    let d = e.create(ROOT_INO, b"d", &dir(), None).unwrap();
+    assert_eq!(d.nlink, 2);
+    assert_eq!(e.getattr(ROOT_INO).unwrap().nlink, 3);
+    let fifo = NewNode {
+        kind: Kind::Fifo,
+        ..file()
+    };
+    assert_eq!(e.create(d.ino, b"p", &fifo, None).unwrap().kind, Kind::Fifo);
+}
+
+fn setattr_and_truncate(e: &dyn MetaEngine) {
+    let a = e.create(ROOT_INO, b"f", &file(), Some(layout())).unwrap();
+    let mib = 1u64 << 20;
+    e.commit_slices(
+        a.ino,
+        &[obj_slice(0, 0, mib, 1), obj_slice(1, 0, mib, 2)],
+        2 * mib,
+        5,
+    )
+    .unwrap();
+    let b = e.getattr(a.ino).unwrap();
+    assert_eq!(b.size, 2 * mib);
+    assert!(b.data_version > a.data_version);
+    let c = e
+        .setattr(
+            a.ino,
+            &SetAttr {
+                size: Some(100),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(c.size, 100);
+    assert!(
+        e.read_chunk(a.ino, 1).unwrap().is_empty(),
+        "chunk beyond the end is freed"
+    );
+    let tail = e.read_chunk(a.ino, 0).unwrap();
+    let last = tail.last().unwrap();
+    assert_eq!(
+        (last.off, last.data.clone()),
+        (100, SliceData::Zero),
+        "tail is zeroed"
+    );
+    assert_eq!(
+        e.trash(100).unwrap().len(),
+        1,
+        "the freed object is in the trash"
+    );
+    let d = e
+        .setattr(
+            a.ino,
+            &SetAttr {
+                perm: Some(0o4700),
+                uid: Some(5),
+                gid: Some(6),
+                atime: Some(TimeSet::At(1_000)),
+                mtime: Some(TimeSet::At(2_000)),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(
+        (d.perm, d.uid, d.gid, d.atime, d.mtime),
+        (0o4700, 5, 6, 1_000, 2_000)
+    );
+    assert!(d.ctime > 2_000);
+    let dd = e.create(ROOT_INO, b"d", &dir(), None).unwrap();
+    assert!(matches!(
+        e.setattr(
+            dd.ino,
+            &SetAttr {
+                size: Some(0),
+                ..Default::default()
+            }
+        ),
+        Err(MetaError::IsDir)
+    ));
+}
+
+fn unlink_rmdir_nlink(e: &dyn MetaEngine) {
+    let d = e.create(ROOT_INO, b"d", &dir(), None).unwrap();
+    let f = e.create(d.ino, b"f", &file(), Some(layout())).unwrap();
+    assert!(matches!(e.rmdir(ROOT_INO, b"d"), Err(MetaError::NotEmpty)));
+    assert!(matches!(e.unlink(ROOT_INO, b"d"), Err(MetaError::IsDir)));
+    assert!(matches!(e.rmdir(d.ino, b"f"), Err(MetaError::NotDir)));
+    e.unlink(d.ino, b"f").unwrap();
+    assert!(matches!(e.getattr(f.ino), Err(MetaError::NotFound)));
+    e.rmdir(ROOT_INO, b"d").unwrap();
+    assert_eq!(e.getattr(ROOT_INO).unwrap().nlink, 2);
+    assert!(matches!(e.unlink(ROOT_INO, b"d"), Err(MetaError::NotFound)));
+}
+
+fn rename_cases(e: &dyn MetaEngine) {
+    let a = e.create(ROOT_INO, b"a", &dir(), None).unwrap();
+    let b = e.create(ROOT_INO, b"b", &dir(), None).unwrap();
+    let f = e.create(a.ino, b"f", &file(), None).unwrap();
+    let g = e.create(b.ino, b"g", &file(), None).unwrap();
+    // across directories, over an existing file
+    e.rename(a.ino, b"f", b.ino, b"g", 0).unwrap();
+    assert_eq!(e.lookup(b.ino, b"g").unwrap().ino, f.ino);
+    assert!(matches!(e.getattr(g.ino), Err(MetaError::NotFound)));
+    // NOREPLACE
+    e.create(b.ino, b"h", &file(), None).unwrap();
+    assert!(matches!(
+        e.rename(b.ino, b"g", b.ino, b"h", libc::RENAME_NOREPLACE),
+        Err(MetaError::Exists)
+    ));
+    // EXCHANGE a file and a directory across parents: nlink of parents moves
+    let sub = e.create(a.ino, b"sub", &dir(), None).unwrap();
+    let a_before = e.getattr(a.ino).unwrap().nlink;
+    let b_before = e.getattr(b.ino).unwrap().nlink;
+    e.rename(a.ino, b"sub", b.ino, b"g", libc::RENAME_EXCHANGE)
+        .unwrap();
+    assert_eq!(e.lookup(b.ino, b"g").unwrap().ino, sub.ino);
+    assert_eq!(e.lookup(a.ino, b"sub").unwrap().ino, f.ino);
+    assert_eq!(e.getattr(a.ino).unwrap().nlink, a_before - 1);
+    assert_eq!(e.getattr(b.ino).unwrap().nlink, b_before + 1);
+    assert_eq!(e.getattr(sub.ino).unwrap().parent, b.ino);
+    // a directory over an empty directory; over a non-empty one fails
+    let empty = e.create(ROOT_INO, b"empty", &dir(), None).unwrap();
+    e.rename(b.ino, b"g", ROOT_INO, b"empty", 0).unwrap();
+    assert!(matches!(e.getattr(empty.ino), Err(MetaError::NotFound)));
+    assert!(matches!(
+        e.rename(ROOT_INO, b"a", ROOT_INO, b"b", 0),
+        Err(MetaError::NotEmpty)
+    ));
+    // into its own subtree
+    assert!(matches!(
+        e.rename(ROOT_INO, b"b", b.ino, b"x", 0),
+        Err(MetaError::Invalid(_))
+    ));
+    // file over directory and directory over file
+    assert!(matches!(
+        e.rename(a.ino, b"sub", ROOT_INO, b"b", 0),
+        Err(MetaError::IsDir)
+    ));
+    assert!(matches!(
+        e.rename(ROOT_INO, b"b", a.ino, b"sub", 0),
+        Err(MetaError::NotDir)
+    ));
+    // exchange needs both
+    assert!(matches!(
+        e.rename(ROOT_INO, b"b", ROOT_INO, b"zz", libc::RENAME_EXCHANGE),
+        Err(MetaError::NotFound)
+    ));
+}
+
+fn readdir_pages(e: &dyn MetaEngine) {
+    let d = e.create(ROOT_INO, b"d", &dir(), None).unwrap();
+    for i in 0..250 {
+        e.create(d.ino, format!("n{i}").as_bytes(), &file(), None)
+            .unwrap();
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    let mut off = 0;
+    loop {
+        let page = e.readdir(d.ino, off, 64).unwrap();
+        if page.is_empty() {
+            break;
+        }
+        off = page.last().unwrap().offset;
+        for ent in page {
+            assert!(seen.insert(ent.name));
+        }
+    }
+    assert_eq!(seen.len(), 250);
+    e.unlink(d.ino, b"n0").unwrap();
+    assert_eq!(e.readdir(d.ino, 0, 1000).unwrap().len(), 249);
+}
+
+fn symlink_and_link(e: &dyn MetaEngine) {
+    let s = NewNode {
+        kind: Kind::Symlink,
+        symlink: Some(b"/some/where".to_vec()),
+        ..file()
+    };
+    let a = e.create(ROOT_INO, b"s", &s, None).unwrap();
+    assert_eq!(a.size, 11);
+    assert_eq!(e.readlink(a.ino).unwrap(), b"/some/where");
+    let f = e.create(ROOT_INO, b"f", &file(), None).unwrap();
+    assert!(matches!(e.readlink(f.ino), Err(MetaError::Invalid(_))));
+    let l = e.link(f.ino, ROOT_INO, b"f2").unwrap();
+    assert_eq!(l.nlink, 2);
+    e.unlink(ROOT_INO, b"f").unwrap();
+    assert_eq!(e.getattr(f.ino).unwrap().nlink, 1);
+    let d = e.create(ROOT_INO, b"d", &dir(), None).unwrap();
+    assert!(matches!(
+        e.link(d.ino, ROOT_INO, b"d2"),
+        Err(MetaError::NotPermitted)
+    ));
+}
+
+fn xattrs(e: &dyn MetaEngine) {
+    let f = e.create(ROOT_INO, b"f", &file(), None).unwrap();
+    assert!(matches!(
+        e.getxattr(f.ino, b"user.a"),
+        Err(MetaError::NoAttr)
+    ));
+    e.setxattr(f.ino, b"user.a", b"1", 0).unwrap();
+    assert!(matches!(
+        e.setxattr(f.ino, b"user.a", b"2", libc::XATTR_CREATE),
+        Err(MetaError::Exists)
+    ));
+    assert!(matches!(
+        e.setxattr(f.ino, b"user.b", b"2", libc::XATTR_REPLACE),
+        Err(MetaError::NoAttr)
+    ));
+    e.setxattr(f.ino, b"user.a", b"3", libc::XATTR_REPLACE)
+        .unwrap();
+    e.setxattr(f.ino, b"user.b", b"", 0).unwrap();
+    assert_eq!(e.getxattr(f.ino, b"user.a").unwrap(), b"3");
+    assert_eq!(
+        e.listxattr(f.ino).unwrap(),
+        vec![b"user.a".to_vec(), b"user.b".to_vec()]
+    );
+    e.removexattr(f.ino, b"user.a").unwrap();
+    assert!(matches!(
+        e.removexattr(f.ino, b"user.a"),
+        Err(MetaError::NoAttr)
+    ));
+}
+
+fn slices_and_commit_order(e: &dyn MetaEngine) {
+    let f = e.create(ROOT_INO, b"f", &file(), Some(layout())).unwrap();
+    let first = e.alloc_object_ids(10).unwrap();
+    let second = e.alloc_object_ids(10).unwrap();
+    assert!(second >= first + 10, "object id ranges never overlap");
+    // Two writers: the later commit wins, whatever its object id.
+    e.commit_slices(f.ino, &[obj_slice(0, 0, 100, second)], 100, 1)
+        .unwrap();
+    e.commit_slices(f.ino, &[obj_slice(0, 50, 100, first)], 150, 2)
+        .unwrap();
+    let s = e.read_chunk(f.ino, 0).unwrap();
+    assert_eq!(s.len(), 2);
+    assert!(s[0].seq < s[1].seq);
+    assert_eq!(
+        s[1].data,
+        SliceData::Object {
+            target: 0,
+            obj: first
+        }
+    );
+    assert_eq!(e.getattr(f.ino).unwrap().size, 150);
+    // size never shrinks by a commit
+    e.commit_slices(f.ino, &[obj_slice(0, 0, 10, second + 1)], 10, 3)
+        .unwrap();
+    assert_eq!(e.getattr(f.ino).unwrap().size, 150);
+    let inline = Slice {
+        seq: 0,
+        chunk: 0,
+        off: 0,
+        len: 3,
+        data: SliceData::Inline(b"abc".to_vec()),
+    };
+    e.commit_slices(f.ino, &[inline], 3, 4).unwrap();
+    assert_eq!(
+        e.read_chunk(f.ino, 0).unwrap().last().unwrap().data,
+        SliceData::Inline(b"abc".to_vec())
+    );
+    assert!(e.targets().unwrap()[0].used >= 210);
+    let p = e.fallocate(f.ino, 0, 4096, false, false).unwrap();
+    assert_eq!(p.size, 4096);
+    let k = e.fallocate(f.ino, 0, 8192, true, false).unwrap();
+    assert_eq!(k.size, 4096);
+}
+
+fn open_unlinked_file_survives(e: &dyn MetaEngine) {
+    let f = e.create(ROOT_INO, b"f", &file(), Some(layout())).unwrap();
+    e.commit_slices(f.ino, &[obj_slice(0, 0, 10, 7)], 10, 1)
+        .unwrap();
+    e.open_file(1, f.ino).unwrap();
+    e.open_file(2, f.ino).unwrap();
+    e.unlink(ROOT_INO, b"f").unwrap();
+    assert!(e.lookup(ROOT_INO, b"f").is_err());
+    assert_eq!(
+        e.read_chunk(f.ino, 0).unwrap().len(),
+        1,
+        "data stays while open"
+    );
+    assert!(e.trash(10).unwrap().is_empty());
+    e.close_file(1, f.ino).unwrap();
+    assert!(e.getattr(f.ino).is_ok(), "client 2 still has it open");
+    e.close_file(2, f.ino).unwrap();
+    assert!(matches!(e.getattr(f.ino), Err(MetaError::NotFound)));
+    let t = e.trash(10).unwrap();
+    assert_eq!(t.len(), 1);
+    let used = e.targets().unwrap()[0].used;
+    e.trash_done(&[t[0].id]).unwrap();
+    assert_eq!(e.targets().unwrap()[0].used, used - 10);
+    assert!(e.trash(10).unwrap().is_empty());
+}
+
+fn sessions_and_reaping(e: &dyn MetaEngine) {
+    let s = SessionInfo {
+        id: 0,
+        client_name: "a".into(),
+        host: "h".into(),
+        pid: 1,
+        mountpoint: "/mnt/a".into(),
+        version: "0".into(),
+        started: 0,
+        heartbeat: 0,
+    };
+    let a = e.register_session(&s).unwrap();
+    let b = e
+        .register_session(&SessionInfo {
+            client_name: "b".into(),
+            ..s.clone()
+        })
+        .unwrap();
+    assert_ne!(a, b);
+    assert_eq!(e.sessions().unwrap().len(), 2);
+    e.heartbeat(a).unwrap();
+    // An orphan held open only by a session that dies is purged when it is reaped.
+    let f = e.create(ROOT_INO, b"f", &file(), Some(layout())).unwrap();
+    e.open_file(b, f.ino).unwrap();
+    e.unlink(ROOT_INO, b"f").unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    e.heartbeat(a).unwrap();
+    assert_eq!(e.reap_sessions(10_000_000).unwrap(), 1);
+    let left = e.sessions().unwrap();
+    assert_eq!(left.len(), 1);
+    assert_eq!(left[0].client_name, "a");
+    assert!(matches!(e.getattr(f.ino), Err(MetaError::NotFound)));
+    e.unregister_session(a).unwrap();
+    assert!(e.sessions().unwrap().is_empty());
+    assert!(matches!(e.heartbeat(a), Err(MetaError::NotFound)));
+}
+
+fn locks(e: &dyn MetaEngine) {
+    let f = e.create(ROOT_INO, b"f", &file(), None).unwrap();
+    let w = |session, owner, start, end| LockRange {
+        session,
+        owner,
+        flock: false,
+        typ: LockType::Write,
+        start,
+        end,
+        pid: 1,
+    };
+    e.set_lock(f.ino, &w(1, 1, 0, 99)).unwrap();
+    assert!(matches!(
+        e.set_lock(f.ino, &w(2, 1, 50, 60)),
+        Err(MetaError::WouldBlock)
+    ));
+    e.set_lock(f.ino, &w(2, 1, 100, 200)).unwrap();
+    let conflict = e.test_lock(f.ino, &w(3, 1, 90, 110)).unwrap().unwrap();
+    assert_eq!(conflict.session, 1);
+    let unlock = LockRange {
+        typ: LockType::Unlock,
+        ..w(1, 1, 0, 99)
+    };
+    e.set_lock(f.ino, &unlock).unwrap();
+    e.set_lock(f.ino, &w(3, 1, 0, 99)).unwrap();
+    e.release_locks(f.ino, 3, 1, false).unwrap();
+    assert!(e.test_lock(f.ino, &w(4, 1, 0, 99)).unwrap().is_none());
+    let fl = |session, typ| LockRange {
+        session,
+        owner: 9,
+        flock: true,
+        typ,
+        start: 0,
+        end: u64::MAX,
+        pid: 1,
+    };
+    e.set_lock(f.ino, &fl(1, LockType::Read)).unwrap();
+    e.set_lock(f.ino, &fl(2, LockType::Read)).unwrap();
+    assert!(matches!(
+        e.set_lock(f.ino, &fl(3, LockType::Write)),
+        Err(MetaError::WouldBlock)
+    ));
+}
+
+fn stripe_defaults_and_projects(e: &dyn MetaEngine) {
+    let d = e.create(ROOT_INO, b"d", &dir(), None).unwrap();
+    let sub = e.create(d.ino, b"sub", &dir(), None).unwrap();
+    assert_eq!(
+        e.resolve_stripe_default(sub.ino).unwrap(),
+        StripeDefault {
+            stripe_count: 1,
+            stripe_size: 1 << 20
+        }
+    );
+    e.set_dir_stripe(
+        d.ino,
+        StripeDefault {
+            stripe_count: 2,
+            stripe_size: 4 << 20,
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        e.resolve_stripe_default(sub.ino).unwrap(),
+        StripeDefault {
+            stripe_count: 2,
+            stripe_size: 4 << 20
+        }
+    );
+    let f = e.create(sub.ino, b"f", &file(), Some(layout())).unwrap();
+    e.set_file_layout(
+        f.ino,
+        &Layout {
+            stripe_size: 2 << 20,
+            targets: vec![1],
+        },
+    )
+    .unwrap();
+    e.commit_slices(f.ino, &[obj_slice(0, 0, 1, 3)], 1, 1)
+        .unwrap();
+    assert!(matches!(
+        e.set_file_layout(f.ino, &layout()),
+        Err(MetaError::NotEmpty)
+    ));
+    assert_eq!(e.set_projid(d.ino, 500, true).unwrap(), 3);
+    assert_eq!(e.getattr(f.ino).unwrap().projid, 500);
+    let g = e.create(sub.ino, b"g", &file(), None).unwrap();
+    assert_eq!(g.projid, 500, "new children inherit with -s");
+    assert_eq!(e.get_projid(d.ino).unwrap(), (500, true));
+}
+
+fn setgid_inheritance(e: &dyn MetaEngine) {
+    let d = e
+        .create(
+            ROOT_INO,
+            b"d",
+            &NewNode {
+                perm: 0o2775,
+                gid: 77,
+                ..dir()
+            },
+            None,
+        )
+        .unwrap();
+    let f = e
+        .create(
+            d.ino,
+            b"f",
+            &NewNode {
+                gid: 1000,
+                ..file()
+            },
+            None,
+        )
+        .unwrap();
+    assert_eq!(f.gid, 77);
+    let s = e
+        .create(d.ino, b"s", &NewNode { gid: 1000, ..dir() }, None)
+        .unwrap();
+    assert_eq!(s.gid, 77);
+    assert_ne!(
+        s.perm & libc::S_ISGID,
+        0,
+        "subdirectories keep the setgid bit"
+    );
+}
+
+fn compaction_replace_chunk(e: &dyn MetaEngine) {
+    let f = e.create(ROOT_INO, b"f", &file(), Some(layout())).unwrap();
+    for i in 0..5 {
+        e.commit_slices(f.ino, &[obj_slice(0, i * 10, 10, 100 + i)], (i + 1) * 10, 1)
+            .unwrap();
+    }
+    let s = e.read_chunk(f.ino, 0).unwrap();
+    let upto = s.last().unwrap().seq;
+    assert!(!e
+        .replace_chunk(f.ino, 0, upto - 1, &[obj_slice(0, 0, 50, 200)])
+        .unwrap());
+    assert!(e
+        .replace_chunk(f.ino, 0, upto, &[obj_slice(0, 0, 50, 200)])
+        .unwrap());
+    let s = e.read_chunk(f.ino, 0).unwrap();
+    assert_eq!(s.len(), 1);
+    assert_eq!(e.trash(100).unwrap().len(), 5);
+}

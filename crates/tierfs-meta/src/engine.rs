@@ -1,0 +1,111 @@
+//! The `MetaEngine` trait: everything the client needs from the metadata database.
+//!
+//! Every method is one atomic transaction. Implementations: [`crate::sqlite::SqliteEngine`].
+//! The conformance suite in [`crate::conformance`] runs against every implementation.
+
+use crate::error::Result;
+use crate::types::*;
+
+pub trait MetaEngine: Send + Sync {
+    /// Filesystem-wide settings.
+    fn info(&self) -> Result<FsInfo>;
+    fn targets(&self) -> Result<Vec<TargetInfo>>;
+    fn usage(&self) -> Result<Usage>;
+
+    // ---- namespace ----
+    fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Attr>;
+    fn getattr(&self, ino: Ino) -> Result<Attr>;
+    /// Changes attributes; a size change truncates (freeing objects beyond the new end).
+    fn setattr(&self, ino: Ino, set: &SetAttr) -> Result<Attr>;
+    /// Creates a file, directory, symlink or special file. Files get `layout` (chosen by the
+    /// caller's allocator from the parent's defaults, see [`MetaEngine::resolve_stripe_default`]).
+    fn create(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        node: &NewNode,
+        layout: Option<Layout>,
+    ) -> Result<Attr>;
+    fn link(&self, ino: Ino, new_parent: Ino, new_name: &[u8]) -> Result<Attr>;
+    /// Removes a name. A file whose last name goes while a client still has it open stays
+    /// readable until the last close ([`MetaEngine::close_file`]).
+    fn unlink(&self, parent: Ino, name: &[u8]) -> Result<()>;
+    fn rmdir(&self, parent: Ino, name: &[u8]) -> Result<()>;
+    /// `flags`: libc::RENAME_NOREPLACE, libc::RENAME_EXCHANGE.
+    fn rename(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        new_parent: Ino,
+        new_name: &[u8],
+        flags: u32,
+    ) -> Result<()>;
+    /// Entries after cursor `offset` (0: from the start), at most `limit`, without "." and "..".
+    fn readdir(&self, ino: Ino, offset: u64, limit: usize) -> Result<Vec<DirEntry>>;
+    fn readlink(&self, ino: Ino) -> Result<Vec<u8>>;
+
+    // ---- extended attributes ----
+    fn getxattr(&self, ino: Ino, name: &[u8]) -> Result<Vec<u8>>;
+    /// `flags`: libc::XATTR_CREATE, libc::XATTR_REPLACE, or 0.
+    fn setxattr(&self, ino: Ino, name: &[u8], value: &[u8], flags: i32) -> Result<()>;
+    fn listxattr(&self, ino: Ino) -> Result<Vec<Vec<u8>>>;
+    fn removexattr(&self, ino: Ino, name: &[u8]) -> Result<()>;
+
+    // ---- layouts and projects ----
+    /// The stripe count and size a new file in `dir` gets: the nearest ancestor's default, or the
+    /// filesystem default.
+    fn resolve_stripe_default(&self, dir: Ino) -> Result<StripeDefault>;
+    /// Sets a directory's default for new children.
+    fn set_dir_stripe(&self, dir: Ino, def: StripeDefault) -> Result<()>;
+    /// Sets an empty file's layout (fails with `NotEmpty` once it holds data).
+    fn set_file_layout(&self, ino: Ino, layout: &Layout) -> Result<()>;
+    /// Sets the project id; with `inherit`, also for a directory's existing subtree and (recorded
+    /// in the directory) for its future children.
+    fn set_projid(&self, ino: Ino, projid: u32, inherit: bool) -> Result<u64>;
+    /// (projid, inherit flag) of an inode.
+    fn get_projid(&self, ino: Ino) -> Result<(u32, bool)>;
+
+    // ---- data ----
+    /// Allocates `n` consecutive object ids and returns the first.
+    fn alloc_object_ids(&self, n: u64) -> Result<u64>;
+    /// The slices of one chunk in commit order.
+    fn read_chunk(&self, ino: Ino, chunk: u64) -> Result<Vec<Slice>>;
+    /// Records written slices (in write order) and extends the size to at least `new_end`;
+    /// bumps the data version and mtime/ctime. Returns the new attributes.
+    fn commit_slices(&self, ino: Ino, slices: &[Slice], new_end: u64, mtime: Nanos)
+        -> Result<Attr>;
+    /// Reserves space: extends the size to `off+len` unless `keep_size`; zeroes the range when
+    /// `punch` (FALLOC_FL_PUNCH_HOLE).
+    fn fallocate(&self, ino: Ino, off: u64, len: u64, keep_size: bool, punch: bool)
+        -> Result<Attr>;
+    /// Replaces all slices of a chunk by `merged` if the chunk's newest slice is still `upto`
+    /// (compaction). Returns false when the chunk changed in between.
+    fn replace_chunk(&self, ino: Ino, chunk: u64, upto: u64, merged: &[Slice]) -> Result<bool>;
+
+    // ---- sessions and open files ----
+    fn register_session(&self, s: &SessionInfo) -> Result<u64>;
+    fn heartbeat(&self, session: u64) -> Result<()>;
+    fn unregister_session(&self, session: u64) -> Result<()>;
+    fn sessions(&self) -> Result<Vec<SessionInfo>>;
+    /// Removes sessions whose heartbeat is older than `timeout_ns`, with their open files and
+    /// locks; returns how many went.
+    fn reap_sessions(&self, timeout_ns: i64) -> Result<usize>;
+    fn open_file(&self, session: u64, ino: Ino) -> Result<()>;
+    /// Drops one open of `ino` by `session`; a file with no names left is deleted at its last
+    /// close on every client.
+    fn close_file(&self, session: u64, ino: Ino) -> Result<()>;
+
+    // ---- garbage ----
+    /// Objects no longer referenced and not in use by an open file.
+    fn trash(&self, limit: usize) -> Result<Vec<TrashItem>>;
+    /// Forgets trash entries whose objects were deleted, and releases their space.
+    fn trash_done(&self, ids: &[u64]) -> Result<()>;
+
+    // ---- advisory locks (POSIX and flock), shared by every client ----
+    /// Takes, changes or releases a lock; `WouldBlock` when another owner holds a conflicting one.
+    fn set_lock(&self, ino: Ino, lock: &LockRange) -> Result<()>;
+    /// The first lock conflicting with `lock`, if any.
+    fn test_lock(&self, ino: Ino, lock: &LockRange) -> Result<Option<LockRange>>;
+    /// Releases every lock of one owner on one inode (at close).
+    fn release_locks(&self, ino: Ino, session: u64, owner: u64, flock: bool) -> Result<()>;
+}

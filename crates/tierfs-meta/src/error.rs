@@ -1,0 +1,72 @@
+//! Errors of the metadata engine, each mapped to the errno the FUSE layer returns.
+
+use thiserror::Error;
+
+/// What can go wrong in a metadata operation.
+#[derive(Debug, Error)]
+pub enum MetaError {
+    #[error("no such file or directory")]
+    NotFound,
+    #[error("file exists")]
+    Exists,
+    #[error("not a directory")]
+    NotDir,
+    #[error("is a directory")]
+    IsDir,
+    #[error("directory not empty")]
+    NotEmpty,
+    #[error("invalid argument: {0}")]
+    Invalid(String),
+    #[error("file name too long")]
+    NameTooLong,
+    #[error("no such attribute")]
+    NoAttr,
+    #[error("operation not permitted")]
+    NotPermitted,
+    #[error("resource temporarily unavailable (lock held)")]
+    WouldBlock,
+    #[error("too many links")]
+    TooManyLinks,
+    #[error("no space left on target")]
+    NoSpace,
+    #[error("filesystem is not formatted: {0}")]
+    NotFormatted(String),
+    #[error("filesystem is already formatted as '{0}' (use --force to format again)")]
+    AlreadyFormatted(String),
+    #[error("unsupported metadata URL '{0}' (expected sqlite:///path/to/meta.db)")]
+    BadUrl(String),
+    #[error("metadata schema version {found} is newer than this tierfs understands ({supported})")]
+    SchemaTooNew { found: i64, supported: i64 },
+    #[error("metadata engine busy after {0} retries")]
+    Busy(u32),
+    #[error("metadata database error: {0}")]
+    Db(String),
+}
+
+impl MetaError {
+    /// The errno an application sees for this error.
+    pub fn errno(&self) -> i32 {
+        match self {
+            MetaError::NotFound => libc::ENOENT,
+            MetaError::Exists => libc::EEXIST,
+            MetaError::NotDir => libc::ENOTDIR,
+            MetaError::IsDir => libc::EISDIR,
+            MetaError::NotEmpty => libc::ENOTEMPTY,
+            MetaError::Invalid(_) => libc::EINVAL,
+            MetaError::NameTooLong => libc::ENAMETOOLONG,
+            MetaError::NoAttr => libc::ENODATA,
+            MetaError::NotPermitted => libc::EPERM,
+            MetaError::WouldBlock => libc::EAGAIN,
+            MetaError::TooManyLinks => libc::EMLINK,
+            MetaError::NoSpace => libc::ENOSPC,
+            MetaError::Busy(_) => libc::EAGAIN,
+            MetaError::NotFormatted(_)
+            | MetaError::AlreadyFormatted(_)
+            | MetaError::BadUrl(_)
+            | MetaError::SchemaTooNew { .. }
+            | MetaError::Db(_) => libc::EIO,
+        }
+    }
+}
+
+pub type Result<T> = std::result::Result<T, MetaError>;

@@ -1,0 +1,1595 @@
+//! The embedded metadata engine: SQLite in WAL mode.
+//!
+//! Several client processes on one machine open the same database file. Writes run in
+//! `BEGIN IMMEDIATE` transactions (SQLite allows one writer at a time; taking the write lock up
+//! front avoids deadlocking lock upgrades), serialised inside a process by one writer
+//! connection, and retried with bounded exponential backoff when another process holds the lock
+//! past the busy timeout. Reads use a small pool of reader connections, which WAL lets run
+//! beside the writer.
+
+mod schema;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use rusqlite::{params, Connection, OptionalExtension, Transaction, TransactionBehavior};
+
+use crate::engine::MetaEngine;
+use crate::error::{MetaError, Result};
+use crate::locks;
+use crate::types::*;
+pub use schema::SCHEMA_VERSION;
+
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+const MAX_RETRIES: u32 = 8;
+const MAX_LINKS: i64 = 65000;
+
+impl From<rusqlite::Error> for MetaError {
+    fn from(e: rusqlite::Error) -> Self {
+        match &e {
+            rusqlite::Error::QueryReturnedNoRows => MetaError::NotFound,
+            rusqlite::Error::SqliteFailure(f, _)
+                if matches!(
+                    f.code,
+                    rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked
+                ) =>
+            {
+                MetaError::Busy(0)
+            }
+            _ => MetaError::Db(e.to_string()),
+        }
+    }
+}
+
+pub struct SqliteEngine {
+    path: PathBuf,
+    writer: Mutex<Connection>,
+    readers: Mutex<Vec<Connection>>,
+}
+
+const ATTR_COLS: &str =
+    "ino, kind, perm, uid, gid, nlink, size, rdev, atime, mtime, ctime, crtime, \
+     projid, data_version, stripe_size, stripe_targets, def_stripe_count, def_stripe_size, parent";
+
+fn row_to_attr(r: &rusqlite::Row<'_>) -> rusqlite::Result<Attr> {
+    let kind: i64 = r.get(1)?;
+    let stripe_size: i64 = r.get(14)?;
+    let targets: String = r.get(15)?;
+    let kind = Kind::from_i64(kind).unwrap_or(Kind::File);
+    let layout = if kind == Kind::File && stripe_size > 0 {
+        Some(Layout {
+            stripe_size: stripe_size as u64,
+            targets: Layout::decode_targets(&targets),
+        })
+    } else {
+        None
+    };
+    Ok(Attr {
+        ino: r.get::<_, i64>(0)? as u64,
+        kind,
+        perm: r.get::<_, i64>(2)? as u32,
+        uid: r.get::<_, i64>(3)? as u32,
+        gid: r.get::<_, i64>(4)? as u32,
+        nlink: r.get::<_, i64>(5)? as u32,
+        size: r.get::<_, i64>(6)? as u64,
+        rdev: r.get::<_, i64>(7)? as u32,
+        atime: r.get(8)?,
+        mtime: r.get(9)?,
+        ctime: r.get(10)?,
+        crtime: r.get(11)?,
+        projid: r.get::<_, i64>(12)? as u32,
+        data_version: r.get::<_, i64>(13)? as u64,
+        layout,
+        dir_default: StripeDefault {
+            stripe_count: r.get::<_, i64>(16)? as u32,
+            stripe_size: r.get::<_, i64>(17)? as u64,
+        },
+        parent: r.get::<_, i64>(18)? as u64,
+    })
+}
+
+fn get_attr(c: &Connection, ino: Ino) -> Result<Attr> {
+    let sql = format!("SELECT {ATTR_COLS} FROM inodes WHERE ino = ?1");
+    c.prepare_cached(&sql)?
+        .query_row([ino as i64], row_to_attr)
+        .optional()?
+        .ok_or(MetaError::NotFound)
+}
+
+fn check_name(name: &[u8]) -> Result<()> {
+    if name.len() > NAME_MAX {
+        return Err(MetaError::NameTooLong);
+    }
+    if name.is_empty() || name.contains(&b'/') || name.contains(&0) {
+        return Err(MetaError::Invalid("bad file name".into()));
+    }
+    Ok(())
+}
+
+fn dir_attr(c: &Connection, ino: Ino) -> Result<Attr> {
+    let a = get_attr(c, ino)?;
+    if a.kind != Kind::Dir {
+        return Err(MetaError::NotDir);
+    }
+    Ok(a)
+}
+
+/// (dentry id, ino, kind) of a name.
+fn find_dentry(c: &Connection, parent: Ino, name: &[u8]) -> Result<Option<(i64, Ino, Kind)>> {
+    Ok(
+        c.prepare_cached("SELECT id, ino, kind FROM dentries WHERE parent = ?1 AND name = ?2")?
+            .query_row(params![parent as i64, name], |r| {
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, i64>(1)? as u64,
+                    Kind::from_i64(r.get(2)?).unwrap_or(Kind::File),
+                ))
+            })
+            .optional()?,
+    )
+}
+
+fn touch_dir(c: &Connection, dir: Ino, now: Nanos, nlink_delta: i64) -> Result<()> {
+    c.prepare_cached(
+        "UPDATE inodes SET mtime = ?2, ctime = ?2, nlink = nlink + ?3 WHERE ino = ?1",
+    )?
+    .execute(params![dir as i64, now, nlink_delta])?;
+    Ok(())
+}
+
+fn slice_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Slice> {
+    let target: Option<i64> = r.get(4)?;
+    let obj: Option<i64> = r.get(5)?;
+    let inline: Option<Vec<u8>> = r.get(6)?;
+    let data = match (target, obj, inline) {
+        (Some(t), Some(o), _) => SliceData::Object {
+            target: t as u32,
+            obj: o as u64,
+        },
+        (_, _, Some(b)) => SliceData::Inline(b),
+        _ => SliceData::Zero,
+    };
+    Ok(Slice {
+        seq: r.get::<_, i64>(0)? as u64,
+        chunk: r.get::<_, i64>(1)? as u64,
+        off: r.get::<_, i64>(2)? as u64,
+        len: r.get::<_, i64>(3)? as u64,
+        data,
+    })
+}
+
+fn insert_slice(c: &Connection, ino: Ino, s: &Slice) -> Result<()> {
+    let (target, obj, inline): (Option<i64>, Option<i64>, Option<&[u8]>) = match &s.data {
+        SliceData::Object { target, obj } => (Some(*target as i64), Some(*obj as i64), None),
+        SliceData::Inline(b) => (None, None, Some(b.as_slice())),
+        SliceData::Zero => (None, None, None),
+    };
+    c.prepare_cached(
+        "INSERT INTO slices (ino, chunk, off, len, target, obj, inline) VALUES (?1,?2,?3,?4,?5,?6,?7)",
+    )?
+    .execute(params![ino as i64, s.chunk as i64, s.off as i64, s.len as i64, target, obj, inline])?;
+    if let SliceData::Object { target, .. } = s.data {
+        c.prepare_cached(
+            "UPDATE targets SET used = used + ?2, objects = objects + 1 WHERE id = ?1",
+        )?
+        .execute(params![target as i64, s.len as i64])?;
+    }
+    Ok(())
+}
+
+/// Moves the objects of the selected slices to the trash and deletes the slices.
+fn trash_slices(c: &Connection, ino: Ino, where_sql: &str, args: &[i64]) -> Result<()> {
+    let mut all: Vec<i64> = vec![ino as i64];
+    all.extend_from_slice(args);
+    let p = rusqlite::params_from_iter(all.iter());
+    c.execute(
+        &format!(
+            "INSERT INTO trash (ino, target, obj, len) SELECT ino, target, obj, len FROM slices \
+             WHERE ino = ?1 AND obj IS NOT NULL AND {where_sql}"
+        ),
+        p,
+    )?;
+    let p = rusqlite::params_from_iter(all.iter());
+    c.execute(
+        &format!("DELETE FROM slices WHERE ino = ?1 AND {where_sql}"),
+        p,
+    )?;
+    Ok(())
+}
+
+/// Deletes an inode whose last name is gone, or marks it orphan while a client has it open.
+fn drop_inode(c: &Connection, ino: Ino) -> Result<()> {
+    let open: bool = c
+        .prepare_cached("SELECT EXISTS (SELECT 1 FROM open_files WHERE ino = ?1)")?
+        .query_row([ino as i64], |r| r.get(0))?;
+    if open {
+        c.prepare_cached("UPDATE inodes SET orphan = 1 WHERE ino = ?1")?
+            .execute([ino as i64])?;
+        return Ok(());
+    }
+    purge_inode(c, ino)
+}
+
+fn purge_inode(c: &Connection, ino: Ino) -> Result<()> {
+    trash_slices(c, ino, "1 = 1", &[])?;
+    c.prepare_cached("DELETE FROM xattrs WHERE ino = ?1")?
+        .execute([ino as i64])?;
+    c.prepare_cached("DELETE FROM locks WHERE ino = ?1")?
+        .execute([ino as i64])?;
+    c.prepare_cached("DELETE FROM inodes WHERE ino = ?1")?
+        .execute([ino as i64])?;
+    Ok(())
+}
+
+/// Zeroes `[off, off+len)` of a file by adding zero slices, chunk by chunk.
+fn zero_range(c: &Connection, ino: Ino, stripe_size: u64, off: u64, len: u64) -> Result<()> {
+    let mut pos = off;
+    let end = off + len;
+    while pos < end {
+        let chunk = pos / stripe_size;
+        let coff = pos % stripe_size;
+        let n = (stripe_size - coff).min(end - pos);
+        insert_slice(
+            c,
+            ino,
+            &Slice {
+                seq: 0,
+                chunk,
+                off: coff,
+                len: n,
+                data: SliceData::Zero,
+            },
+        )?;
+        pos += n;
+    }
+    Ok(())
+}
+
+/// Changes a file's size: shrinking frees whole chunks beyond the end and zeroes the tail of the
+/// last one, so that growing again later reads zeros.
+fn truncate(c: &Connection, a: &Attr, new_size: u64) -> Result<()> {
+    if new_size < a.size {
+        if let Some(l) = &a.layout {
+            let cs = l.stripe_size;
+            let first_gone = new_size.div_ceil(cs);
+            trash_slices(c, a.ino, "chunk >= ?2", &[first_gone as i64])?;
+            if new_size % cs != 0 {
+                let chunk = new_size / cs;
+                let off = new_size % cs;
+                let beyond: bool = c
+                    .prepare_cached(
+                        "SELECT EXISTS (SELECT 1 FROM slices WHERE ino = ?1 AND chunk = ?2 \
+                         AND off + len > ?3)",
+                    )?
+                    .query_row(params![a.ino as i64, chunk as i64, off as i64], |r| {
+                        r.get(0)
+                    })?;
+                if beyond {
+                    zero_range(c, a.ino, cs, new_size, cs - off)?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn is_ancestor(c: &Connection, maybe_ancestor: Ino, mut ino: Ino) -> Result<bool> {
+    let mut hops = 0;
+    while ino != ROOT_INO && hops < 100_000 {
+        if ino == maybe_ancestor {
+            return Ok(true);
+        }
+        ino = c
+            .prepare_cached("SELECT parent FROM inodes WHERE ino = ?1")?
+            .query_row([ino as i64], |r| r.get::<_, i64>(0))? as u64;
+        hops += 1;
+    }
+    Ok(ino == maybe_ancestor)
+}
+
+fn resolve_time(t: TimeSet, now: Nanos) -> Nanos {
+    match t {
+        TimeSet::Now => now,
+        TimeSet::At(n) => n,
+    }
+}
+
+fn lock_typ_to_i64(t: LockType) -> i64 {
+    match t {
+        LockType::Read => 0,
+        LockType::Write => 1,
+        LockType::Unlock => 2,
+    }
+}
+
+fn lock_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<LockRange> {
+    let end: i64 = r.get(5)?;
+    Ok(LockRange {
+        session: r.get::<_, i64>(0)? as u64,
+        owner: r.get::<_, i64>(1)? as u64,
+        flock: r.get::<_, i64>(2)? != 0,
+        typ: if r.get::<_, i64>(3)? == 1 {
+            LockType::Write
+        } else {
+            LockType::Read
+        },
+        start: r.get::<_, i64>(4)? as u64,
+        end: if end == i64::MAX {
+            u64::MAX
+        } else {
+            end as u64
+        },
+        pid: r.get::<_, i64>(6)? as u32,
+    })
+}
+
+fn lock_end_to_i64(end: u64) -> i64 {
+    end.min(i64::MAX as u64) as i64
+}
+
+impl SqliteEngine {
+    fn connect(path: &Path) -> Result<Connection> {
+        let c = Connection::open(path)?;
+        c.busy_timeout(BUSY_TIMEOUT)?;
+        c.pragma_update(None, "journal_mode", "WAL")?;
+        c.pragma_update(None, "synchronous", "NORMAL")?;
+        c.pragma_update(None, "foreign_keys", "OFF")?;
+        Ok(c)
+    }
+
+    fn new(path: &Path) -> Result<SqliteEngine> {
+        let writer = Self::connect(path)?;
+        Ok(SqliteEngine {
+            path: path.to_path_buf(),
+            writer: Mutex::new(writer),
+            readers: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Opens a formatted filesystem, migrating its schema if it is older than this build.
+    pub fn open(path: &Path) -> Result<SqliteEngine> {
+        if !path.exists() {
+            return Err(MetaError::NotFormatted(format!(
+                "{} does not exist",
+                path.display()
+            )));
+        }
+        let e = Self::new(path)?;
+        let version: i64 = e
+            .writer
+            .lock()
+            .pragma_query_value(None, "user_version", |r| r.get(0))?;
+        if version == 0 {
+            return Err(MetaError::NotFormatted(format!(
+                "{} holds no tierfs schema",
+                path.display()
+            )));
+        }
+        if version > SCHEMA_VERSION {
+            return Err(MetaError::SchemaTooNew {
+                found: version,
+                supported: SCHEMA_VERSION,
+            });
+        }
+        e.migrate(version)?;
+        Ok(e)
+    }
+
+    fn migrate(&self, from: i64) -> Result<()> {
+        let mut c = self.writer.lock();
+        for v in from..SCHEMA_VERSION {
+            let tx = c.transaction_with_behavior(TransactionBehavior::Exclusive)?;
+            tx.execute_batch(schema::MIGRATIONS[v as usize])?;
+            tx.pragma_update(None, "user_version", v + 1)?;
+            tx.commit()?;
+        }
+        Ok(())
+    }
+
+    /// Creates a new filesystem: schema, settings, targets and the root directory.
+    pub fn format(path: &Path, p: &FormatParams) -> Result<SqliteEngine> {
+        if p.targets.is_empty() {
+            return Err(MetaError::Invalid(
+                "at least one storage target is needed".into(),
+            ));
+        }
+        if path.exists() {
+            match Self::open(path) {
+                Ok(e) => {
+                    let name = e.info().map(|i| i.name).unwrap_or_default();
+                    if !p.force {
+                        return Err(MetaError::AlreadyFormatted(name));
+                    }
+                }
+                Err(MetaError::NotFormatted(_)) => {}
+                Err(e) if !p.force => return Err(e),
+                Err(_) => {}
+            }
+            for suffix in ["", "-wal", "-shm"] {
+                let mut f = path.as_os_str().to_owned();
+                f.push(suffix);
+                let _ = std::fs::remove_file(PathBuf::from(f));
+            }
+        }
+        if let Some(dir) = path.parent() {
+            if !dir.as_os_str().is_empty() {
+                std::fs::create_dir_all(dir)
+                    .map_err(|e| MetaError::Db(format!("cannot create {}: {e}", dir.display())))?;
+            }
+        }
+        let e = Self::new(path)?;
+        e.migrate(0)?;
+        let now = now_nanos();
+        let uuid = uuid::Uuid::new_v4().to_string();
+        e.write(|tx| {
+            let kv = [
+                ("name", p.name.clone()),
+                ("uuid", uuid.clone()),
+                ("stripe_count", p.stripe_count.to_string()),
+                ("stripe_size", p.stripe_size.to_string()),
+                ("inline_threshold", p.inline_threshold.to_string()),
+                ("created", now.to_string()),
+            ];
+            for (k, v) in kv {
+                tx.execute("INSERT INTO meta_info (key, value) VALUES (?1, ?2)", params![k, v])?;
+            }
+            tx.execute("INSERT INTO counters (name, value) VALUES ('next_object', 1)", [])?;
+            for (i, (url, cap)) in p.targets.iter().enumerate() {
+                tx.execute(
+                    "INSERT INTO targets (id, url, capacity) VALUES (?1, ?2, ?3)",
+                    params![i as i64, url, *cap as i64],
+                )?;
+            }
+            tx.execute(
+                "INSERT INTO inodes (ino, kind, perm, uid, gid, nlink, atime, mtime, ctime, crtime, parent) \
+                 VALUES (1, ?1, ?2, 0, 0, 2, ?3, ?3, ?3, ?3, 1)",
+                params![Kind::Dir as i64, 0o755, now],
+            )?;
+            Ok(())
+        })?;
+        Ok(e)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Runs `f` in a write transaction, retrying with backoff while the database is busy.
+    fn write<T>(&self, f: impl Fn(&Transaction<'_>) -> Result<T>) -> Result<T> {
+        let mut c = self.writer.lock();
+        let mut attempt = 0u32;
+        loop {
+            let r = (|| {
+                let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+                let v = f(&tx)?;
+                tx.commit()?;
+                Ok(v)
+            })();
+            match r {
+                Err(MetaError::Busy(_)) if attempt < MAX_RETRIES => {
+                    attempt += 1;
+                    let ms = 10u64 << attempt.min(7);
+                    tracing::debug!(attempt, "metadata database busy, retrying in {ms} ms");
+                    std::thread::sleep(Duration::from_millis(ms));
+                }
+                Err(MetaError::Busy(_)) => return Err(MetaError::Busy(attempt)),
+                other => return other,
+            }
+        }
+    }
+
+    /// Runs `f` on a reader connection inside one read transaction (a consistent snapshot).
+    fn read<T>(&self, f: impl Fn(&Connection) -> Result<T>) -> Result<T> {
+        let conn = self.readers.lock().pop();
+        let mut conn = match conn {
+            Some(c) => c,
+            None => Self::connect(&self.path)?,
+        };
+        let mut attempt = 0u32;
+        let r = loop {
+            let r = (|| {
+                let tx = conn.transaction_with_behavior(TransactionBehavior::Deferred)?;
+                let v = f(&tx)?;
+                tx.commit()?;
+                Ok(v)
+            })();
+            match r {
+                Err(MetaError::Busy(_)) if attempt < MAX_RETRIES => {
+                    attempt += 1;
+                    std::thread::sleep(Duration::from_millis(5u64 << attempt.min(7)));
+                }
+                Err(MetaError::Busy(_)) => break Err(MetaError::Busy(attempt)),
+                other => break other,
+            }
+        };
+        let mut pool = self.readers.lock();
+        if pool.len() < 16 {
+            pool.push(conn);
+        }
+        r
+    }
+}
+
+impl MetaEngine for SqliteEngine {
+    fn info(&self) -> Result<FsInfo> {
+        self.read(|c| {
+            let mut st = c.prepare_cached("SELECT key, value FROM meta_info")?;
+            let rows =
+                st.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?;
+            let mut info = FsInfo {
+                name: String::new(),
+                uuid: String::new(),
+                default_stripe_count: 1,
+                default_stripe_size: 1 << 20,
+                inline_threshold: 0,
+                created: 0,
+                schema_version: SCHEMA_VERSION,
+            };
+            for row in rows {
+                let (k, v) = row?;
+                match k.as_str() {
+                    "name" => info.name = v,
+                    "uuid" => info.uuid = v,
+                    "stripe_count" => info.default_stripe_count = v.parse().unwrap_or(1),
+                    "stripe_size" => info.default_stripe_size = v.parse().unwrap_or(1 << 20),
+                    "inline_threshold" => info.inline_threshold = v.parse().unwrap_or(0),
+                    "created" => info.created = v.parse().unwrap_or(0),
+                    _ => {}
+                }
+            }
+            Ok(info)
+        })
+    }
+
+    fn targets(&self) -> Result<Vec<TargetInfo>> {
+        self.read(|c| {
+            let mut st = c.prepare_cached(
+                "SELECT id, url, capacity, used, objects FROM targets ORDER BY id",
+            )?;
+            let rows = st.query_map([], |r| {
+                Ok(TargetInfo {
+                    id: r.get::<_, i64>(0)? as u32,
+                    url: r.get(1)?,
+                    capacity: r.get::<_, i64>(2)? as u64,
+                    used: r.get::<_, i64>(3)?.max(0) as u64,
+                    objects: r.get::<_, i64>(4)?.max(0) as u64,
+                })
+            })?;
+            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+        })
+    }
+
+    fn usage(&self) -> Result<Usage> {
+        self.read(|c| {
+            let inodes: i64 = c.query_row("SELECT COUNT(*) FROM inodes", [], |r| r.get(0))?;
+            let bytes: i64 =
+                c.query_row("SELECT COALESCE(SUM(used), 0) FROM targets", [], |r| {
+                    r.get(0)
+                })?;
+            let inline: i64 = c.query_row(
+                "SELECT COALESCE(SUM(len), 0) FROM slices WHERE inline IS NOT NULL",
+                [],
+                |r| r.get(0),
+            )?;
+            Ok(Usage {
+                inodes: inodes as u64,
+                bytes: (bytes + inline).max(0) as u64,
+            })
+        })
+    }
+
+    fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Attr> {
+        if name.len() > NAME_MAX {
+            return Err(MetaError::NameTooLong);
+        }
+        self.read(|c| {
+            let sql = format!(
+                "SELECT {} FROM dentries d JOIN inodes i ON i.ino = d.ino \
+                 WHERE d.parent = ?1 AND d.name = ?2",
+                ATTR_COLS
+                    .split(", ")
+                    .map(|x| format!("i.{x}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            match c
+                .prepare_cached(&sql)?
+                .query_row(params![parent as i64, name], row_to_attr)
+                .optional()?
+            {
+                Some(a) => Ok(a),
+                None => {
+                    dir_attr(c, parent)?;
+                    Err(MetaError::NotFound)
+                }
+            }
+        })
+    }
+
+    fn getattr(&self, ino: Ino) -> Result<Attr> {
+        self.read(|c| get_attr(c, ino))
+    }
+
+    fn setattr(&self, ino: Ino, set: &SetAttr) -> Result<Attr> {
+        self.write(|tx| {
+            let mut a = get_attr(tx, ino)?;
+            let now = now_nanos();
+            let mut changed = false;
+            if let Some(size) = set.size {
+                if a.kind == Kind::Dir {
+                    return Err(MetaError::IsDir);
+                }
+                if a.kind != Kind::File {
+                    return Err(MetaError::Invalid("truncate of a special file".into()));
+                }
+                truncate(tx, &a, size)?;
+                a.size = size;
+                a.data_version += 1;
+                a.mtime = now;
+                changed = true;
+            }
+            if let Some(p) = set.perm {
+                a.perm = p & 0o7777;
+                changed = true;
+            }
+            if let Some(u) = set.uid {
+                a.uid = u;
+                changed = true;
+            }
+            if let Some(g) = set.gid {
+                a.gid = g;
+                changed = true;
+            }
+            if let Some(t) = set.atime {
+                a.atime = resolve_time(t, now);
+                changed = true;
+            }
+            if let Some(t) = set.mtime {
+                a.mtime = resolve_time(t, now);
+                changed = true;
+            }
+            if changed {
+                a.ctime = set.ctime.unwrap_or(now);
+            } else if let Some(ct) = set.ctime {
+                a.ctime = ct;
+            }
+            tx.prepare_cached(
+                "UPDATE inodes SET perm=?2, uid=?3, gid=?4, size=?5, atime=?6, mtime=?7, ctime=?8, \
+                 data_version=?9 WHERE ino=?1",
+            )?
+            .execute(params![
+                ino as i64,
+                a.perm as i64,
+                a.uid as i64,
+                a.gid as i64,
+                a.size as i64,
+                a.atime,
+                a.mtime,
+                a.ctime,
+                a.data_version as i64
+            ])?;
+            Ok(a)
+        })
+    }
+
+    fn create(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        node: &NewNode,
+        layout: Option<Layout>,
+    ) -> Result<Attr> {
+        check_name(name)?;
+        self.write(|tx| {
+            let p = dir_attr(tx, parent)?;
+            if p.nlink == 0 {
+                return Err(MetaError::NotFound);
+            }
+            if find_dentry(tx, parent, name)?.is_some() {
+                return Err(MetaError::Exists);
+            }
+            let now = now_nanos();
+            let mut perm = node.perm & 0o7777;
+            let mut gid = node.gid;
+            if p.perm & libc::S_ISGID != 0 {
+                gid = p.gid;
+                if node.kind == Kind::Dir {
+                    perm |= libc::S_ISGID;
+                }
+            }
+            let (projid, projinherit): (i64, i64) = tx
+                .prepare_cached("SELECT projid, projinherit FROM inodes WHERE ino = ?1")?
+                .query_row([parent as i64], |r| Ok((r.get(0)?, r.get(1)?)))?;
+            let (child_proj, child_inherit) = if projinherit != 0 {
+                (projid, if node.kind == Kind::Dir { 1 } else { 0 })
+            } else {
+                (0, 0)
+            };
+            let nlink = if node.kind == Kind::Dir { 2 } else { 1 };
+            let size = node.symlink.as_ref().map(|s| s.len()).unwrap_or(0) as i64;
+            let (ss, st) = match (&layout, node.kind) {
+                (Some(l), Kind::File) => (l.stripe_size as i64, l.encode_targets()),
+                _ => (0, String::new()),
+            };
+            tx.prepare_cached(
+                "INSERT INTO inodes (kind, perm, uid, gid, nlink, size, rdev, atime, mtime, ctime, \
+                 crtime, projid, projinherit, stripe_size, stripe_targets, parent, symlink) \
+                 VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?8,?8,?8,?9,?10,?11,?12,?13,?14)",
+            )?
+            .execute(params![
+                node.kind as i64,
+                perm as i64,
+                node.uid as i64,
+                gid as i64,
+                nlink,
+                size,
+                node.rdev as i64,
+                now,
+                child_proj,
+                child_inherit,
+                ss,
+                st,
+                parent as i64,
+                node.symlink.as_deref()
+            ])?;
+            let ino = tx.last_insert_rowid() as u64;
+            tx.prepare_cached(
+                "INSERT INTO dentries (parent, name, ino, kind) VALUES (?1,?2,?3,?4)",
+            )?
+            .execute(params![parent as i64, name, ino as i64, node.kind as i64])?;
+            touch_dir(tx, parent, now, if node.kind == Kind::Dir { 1 } else { 0 })?;
+            get_attr(tx, ino)
+        })
+    }
+
+    fn link(&self, ino: Ino, new_parent: Ino, new_name: &[u8]) -> Result<Attr> {
+        check_name(new_name)?;
+        self.write(|tx| {
+            let a = get_attr(tx, ino)?;
+            if a.kind == Kind::Dir {
+                return Err(MetaError::NotPermitted);
+            }
+            if a.nlink as i64 >= MAX_LINKS {
+                return Err(MetaError::TooManyLinks);
+            }
+            let p = dir_attr(tx, new_parent)?;
+            if p.nlink == 0 {
+                return Err(MetaError::NotFound);
+            }
+            if find_dentry(tx, new_parent, new_name)?.is_some() {
+                return Err(MetaError::Exists);
+            }
+            let now = now_nanos();
+            tx.prepare_cached(
+                "INSERT INTO dentries (parent, name, ino, kind) VALUES (?1,?2,?3,?4)",
+            )?
+            .execute(params![
+                new_parent as i64,
+                new_name,
+                ino as i64,
+                a.kind as i64
+            ])?;
+            tx.prepare_cached(
+                "UPDATE inodes SET nlink = nlink + 1, ctime = ?2, orphan = 0 WHERE ino = ?1",
+            )?
+            .execute(params![ino as i64, now])?;
+            touch_dir(tx, new_parent, now, 0)?;
+            get_attr(tx, ino)
+        })
+    }
+
+    fn unlink(&self, parent: Ino, name: &[u8]) -> Result<()> {
+        self.write(|tx| {
+            dir_attr(tx, parent)?;
+            let (id, ino, kind) = find_dentry(tx, parent, name)?.ok_or(MetaError::NotFound)?;
+            if kind == Kind::Dir {
+                return Err(MetaError::IsDir);
+            }
+            let now = now_nanos();
+            tx.prepare_cached("DELETE FROM dentries WHERE id = ?1")?
+                .execute([id])?;
+            tx.prepare_cached("UPDATE inodes SET nlink = nlink - 1, ctime = ?2 WHERE ino = ?1")?
+                .execute(params![ino as i64, now])?;
+            touch_dir(tx, parent, now, 0)?;
+            let nlink: i64 = tx
+                .prepare_cached("SELECT nlink FROM inodes WHERE ino = ?1")?
+                .query_row([ino as i64], |r| r.get(0))?;
+            if nlink <= 0 {
+                drop_inode(tx, ino)?;
+            }
+            Ok(())
+        })
+    }
+
+    fn rmdir(&self, parent: Ino, name: &[u8]) -> Result<()> {
+        if name == b"." {
+            return Err(MetaError::Invalid("rmdir of '.'".into()));
+        }
+        if name == b".." {
+            return Err(MetaError::NotEmpty);
+        }
+        self.write(|tx| {
+            dir_attr(tx, parent)?;
+            let (id, ino, kind) = find_dentry(tx, parent, name)?.ok_or(MetaError::NotFound)?;
+            if kind != Kind::Dir {
+                return Err(MetaError::NotDir);
+            }
+            let nonempty: bool = tx
+                .prepare_cached("SELECT EXISTS (SELECT 1 FROM dentries WHERE parent = ?1)")?
+                .query_row([ino as i64], |r| r.get(0))?;
+            if nonempty {
+                return Err(MetaError::NotEmpty);
+            }
+            let now = now_nanos();
+            tx.prepare_cached("DELETE FROM dentries WHERE id = ?1")?
+                .execute([id])?;
+            tx.prepare_cached("DELETE FROM xattrs WHERE ino = ?1")?
+                .execute([ino as i64])?;
+            tx.prepare_cached("DELETE FROM inodes WHERE ino = ?1")?
+                .execute([ino as i64])?;
+            touch_dir(tx, parent, now, -1)?;
+            Ok(())
+        })
+    }
+
+    fn rename(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        new_parent: Ino,
+        new_name: &[u8],
+        flags: u32,
+    ) -> Result<()> {
+        check_name(new_name)?;
+        let exchange = flags & libc::RENAME_EXCHANGE != 0;
+        let noreplace = flags & libc::RENAME_NOREPLACE != 0;
+        if exchange && noreplace {
+            return Err(MetaError::Invalid(
+                "RENAME_EXCHANGE with RENAME_NOREPLACE".into(),
+            ));
+        }
+        if flags & !(libc::RENAME_EXCHANGE | libc::RENAME_NOREPLACE) != 0 {
+            return Err(MetaError::Invalid("unsupported rename flags".into()));
+        }
+        self.write(|tx| {
+            dir_attr(tx, parent)?;
+            dir_attr(tx, new_parent)?;
+            let (sid, sino, skind) = find_dentry(tx, parent, name)?.ok_or(MetaError::NotFound)?;
+            let dst = find_dentry(tx, new_parent, new_name)?;
+            let now = now_nanos();
+            if parent == new_parent && name == new_name {
+                return if noreplace {
+                    Err(MetaError::Exists)
+                } else {
+                    Ok(())
+                };
+            }
+            if skind == Kind::Dir && is_ancestor(tx, sino, new_parent)? {
+                return Err(MetaError::Invalid(
+                    "cannot move a directory into itself".into(),
+                ));
+            }
+            if exchange {
+                let (did, dino, dkind) = dst.ok_or(MetaError::NotFound)?;
+                if dkind == Kind::Dir && is_ancestor(tx, dino, parent)? {
+                    return Err(MetaError::Invalid(
+                        "cannot move a directory into itself".into(),
+                    ));
+                }
+                tx.prepare_cached("UPDATE dentries SET ino = ?2, kind = ?3 WHERE id = ?1")?
+                    .execute(params![sid, dino as i64, dkind as i64])?;
+                tx.prepare_cached("UPDATE dentries SET ino = ?2, kind = ?3 WHERE id = ?1")?
+                    .execute(params![did, sino as i64, skind as i64])?;
+                let mut dp = 0i64;
+                let mut dn = 0i64;
+                if skind == Kind::Dir {
+                    tx.execute(
+                        "UPDATE inodes SET parent = ?2 WHERE ino = ?1",
+                        params![sino as i64, new_parent as i64],
+                    )?;
+                    dp -= 1;
+                    dn += 1;
+                }
+                if dkind == Kind::Dir {
+                    tx.execute(
+                        "UPDATE inodes SET parent = ?2 WHERE ino = ?1",
+                        params![dino as i64, parent as i64],
+                    )?;
+                    dp += 1;
+                    dn -= 1;
+                }
+                for ino in [sino, dino] {
+                    tx.execute(
+                        "UPDATE inodes SET ctime = ?2 WHERE ino = ?1",
+                        params![ino as i64, now],
+                    )?;
+                }
+                if parent == new_parent {
+                    touch_dir(tx, parent, now, 0)?;
+                } else {
+                    touch_dir(tx, parent, now, dp)?;
+                    touch_dir(tx, new_parent, now, dn)?;
+                }
+                return Ok(());
+            }
+            let mut new_parent_nlink = 0i64;
+            if let Some((did, dino, dkind)) = dst {
+                if noreplace {
+                    return Err(MetaError::Exists);
+                }
+                if dino == sino {
+                    // Two names of one file: POSIX says do nothing.
+                    return Ok(());
+                }
+                if dkind == Kind::Dir {
+                    if skind != Kind::Dir {
+                        return Err(MetaError::IsDir);
+                    }
+                    let nonempty: bool = tx
+                        .prepare_cached("SELECT EXISTS (SELECT 1 FROM dentries WHERE parent = ?1)")?
+                        .query_row([dino as i64], |r| r.get(0))?;
+                    if nonempty {
+                        return Err(MetaError::NotEmpty);
+                    }
+                    tx.execute("DELETE FROM dentries WHERE id = ?1", [did])?;
+                    tx.execute("DELETE FROM xattrs WHERE ino = ?1", [dino as i64])?;
+                    tx.execute("DELETE FROM inodes WHERE ino = ?1", [dino as i64])?;
+                    new_parent_nlink -= 1;
+                } else {
+                    if skind == Kind::Dir {
+                        return Err(MetaError::NotDir);
+                    }
+                    tx.execute("DELETE FROM dentries WHERE id = ?1", [did])?;
+                    tx.execute(
+                        "UPDATE inodes SET nlink = nlink - 1, ctime = ?2 WHERE ino = ?1",
+                        params![dino as i64, now],
+                    )?;
+                    let nlink: i64 = tx.query_row(
+                        "SELECT nlink FROM inodes WHERE ino = ?1",
+                        [dino as i64],
+                        |r| r.get(0),
+                    )?;
+                    if nlink <= 0 {
+                        drop_inode(tx, dino)?;
+                    }
+                }
+            }
+            tx.prepare_cached("UPDATE dentries SET parent = ?2, name = ?3 WHERE id = ?1")?
+                .execute(params![sid, new_parent as i64, new_name])?;
+            tx.execute(
+                "UPDATE inodes SET ctime = ?2 WHERE ino = ?1",
+                params![sino as i64, now],
+            )?;
+            if skind == Kind::Dir && parent != new_parent {
+                tx.execute(
+                    "UPDATE inodes SET parent = ?2 WHERE ino = ?1",
+                    params![sino as i64, new_parent as i64],
+                )?;
+                touch_dir(tx, parent, now, -1)?;
+                new_parent_nlink += 1;
+            } else if parent != new_parent {
+                touch_dir(tx, parent, now, 0)?;
+            }
+            touch_dir(tx, new_parent, now, new_parent_nlink)?;
+            Ok(())
+        })
+    }
+
+    fn readdir(&self, ino: Ino, offset: u64, limit: usize) -> Result<Vec<DirEntry>> {
+        self.read(|c| {
+            dir_attr(c, ino)?;
+            let mut st = c.prepare_cached(
+                "SELECT id, name, ino, kind FROM dentries WHERE parent = ?1 AND id > ?2 ORDER BY id LIMIT ?3",
+            )?;
+            let rows = st.query_map(params![ino as i64, offset as i64, limit as i64], |r| {
+                Ok(DirEntry {
+                    offset: r.get::<_, i64>(0)? as u64,
+                    name: r.get(1)?,
+                    ino: r.get::<_, i64>(2)? as u64,
+                    kind: Kind::from_i64(r.get(3)?).unwrap_or(Kind::File),
+                })
+            })?;
+            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+        })
+    }
+
+    fn readlink(&self, ino: Ino) -> Result<Vec<u8>> {
+        self.read(|c| {
+            let (kind, target): (i64, Option<Vec<u8>>) = c
+                .prepare_cached("SELECT kind, symlink FROM inodes WHERE ino = ?1")?
+                .query_row([ino as i64], |r| Ok((r.get(0)?, r.get(1)?)))?;
+            if kind != Kind::Symlink as i64 {
+                return Err(MetaError::Invalid("not a symlink".into()));
+            }
+            Ok(target.unwrap_or_default())
+        })
+    }
+
+    fn getxattr(&self, ino: Ino, name: &[u8]) -> Result<Vec<u8>> {
+        self.read(|c| {
+            c.prepare_cached("SELECT value FROM xattrs WHERE ino = ?1 AND name = ?2")?
+                .query_row(params![ino as i64, name], |r| r.get(0))
+                .optional()?
+                .ok_or_else(|| {
+                    if get_attr(c, ino).is_err() {
+                        MetaError::NotFound
+                    } else {
+                        MetaError::NoAttr
+                    }
+                })
+        })
+    }
+
+    fn setxattr(&self, ino: Ino, name: &[u8], value: &[u8], flags: i32) -> Result<()> {
+        if name.is_empty() || name.len() > 255 {
+            return Err(MetaError::Invalid("bad xattr name".into()));
+        }
+        self.write(|tx| {
+            get_attr(tx, ino)?;
+            let exists: bool = tx
+                .prepare_cached(
+                    "SELECT EXISTS (SELECT 1 FROM xattrs WHERE ino = ?1 AND name = ?2)",
+                )?
+                .query_row(params![ino as i64, name], |r| r.get(0))?;
+            if flags & libc::XATTR_CREATE != 0 && exists {
+                return Err(MetaError::Exists);
+            }
+            if flags & libc::XATTR_REPLACE != 0 && !exists {
+                return Err(MetaError::NoAttr);
+            }
+            tx.prepare_cached(
+                "INSERT OR REPLACE INTO xattrs (ino, name, value) VALUES (?1, ?2, ?3)",
+            )?
+            .execute(params![ino as i64, name, value])?;
+            tx.prepare_cached("UPDATE inodes SET ctime = ?2 WHERE ino = ?1")?
+                .execute(params![ino as i64, now_nanos()])?;
+            Ok(())
+        })
+    }
+
+    fn listxattr(&self, ino: Ino) -> Result<Vec<Vec<u8>>> {
+        self.read(|c| {
+            get_attr(c, ino)?;
+            let mut st =
+                c.prepare_cached("SELECT name FROM xattrs WHERE ino = ?1 ORDER BY name")?;
+            let rows = st.query_map([ino as i64], |r| r.get(0))?;
+            Ok(rows.collect::<rusqlite::Result<Vec<Vec<u8>>>>()?)
+        })
+    }
+
+    fn removexattr(&self, ino: Ino, name: &[u8]) -> Result<()> {
+        self.write(|tx| {
+            get_attr(tx, ino)?;
+            let n = tx
+                .prepare_cached("DELETE FROM xattrs WHERE ino = ?1 AND name = ?2")?
+                .execute(params![ino as i64, name])?;
+            if n == 0 {
+                return Err(MetaError::NoAttr);
+            }
+            tx.prepare_cached("UPDATE inodes SET ctime = ?2 WHERE ino = ?1")?
+                .execute(params![ino as i64, now_nanos()])?;
+            Ok(())
+        })
+    }
+
+    fn resolve_stripe_default(&self, dir: Ino) -> Result<StripeDefault> {
+        let info = self.info()?;
+        self.read(|c| {
+            let mut out = StripeDefault::default();
+            let mut ino = dir;
+            for _ in 0..100_000 {
+                let (cnt, size, parent): (i64, i64, i64) = c
+                    .prepare_cached(
+                        "SELECT def_stripe_count, def_stripe_size, parent FROM inodes WHERE ino = ?1",
+                    )?
+                    .query_row([ino as i64], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+                if out.stripe_count == 0 && cnt > 0 {
+                    out.stripe_count = cnt as u32;
+                }
+                if out.stripe_size == 0 && size > 0 {
+                    out.stripe_size = size as u64;
+                }
+                if (out.stripe_count > 0 && out.stripe_size > 0) || ino == ROOT_INO {
+                    break;
+                }
+                ino = parent as u64;
+            }
+            if out.stripe_count == 0 {
+                out.stripe_count = info.default_stripe_count;
+            }
+            if out.stripe_size == 0 {
+                out.stripe_size = info.default_stripe_size;
+            }
+            Ok(out)
+        })
+    }
+
+    fn set_dir_stripe(&self, dir: Ino, def: StripeDefault) -> Result<()> {
+        self.write(|tx| {
+            dir_attr(tx, dir)?;
+            tx.execute(
+                "UPDATE inodes SET def_stripe_count = ?2, def_stripe_size = ?3, ctime = ?4 WHERE ino = ?1",
+                params![dir as i64, def.stripe_count as i64, def.stripe_size as i64, now_nanos()],
+            )?;
+            Ok(())
+        })
+    }
+
+    fn set_file_layout(&self, ino: Ino, layout: &Layout) -> Result<()> {
+        self.write(|tx| {
+            let a = get_attr(tx, ino)?;
+            if a.kind != Kind::File {
+                return Err(MetaError::Invalid("not a regular file".into()));
+            }
+            let has_data: bool = tx
+                .prepare_cached("SELECT EXISTS (SELECT 1 FROM slices WHERE ino = ?1)")?
+                .query_row([ino as i64], |r| r.get(0))?;
+            if has_data || a.size > 0 {
+                return Err(MetaError::NotEmpty);
+            }
+            tx.execute(
+                "UPDATE inodes SET stripe_size = ?2, stripe_targets = ?3, ctime = ?4 WHERE ino = ?1",
+                params![ino as i64, layout.stripe_size as i64, layout.encode_targets(), now_nanos()],
+            )?;
+            Ok(())
+        })
+    }
+
+    fn set_projid(&self, ino: Ino, projid: u32, inherit: bool) -> Result<u64> {
+        self.write(|tx| {
+            let a = get_attr(tx, ino)?;
+            let now = now_nanos();
+            let inh = if inherit && a.kind == Kind::Dir { 1 } else { 0 };
+            tx.execute(
+                "UPDATE inodes SET projid = ?2, projinherit = ?3, ctime = ?4 WHERE ino = ?1",
+                params![ino as i64, projid as i64, inh, now],
+            )?;
+            let mut count = 1u64;
+            if inherit && a.kind == Kind::Dir {
+                // Walk the subtree breadth first.
+                let mut queue = vec![ino];
+                while let Some(dir) = queue.pop() {
+                    let children: Vec<(i64, i64)> = {
+                        let mut st =
+                            tx.prepare_cached("SELECT ino, kind FROM dentries WHERE parent = ?1")?;
+                        let rows = st.query_map([dir as i64], |r| Ok((r.get(0)?, r.get(1)?)))?;
+                        rows.collect::<rusqlite::Result<Vec<_>>>()?
+                    };
+                    for (child, kind) in children {
+                        let is_dir = kind == Kind::Dir as i64;
+                        tx.execute(
+                            "UPDATE inodes SET projid = ?2, projinherit = ?3, ctime = ?4 WHERE ino = ?1",
+                            params![child, projid as i64, if is_dir { 1 } else { 0 }, now],
+                        )?;
+                        count += 1;
+                        if is_dir {
+                            queue.push(child as u64);
+                        }
+                    }
+                }
+            }
+            Ok(count)
+        })
+    }
+
+    fn get_projid(&self, ino: Ino) -> Result<(u32, bool)> {
+        self.read(|c| {
+            c.prepare_cached("SELECT projid, projinherit FROM inodes WHERE ino = ?1")?
+                .query_row([ino as i64], |r| {
+                    Ok((r.get::<_, i64>(0)? as u32, r.get::<_, i64>(1)? != 0))
+                })
+                .optional()?
+                .ok_or(MetaError::NotFound)
+        })
+    }
+
+    fn alloc_object_ids(&self, n: u64) -> Result<u64> {
+        self.write(|tx| {
+            let next: i64 = tx
+                .prepare_cached(
+                    "UPDATE counters SET value = value + ?1 WHERE name = 'next_object' RETURNING value",
+                )?
+                .query_row([n as i64], |r| r.get(0))?;
+            Ok((next - n as i64) as u64)
+        })
+    }
+
+    fn read_chunk(&self, ino: Ino, chunk: u64) -> Result<Vec<Slice>> {
+        self.read(|c| {
+            let mut st = c.prepare_cached(
+                "SELECT seq, chunk, off, len, target, obj, inline FROM slices \
+                 WHERE ino = ?1 AND chunk = ?2 ORDER BY seq",
+            )?;
+            let rows = st.query_map(params![ino as i64, chunk as i64], slice_from_row)?;
+            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+        })
+    }
+
+    fn commit_slices(
+        &self,
+        ino: Ino,
+        slices: &[Slice],
+        new_end: u64,
+        mtime: Nanos,
+    ) -> Result<Attr> {
+        self.write(|tx| {
+            let a = match get_attr(tx, ino) {
+                Ok(a) => a,
+                Err(MetaError::NotFound) => {
+                    // The file went away while its data was uploading: the objects are garbage.
+                    for s in slices {
+                        if let SliceData::Object { target, obj } = s.data {
+                            tx.execute(
+                                "INSERT INTO trash (ino, target, obj, len) VALUES (?1,?2,?3,?4)",
+                                params![ino as i64, target as i64, obj as i64, s.len as i64],
+                            )?;
+                            tx.execute(
+                                "UPDATE targets SET used = used + ?2, objects = objects + 1 WHERE id = ?1",
+                                params![target as i64, s.len as i64],
+                            )?;
+                        }
+                    }
+                    return Err(MetaError::NotFound);
+                }
+                Err(e) => return Err(e),
+            };
+            for s in slices {
+                insert_slice(tx, ino, s)?;
+            }
+            let size = a.size.max(new_end);
+            tx.prepare_cached(
+                "UPDATE inodes SET size = ?2, mtime = ?3, ctime = ?3, data_version = data_version + 1 \
+                 WHERE ino = ?1",
+            )?
+            .execute(params![ino as i64, size as i64, mtime])?;
+            get_attr(tx, ino)
+        })
+    }
+
+    fn fallocate(
+        &self,
+        ino: Ino,
+        off: u64,
+        len: u64,
+        keep_size: bool,
+        punch: bool,
+    ) -> Result<Attr> {
+        self.write(|tx| {
+            let a = get_attr(tx, ino)?;
+            if a.kind != Kind::File {
+                return Err(MetaError::Invalid("fallocate on a non-regular file".into()));
+            }
+            let now = now_nanos();
+            if punch {
+                let end = (off + len).min(a.size);
+                if let Some(l) = &a.layout {
+                    if end > off {
+                        zero_range(tx, ino, l.stripe_size, off, end - off)?;
+                    }
+                }
+                tx.execute(
+                    "UPDATE inodes SET mtime = ?2, ctime = ?2, data_version = data_version + 1 WHERE ino = ?1",
+                    params![ino as i64, now],
+                )?;
+            } else if !keep_size && off + len > a.size {
+                tx.execute(
+                    "UPDATE inodes SET size = ?2, ctime = ?3, data_version = data_version + 1 WHERE ino = ?1",
+                    params![ino as i64, (off + len) as i64, now],
+                )?;
+            }
+            get_attr(tx, ino)
+        })
+    }
+
+    fn replace_chunk(&self, ino: Ino, chunk: u64, upto: u64, merged: &[Slice]) -> Result<bool> {
+        self.write(|tx| {
+            let newest: Option<i64> = tx.query_row(
+                "SELECT MAX(seq) FROM slices WHERE ino = ?1 AND chunk = ?2",
+                params![ino as i64, chunk as i64],
+                |r| r.get(0),
+            )?;
+            if newest != Some(upto as i64) {
+                return Ok(false);
+            }
+            trash_slices(
+                tx,
+                ino,
+                "chunk = ?2 AND seq <= ?3",
+                &[chunk as i64, upto as i64],
+            )?;
+            for s in merged {
+                insert_slice(tx, ino, s)?;
+            }
+            Ok(true)
+        })
+    }
+
+    fn register_session(&self, s: &SessionInfo) -> Result<u64> {
+        self.write(|tx| {
+            let now = now_nanos();
+            tx.execute(
+                "INSERT INTO sessions (client_name, host, pid, mountpoint, version, started, heartbeat) \
+                 VALUES (?1,?2,?3,?4,?5,?6,?6)",
+                params![s.client_name, s.host, s.pid as i64, s.mountpoint, s.version, now],
+            )?;
+            Ok(tx.last_insert_rowid() as u64)
+        })
+    }
+
+    fn heartbeat(&self, session: u64) -> Result<()> {
+        self.write(|tx| {
+            let n = tx.execute(
+                "UPDATE sessions SET heartbeat = ?2 WHERE id = ?1",
+                params![session as i64, now_nanos()],
+            )?;
+            if n == 0 {
+                return Err(MetaError::NotFound);
+            }
+            Ok(())
+        })
+    }
+
+    fn unregister_session(&self, session: u64) -> Result<()> {
+        self.write(|tx| end_session(tx, session))
+    }
+
+    fn sessions(&self) -> Result<Vec<SessionInfo>> {
+        self.read(|c| {
+            let mut st = c.prepare_cached(
+                "SELECT id, client_name, host, pid, mountpoint, version, started, heartbeat FROM sessions ORDER BY id",
+            )?;
+            let rows = st.query_map([], |r| {
+                Ok(SessionInfo {
+                    id: r.get::<_, i64>(0)? as u64,
+                    client_name: r.get(1)?,
+                    host: r.get(2)?,
+                    pid: r.get::<_, i64>(3)? as u32,
+                    mountpoint: r.get(4)?,
+                    version: r.get(5)?,
+                    started: r.get(6)?,
+                    heartbeat: r.get(7)?,
+                })
+            })?;
+            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+        })
+    }
+
+    fn reap_sessions(&self, timeout_ns: i64) -> Result<usize> {
+        self.write(|tx| {
+            let limit = now_nanos() - timeout_ns;
+            let dead: Vec<i64> = {
+                let mut st = tx.prepare_cached("SELECT id FROM sessions WHERE heartbeat < ?1")?;
+                let rows = st.query_map([limit], |r| r.get(0))?;
+                rows.collect::<rusqlite::Result<Vec<_>>>()?
+            };
+            for id in &dead {
+                end_session(tx, *id as u64)?;
+            }
+            Ok(dead.len())
+        })
+    }
+
+    fn open_file(&self, session: u64, ino: Ino) -> Result<()> {
+        self.write(|tx| {
+            tx.prepare_cached(
+                "INSERT INTO open_files (session, ino, count) VALUES (?1, ?2, 1) \
+                 ON CONFLICT (session, ino) DO UPDATE SET count = count + 1",
+            )?
+            .execute(params![session as i64, ino as i64])?;
+            Ok(())
+        })
+    }
+
+    fn close_file(&self, session: u64, ino: Ino) -> Result<()> {
+        self.write(|tx| {
+            tx.prepare_cached(
+                "UPDATE open_files SET count = count - 1 WHERE session = ?1 AND ino = ?2",
+            )?
+            .execute(params![session as i64, ino as i64])?;
+            tx.prepare_cached(
+                "DELETE FROM open_files WHERE session = ?1 AND ino = ?2 AND count <= 0",
+            )?
+            .execute(params![session as i64, ino as i64])?;
+            purge_if_orphan(tx, ino)
+        })
+    }
+
+    fn trash(&self, limit: usize) -> Result<Vec<TrashItem>> {
+        self.read(|c| {
+            let mut st = c.prepare_cached(
+                "SELECT id, target, obj, len FROM trash t \
+                 WHERE NOT EXISTS (SELECT 1 FROM open_files o WHERE o.ino = t.ino) ORDER BY id LIMIT ?1",
+            )?;
+            let rows = st.query_map([limit as i64], |r| {
+                Ok(TrashItem {
+                    id: r.get::<_, i64>(0)? as u64,
+                    target: r.get::<_, i64>(1)? as u32,
+                    obj: r.get::<_, i64>(2)? as u64,
+                    len: r.get::<_, i64>(3)? as u64,
+                })
+            })?;
+            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+        })
+    }
+
+    fn trash_done(&self, ids: &[u64]) -> Result<()> {
+        self.write(|tx| {
+            for id in ids {
+                let row: Option<(i64, i64)> = tx
+                    .prepare_cached("DELETE FROM trash WHERE id = ?1 RETURNING target, len")?
+                    .query_row([*id as i64], |r| Ok((r.get(0)?, r.get(1)?)))
+                    .optional()?;
+                if let Some((target, len)) = row {
+                    tx.prepare_cached(
+                        "UPDATE targets SET used = MAX(used - ?2, 0), objects = MAX(objects - 1, 0) WHERE id = ?1",
+                    )?
+                    .execute(params![target, len])?;
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn set_lock(&self, ino: Ino, lock: &LockRange) -> Result<()> {
+        self.write(|tx| {
+            let held = locks_of(tx, ino)?;
+            if lock.typ != LockType::Unlock && held.iter().any(|h| locks::conflicts(h, lock)) {
+                return Err(MetaError::WouldBlock);
+            }
+            let own: Vec<LockRange> = held
+                .into_iter()
+                .filter(|h| h.session == lock.session && h.owner == lock.owner && h.flock == lock.flock)
+                .collect();
+            let next = locks::apply(&own, lock);
+            tx.prepare_cached("DELETE FROM locks WHERE ino = ?1 AND session = ?2 AND owner = ?3 AND flock = ?4")?
+                .execute(params![ino as i64, lock.session as i64, lock.owner as i64, lock.flock as i64])?;
+            for l in next {
+                tx.prepare_cached(
+                    "INSERT INTO locks (ino, session, owner, flock, typ, start, end, pid) VALUES (?1,?2,?3,?4,?5,?6,?7,?8)",
+                )?
+                .execute(params![
+                    ino as i64,
+                    l.session as i64,
+                    l.owner as i64,
+                    l.flock as i64,
+                    lock_typ_to_i64(l.typ),
+                    l.start as i64,
+                    lock_end_to_i64(l.end),
+                    l.pid as i64
+                ])?;
+            }
+            Ok(())
+        })
+    }
+
+    fn test_lock(&self, ino: Ino, lock: &LockRange) -> Result<Option<LockRange>> {
+        self.read(|c| {
+            Ok(locks_of(c, ino)?
+                .into_iter()
+                .find(|h| locks::conflicts(h, lock)))
+        })
+    }
+
+    fn release_locks(&self, ino: Ino, session: u64, owner: u64, flock: bool) -> Result<()> {
+        self.write(|tx| {
+            tx.prepare_cached(
+                "DELETE FROM locks WHERE ino = ?1 AND session = ?2 AND owner = ?3 AND flock = ?4",
+            )?
+            .execute(params![
+                ino as i64,
+                session as i64,
+                owner as i64,
+                flock as i64
+            ])?;
+            Ok(())
+        })
+    }
+}
+
+fn locks_of(c: &Connection, ino: Ino) -> Result<Vec<LockRange>> {
+    let mut st = c.prepare_cached(
+        "SELECT session, owner, flock, typ, start, end, pid FROM locks WHERE ino = ?1",
+    )?;
+    let rows = st.query_map([ino as i64], lock_from_row)?;
+    Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+}
+
+fn purge_if_orphan(c: &Connection, ino: Ino) -> Result<()> {
+    let orphan: Option<i64> = c
+        .prepare_cached("SELECT orphan FROM inodes WHERE ino = ?1")?
+        .query_row([ino as i64], |r| r.get(0))
+        .optional()?;
+    if orphan == Some(1) {
+        let open: bool = c
+            .prepare_cached("SELECT EXISTS (SELECT 1 FROM open_files WHERE ino = ?1)")?
+            .query_row([ino as i64], |r| r.get(0))?;
+        if !open {
+            purge_inode(c, ino)?;
+        }
+    }
+    Ok(())
+}
+
+/// Removes a session with its open files (purging orphans it was the last to hold) and locks.
+fn end_session(c: &Connection, session: u64) -> Result<()> {
+    let inos: Vec<i64> = {
+        let mut st = c.prepare_cached("SELECT ino FROM open_files WHERE session = ?1")?;
+        let rows = st.query_map([session as i64], |r| r.get(0))?;
+        rows.collect::<rusqlite::Result<Vec<_>>>()?
+    };
+    c.execute(
+        "DELETE FROM open_files WHERE session = ?1",
+        [session as i64],
+    )?;
+    for ino in inos {
+        purge_if_orphan(c, ino as u64)?;
+    }
+    c.execute("DELETE FROM locks WHERE session = ?1", [session as i64])?;
+    c.execute("DELETE FROM sessions WHERE id = ?1", [session as i64])?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fresh() -> (tempfile::TempDir, SqliteEngine) {
+        let d = tempfile::tempdir().unwrap();
+        let e =
+            SqliteEngine::format(&d.path().join("m.db"), &crate::conformance::params()).unwrap();
+        (d, e)
+    }
+
+    #[test]
+    fn conformance_suite_passes_on_sqlite() {
+        crate::conformance::run_all(&|| {
+            let (d, e) = fresh();
+            (
+                Box::new(d) as Box<dyn std::any::Any>,
+                Box::new(e) as Box<dyn MetaEngine>,
+            )
+        });
+    }
+
+    #[test]
+    fn format_refuses_a_formatted_file_without_force() {
+        let (d, _e) = fresh();
+        let r = SqliteEngine::format(&d.path().join("m.db"), &crate::conformance::params());
+        assert!(matches!(r, Err(MetaError::AlreadyFormatted(_))));
+        let mut p = crate::conformance::params();
+        p.force = true;
+        assert!(SqliteEngine::format(&d.path().join("m.db"), &p).is_ok());
+    }
+
+    #[test]
+    fn open_refuses_unformatted_and_missing() {
+        let d = tempfile::tempdir().unwrap();
+        assert!(matches!(
+            SqliteEngine::open(&d.path().join("none.db")),
+            Err(MetaError::NotFormatted(_))
+        ));
+        let p = d.path().join("empty.db");
+        Connection::open(&p).unwrap();
+        assert!(matches!(
+            SqliteEngine::open(&p),
+            Err(MetaError::NotFormatted(_))
+        ));
+    }
+
+    #[test]
+    fn two_engines_on_one_file_see_each_other() {
+        let (d, a) = fresh();
+        let b = SqliteEngine::open(&d.path().join("m.db")).unwrap();
+        let node = NewNode {
+            kind: Kind::Dir,
+            perm: 0o755,
+            uid: 0,
+            gid: 0,
+            rdev: 0,
+            symlink: None,
+        };
+        a.create(ROOT_INO, b"x", &node, None).unwrap();
+        assert_eq!(b.lookup(ROOT_INO, b"x").unwrap().kind, Kind::Dir);
+    }
+}

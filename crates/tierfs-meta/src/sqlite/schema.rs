@@ -1,0 +1,104 @@
+//! The versioned SQL schema. `PRAGMA user_version` records the version; each migration moves
+//! it one step. The same tables serve every SQL engine (types are plain INTEGER/TEXT/BLOB).
+
+/// Schema version this build writes and understands.
+pub const SCHEMA_VERSION: i64 = 1;
+
+/// `MIGRATIONS[i]` moves the schema from version `i` to `i + 1`.
+pub const MIGRATIONS: &[&str] = &[V1];
+
+const V1: &str = r#"
+CREATE TABLE meta_info (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
+CREATE TABLE targets (
+    id INTEGER PRIMARY KEY,
+    url TEXT NOT NULL,
+    capacity INTEGER NOT NULL DEFAULT 0,
+    used INTEGER NOT NULL DEFAULT 0,
+    objects INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE inodes (
+    ino INTEGER PRIMARY KEY AUTOINCREMENT,
+    kind INTEGER NOT NULL,
+    perm INTEGER NOT NULL,
+    uid INTEGER NOT NULL,
+    gid INTEGER NOT NULL,
+    nlink INTEGER NOT NULL,
+    size INTEGER NOT NULL DEFAULT 0,
+    rdev INTEGER NOT NULL DEFAULT 0,
+    atime INTEGER NOT NULL,
+    mtime INTEGER NOT NULL,
+    ctime INTEGER NOT NULL,
+    crtime INTEGER NOT NULL,
+    projid INTEGER NOT NULL DEFAULT 0,
+    projinherit INTEGER NOT NULL DEFAULT 0,
+    data_version INTEGER NOT NULL DEFAULT 0,
+    stripe_size INTEGER NOT NULL DEFAULT 0,
+    stripe_targets TEXT NOT NULL DEFAULT '',
+    def_stripe_count INTEGER NOT NULL DEFAULT 0,
+    def_stripe_size INTEGER NOT NULL DEFAULT 0,
+    parent INTEGER NOT NULL DEFAULT 0,
+    symlink BLOB,
+    orphan INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE dentries (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    parent INTEGER NOT NULL,
+    name BLOB NOT NULL,
+    ino INTEGER NOT NULL,
+    kind INTEGER NOT NULL
+);
+CREATE UNIQUE INDEX dentries_name ON dentries(parent, name);
+CREATE TABLE slices (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    ino INTEGER NOT NULL,
+    chunk INTEGER NOT NULL,
+    off INTEGER NOT NULL,
+    len INTEGER NOT NULL,
+    target INTEGER,
+    obj INTEGER,
+    inline BLOB
+);
+CREATE INDEX slices_chunk ON slices(ino, chunk, seq);
+CREATE TABLE xattrs (
+    ino INTEGER NOT NULL,
+    name BLOB NOT NULL,
+    value BLOB NOT NULL,
+    PRIMARY KEY (ino, name)
+);
+CREATE TABLE sessions (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    client_name TEXT NOT NULL,
+    host TEXT NOT NULL,
+    pid INTEGER NOT NULL,
+    mountpoint TEXT NOT NULL,
+    version TEXT NOT NULL,
+    started INTEGER NOT NULL,
+    heartbeat INTEGER NOT NULL
+);
+CREATE TABLE open_files (
+    session INTEGER NOT NULL,
+    ino INTEGER NOT NULL,
+    count INTEGER NOT NULL,
+    PRIMARY KEY (session, ino)
+);
+CREATE INDEX open_files_ino ON open_files(ino);
+CREATE TABLE trash (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    ino INTEGER NOT NULL,
+    target INTEGER NOT NULL,
+    obj INTEGER NOT NULL,
+    len INTEGER NOT NULL
+);
+CREATE TABLE locks (
+    ino INTEGER NOT NULL,
+    session INTEGER NOT NULL,
+    owner INTEGER NOT NULL,
+    flock INTEGER NOT NULL,
+    typ INTEGER NOT NULL,
+    start INTEGER NOT NULL,
+    end INTEGER NOT NULL,
+    pid INTEGER NOT NULL
+);
+CREATE INDEX locks_ino ON locks(ino);
+"#;

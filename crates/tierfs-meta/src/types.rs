@@ -1,0 +1,271 @@
+//! The records the metadata engine stores: inodes, layouts, slices, sessions, locks.
+
+use serde::{Deserialize, Serialize};
+
+/// Inode number. The root directory is [`ROOT_INO`].
+pub type Ino = u64;
+pub const ROOT_INO: Ino = 1;
+/// Longest name of one directory entry, in bytes.
+pub const NAME_MAX: usize = 255;
+
+/// Nanoseconds since the Unix epoch.
+pub type Nanos = i64;
+
+pub fn now_nanos() -> Nanos {
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    d.as_nanos() as Nanos
+}
+
+/// The type of an inode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Kind {
+    File = 1,
+    Dir = 2,
+    Symlink = 3,
+    Fifo = 4,
+    Socket = 5,
+    CharDev = 6,
+    BlockDev = 7,
+}
+
+impl Kind {
+    pub fn from_i64(v: i64) -> Option<Kind> {
+        Some(match v {
+            1 => Kind::File,
+            2 => Kind::Dir,
+            3 => Kind::Symlink,
+            4 => Kind::Fifo,
+            5 => Kind::Socket,
+            6 => Kind::CharDev,
+            7 => Kind::BlockDev,
+            _ => return None,
+        })
+    }
+    /// The kind encoded in the S_IFMT bits of a mode.
+    pub fn from_mode(mode: u32) -> Option<Kind> {
+        Some(match mode & libc::S_IFMT {
+            libc::S_IFREG => Kind::File,
+            libc::S_IFDIR => Kind::Dir,
+            libc::S_IFLNK => Kind::Symlink,
+            libc::S_IFIFO => Kind::Fifo,
+            libc::S_IFSOCK => Kind::Socket,
+            libc::S_IFCHR => Kind::CharDev,
+            libc::S_IFBLK => Kind::BlockDev,
+            0 => Kind::File,
+            _ => return None,
+        })
+    }
+}
+
+/// How a file's data is striped: chunk `i` (bytes `[i*stripe_size, (i+1)*stripe_size)`) lives on
+/// `targets[i % targets.len()]`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Layout {
+    pub stripe_size: u64,
+    pub targets: Vec<u32>,
+}
+
+impl Layout {
+    pub fn stripe_count(&self) -> u32 {
+        self.targets.len() as u32
+    }
+    pub fn target_of_chunk(&self, chunk: u64) -> u32 {
+        if self.targets.is_empty() {
+            return 0;
+        }
+        self.targets[(chunk % self.targets.len() as u64) as usize]
+    }
+    pub fn encode_targets(&self) -> String {
+        self.targets
+            .iter()
+            .map(|t| t.to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+    pub fn decode_targets(s: &str) -> Vec<u32> {
+        s.split(',').filter_map(|x| x.parse().ok()).collect()
+    }
+}
+
+/// A directory's default layout for new children (`tierfs setstripe DIR`). 0 means "inherit".
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StripeDefault {
+    pub stripe_count: u32,
+    pub stripe_size: u64,
+}
+
+/// The attributes of one inode.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Attr {
+    pub ino: Ino,
+    pub kind: Kind,
+    /// Permission bits including setuid, setgid and sticky (the low 12 bits of st_mode).
+    pub perm: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub nlink: u32,
+    pub size: u64,
+    pub rdev: u32,
+    pub atime: Nanos,
+    pub mtime: Nanos,
+    pub ctime: Nanos,
+    pub crtime: Nanos,
+    pub projid: u32,
+    /// Bumped by every change of the file's data; caches compare it (close-to-open, RO-PCC).
+    pub data_version: u64,
+    /// Files only: where the data lives. Directories: their default for new files, if set.
+    pub layout: Option<Layout>,
+    pub dir_default: StripeDefault,
+    /// Parent directory (directories only; files may have several).
+    pub parent: Ino,
+}
+
+/// A time to set in `setattr`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TimeSet {
+    Now,
+    At(Nanos),
+}
+
+/// The changes of one `setattr` call; `None` leaves a field alone.
+#[derive(Clone, Debug, Default)]
+pub struct SetAttr {
+    pub perm: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    pub atime: Option<TimeSet>,
+    pub mtime: Option<TimeSet>,
+    pub ctime: Option<Nanos>,
+}
+
+/// A new inode to create.
+#[derive(Clone, Debug)]
+pub struct NewNode {
+    pub kind: Kind,
+    /// Permission bits (already masked by the umask).
+    pub perm: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub rdev: u32,
+    /// Symlinks: the target.
+    pub symlink: Option<Vec<u8>>,
+}
+
+/// One entry of a directory listing. `offset` is the cursor to pass to continue after it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DirEntry {
+    pub name: Vec<u8>,
+    pub ino: Ino,
+    pub kind: Kind,
+    pub offset: u64,
+}
+
+/// Where the bytes of one slice are.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SliceData {
+    /// An immutable object `obj` in storage target `target`, holding exactly `len` bytes.
+    Object { target: u32, obj: u64 },
+    /// Small-file data kept in the metadata engine itself (Lustre Data-on-MDT).
+    Inline(Vec<u8>),
+    /// Zeros (a hole punched by truncate or fallocate).
+    Zero,
+}
+
+/// One write of `len` bytes at `off` inside chunk `chunk` of a file. Within a chunk, later slices
+/// (higher `seq`) cover earlier ones.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Slice {
+    /// Commit order; assigned by the engine.
+    pub seq: u64,
+    pub chunk: u64,
+    pub off: u64,
+    pub len: u64,
+    pub data: SliceData,
+}
+
+/// An object no longer referenced by any slice, waiting to be deleted from its target.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TrashItem {
+    pub id: u64,
+    pub target: u32,
+    pub obj: u64,
+    pub len: u64,
+}
+
+/// Filesystem-wide settings chosen at format time.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FsInfo {
+    pub name: String,
+    pub uuid: String,
+    pub default_stripe_count: u32,
+    pub default_stripe_size: u64,
+    pub inline_threshold: u64,
+    pub created: Nanos,
+    pub schema_version: i64,
+}
+
+/// One storage target, as recorded at format time.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TargetInfo {
+    pub id: u32,
+    pub url: String,
+    /// Byte limit set with `?capacity=` (0: the backing store's own limit).
+    pub capacity: u64,
+    /// Bytes referenced by live and not-yet-deleted objects.
+    pub used: u64,
+    pub objects: u64,
+}
+
+/// Parameters of `format`.
+#[derive(Clone, Debug)]
+pub struct FormatParams {
+    pub name: String,
+    pub targets: Vec<(String, u64)>,
+    pub stripe_count: u32,
+    pub stripe_size: u64,
+    pub inline_threshold: u64,
+    pub force: bool,
+}
+
+/// A mounted client, registered with a heartbeat.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SessionInfo {
+    pub id: u64,
+    pub client_name: String,
+    pub host: String,
+    pub pid: u32,
+    pub mountpoint: String,
+    pub version: String,
+    pub started: Nanos,
+    pub heartbeat: Nanos,
+}
+
+/// Usage counters for statfs/df.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub inodes: u64,
+    pub bytes: u64,
+}
+
+/// Lock type of an advisory lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LockType {
+    Read,
+    Write,
+    Unlock,
+}
+
+/// One advisory lock (POSIX byte range or flock, told apart by `flock`). `end` is inclusive.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LockRange {
+    pub session: u64,
+    pub owner: u64,
+    pub flock: bool,
+    pub typ: LockType,
+    pub start: u64,
+    pub end: u64,
+    pub pid: u32,
+}
