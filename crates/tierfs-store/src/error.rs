@@ -1,0 +1,51 @@
+//! Errors of the storage targets, each with the errno an application sees.
+
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum StoreError {
+    #[error("unsupported target URL '{0}' (expected file:///path/to/dir[?capacity=SIZE])")]
+    BadUrl(String),
+    #[error("storage target {0} does not exist")]
+    Missing(String),
+    #[error("storage target {0} is not writable: {1}")]
+    Unwritable(String, String),
+    #[error("object {0} is missing from its target")]
+    NotFound(String),
+    #[error("no space left on storage target {0}")]
+    NoSpace(u32),
+    #[error("unknown storage target {0}")]
+    UnknownTarget(u32),
+    #[error("invalid size '{0}' (expected a number with an optional K, M, G or T suffix)")]
+    BadSize(String),
+    #[error("storage I/O error: {0}")]
+    Io(String),
+}
+
+impl StoreError {
+    pub fn errno(&self) -> i32 {
+        match self {
+            StoreError::NoSpace(_) => libc::ENOSPC,
+            StoreError::BadUrl(_) | StoreError::BadSize(_) => libc::EINVAL,
+            _ => libc::EIO,
+        }
+    }
+}
+
+impl From<object_store::Error> for StoreError {
+    fn from(e: object_store::Error) -> Self {
+        match e {
+            object_store::Error::NotFound { path, .. } => StoreError::NotFound(path),
+            other => {
+                let s = other.to_string();
+                if s.contains("No space left") {
+                    StoreError::NoSpace(u32::MAX)
+                } else {
+                    StoreError::Io(s)
+                }
+            }
+        }
+    }
+}
+
+pub type Result<T> = std::result::Result<T, StoreError>;

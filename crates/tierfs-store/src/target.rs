@@ -1,0 +1,261 @@
+//! Storage targets: a URL, checked and opened through the `object_store` crate.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use object_store::local::LocalFileSystem;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+
+use crate::error::{Result, StoreError};
+use crate::objects::object_path;
+use crate::size::parse_size;
+
+/// A parsed target URL.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TargetSpec {
+    /// The URL as recorded in the metadata engine (without the query).
+    pub url: String,
+    pub kind: TargetKind,
+    /// Byte limit from `?capacity=`, 0 for none.
+    pub capacity: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TargetKind {
+    Local(PathBuf),
+}
+
+impl TargetSpec {
+    pub fn parse(s: &str) -> Result<TargetSpec> {
+        let (base, query) = match s.split_once('?') {
+            Some((b, q)) => (b, Some(q)),
+            None => (s, None),
+        };
+        let mut capacity = 0;
+        if let Some(q) = query {
+            for kv in q.split('&') {
+                match kv.split_once('=') {
+                    Some(("capacity", v)) => capacity = parse_size(v)?,
+                    _ => return Err(StoreError::BadUrl(s.to_string())),
+                }
+            }
+        }
+        let kind = if let Some(p) = base.strip_prefix("file://") {
+            if !p.starts_with('/') {
+                return Err(StoreError::BadUrl(s.to_string()));
+            }
+            TargetKind::Local(PathBuf::from(p))
+        } else {
+            return Err(StoreError::BadUrl(s.to_string()));
+        };
+        Ok(TargetSpec {
+            url: base.to_string(),
+            kind,
+            capacity,
+        })
+    }
+
+    /// The URL with its capacity, as given to `format`.
+    pub fn full_url(&self) -> String {
+        self.url.clone()
+    }
+
+    /// Makes sure the target exists and can be written (creating a local directory if needed
+    /// when `create` is set).
+    pub fn check(&self, create: bool) -> Result<()> {
+        match &self.kind {
+            TargetKind::Local(dir) => {
+                if !dir.exists() {
+                    if !create {
+                        return Err(StoreError::Missing(dir.display().to_string()));
+                    }
+                    std::fs::create_dir_all(dir).map_err(|e| {
+                        StoreError::Unwritable(dir.display().to_string(), e.to_string())
+                    })?;
+                }
+                if !dir.is_dir() {
+                    return Err(StoreError::Unwritable(
+                        dir.display().to_string(),
+                        "not a directory".into(),
+                    ));
+                }
+                let probe = dir.join(format!(".tierfs-probe-{}", std::process::id()));
+                std::fs::write(&probe, b"probe").map_err(|e| {
+                    StoreError::Unwritable(dir.display().to_string(), e.to_string())
+                })?;
+                let _ = std::fs::remove_file(&probe);
+                Ok(())
+            }
+        }
+    }
+
+    /// Whether the target holds tierfs objects already.
+    pub fn has_objects(&self) -> bool {
+        match &self.kind {
+            TargetKind::Local(dir) => dir.join("objects").exists(),
+        }
+    }
+
+    /// Deletes every tierfs object of the target (format --force).
+    pub fn wipe(&self) -> Result<()> {
+        match &self.kind {
+            TargetKind::Local(dir) => {
+                let o = dir.join("objects");
+                if o.exists() {
+                    std::fs::remove_dir_all(&o).map_err(|e| StoreError::Io(e.to_string()))?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Space of the device under a target, from statvfs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DeviceSpace {
+    pub total: u64,
+    pub avail: u64,
+}
+
+/// One opened storage target.
+#[derive(Debug)]
+pub struct Target {
+    pub id: u32,
+    pub spec: TargetSpec,
+    store: Arc<dyn ObjectStore>,
+}
+
+impl Target {
+    pub fn open(id: u32, spec: TargetSpec) -> Result<Target> {
+        spec.check(false)?;
+        let store: Arc<dyn ObjectStore> = match &spec.kind {
+            TargetKind::Local(dir) => Arc::new(
+                LocalFileSystem::new_with_prefix(dir)
+                    .map_err(|e| StoreError::Io(e.to_string()))?
+                    .with_automatic_cleanup(true),
+            ),
+        };
+        Ok(Target { id, spec, store })
+    }
+
+    pub async fn put(&self, obj: u64, data: Bytes) -> Result<()> {
+        self.store
+            .put(&object_path(obj), PutPayload::from_bytes(data))
+            .await
+            .map_err(|e| match StoreError::from(e) {
+                StoreError::NoSpace(_) => StoreError::NoSpace(self.id),
+                other => other,
+            })?;
+        Ok(())
+    }
+
+    pub async fn get_range(&self, obj: u64, start: u64, end: u64) -> Result<Bytes> {
+        Ok(self.store.get_range(&object_path(obj), start..end).await?)
+    }
+
+    pub async fn delete(&self, obj: u64) -> Result<()> {
+        match self.store.delete(&object_path(obj)).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Size and free space of the device holding the target.
+    pub fn device_space(&self) -> DeviceSpace {
+        match &self.spec.kind {
+            TargetKind::Local(dir) => statvfs(dir).unwrap_or_default(),
+        }
+    }
+}
+
+fn statvfs(dir: &std::path::Path) -> Option<DeviceSpace> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: c is a valid NUL-terminated path and st a properly sized out-parameter.
+    let r = unsafe { libc::statvfs(c.as_ptr(), &mut st) };
+    if r != 0 {
+        return None;
+    }
+    Some(DeviceSpace {
+        total: st.f_blocks as u64 * st.f_frsize as u64,
+        avail: st.f_bavail as u64 * st.f_frsize as u64,
+    })
+}
+
+/// Every target of a filesystem, indexed by target id.
+#[derive(Debug, Default)]
+pub struct TargetSet {
+    targets: Vec<Arc<Target>>,
+}
+
+impl TargetSet {
+    /// Opens targets from their recorded URLs and capacities, in id order.
+    pub fn open(list: &[(u32, String, u64)]) -> Result<TargetSet> {
+        let mut targets = Vec::new();
+        for (id, url, cap) in list {
+            let mut spec = TargetSpec::parse(url)?;
+            spec.capacity = *cap;
+            targets.push(Arc::new(Target::open(*id, spec)?));
+        }
+        Ok(TargetSet { targets })
+    }
+
+    pub fn get(&self, id: u32) -> Result<&Arc<Target>> {
+        self.targets
+            .iter()
+            .find(|t| t.id == id)
+            .ok_or(StoreError::UnknownTarget(id))
+    }
+
+    pub fn all(&self) -> &[Arc<Target>] {
+        &self.targets
+    }
+
+    pub fn len(&self) -> usize {
+        self.targets.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.targets.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_urls() {
+        let s = TargetSpec::parse("file:///srv/ost0?capacity=10M").unwrap();
+        assert_eq!(s.kind, TargetKind::Local(PathBuf::from("/srv/ost0")));
+        assert_eq!(s.capacity, 10 << 20);
+        assert_eq!(s.url, "file:///srv/ost0");
+        assert!(TargetSpec::parse("ftp://x").is_err());
+        assert!(TargetSpec::parse("file://relative").is_err());
+        assert!(TargetSpec::parse("file:///x?bogus=1").is_err());
+    }
+
+    #[tokio::test]
+    async fn put_get_delete_roundtrip() {
+        let d = tempfile::tempdir().unwrap();
+        let spec = TargetSpec::parse(&format!("file://{}", d.path().display())).unwrap();
+        let t = Target::open(0, spec).unwrap();
+        t.put(42, Bytes::from_static(b"hello world")).await.unwrap();
+        assert_eq!(&t.get_range(42, 6, 11).await.unwrap()[..], b"world");
+        t.delete(42).await.unwrap();
+        t.delete(42).await.unwrap();
+        assert!(matches!(
+            t.get_range(42, 0, 1).await,
+            Err(StoreError::NotFound(_))
+        ));
+        assert!(t.device_space().total > 0);
+    }
+
+    #[test]
+    fn check_reports_missing_and_unwritable() {
+        let spec = TargetSpec::parse("file:///nonexistent/tierfs/x").unwrap();
+        assert!(matches!(spec.check(false), Err(StoreError::Missing(_))));
+    }
+}
