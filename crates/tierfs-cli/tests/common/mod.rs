@@ -1,0 +1,870 @@
+//! Shared harness for the FUSE integration tests.
+//!
+//! `TestFs` formats a fresh filesystem (SQLite metadata, two `file://` targets) in a unique
+//! temporary directory, mounts N clients (`c0`, `c1`, ...) at `<tmp>/mnt<i>` and, on drop,
+//! unmounts everything under that directory (`tierfs umount`, then `fusermount3 -uz`) and kills
+//! any `tierfs` daemon still serving it. A watchdog bounds every test: when it fires it tears
+//! the mounts down (so blocked FUSE calls fail with ENOTCONN instead of hanging) and, if the
+//! test is still stuck long after, aborts the test binary.
+#![allow(dead_code)]
+
+use std::ffi::CString;
+use std::fs;
+use std::io::{self, Read};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_tierfs");
+
+/// Default bound on one external command (format, mount, umount, ...).
+pub const CMD_TIMEOUT: Duration = Duration::from_secs(60);
+
+// ---------------------------------------------------------------------------------------------
+// Running the tierfs binary
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Debug, Clone)]
+pub struct CmdOut {
+    pub args: Vec<String>,
+    /// Exit code; `None` if killed by a signal.
+    pub code: Option<i32>,
+    pub signal: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl CmdOut {
+    pub fn ok(&self) -> bool {
+        self.code == Some(0)
+    }
+
+    pub fn describe(&self) -> String {
+        format!(
+            "`tierfs {}` -> code {:?} signal {:?}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+            self.args.join(" "),
+            self.code,
+            self.signal,
+            self.stdout,
+            self.stderr
+        )
+    }
+
+    #[track_caller]
+    pub fn assert_ok(&self) -> &Self {
+        assert!(self.ok(), "command failed: {}", self.describe());
+        self.assert_no_panic();
+        self
+    }
+
+    #[track_caller]
+    pub fn assert_no_panic(&self) {
+        assert!(
+            self.code != Some(101) && !self.stderr.contains("panicked"),
+            "tierfs panicked: {}",
+            self.describe()
+        );
+        assert!(
+            self.signal.is_none(),
+            "tierfs died of a signal: {}",
+            self.describe()
+        );
+    }
+
+    /// Bad input contract: non-zero exit, exactly one non-empty line on stderr (a trailing
+    /// newline allowed), never a panic.
+    #[track_caller]
+    pub fn assert_clean_error(&self) {
+        self.assert_no_panic();
+        assert!(
+            self.code.is_some() && self.code != Some(0),
+            "expected a non-zero exit: {}",
+            self.describe()
+        );
+        let err = self.stderr.strip_suffix('\n').unwrap_or(&self.stderr);
+        assert!(
+            !err.trim().is_empty(),
+            "expected one line on stderr, got nothing: {}",
+            self.describe()
+        );
+        assert!(
+            !err.contains('\n'),
+            "expected exactly one line on stderr, got {}: {}",
+            err.lines().count(),
+            self.describe()
+        );
+    }
+}
+
+static CMD_SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// Run `tierfs ARGS` with a time bound. stdout/stderr go to files (not pipes), so a daemon that
+/// inherits them cannot keep us waiting for EOF.
+pub fn tierfs_in<S: AsRef<str>>(scratch: &Path, args: &[S], timeout: Duration) -> CmdOut {
+    tierfs_as(scratch, args, timeout, None)
+}
+
+/// Like `tierfs_in`, optionally as another uid/gid.
+pub fn tierfs_as<S: AsRef<str>>(
+    scratch: &Path,
+    args: &[S],
+    timeout: Duration,
+    cred: Option<(u32, u32)>,
+) -> CmdOut {
+    use std::os::unix::process::CommandExt;
+    let args: Vec<String> = args.iter().map(|s| s.as_ref().to_string()).collect();
+    let seq = CMD_SEQ.fetch_add(1, Ordering::SeqCst);
+    let out_path = scratch.join(format!(".cmd-{}-{seq}.out", std::process::id()));
+    let err_path = scratch.join(format!(".cmd-{}-{seq}.err", std::process::id()));
+    let out_f = fs::File::create(&out_path).expect("create stdout file");
+    let err_f = fs::File::create(&err_path).expect("create stderr file");
+    if cred.is_some() {
+        // readable by the unprivileged child
+        fs::set_permissions(&out_path, fs::Permissions::from_mode(0o666)).unwrap();
+        fs::set_permissions(&err_path, fs::Permissions::from_mode(0o666)).unwrap();
+    }
+    let mut cmd = Command::new(BIN);
+    cmd.args(&args)
+        .stdin(Stdio::null())
+        .stdout(out_f)
+        .stderr(err_f)
+        .env_remove("RUST_LOG")
+        .env("RUST_BACKTRACE", "0");
+    if let Some((uid, gid)) = cred {
+        // std drops the supplementary groups when root sets a uid
+        cmd.uid(uid).gid(gid);
+    }
+    let mut child = cmd.spawn().expect("spawn tierfs");
+    let deadline = Instant::now() + timeout;
+    let status = loop {
+        if let Some(st) = child.try_wait().expect("try_wait") {
+            break st;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            let stderr = fs::read_to_string(&err_path).unwrap_or_default();
+            panic!(
+                "`tierfs {}` did not finish within {:?}; stderr so far:\n{}",
+                args.join(" "),
+                timeout,
+                stderr
+            );
+        }
+        thread::sleep(Duration::from_millis(10));
+    };
+    let stdout = String::from_utf8_lossy(&fs::read(&out_path).unwrap_or_default()).into_owned();
+    let stderr = String::from_utf8_lossy(&fs::read(&err_path).unwrap_or_default()).into_owned();
+    let _ = fs::remove_file(&out_path);
+    let _ = fs::remove_file(&err_path);
+    CmdOut {
+        args,
+        code: status.code(),
+        signal: status.signal(),
+        stdout,
+        stderr,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Mount table and daemon bookkeeping
+// ---------------------------------------------------------------------------------------------
+
+fn unescape_mountinfo(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 4 <= b.len() {
+            if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 4], 8) {
+                out.push(v);
+                i += 4;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// (mount point, fstype) of every mount in our namespace.
+pub fn mounts() -> Vec<(PathBuf, String)> {
+    let text = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let mut v = Vec::new();
+    for line in text.lines() {
+        let fields: Vec<&str> = line.split(' ').collect();
+        let Some(sep) = fields.iter().position(|f| *f == "-") else {
+            continue;
+        };
+        if fields.len() < 5 || sep + 1 >= fields.len() {
+            continue;
+        }
+        v.push((
+            PathBuf::from(unescape_mountinfo(fields[4])),
+            fields[sep + 1].to_string(),
+        ));
+    }
+    v
+}
+
+pub fn is_fuse_mounted(p: &Path) -> bool {
+    mounts()
+        .iter()
+        .any(|(m, t)| m == p && (t.starts_with("fuse") || t == "fuseblk"))
+}
+
+/// Pids of `tierfs` processes (other than us) whose command line mentions `needle`.
+pub fn daemons_mentioning(needle: &str) -> Vec<i32> {
+    let me = std::process::id() as i32;
+    let mut pids = Vec::new();
+    let Ok(rd) = fs::read_dir("/proc") else {
+        return pids;
+    };
+    for e in rd.flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        if pid == me {
+            continue;
+        }
+        let Ok(cmdline) = fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        if !cmdline.contains(needle) {
+            continue;
+        }
+        let exe = fs::read_link(e.path().join("exe")).unwrap_or_default();
+        let exe = exe.to_string_lossy();
+        if exe.contains("tierfs") || cmdline.contains(BIN) {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+fn run_quiet(prog: &str, args: &[&str], timeout: Duration) -> bool {
+    let Ok(mut child) = Command::new(prog)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+    else {
+        return false;
+    };
+    let deadline = Instant::now() + timeout;
+    loop {
+        match child.try_wait() {
+            Ok(Some(st)) => return st.success(),
+            Ok(None) if Instant::now() < deadline => thread::sleep(Duration::from_millis(10)),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return false;
+            }
+        }
+    }
+}
+
+/// Unmount everything under `root` and kill every tierfs process that mentions `root`.
+/// `graceful`: try `tierfs umount` first.
+pub fn teardown_under(root: &Path, graceful: bool) {
+    let root_s = root.to_string_lossy().to_string();
+    let under: Vec<PathBuf> = mounts()
+        .into_iter()
+        .filter(|(m, _)| m.starts_with(root))
+        .map(|(m, _)| m)
+        .collect();
+    for m in under.iter().rev() {
+        let ms = m.to_string_lossy().to_string();
+        if graceful {
+            run_quiet(BIN, &["umount", &ms], Duration::from_secs(15));
+        }
+        if mounts().iter().any(|(x, _)| x == m) {
+            run_quiet("fusermount3", &["-uz", &ms], Duration::from_secs(10));
+        }
+        if mounts().iter().any(|(x, _)| x == m) {
+            run_quiet("umount", &["-l", &ms], Duration::from_secs(10));
+        }
+    }
+    // give daemons a moment to exit after their unmount, then kill the rest by pid
+    let deadline = Instant::now() + Duration::from_secs(if graceful { 5 } else { 0 });
+    loop {
+        let pids = daemons_mentioning(&root_s);
+        if pids.is_empty() {
+            return;
+        }
+        if Instant::now() >= deadline {
+            for p in &pids {
+                unsafe { libc::kill(*p, libc::SIGTERM) };
+            }
+            thread::sleep(Duration::from_millis(500));
+            for p in daemons_mentioning(&root_s) {
+                unsafe { libc::kill(p, libc::SIGKILL) };
+            }
+            return;
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Watchdog
+// ---------------------------------------------------------------------------------------------
+
+pub struct Watchdog {
+    tx: Option<mpsc::Sender<()>>,
+    handle: Option<thread::JoinHandle<()>>,
+}
+
+impl Watchdog {
+    /// After `limit`, tear down every mount under `root` (blocked calls then fail); if the
+    /// test is still running 60 s later, abort the test binary rather than hang forever.
+    pub fn new(root: PathBuf, limit: Duration, what: String) -> Self {
+        let (tx, rx) = mpsc::channel::<()>();
+        let handle = thread::spawn(move || {
+            if let Err(mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(limit) {
+                eprintln!(
+                    "WATCHDOG: test `{what}` exceeded {limit:?}; tearing down mounts under {}",
+                    root.display()
+                );
+                teardown_under(&root, false);
+                if let Err(mpsc::RecvTimeoutError::Timeout) =
+                    rx.recv_timeout(Duration::from_secs(60))
+                {
+                    eprintln!("WATCHDOG: test `{what}` still stuck after teardown; aborting");
+                    std::process::abort();
+                }
+            }
+        });
+        Watchdog {
+            tx: Some(tx),
+            handle: Some(handle),
+        }
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        drop(self.tx.take());
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// TestFs
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Clone, Debug)]
+pub struct Opts {
+    pub clients: usize,
+    /// `--attr-ttl` for the mounts; `None` leaves the default.
+    pub attr_ttl: Option<f64>,
+    pub stripe_count: Option<u32>,
+    pub stripe_size: Option<String>,
+    /// `?capacity=` on each target URL.
+    pub target_capacity: Option<String>,
+    pub inline_threshold: Option<String>,
+    /// Format at all (bad-input tests may want a bare directory).
+    pub format: bool,
+    pub timeout: Duration,
+}
+
+impl Default for Opts {
+    fn default() -> Self {
+        Opts {
+            clients: 1,
+            attr_ttl: None,
+            stripe_count: None,
+            stripe_size: None,
+            target_capacity: None,
+            inline_threshold: None,
+            format: true,
+            timeout: Duration::from_secs(180),
+        }
+    }
+}
+
+pub struct TestFs {
+    // field order matters for drop: mounts are torn down in Drop::drop, the watchdog stops,
+    // then the directory goes.
+    pub opts: Opts,
+    pub mnts: Vec<PathBuf>,
+    _watchdog: Watchdog,
+    dir: tempfile::TempDir,
+}
+
+impl TestFs {
+    pub fn new(clients: usize) -> Self {
+        Self::with(Opts {
+            clients,
+            ..Opts::default()
+        })
+    }
+
+    pub fn with(opts: Opts) -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("tierfs-it-")
+            .tempdir()
+            .expect("tempdir");
+        // traversable by the unprivileged users of the permission tests
+        fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+        let what = thread::current().name().unwrap_or("?").to_string();
+        let watchdog = Watchdog::new(dir.path().to_path_buf(), opts.timeout, what);
+        let mut t = TestFs {
+            opts: opts.clone(),
+            mnts: Vec::new(),
+            _watchdog: watchdog,
+            dir,
+        };
+        if opts.format {
+            t.format(&[]).assert_ok();
+        }
+        for i in 0..opts.clients {
+            t.mount_client(&format!("c{i}"), opts.attr_ttl);
+        }
+        t
+    }
+
+    pub fn root(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn meta_path(&self) -> PathBuf {
+        self.root().join("meta.db")
+    }
+
+    pub fn meta_url(&self) -> String {
+        format!("sqlite://{}", self.meta_path().display())
+    }
+
+    pub fn target_dir(&self, i: usize) -> PathBuf {
+        self.root().join(format!("ost{i}"))
+    }
+
+    pub fn target_url(&self, i: usize) -> String {
+        let mut u = format!("file://{}", self.target_dir(i).display());
+        if let Some(c) = &self.opts.target_capacity {
+            u.push_str(&format!("?capacity={c}"));
+        }
+        u
+    }
+
+    pub fn mnt(&self, i: usize) -> &Path {
+        &self.mnts[i]
+    }
+
+    /// Path `rel` inside client `i`'s mount.
+    pub fn p(&self, i: usize, rel: &str) -> PathBuf {
+        self.mnts[i].join(rel)
+    }
+
+    pub fn tierfs<S: AsRef<str>>(&self, args: &[S]) -> CmdOut {
+        tierfs_in(self.root(), args, CMD_TIMEOUT)
+    }
+
+    /// `tierfs format` with this fs's options plus `extra`.
+    pub fn format(&self, extra: &[&str]) -> CmdOut {
+        let mut args: Vec<String> = vec!["format".into(), "--meta".into(), self.meta_url()];
+        for i in 0..2 {
+            args.push("--target".into());
+            args.push(self.target_url(i));
+        }
+        if let Some(c) = self.opts.stripe_count {
+            args.push("--stripe-count".into());
+            args.push(c.to_string());
+        }
+        if let Some(s) = &self.opts.stripe_size {
+            args.push("--stripe-size".into());
+            args.push(s.clone());
+        }
+        if let Some(s) = &self.opts.inline_threshold {
+            args.push("--inline-threshold".into());
+            args.push(s.clone());
+        }
+        args.extend(extra.iter().map(|s| s.to_string()));
+        self.tierfs(&args)
+    }
+
+    /// Mount one more client at `<tmp>/mnt<k>`; returns its index.
+    pub fn mount_client(&mut self, name: &str, ttl: Option<f64>) -> usize {
+        let idx = self.mnts.len();
+        let mnt = self.root().join(format!("mnt{idx}"));
+        fs::create_dir_all(&mnt).unwrap();
+        let mut args: Vec<String> = vec![
+            "mount".into(),
+            "--meta".into(),
+            self.meta_url(),
+            mnt.to_string_lossy().into(),
+            "--client-name".into(),
+            name.into(),
+        ];
+        if let Some(t) = ttl {
+            args.push("--attr-ttl".into());
+            args.push(format!("{t}"));
+        }
+        let out = self.tierfs(&args);
+        out.assert_ok();
+        assert!(
+            is_fuse_mounted(&mnt),
+            "`tierfs mount` returned 0 but {} is not a FUSE mount yet: {}",
+            mnt.display(),
+            out.describe()
+        );
+        self.mnts.push(mnt);
+        idx
+    }
+
+    /// Unmount client `i` with `tierfs umount`, asserting success.
+    pub fn umount(&mut self, i: usize) {
+        let m = self.mnts[i].to_string_lossy().to_string();
+        self.tierfs(&["umount", &m]).assert_ok();
+        assert!(
+            !is_fuse_mounted(&self.mnts[i]),
+            "{m} still mounted after tierfs umount"
+        );
+    }
+
+    /// Sum of the sizes of all regular files under target `i`.
+    pub fn target_usage(&self, i: usize) -> u64 {
+        dir_usage(&self.target_dir(i))
+    }
+
+    pub fn total_target_usage(&self) -> u64 {
+        self.target_usage(0) + self.target_usage(1)
+    }
+}
+
+impl Drop for TestFs {
+    fn drop(&mut self) {
+        teardown_under(self.dir.path(), true);
+    }
+}
+
+pub fn dir_usage(p: &Path) -> u64 {
+    let mut total = 0;
+    let Ok(rd) = fs::read_dir(p) else {
+        return 0;
+    };
+    for e in rd.flatten() {
+        let Ok(md) = fs::symlink_metadata(e.path()) else {
+            continue;
+        };
+        if md.is_dir() {
+            total += dir_usage(&e.path());
+        } else if md.is_file() {
+            total += md.len();
+        }
+    }
+    total
+}
+
+// ---------------------------------------------------------------------------------------------
+// Waiting
+// ---------------------------------------------------------------------------------------------
+
+/// Poll `f` every 50 ms until it returns true or `limit` passes; returns whether it did.
+pub fn wait_until(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        if f() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// libc helpers
+// ---------------------------------------------------------------------------------------------
+
+pub fn cstr(p: &Path) -> CString {
+    CString::new(p.as_os_str().as_bytes()).expect("path with NUL")
+}
+
+pub fn errno() -> i32 {
+    io::Error::last_os_error().raw_os_error().unwrap_or(0)
+}
+
+/// Turn a libc return value into Ok(value) / Err(errno).
+pub fn check<T: Copy + PartialOrd + Default>(r: T) -> Result<T, i32> {
+    if r < T::default() {
+        Err(errno())
+    } else {
+        Ok(r)
+    }
+}
+
+pub fn err_of(e: &io::Error) -> i32 {
+    e.raw_os_error().unwrap_or(-1)
+}
+
+pub fn errname(e: i32) -> String {
+    format!("{} ({})", io::Error::from_raw_os_error(e), e)
+}
+
+/// Assert that `r` is the error `want` (an errno).
+#[track_caller]
+pub fn assert_errno<T: std::fmt::Debug>(r: io::Result<T>, want: i32, what: &str) {
+    match r {
+        Ok(v) => panic!("{what}: expected {}, got Ok({v:?})", errname(want)),
+        Err(e) => assert_eq!(
+            err_of(&e),
+            want,
+            "{what}: expected {}, got {}",
+            errname(want),
+            e
+        ),
+    }
+}
+
+pub fn lstat(p: &Path) -> io::Result<libc::stat> {
+    let c = cstr(p);
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    let r = unsafe { libc::lstat(c.as_ptr(), &mut st) };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(st)
+    }
+}
+
+pub fn stat(p: &Path) -> io::Result<libc::stat> {
+    let c = cstr(p);
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    let r = unsafe { libc::stat(c.as_ptr(), &mut st) };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(st)
+    }
+}
+
+pub fn fstat(fd: i32) -> io::Result<libc::stat> {
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    let r = unsafe { libc::fstat(fd, &mut st) };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(st)
+    }
+}
+
+pub fn io_res(r: libc::c_int) -> io::Result<()> {
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+pub fn mtime(st: &libc::stat) -> (i64, i64) {
+    (st.st_mtime, st.st_mtime_nsec)
+}
+
+pub fn ctime(st: &libc::stat) -> (i64, i64) {
+    (st.st_ctime, st.st_ctime_nsec)
+}
+
+pub fn atime(st: &libc::stat) -> (i64, i64) {
+    (st.st_atime, st.st_atime_nsec)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Deterministic data
+// ---------------------------------------------------------------------------------------------
+
+pub fn splitmix64(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Fill `buf` with the pattern bytes for file offsets `off..off+buf.len()`: every byte is a
+/// function of (seed, absolute offset), so any range can be checked on its own.
+pub fn fill_pattern(seed: u64, off: u64, buf: &mut [u8]) {
+    let mut i = 0usize;
+    while i < buf.len() {
+        let pos = off + i as u64;
+        let word = splitmix64(seed ^ (pos >> 3).wrapping_mul(0x2545_F491_4F6C_DD1D));
+        let bytes = word.to_le_bytes();
+        let start = (pos & 7) as usize;
+        let n = (8 - start).min(buf.len() - i);
+        buf[i..i + n].copy_from_slice(&bytes[start..start + n]);
+        i += n;
+    }
+}
+
+pub fn pattern(seed: u64, off: u64, len: usize) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    fill_pattern(seed, off, &mut v);
+    v
+}
+
+/// Compare `got` with `want`, reporting the first differing absolute offset.
+#[track_caller]
+pub fn assert_same_bytes(got: &[u8], want: &[u8], base: u64, what: &str) {
+    if got == want {
+        return;
+    }
+    let n = got.len().min(want.len());
+    let first = (0..n).find(|&i| got[i] != want[i]);
+    match first {
+        Some(i) => {
+            let bad = (0..n).filter(|&j| got[j] != want[j]).count();
+            panic!(
+                "{what}: first mismatch at offset {} (got {:#04x}, want {:#04x}); {bad} bytes \
+                 differ; lengths got {} want {}",
+                base + i as u64,
+                got[i],
+                want[i],
+                got.len(),
+                want.len()
+            )
+        }
+        None => panic!(
+            "{what}: length differs: got {} want {}",
+            got.len(),
+            want.len()
+        ),
+    }
+}
+
+/// Read exactly `len` bytes at `off` (short reads retried; EOF is an error).
+pub fn pread_exact(f: &fs::File, off: u64, len: usize) -> io::Result<Vec<u8>> {
+    use std::os::unix::fs::FileExt;
+    let mut v = vec![0u8; len];
+    f.read_exact_at(&mut v, off)?;
+    Ok(v)
+}
+
+pub fn read_all(p: &Path) -> io::Result<Vec<u8>> {
+    let mut f = fs::File::open(p)?;
+    let mut v = Vec::new();
+    f.read_to_end(&mut v)?;
+    Ok(v)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Running code as another user
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Clone, Debug)]
+pub struct Cred {
+    pub uid: u32,
+    pub gid: u32,
+    pub groups: Vec<u32>,
+}
+
+impl Cred {
+    pub fn new(uid: u32, gid: u32) -> Self {
+        Cred {
+            uid,
+            gid,
+            groups: vec![],
+        }
+    }
+    pub fn groups(mut self, g: &[u32]) -> Self {
+        self.groups = g.to_vec();
+        self
+    }
+}
+
+/// Run `f` in a forked child with the given credentials (setgroups, setgid, setuid; no system
+/// user needed). A panic in `f` (an assertion) becomes a panic here, with its message. The child
+/// is bounded by `limit`.
+#[track_caller]
+pub fn as_user<F: FnOnce()>(cred: &Cred, f: F) {
+    as_user_for(cred, Duration::from_secs(60), f)
+}
+
+#[track_caller]
+pub fn as_user_for<F: FnOnce()>(cred: &Cred, limit: Duration, f: F) {
+    let mut fds = [0i32; 2];
+    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+    let (rfd, wfd) = (fds[0], fds[1]);
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        // child
+        unsafe { libc::close(rfd) };
+        let report = move |msg: &str| {
+            let b = msg.as_bytes();
+            unsafe { libc::write(wfd, b.as_ptr().cast(), b.len()) };
+        };
+        std::panic::set_hook(Box::new(move |info| {
+            let m = format!("{info}");
+            let b = m.as_bytes();
+            unsafe { libc::write(wfd, b.as_ptr().cast(), b.len()) };
+        }));
+        let groups: Vec<libc::gid_t> = cred.groups.clone();
+        unsafe {
+            if libc::setgroups(groups.len(), groups.as_ptr()) != 0 {
+                report(&format!("setgroups: {}", io::Error::last_os_error()));
+                libc::_exit(2);
+            }
+            if libc::setresgid(cred.gid, cred.gid, cred.gid) != 0 {
+                report(&format!("setgid: {}", io::Error::last_os_error()));
+                libc::_exit(2);
+            }
+            if libc::setresuid(cred.uid, cred.uid, cred.uid) != 0 {
+                report(&format!("setuid: {}", io::Error::last_os_error()));
+                libc::_exit(2);
+            }
+        }
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+        unsafe { libc::_exit(if r.is_ok() { 0 } else { 1 }) };
+    }
+    unsafe { libc::close(wfd) };
+    let deadline = Instant::now() + limit;
+    let mut status = 0;
+    loop {
+        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        if r == pid {
+            break;
+        }
+        if Instant::now() > deadline {
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, &mut status, 0);
+                libc::close(rfd);
+            }
+            panic!("child as uid {} did not finish within {limit:?}", cred.uid);
+        }
+        thread::sleep(Duration::from_millis(5));
+    }
+    let mut msg = Vec::new();
+    let mut f = unsafe { <fs::File as std::os::fd::FromRawFd>::from_raw_fd(rfd) };
+    let _ = f.read_to_end(&mut msg);
+    let ok = libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
+    assert!(
+        ok,
+        "as uid {} gid {} groups {:?}: {}",
+        cred.uid,
+        cred.gid,
+        cred.groups,
+        String::from_utf8_lossy(&msg)
+    );
+}
+
+/// Tokens of `s` split on anything but ASCII alphanumerics, lowercased.
+pub fn tokens(s: &str) -> Vec<String> {
+    s.split(|c: char| !c.is_ascii_alphanumeric())
+        .filter(|t| !t.is_empty())
+        .map(|t| t.to_ascii_lowercase())
+        .collect()
+}

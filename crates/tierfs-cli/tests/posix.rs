@@ -1,0 +1,1671 @@
+//! POSIX behaviour of one tierfs mount (issue 2, "Required behaviour 1").
+
+mod common;
+
+use common::*;
+use std::ffi::CString;
+use std::fs;
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::thread;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+// ---------------------------------------------------------------------------------------------
+// small helpers
+// ---------------------------------------------------------------------------------------------
+
+/// Long enough for a filesystem with 1 s timestamp resolution to show a change.
+fn tick() {
+    thread::sleep(Duration::from_millis(1100));
+}
+
+fn mode_of(p: &Path) -> u32 {
+    lstat(p).unwrap().st_mode
+}
+
+fn ftype(p: &Path) -> u32 {
+    mode_of(p) & libc::S_IFMT
+}
+
+fn chmod(p: &Path, mode: u32) -> io::Result<()> {
+    let c = cstr(p);
+    io_res(unsafe { libc::chmod(c.as_ptr(), mode) })
+}
+
+fn chown(p: &Path, uid: u32, gid: u32) -> io::Result<()> {
+    let c = cstr(p);
+    io_res(unsafe { libc::chown(c.as_ptr(), uid, gid) })
+}
+
+fn lchown(p: &Path, uid: u32, gid: u32) -> io::Result<()> {
+    let c = cstr(p);
+    io_res(unsafe { libc::lchown(c.as_ptr(), uid, gid) })
+}
+
+fn mkdir(p: &Path, mode: u32) -> io::Result<()> {
+    let c = cstr(p);
+    io_res(unsafe { libc::mkdir(c.as_ptr(), mode) })
+}
+
+fn mknod(p: &Path, mode: u32) -> io::Result<()> {
+    let c = cstr(p);
+    io_res(unsafe { libc::mknod(c.as_ptr(), mode, 0) })
+}
+
+fn open(p: &Path, flags: i32, mode: u32) -> io::Result<fs::File> {
+    let c = cstr(p);
+    let fd = unsafe { libc::open(c.as_ptr(), flags | libc::O_CLOEXEC, mode) };
+    if fd < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(unsafe { fs::File::from_raw_fd(fd) })
+    }
+}
+
+fn rename2(a: &Path, b: &Path, flags: u32) -> io::Result<()> {
+    let (ca, cb) = (cstr(a), cstr(b));
+    io_res(unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            ca.as_ptr(),
+            libc::AT_FDCWD,
+            cb.as_ptr(),
+            flags,
+        )
+    })
+}
+
+fn utimens(p: &Path, times: Option<[libc::timespec; 2]>, flags: i32) -> io::Result<()> {
+    let c = cstr(p);
+    let ptr = match &times {
+        Some(t) => t.as_ptr(),
+        None => std::ptr::null(),
+    };
+    io_res(unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), ptr, flags) })
+}
+
+fn ts(sec: i64, nsec: i64) -> libc::timespec {
+    libc::timespec {
+        tv_sec: sec,
+        tv_nsec: nsec,
+    }
+}
+
+fn now_secs() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64
+}
+
+fn umask() -> u32 {
+    let s = fs::read_to_string("/proc/self/status").unwrap();
+    let line = s.lines().find(|l| l.starts_with("Umask:")).unwrap();
+    u32::from_str_radix(line.split_whitespace().nth(1).unwrap(), 8).unwrap()
+}
+
+fn setxattr(p: &Path, name: &str, val: &[u8], flags: i32) -> io::Result<()> {
+    let (c, n) = (cstr(p), CString::new(name).unwrap());
+    io_res(unsafe { libc::setxattr(c.as_ptr(), n.as_ptr(), val.as_ptr().cast(), val.len(), flags) })
+}
+
+fn lsetxattr(p: &Path, name: &str, val: &[u8]) -> io::Result<()> {
+    let (c, n) = (cstr(p), CString::new(name).unwrap());
+    io_res(unsafe { libc::lsetxattr(c.as_ptr(), n.as_ptr(), val.as_ptr().cast(), val.len(), 0) })
+}
+
+fn getxattr(p: &Path, name: &str) -> io::Result<Vec<u8>> {
+    let (c, n) = (cstr(p), CString::new(name).unwrap());
+    let len = unsafe { libc::getxattr(c.as_ptr(), n.as_ptr(), std::ptr::null_mut(), 0) };
+    if len < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut buf = vec![0u8; len as usize];
+    let got = unsafe { libc::getxattr(c.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    if got < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    buf.truncate(got as usize);
+    Ok(buf)
+}
+
+fn listxattr(p: &Path) -> io::Result<Vec<String>> {
+    let c = cstr(p);
+    let len = unsafe { libc::listxattr(c.as_ptr(), std::ptr::null_mut(), 0) };
+    if len < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut buf = vec![0u8; len as usize];
+    let got = unsafe { libc::listxattr(c.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    if got < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    buf.truncate(got as usize);
+    Ok(buf
+        .split(|b| *b == 0)
+        .filter(|s| !s.is_empty())
+        .map(|s| String::from_utf8_lossy(s).into_owned())
+        .collect())
+}
+
+fn removexattr(p: &Path, name: &str) -> io::Result<()> {
+    let (c, n) = (cstr(p), CString::new(name).unwrap());
+    io_res(unsafe { libc::removexattr(c.as_ptr(), n.as_ptr()) })
+}
+
+fn flock(f: &fs::File, op: i32) -> io::Result<()> {
+    io_res(unsafe { libc::flock(f.as_raw_fd(), op) })
+}
+
+fn fcntl_lock(f: &fs::File, cmd: i32, ty: i32, start: i64, len: i64) -> io::Result<libc::flock> {
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = ty as libc::c_short;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    fl.l_start = start;
+    fl.l_len = len;
+    let r = unsafe { libc::fcntl(f.as_raw_fd(), cmd, &mut fl) };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(fl)
+    }
+}
+
+fn is_would_block(e: &io::Error) -> bool {
+    matches!(err_of(e), libc::EAGAIN | libc::EACCES)
+}
+
+/// A root-owned scratch directory in the mount that everyone may write to.
+fn world_dir(t: &TestFs, name: &str) -> PathBuf {
+    let d = t.p(0, name);
+    fs::create_dir(&d).unwrap();
+    chmod(&d, 0o777).unwrap();
+    d
+}
+
+// ---------------------------------------------------------------------------------------------
+// lookup / getattr / setattr
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn lookup_and_getattr() {
+    let t = TestFs::new(1);
+    let root = stat(t.mnt(0)).unwrap();
+    assert_eq!(root.st_mode & libc::S_IFMT, libc::S_IFDIR, "root is a directory");
+    let f = t.p(0, "f");
+    fs::write(&f, b"hello").unwrap();
+    let st = stat(&f).unwrap();
+    assert_eq!(st.st_mode & libc::S_IFMT, libc::S_IFREG);
+    assert_eq!(st.st_size, 5);
+    assert_eq!(st.st_nlink, 1);
+    assert_eq!((st.st_uid, st.st_gid), (0, 0));
+    assert_ne!(st.st_ino, root.st_ino);
+    assert!(st.st_blksize > 0);
+    assert_errno(stat(&t.p(0, "missing")), libc::ENOENT, "stat missing");
+    assert_errno(stat(&t.p(0, "f/x")), libc::ENOTDIR, "stat through a file");
+    // the same inode number on every lookup
+    assert_eq!(stat(&f).unwrap().st_ino, st.st_ino);
+}
+
+#[test]
+fn chmod_changes_mode_and_ctime() {
+    let t = TestFs::new(1);
+    let f = t.p(0, "f");
+    fs::write(&f, b"x").unwrap();
+    let before = stat(&f).unwrap();
+    tick();
+    chmod(&f, 0o640).unwrap();
+    let st = stat(&f).unwrap();
+    assert_eq!(st.st_mode & 0o7777, 0o640);
+    assert!(ctime(&st) > ctime(&before), "chmod must update ctime");
+    assert_eq!(mtime(&st), mtime(&before), "chmod must not touch mtime");
+    chmod(&f, 0o4755).unwrap();
+    assert_eq!(mode_of(&f) & 0o7777, 0o4755, "setuid kept when set by root");
+    // fchmod
+    let h = fs::File::open(&f).unwrap();
+    h.set_permissions(fs::Permissions::from_mode(0o600)).unwrap();
+    assert_eq!(fstat(h.as_raw_fd()).unwrap().st_mode & 0o7777, 0o600);
+    let d = t.p(0, "d");
+    fs::create_dir(&d).unwrap();
+    chmod(&d, 0o1700).unwrap();
+    assert_eq!(mode_of(&d) & 0o7777, 0o1700);
+    assert_eq!(ftype(&d), libc::S_IFDIR);
+}
+
+#[test]
+fn chown_changes_owner_and_group() {
+    let t = TestFs::new(1);
+    let f = t.p(0, "f");
+    fs::write(&f, b"x").unwrap();
+    let before = stat(&f).unwrap();
+    tick();
+    chown(&f, 1000, 2000).unwrap();
+    let st = stat(&f).unwrap();
+    assert_eq!((st.st_uid, st.st_gid), (1000, 2000));
+    assert!(ctime(&st) > ctime(&before), "chown must update ctime");
+    chown(&f, u32::MAX, 3000).unwrap(); // -1: keep owner
+    let st = stat(&f).unwrap();
+    assert_eq!((st.st_uid, st.st_gid), (1000, 3000));
+    chown(&f, 1001, u32::MAX).unwrap();
+    let st = stat(&f).unwrap();
+    assert_eq!((st.st_uid, st.st_gid), (1001, 3000));
+    // lchown changes the link, not its target
+    let l = t.p(0, "l");
+    std::os::unix::fs::symlink("f", &l).unwrap();
+    lchown(&l, 1500, 1600).unwrap();
+    let ls = lstat(&l).unwrap();
+    assert_eq!((ls.st_uid, ls.st_gid), (1500, 1600));
+    let st = stat(&f).unwrap();
+    assert_eq!((st.st_uid, st.st_gid), (1001, 3000));
+}
+
+#[test]
+fn chown_clears_setuid_and_setgid() {
+    let t = TestFs::new(1);
+    let f = t.p(0, "f");
+    fs::write(&f, b"x").unwrap();
+    chmod(&f, 0o6755).unwrap();
+    chown(&f, 1000, 1000).unwrap();
+    assert_eq!(
+        mode_of(&f) & 0o7777,
+        0o755,
+        "chown of an executable clears S_ISUID and S_ISGID (Linux, root too)"
+    );
+}
+
+#[test]
+fn truncate_down_and_up() {
+    let t = TestFs::new(2);
+    let f = t.p(0, "f");
+    let data = pattern(1, 0, 1000);
+    fs::write(&f, &data).unwrap();
+    let before = stat(&f).unwrap();
+    tick();
+    let h = fs::OpenOptions::new().write(true).open(&f).unwrap();
+    h.set_len(500).unwrap();
+    let st = stat(&f).unwrap();
+    assert_eq!(st.st_size, 500);
+    assert!(mtime(&st) > mtime(&before), "truncate updates mtime");
+    assert!(ctime(&st) > ctime(&before), "truncate updates ctime");
+    drop(h);
+    assert_eq!(read_all(&f).unwrap(), &data[..500]);
+    // truncate(2) by path, up: the new part reads as zeros, not the old bytes
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&f)
+        .unwrap()
+        .set_len(3000)
+        .unwrap();
+    let got = read_all(&f).unwrap();
+    assert_eq!(got.len(), 3000);
+    assert_same_bytes(&got[..500], &data[..500], 0, "kept part");
+    assert!(
+        got[500..].iter().all(|b| *b == 0),
+        "extended part must read as zeros (old data resurrected?)"
+    );
+    // the same seen from another client
+    let got1 = read_all(&t.p(1, "f")).unwrap();
+    assert_same_bytes(&got1, &got, 0, "truncated file seen from c1");
+}
+
+#[test]
+fn truncate_large_file_across_blocks() {
+    let t = TestFs::new(2);
+    let f = t.p(0, "big");
+    let size = 3 * 1024 * 1024 + 12345;
+    let data = pattern(2, 0, size);
+    fs::write(&f, &data).unwrap();
+    let cut = 1024 * 1024 + 777;
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&f)
+        .unwrap()
+        .set_len(cut as u64)
+        .unwrap();
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&f)
+        .unwrap()
+        .set_len(size as u64 + 4096)
+        .unwrap();
+    for (who, p) in [("c0", t.p(0, "big")), ("c1", t.p(1, "big"))] {
+        let got = read_all(&p).unwrap();
+        assert_eq!(got.len(), size + 4096, "{who}: size");
+        assert_same_bytes(&got[..cut], &data[..cut], 0, &format!("{who}: kept part"));
+        if let Some(i) = got[cut..].iter().position(|b| *b != 0) {
+            panic!(
+                "{who}: byte at {} after truncate-down/up is {:#x}, want 0 (old data came back)",
+                cut + i,
+                got[cut + i]
+            );
+        }
+    }
+}
+
+#[test]
+fn utimens_explicit_omit_now() {
+    let t = TestFs::new(1);
+    let f = t.p(0, "f");
+    fs::write(&f, b"x").unwrap();
+    utimens(
+        &f,
+        Some([ts(1_000_000_000, 123_456_789), ts(1_200_000_000, 987_654_321)]),
+        0,
+    )
+    .unwrap();
+    let st = stat(&f).unwrap();
+    assert_eq!(atime(&st), (1_000_000_000, 123_456_789), "atime set exactly");
+    assert_eq!(mtime(&st), (1_200_000_000, 987_654_321), "mtime set exactly");
+    let c1 = ctime(&st);
+    assert!(
+        (c1.0 - now_secs()).abs() <= 5,
+        "ctime is now after utimens, got {c1:?}"
+    );
+
+    // UTIME_OMIT on atime keeps it
+    utimens(
+        &f,
+        Some([ts(0, libc::UTIME_OMIT), ts(1_300_000_000, 5)]),
+        0,
+    )
+    .unwrap();
+    let st = stat(&f).unwrap();
+    assert_eq!(atime(&st), (1_000_000_000, 123_456_789), "UTIME_OMIT keeps atime");
+    assert_eq!(mtime(&st), (1_300_000_000, 5));
+
+    // UTIME_OMIT on mtime, explicit atime
+    utimens(&f, Some([ts(1_100_000_000, 0), ts(0, libc::UTIME_OMIT)]), 0).unwrap();
+    let st = stat(&f).unwrap();
+    assert_eq!(atime(&st), (1_100_000_000, 0));
+    assert_eq!(mtime(&st), (1_300_000_000, 5), "UTIME_OMIT keeps mtime");
+
+    // UTIME_NOW on both
+    let lo = now_secs();
+    utimens(
+        &f,
+        Some([ts(0, libc::UTIME_NOW), ts(0, libc::UTIME_NOW)]),
+        0,
+    )
+    .unwrap();
+    let hi = now_secs();
+    let st = stat(&f).unwrap();
+    assert!(
+        st.st_atime >= lo - 1 && st.st_atime <= hi + 1,
+        "UTIME_NOW atime {} not in [{lo}, {hi}]",
+        st.st_atime
+    );
+    assert!(
+        st.st_mtime >= lo - 1 && st.st_mtime <= hi + 1,
+        "UTIME_NOW mtime {} not in [{lo}, {hi}]",
+        st.st_mtime
+    );
+
+    // NULL times means now
+    utimens(&f, Some([ts(5, 0), ts(5, 0)]), 0).unwrap();
+    utimens(&f, None, 0).unwrap();
+    let st = stat(&f).unwrap();
+    assert!(st.st_mtime >= lo - 1, "utimensat(NULL) sets mtime to now");
+    assert!(st.st_atime >= lo - 1, "utimensat(NULL) sets atime to now");
+
+    // on a directory too
+    let d = t.p(0, "d");
+    fs::create_dir(&d).unwrap();
+    utimens(&d, Some([ts(7, 7), ts(8, 8)]), 0).unwrap();
+    let st = stat(&d).unwrap();
+    assert_eq!((atime(&st), mtime(&st)), ((7, 7), (8, 8)));
+}
+
+// ---------------------------------------------------------------------------------------------
+// create / mknod / open flags / read / write / fsync
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn create_mode_owner_and_parent_times() {
+    let t = TestFs::new(1);
+    let d = t.p(0, "d");
+    fs::create_dir(&d).unwrap();
+    let pd = stat(&d).unwrap();
+    tick();
+    let f = d.join("f");
+    let h = open(&f, libc::O_CREAT | libc::O_WRONLY, 0o640).unwrap();
+    let st = fstat(h.as_raw_fd()).unwrap();
+    assert_eq!(st.st_mode & libc::S_IFMT, libc::S_IFREG);
+    assert_eq!(st.st_mode & 0o7777, 0o640 & !umask());
+    assert_eq!(st.st_size, 0);
+    assert_eq!((st.st_uid, st.st_gid), (0, 0));
+    drop(h);
+    let pd2 = stat(&d).unwrap();
+    assert!(mtime(&pd2) > mtime(&pd), "create updates parent mtime");
+    assert!(ctime(&pd2) > ctime(&pd), "create updates parent ctime");
+    // O_CREAT without O_EXCL on an existing file opens it, content kept
+    fs::write(&f, b"keep").unwrap();
+    let mut h = open(&f, libc::O_CREAT | libc::O_RDWR, 0o600).unwrap();
+    let mut s = String::new();
+    h.read_to_string(&mut s).unwrap();
+    assert_eq!(s, "keep");
+    assert_eq!(mode_of(&f) & 0o7777, 0o640 & !umask(), "mode not changed by re-open");
+}
+
+#[test]
+fn mknod_fifo_and_socket() {
+    let t = TestFs::new(1);
+    let fifo = t.p(0, "fifo");
+    let c = cstr(&fifo);
+    io_res(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }).unwrap();
+    assert_eq!(ftype(&fifo), libc::S_IFIFO);
+    // a fifo in tierfs works as a fifo
+    let mut h = open(&fifo, libc::O_RDWR | libc::O_NONBLOCK, 0).unwrap();
+    h.write_all(b"ping").unwrap();
+    let mut buf = [0u8; 4];
+    h.read_exact(&mut buf).unwrap();
+    assert_eq!(&buf, b"ping");
+    drop(h);
+
+    let sock = t.p(0, "sock");
+    mknod(&sock, libc::S_IFSOCK | 0o600).unwrap();
+    assert_eq!(ftype(&sock), libc::S_IFSOCK);
+    assert_eq!(mode_of(&sock) & 0o777, 0o600 & !umask());
+
+    let fifo2 = t.p(0, "fifo2");
+    mknod(&fifo2, libc::S_IFIFO | 0o600).unwrap();
+    assert_eq!(ftype(&fifo2), libc::S_IFIFO);
+
+    let reg = t.p(0, "reg");
+    mknod(&reg, libc::S_IFREG | 0o600).unwrap();
+    assert_eq!(ftype(&reg), libc::S_IFREG);
+    assert_eq!(stat(&reg).unwrap().st_size, 0);
+
+    // bind(2) a unix socket inside the mount and talk through it
+    let bound = t.p(0, "bound.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&bound).unwrap();
+    assert_eq!(ftype(&bound), libc::S_IFSOCK);
+    let mut client = std::os::unix::net::UnixStream::connect(&bound).unwrap();
+    let (mut server, _) = listener.accept().unwrap();
+    client.write_all(b"hi").unwrap();
+    let mut b2 = [0u8; 2];
+    server.read_exact(&mut b2).unwrap();
+    assert_eq!(&b2, b"hi");
+
+    // all of them listed and removable
+    let mut names: Vec<String> = fs::read_dir(t.mnt(0))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["bound.sock", "fifo", "fifo2", "reg", "sock"]);
+    for n in names {
+        fs::remove_file(t.p(0, &n)).unwrap();
+    }
+}
+
+#[test]
+fn open_append_trunc_excl() {
+    let t = TestFs::new(1);
+    let f = t.p(0, "f");
+    fs::write(&f, b"abc").unwrap();
+    // O_APPEND: every write goes to the end, even after a seek, and with two handles
+    let mut a = fs::OpenOptions::new().append(true).open(&f).unwrap();
+    let mut b = fs::OpenOptions::new().append(true).open(&f).unwrap();
+    a.write_all(b"def").unwrap();
+    b.write_all(b"ghi").unwrap();
+    a.seek(SeekFrom::Start(0)).unwrap();
+    a.write_all(b"jkl").unwrap();
+    drop((a, b));
+    assert_eq!(read_all(&f).unwrap(), b"abcdefghijkl");
+
+    // O_TRUNC
+    let h = open(&f, libc::O_WRONLY | libc::O_TRUNC, 0).unwrap();
+    assert_eq!(fstat(h.as_raw_fd()).unwrap().st_size, 0);
+    drop(h);
+    assert_eq!(stat(&f).unwrap().st_size, 0);
+    assert!(read_all(&f).unwrap().is_empty());
+
+    // O_EXCL
+    assert_errno(
+        open(&f, libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY, 0o644),
+        libc::EEXIST,
+        "O_EXCL on an existing file",
+    );
+    let l = t.p(0, "dangling");
+    std::os::unix::fs::symlink("nowhere", &l).unwrap();
+    assert_errno(
+        open(&l, libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY, 0o644),
+        libc::EEXIST,
+        "O_EXCL on a dangling symlink",
+    );
+    let n = t.p(0, "new");
+    let h = open(&n, libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY, 0o644).unwrap();
+    drop(h);
+    assert!(n.exists());
+    // opening a directory for writing
+    fs::create_dir(t.p(0, "d")).unwrap();
+    assert_errno(open(&t.p(0, "d"), libc::O_WRONLY, 0), libc::EISDIR, "open dir O_WRONLY");
+    assert_errno(
+        open(&t.p(0, "missing"), libc::O_RDONLY, 0),
+        libc::ENOENT,
+        "open missing",
+    );
+}
+
+#[test]
+fn read_write_offsets() {
+    let t = TestFs::new(1);
+    let f = t.p(0, "f");
+    let h = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&f)
+        .unwrap();
+    let a = pattern(3, 0, 10_000);
+    h.write_all_at(&a, 0).unwrap();
+    let b = pattern(4, 0, 300);
+    h.write_all_at(&b, 5_000).unwrap(); // overwrite the middle
+    h.write_all_at(b"tail", 20_000).unwrap(); // beyond EOF: a gap
+    let mut want = a.clone();
+    want[5_000..5_300].copy_from_slice(&b);
+    want.resize(20_000, 0);
+    want.extend_from_slice(b"tail");
+    assert_eq!(fstat(h.as_raw_fd()).unwrap().st_size, 20_004);
+    // read through the same handle, then a fresh one
+    let got = pread_exact(&h, 0, 20_004).unwrap();
+    assert_same_bytes(&got, &want, 0, "same handle");
+    let mut buf = [0u8; 16];
+    assert_eq!(h.read_at(&mut buf, 20_004).unwrap(), 0, "read at EOF gives 0");
+    assert_eq!(h.read_at(&mut buf, 1 << 30).unwrap(), 0, "read past EOF gives 0");
+    assert_eq!(h.read_at(&mut buf, 19_998).unwrap(), 6, "short read at the end");
+    drop(h);
+    assert_same_bytes(&read_all(&f).unwrap(), &want, 0, "fresh open");
+    // many small sequential writes
+    let g = t.p(0, "g");
+    let mut h = fs::File::create(&g).unwrap();
+    let mut want = Vec::new();
+    for i in 0..2000u32 {
+        let chunk = format!("line {i}\n");
+        h.write_all(chunk.as_bytes()).unwrap();
+        want.extend_from_slice(chunk.as_bytes());
+    }
+    drop(h);
+    assert_same_bytes(&read_all(&g).unwrap(), &want, 0, "small writes");
+}
+
+#[test]
+fn fsync_and_fdatasync() {
+    let t = TestFs::new(2);
+    let f = t.p(0, "f");
+    let h = fs::File::create(&f).unwrap();
+    let data = pattern(5, 0, 200_000);
+    h.write_all_at(&data, 0).unwrap();
+    h.sync_all().expect("fsync");
+    h.sync_data().expect("fdatasync");
+    // data that was fsync'ed is in the shared tiers: another client opening now reads it
+    let got = read_all(&t.p(1, "f")).unwrap();
+    assert_same_bytes(&got, &data, 0, "c1 after fsync on c0 (writer still open)");
+    drop(h);
+    // fsync of a directory
+    let d = fs::File::open(t.mnt(0)).unwrap();
+    d.sync_all().expect("fsync on a directory");
+}
+
+// ---------------------------------------------------------------------------------------------
+// directories
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn mkdir_rmdir() {
+    let t = TestFs::new(1);
+    let p = t.p(0, "p");
+    fs::create_dir(&p).unwrap();
+    let n0 = stat(&p).unwrap().st_nlink;
+    assert_eq!(n0, 2, "empty directory has nlink 2");
+    let d = p.join("d");
+    mkdir(&d, 0o750).unwrap();
+    let st = stat(&d).unwrap();
+    assert_eq!(st.st_mode & libc::S_IFMT, libc::S_IFDIR);
+    assert_eq!(st.st_mode & 0o7777, 0o750 & !umask());
+    assert_eq!(stat(&p).unwrap().st_nlink, n0 + 1, "mkdir increments parent nlink");
+    assert_errno(mkdir(&d, 0o755), libc::EEXIST, "mkdir existing");
+    fs::write(d.join("f"), b"x").unwrap();
+    assert_errno(fs::remove_dir(&d), libc::ENOTEMPTY, "rmdir non-empty");
+    assert_errno(fs::remove_dir(d.join("f")), libc::ENOTDIR, "rmdir a file");
+    assert_errno(fs::remove_file(&d), libc::EISDIR, "unlink a directory");
+    let dot = cstr(&d.join("."));
+    assert_eq!(
+        check(unsafe { libc::rmdir(dot.as_ptr()) }),
+        Err(libc::EINVAL),
+        "rmdir ."
+    );
+    fs::remove_file(d.join("f")).unwrap();
+    fs::remove_dir(&d).unwrap();
+    assert_eq!(stat(&p).unwrap().st_nlink, n0, "rmdir decrements parent nlink");
+    assert_errno(stat(&d), libc::ENOENT, "removed directory");
+    assert_errno(fs::remove_dir(&d), libc::ENOENT, "rmdir missing");
+}
+
+#[test]
+fn readdir_small_types_and_dots() {
+    let t = TestFs::new(1);
+    let d = t.p(0, "d");
+    fs::create_dir(&d).unwrap();
+    fs::write(d.join("file"), b"x").unwrap();
+    fs::create_dir(d.join("dir")).unwrap();
+    std::os::unix::fs::symlink("file", d.join("link")).unwrap();
+    mknod(&d.join("fifo"), libc::S_IFIFO | 0o644).unwrap();
+    let c = cstr(&d);
+    let dir = unsafe { libc::opendir(c.as_ptr()) };
+    assert!(!dir.is_null());
+    let mut seen = std::collections::BTreeMap::new();
+    loop {
+        let e = unsafe { libc::readdir(dir) };
+        if e.is_null() {
+            break;
+        }
+        let name = unsafe { std::ffi::CStr::from_ptr((*e).d_name.as_ptr()) }
+            .to_string_lossy()
+            .into_owned();
+        let ty = unsafe { (*e).d_type };
+        assert!(seen.insert(name.clone(), ty).is_none(), "{name} listed twice");
+    }
+    unsafe { libc::closedir(dir) };
+    let names: Vec<&String> = seen.keys().collect();
+    assert_eq!(names, [".", "..", "dir", "fifo", "file", "link"]);
+    for (n, want) in [
+        ("dir", libc::DT_DIR),
+        ("file", libc::DT_REG),
+        ("link", libc::DT_LNK),
+        ("fifo", libc::DT_FIFO),
+    ] {
+        let got = seen[n];
+        assert!(
+            got == want || got == libc::DT_UNKNOWN,
+            "d_type of {n}: got {got}, want {want}"
+        );
+    }
+}
+
+#[test]
+fn readdir_100k_entries() {
+    const N: usize = 100_000;
+    const THREADS: usize = 4;
+    let t = TestFs::with(Opts {
+        clients: 2,
+        timeout: Duration::from_secs(1500),
+        ..Opts::default()
+    });
+    let d = t.p(0, "big");
+    fs::create_dir(&d).unwrap();
+    thread::scope(|s| {
+        for k in 0..THREADS {
+            let d = d.clone();
+            s.spawn(move || {
+                for i in (k..N).step_by(THREADS) {
+                    let p = d.join(format!("entry-{i:06}"));
+                    let c = cstr(&p);
+                    let r = unsafe { libc::mknod(c.as_ptr(), libc::S_IFREG | 0o644, 0) };
+                    assert_eq!(r, 0, "mknod {}: {}", p.display(), io::Error::last_os_error());
+                }
+            });
+        }
+    });
+    for client in 0..2 {
+        let mut names: Vec<String> = fs::read_dir(t.p(client, "big"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names.len(), N, "c{client}: number of entries");
+        names.sort();
+        for (i, n) in names.iter().enumerate() {
+            assert_eq!(n, &format!("entry-{i:06}"), "c{client}: entry {i}");
+        }
+    }
+    assert!(t.p(1, "big/entry-099999").exists());
+    assert_eq!(stat(&t.p(1, "big/entry-054321")).unwrap().st_size, 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// unlink / rename / link / symlink
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn unlink_while_open() {
+    let t = TestFs::new(1);
+    let f = t.p(0, "f");
+    let data = pattern(6, 0, 300_000);
+    fs::write(&f, &data).unwrap();
+    let r = fs::File::open(&f).unwrap();
+    let w = fs::OpenOptions::new().read(true).write(true).open(&f).unwrap();
+    fs::remove_file(&f).unwrap();
+    assert_errno(stat(&f), libc::ENOENT, "name gone after unlink");
+    assert_eq!(fstat(r.as_raw_fd()).unwrap().st_nlink, 0, "nlink 0 while open");
+    assert!(fs::read_dir(t.mnt(0))
+        .unwrap()
+        .all(|e| e.unwrap().file_name() != "f"));
+    // still readable, and writable, through the open handles
+    assert_same_bytes(&pread_exact(&r, 0, data.len()).unwrap(), &data, 0, "after unlink");
+    w.write_all_at(b"XYZ", 10).unwrap();
+    assert_eq!(pread_exact(&r, 10, 3).unwrap(), b"XYZ");
+    // a new file with the same name is a different file
+    fs::write(&f, b"new").unwrap();
+    assert_eq!(read_all(&f).unwrap(), b"new");
+    thread::sleep(Duration::from_secs(2));
+    let mut want = data.clone();
+    want[10..13].copy_from_slice(b"XYZ");
+    assert_same_bytes(&pread_exact(&r, 0, data.len()).unwrap(), &want, 0, "later");
+    drop(w);
+    assert_same_bytes(&pread_exact(&r, 0, data.len()).unwrap(), &want, 0, "after one close");
+    drop(r);
+    assert_eq!(read_all(&f).unwrap(), b"new");
+}
+
+#[test]
+fn rename_across_directories() {
+    let t = TestFs::new(1);
+    let (a, b) = (t.p(0, "a"), t.p(0, "b"));
+    fs::create_dir(&a).unwrap();
+    fs::create_dir(&b).unwrap();
+    fs::write(a.join("f"), b"data").unwrap();
+    let st0 = stat(&a.join("f")).unwrap();
+    let (sa, sb) = (stat(&a).unwrap(), stat(&b).unwrap());
+    tick();
+    fs::rename(a.join("f"), b.join("g")).unwrap();
+    assert_errno(stat(&a.join("f")), libc::ENOENT, "old name");
+    let st = stat(&b.join("g")).unwrap();
+    assert_eq!(st.st_ino, st0.st_ino, "same inode after rename");
+    assert_eq!(st.st_nlink, 1);
+    assert!(ctime(&st) > ctime(&st0), "rename updates the file's ctime");
+    assert_eq!(read_all(&b.join("g")).unwrap(), b"data");
+    let (sa2, sb2) = (stat(&a).unwrap(), stat(&b).unwrap());
+    assert!(mtime(&sa2) > mtime(&sa), "source dir mtime");
+    assert!(mtime(&sb2) > mtime(&sb), "target dir mtime");
+    assert_eq!(sa2.st_nlink, sa.st_nlink, "file move does not change dir nlink");
+
+    // a directory moving between parents moves its ".." link
+    fs::create_dir(a.join("sub")).unwrap();
+    fs::write(a.join("sub/inner"), b"in").unwrap();
+    let (na, nb) = (stat(&a).unwrap().st_nlink, stat(&b).unwrap().st_nlink);
+    fs::rename(a.join("sub"), b.join("sub")).unwrap();
+    assert_eq!(stat(&a).unwrap().st_nlink, na - 1, "old parent nlink");
+    assert_eq!(stat(&b).unwrap().st_nlink, nb + 1, "new parent nlink");
+    assert_eq!(
+        stat(&b.join("sub/..")).unwrap().st_ino,
+        stat(&b).unwrap().st_ino,
+        "'..' of a moved directory"
+    );
+    assert_eq!(read_all(&b.join("sub/inner")).unwrap(), b"in");
+    // into its own subtree
+    assert_errno(
+        fs::rename(&b, b.join("sub/b")),
+        libc::EINVAL,
+        "rename a directory into itself",
+    );
+    assert_errno(
+        fs::rename(t.p(0, "nothing"), t.p(0, "x")),
+        libc::ENOENT,
+        "rename missing",
+    );
+}
+
+#[test]
+fn rename_over_existing_file() {
+    let t = TestFs::new(1);
+    let (f1, f2, f2l) = (t.p(0, "f1"), t.p(0, "f2"), t.p(0, "f2link"));
+    fs::write(&f1, b"one").unwrap();
+    fs::write(&f2, b"two").unwrap();
+    fs::hard_link(&f2, &f2l).unwrap();
+    let i1 = stat(&f1).unwrap().st_ino;
+    let before = stat(&f2l).unwrap();
+    assert_eq!(before.st_nlink, 2);
+    tick();
+    fs::rename(&f1, &f2).unwrap();
+    assert_errno(stat(&f1), libc::ENOENT, "source name");
+    assert_eq!(stat(&f2).unwrap().st_ino, i1);
+    assert_eq!(read_all(&f2).unwrap(), b"one");
+    let after = stat(&f2l).unwrap();
+    assert_eq!(after.st_nlink, 1, "replaced inode lost one link");
+    assert!(ctime(&after) > ctime(&before), "replaced inode's ctime updated");
+    assert_eq!(read_all(&f2l).unwrap(), b"two");
+    // rename onto another link of the same inode: nothing happens
+    fs::hard_link(&f2, t.p(0, "alias")).unwrap();
+    fs::rename(&f2, t.p(0, "alias")).unwrap();
+    assert!(f2.exists() && t.p(0, "alias").exists(), "both links kept");
+    assert_eq!(stat(&f2).unwrap().st_nlink, 2);
+    // kinds that may not replace each other
+    fs::create_dir(t.p(0, "dir")).unwrap();
+    assert_errno(fs::rename(&f2, t.p(0, "dir")), libc::EISDIR, "file over dir");
+    assert_errno(fs::rename(t.p(0, "dir"), &f2), libc::ENOTDIR, "dir over file");
+}
+
+#[test]
+fn rename_over_empty_directory() {
+    let t = TestFs::new(1);
+    let (d1, d2, d3) = (t.p(0, "d1"), t.p(0, "d2"), t.p(0, "d3"));
+    fs::create_dir(&d1).unwrap();
+    fs::write(d1.join("f"), b"x").unwrap();
+    fs::create_dir(&d2).unwrap();
+    fs::create_dir(&d3).unwrap();
+    fs::write(d3.join("g"), b"y").unwrap();
+    let i1 = stat(&d1).unwrap().st_ino;
+    let nroot = stat(t.mnt(0)).unwrap().st_nlink;
+    fs::rename(&d1, &d2).unwrap();
+    assert_eq!(stat(&d2).unwrap().st_ino, i1);
+    assert_eq!(read_all(&d2.join("f")).unwrap(), b"x");
+    assert_errno(stat(&d1), libc::ENOENT, "old dir name");
+    assert_eq!(
+        stat(t.mnt(0)).unwrap().st_nlink,
+        nroot - 1,
+        "one subdirectory fewer in the parent"
+    );
+    let e = fs::rename(&d2, &d3).unwrap_err();
+    assert!(
+        matches!(err_of(&e), libc::ENOTEMPTY | libc::EEXIST),
+        "rename over a non-empty dir: {e}"
+    );
+    assert_eq!(read_all(&d3.join("g")).unwrap(), b"y");
+}
+
+#[test]
+fn rename_noreplace() {
+    let t = TestFs::new(1);
+    let (a, b, c) = (t.p(0, "a"), t.p(0, "b"), t.p(0, "c"));
+    fs::write(&a, b"A").unwrap();
+    fs::write(&b, b"B").unwrap();
+    assert_errno(rename2(&a, &b, libc::RENAME_NOREPLACE), libc::EEXIST, "NOREPLACE");
+    assert_eq!(read_all(&a).unwrap(), b"A");
+    assert_eq!(read_all(&b).unwrap(), b"B");
+    rename2(&a, &c, libc::RENAME_NOREPLACE).unwrap();
+    assert_errno(stat(&a), libc::ENOENT, "moved");
+    assert_eq!(read_all(&c).unwrap(), b"A");
+}
+
+#[test]
+fn rename_exchange() {
+    let t = TestFs::new(1);
+    let (p, q) = (t.p(0, "p"), t.p(0, "q"));
+    fs::create_dir(&p).unwrap();
+    fs::create_dir(&q).unwrap();
+    let (f, d) = (p.join("f"), q.join("d"));
+    fs::write(&f, b"file").unwrap();
+    fs::create_dir(&d).unwrap();
+    fs::write(d.join("inner"), b"in").unwrap();
+    let (fi, di) = (stat(&f).unwrap().st_ino, stat(&d).unwrap().st_ino);
+    let (np, nq) = (stat(&p).unwrap().st_nlink, stat(&q).unwrap().st_nlink);
+    let before = stat(&f).unwrap();
+    tick();
+    rename2(&f, &d, libc::RENAME_EXCHANGE).unwrap();
+    // p/f is now the directory, q/d the file
+    assert_eq!(stat(&f).unwrap().st_ino, di);
+    assert_eq!(ftype(&f), libc::S_IFDIR);
+    assert_eq!(read_all(&f.join("inner")).unwrap(), b"in");
+    assert_eq!(stat(&d).unwrap().st_ino, fi);
+    assert_eq!(read_all(&d).unwrap(), b"file");
+    assert_eq!(stat(&p).unwrap().st_nlink, np + 1, "p gained a subdirectory");
+    assert_eq!(stat(&q).unwrap().st_nlink, nq - 1, "q lost a subdirectory");
+    assert_eq!(
+        stat(&f.join("..")).unwrap().st_ino,
+        stat(&p).unwrap().st_ino,
+        "'..' follows the exchanged directory"
+    );
+    assert!(ctime(&stat(&d).unwrap()) > ctime(&before), "exchange updates ctime");
+    assert_errno(
+        rename2(&f, &t.p(0, "none"), libc::RENAME_EXCHANGE),
+        libc::ENOENT,
+        "EXCHANGE with a missing target",
+    );
+    // two files in one directory
+    let (x, y) = (p.join("x"), p.join("y"));
+    fs::write(&x, b"xx").unwrap();
+    fs::write(&y, b"yyy").unwrap();
+    rename2(&x, &y, libc::RENAME_EXCHANGE).unwrap();
+    assert_eq!(read_all(&x).unwrap(), b"yyy");
+    assert_eq!(read_all(&y).unwrap(), b"xx");
+}
+
+#[test]
+fn hard_links() {
+    let t = TestFs::new(1);
+    let (f, l) = (t.p(0, "f"), t.p(0, "sub/l"));
+    fs::create_dir(t.p(0, "sub")).unwrap();
+    fs::write(&f, b"linked").unwrap();
+    let before = stat(&f).unwrap();
+    tick();
+    fs::hard_link(&f, &l).unwrap();
+    let (sf, sl) = (stat(&f).unwrap(), stat(&l).unwrap());
+    assert_eq!(sf.st_ino, sl.st_ino);
+    assert_eq!(sf.st_nlink, 2);
+    assert_eq!(sl.st_nlink, 2);
+    assert!(ctime(&sf) > ctime(&before), "link updates ctime");
+    // writes through one name show through the other
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&l)
+        .unwrap()
+        .write_all_at(b"L", 0)
+        .unwrap();
+    assert_eq!(read_all(&f).unwrap(), b"Linked");
+    assert_errno(fs::hard_link(&f, &l), libc::EEXIST, "link to an existing name");
+    fs::create_dir(t.p(0, "d")).unwrap();
+    assert_errno(fs::hard_link(t.p(0, "d"), t.p(0, "dl")), libc::EPERM, "link a dir");
+    fs::remove_file(&f).unwrap();
+    assert_eq!(stat(&l).unwrap().st_nlink, 1);
+    assert_eq!(read_all(&l).unwrap(), b"Linked");
+}
+
+#[test]
+fn symlink_and_readlink() {
+    let t = TestFs::new(1);
+    fs::create_dir(t.p(0, "d")).unwrap();
+    fs::write(t.p(0, "d/target"), b"through").unwrap();
+    let l = t.p(0, "l");
+    std::os::unix::fs::symlink("d/target", &l).unwrap();
+    let st = lstat(&l).unwrap();
+    assert_eq!(st.st_mode & libc::S_IFMT, libc::S_IFLNK);
+    assert_eq!(st.st_size, "d/target".len() as i64, "symlink size is its length");
+    assert_eq!(fs::read_link(&l).unwrap(), Path::new("d/target"));
+    assert_eq!(read_all(&l).unwrap(), b"through");
+    // absolute, dangling, long targets are stored verbatim
+    let long: String = "x/".repeat(2000) + "end";
+    for (name, target) in [
+        ("abs", "/etc/hostname".to_string()),
+        ("dangling", "no/such/thing".to_string()),
+        ("long", long),
+    ] {
+        let p = t.p(0, name);
+        std::os::unix::fs::symlink(&target, &p).unwrap();
+        assert_eq!(fs::read_link(&p).unwrap(), Path::new(&target), "{name}");
+    }
+    assert_errno(fs::metadata(t.p(0, "dangling")), libc::ENOENT, "follow dangling");
+    assert_errno(
+        std::os::unix::fs::symlink("x", &l),
+        libc::EEXIST,
+        "symlink over an existing name",
+    );
+    assert_errno(fs::read_link(t.p(0, "d/target")), libc::EINVAL, "readlink a file");
+    // a symlink to a directory can be traversed
+    std::os::unix::fs::symlink("d", t.p(0, "dl")).unwrap();
+    assert_eq!(read_all(&t.p(0, "dl/target")).unwrap(), b"through");
+}
+
+// ---------------------------------------------------------------------------------------------
+// statfs / xattrs / fallocate / sparse
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn statfs_reports_sane_values() {
+    let t = TestFs::new(1);
+    let c = cstr(t.mnt(0));
+    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+    io_res(unsafe { libc::statvfs(c.as_ptr(), &mut s) }).unwrap();
+    assert!(s.f_bsize > 0, "f_bsize");
+    assert!(s.f_frsize > 0, "f_frsize");
+    assert!(s.f_blocks > 0, "f_blocks");
+    assert!(s.f_bfree <= s.f_blocks, "f_bfree <= f_blocks");
+    assert!(s.f_bavail <= s.f_blocks, "f_bavail <= f_blocks");
+    assert!(s.f_files == 0 || s.f_ffree <= s.f_files, "f_ffree <= f_files");
+    assert_eq!(s.f_namemax, 255, "f_namemax");
+    let mut sf: libc::statfs = unsafe { std::mem::zeroed() };
+    io_res(unsafe { libc::statfs(c.as_ptr(), &mut sf) }).unwrap();
+    assert_eq!(sf.f_type, 0x6573_5546, "FUSE_SUPER_MAGIC");
+}
+
+#[test]
+fn xattrs_set_get_list_remove() {
+    let t = TestFs::new(1);
+    let f = t.p(0, "f");
+    fs::write(&f, b"x").unwrap();
+    assert_errno(getxattr(&f, "user.none"), libc::ENODATA, "get missing");
+    assert_eq!(listxattr(&f).unwrap(), Vec::<String>::new(), "no xattrs yet");
+    setxattr(&f, "user.foo", b"bar", 0).unwrap();
+    let bin: Vec<u8> = (0..=255u8).chain([0, 0, 1]).collect();
+    setxattr(&f, "user.bin", &bin, 0).unwrap();
+    setxattr(&f, "user.empty", b"", 0).unwrap();
+    assert_eq!(getxattr(&f, "user.foo").unwrap(), b"bar");
+    assert_eq!(getxattr(&f, "user.bin").unwrap(), bin, "binary value with NULs");
+    assert_eq!(getxattr(&f, "user.empty").unwrap(), b"");
+    let mut names = listxattr(&f).unwrap();
+    names.sort();
+    assert_eq!(names, ["user.bin", "user.empty", "user.foo"]);
+    // size probe, ERANGE
+    let (c, n) = (cstr(&f), CString::new("user.foo").unwrap());
+    let len = unsafe { libc::getxattr(c.as_ptr(), n.as_ptr(), std::ptr::null_mut(), 0) };
+    assert_eq!(len, 3, "size probe");
+    let mut small = [0u8; 2];
+    let r = unsafe { libc::getxattr(c.as_ptr(), n.as_ptr(), small.as_mut_ptr().cast(), 2) };
+    assert_eq!((r, errno()), (-1, libc::ERANGE), "buffer too small");
+    let mut lsmall = [0u8; 3];
+    let r = unsafe { libc::listxattr(c.as_ptr(), lsmall.as_mut_ptr().cast(), 3) };
+    assert_eq!((r, errno()), (-1, libc::ERANGE), "list buffer too small");
+    // XATTR_CREATE / XATTR_REPLACE
+    assert_errno(
+        setxattr(&f, "user.foo", b"x", libc::XATTR_CREATE),
+        libc::EEXIST,
+        "XATTR_CREATE on an existing name",
+    );
+    assert_errno(
+        setxattr(&f, "user.nope", b"x", libc::XATTR_REPLACE),
+        libc::ENODATA,
+        "XATTR_REPLACE on a missing name",
+    );
+    setxattr(&f, "user.foo", b"replaced value", libc::XATTR_REPLACE).unwrap();
+    assert_eq!(getxattr(&f, "user.foo").unwrap(), b"replaced value");
+    // a large value
+    let big = pattern(7, 0, 60_000);
+    setxattr(&f, "user.big", &big, 0).unwrap();
+    assert_eq!(getxattr(&f, "user.big").unwrap(), big);
+    // remove
+    removexattr(&f, "user.foo").unwrap();
+    assert_errno(getxattr(&f, "user.foo"), libc::ENODATA, "get after remove");
+    assert_errno(removexattr(&f, "user.foo"), libc::ENODATA, "remove twice");
+    assert!(!listxattr(&f).unwrap().contains(&"user.foo".to_string()));
+    // directories carry xattrs; user.* on a symlink is refused
+    let d = t.p(0, "d");
+    fs::create_dir(&d).unwrap();
+    setxattr(&d, "user.dir", b"yes", 0).unwrap();
+    assert_eq!(getxattr(&d, "user.dir").unwrap(), b"yes");
+    std::os::unix::fs::symlink("f", t.p(0, "l")).unwrap();
+    assert_errno(lsetxattr(&t.p(0, "l"), "user.x", b"1"), libc::EPERM, "user.* on a symlink");
+    // xattrs survive a rename and are removed with the file
+    fs::rename(&f, t.p(0, "g")).unwrap();
+    assert_eq!(getxattr(&t.p(0, "g"), "user.bin").unwrap(), bin);
+}
+
+#[test]
+fn fallocate_modes() {
+    let t = TestFs::new(1);
+    let f = t.p(0, "f");
+    let h = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&f)
+        .unwrap();
+    let fd = h.as_raw_fd();
+    io_res(unsafe { libc::fallocate(fd, 0, 0, 1 << 20) }).expect("fallocate mode 0");
+    assert_eq!(fstat(fd).unwrap().st_size, 1 << 20, "fallocate extends the size");
+    assert!(pread_exact(&h, 0, 1 << 20).unwrap().iter().all(|b| *b == 0));
+    io_res(unsafe { libc::fallocate(fd, libc::FALLOC_FL_KEEP_SIZE, 1 << 20, 1 << 20) })
+        .expect("fallocate KEEP_SIZE");
+    assert_eq!(fstat(fd).unwrap().st_size, 1 << 20, "KEEP_SIZE keeps the size");
+    // fallocate inside existing data keeps it
+    let data = pattern(8, 0, 4096);
+    h.write_all_at(&data, 1000).unwrap();
+    io_res(unsafe { libc::fallocate(fd, 0, 0, 8192) }).unwrap();
+    assert_same_bytes(&pread_exact(&h, 1000, 4096).unwrap(), &data, 1000, "kept data");
+    assert_eq!(fstat(fd).unwrap().st_size, 1 << 20);
+    // punching a hole is optional; if it is accepted, the hole reads as zeros
+    let r = unsafe {
+        libc::fallocate(
+            fd,
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            2000,
+            1000,
+        )
+    };
+    if r == 0 {
+        let got = pread_exact(&h, 1000, 4096).unwrap();
+        assert_same_bytes(&got[..1000], &data[..1000], 1000, "before hole");
+        assert!(got[1000..2000].iter().all(|b| *b == 0), "punched hole reads zeros");
+        assert_same_bytes(&got[2000..], &data[2000..], 3000, "after hole");
+    } else {
+        assert_eq!(errno(), libc::EOPNOTSUPP, "punch hole: only EOPNOTSUPP is acceptable");
+    }
+    drop(h);
+    assert_eq!(stat(&f).unwrap().st_size, 1 << 20);
+}
+
+#[test]
+fn sparse_file_holes_read_zeros() {
+    let t = TestFs::new(2);
+    let f = t.p(0, "sparse");
+    let h = fs::File::create(&f).unwrap();
+    let at = 10 * 1024 * 1024 + 3;
+    h.write_all_at(b"end", at).unwrap();
+    h.write_all_at(b"mid", 3 * 1024 * 1024).unwrap();
+    drop(h);
+    for c in 0..2 {
+        let got = read_all(&t.p(c, "sparse")).unwrap();
+        assert_eq!(got.len() as u64, at + 3, "c{c}: size");
+        let mut want = vec![0u8; got.len()];
+        want[3 * 1024 * 1024..3 * 1024 * 1024 + 3].copy_from_slice(b"mid");
+        want[at as usize..].copy_from_slice(b"end");
+        assert_same_bytes(&got, &want, 0, &format!("c{c}: sparse file"));
+    }
+}
+
+#[test]
+fn offsets_beyond_4gib() {
+    let t = TestFs::new(2);
+    let f = t.p(0, "huge");
+    let h = fs::File::create(&f).unwrap();
+    let four = 1u64 << 32;
+    let a = pattern(9, four - 5000, 10_000); // straddles 4 GiB
+    h.write_all_at(&a, four - 5000).unwrap();
+    let far = 5 * (1u64 << 30) + 123;
+    let b = pattern(10, far, 70_000);
+    h.write_all_at(&b, far).unwrap();
+    let size = far + b.len() as u64;
+    assert_eq!(fstat(h.as_raw_fd()).unwrap().st_size as u64, size);
+    drop(h);
+    for c in 0..2 {
+        let p = t.p(c, "huge");
+        assert_eq!(stat(&p).unwrap().st_size as u64, size, "c{c}: size");
+        let r = fs::File::open(&p).unwrap();
+        assert_same_bytes(
+            &pread_exact(&r, four - 5000, a.len()).unwrap(),
+            &a,
+            four - 5000,
+            &format!("c{c}: around 4 GiB"),
+        );
+        assert_same_bytes(
+            &pread_exact(&r, far, b.len()).unwrap(),
+            &b,
+            far,
+            &format!("c{c}: at 5 GiB"),
+        );
+        for off in [0u64, 1 << 31, four + 5000, four + (1 << 29), far - 4096] {
+            let z = pread_exact(&r, off, 4096).unwrap();
+            assert!(z.iter().all(|b| *b == 0), "c{c}: hole at {off} reads zeros");
+        }
+        let mut buf = [0u8; 10];
+        assert_eq!(r.read_at(&mut buf, size).unwrap(), 0, "EOF beyond 5 GiB");
+    }
+    // truncate beyond 4 GiB and back
+    let w = fs::OpenOptions::new().write(true).open(&f).unwrap();
+    w.set_len(four + 1).unwrap();
+    assert_eq!(stat(&f).unwrap().st_size as u64, four + 1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// locks
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn flock_same_client() {
+    let t = TestFs::new(1);
+    let f = t.p(0, "lock");
+    fs::write(&f, b"").unwrap();
+    let a = fs::File::open(&f).unwrap();
+    let b = fs::File::open(&f).unwrap();
+    flock(&a, libc::LOCK_EX).unwrap();
+    let e = flock(&b, libc::LOCK_EX | libc::LOCK_NB).unwrap_err();
+    assert_eq!(err_of(&e), libc::EWOULDBLOCK, "second exclusive flock: {e}");
+    let e = flock(&b, libc::LOCK_SH | libc::LOCK_NB).unwrap_err();
+    assert_eq!(err_of(&e), libc::EWOULDBLOCK, "shared under exclusive: {e}");
+    flock(&a, libc::LOCK_UN).unwrap();
+    flock(&b, libc::LOCK_SH | libc::LOCK_NB).unwrap();
+    flock(&a, libc::LOCK_SH | libc::LOCK_NB).expect("two shared flocks");
+    drop(b);
+    drop(a);
+    let c = fs::File::open(&f).unwrap();
+    flock(&c, libc::LOCK_EX | libc::LOCK_NB).expect("locks released on close");
+}
+
+#[test]
+fn flock_across_clients() {
+    let t = TestFs::new(2);
+    fs::write(t.p(0, "lock"), b"").unwrap();
+    let a = fs::File::open(t.p(0, "lock")).unwrap();
+    let b = fs::File::open(t.p(1, "lock")).unwrap();
+    flock(&a, libc::LOCK_EX).unwrap();
+    let e = flock(&b, libc::LOCK_EX | libc::LOCK_NB)
+        .expect_err("flock LOCK_EX on c1 must fail while c0 holds LOCK_EX");
+    assert_eq!(err_of(&e), libc::EWOULDBLOCK, "{e}");
+    flock(&a, libc::LOCK_UN).unwrap();
+    flock(&b, libc::LOCK_EX | libc::LOCK_NB).expect("c1 locks after c0 unlocked");
+    let e = flock(&a, libc::LOCK_SH | libc::LOCK_NB)
+        .expect_err("c0 shared lock must fail while c1 holds LOCK_EX");
+    assert_eq!(err_of(&e), libc::EWOULDBLOCK, "{e}");
+    drop(b); // close releases
+    assert!(
+        wait_until(Duration::from_secs(5), || flock(&a, libc::LOCK_EX | libc::LOCK_NB).is_ok()),
+        "c0 could not lock after c1 closed its handle"
+    );
+}
+
+/// Runs `f` in a forked child process (same credentials): POSIX record locks belong to a
+/// process, so conflicts need a second one.
+fn in_child<F: FnOnce()>(f: F) {
+    as_user(&Cred::new(0, 0).groups(&[0]), f)
+}
+
+#[test]
+fn fcntl_locks_same_client() {
+    let t = TestFs::new(1);
+    let f = t.p(0, "lock");
+    fs::write(&f, vec![0u8; 1000]).unwrap();
+    let a = fs::OpenOptions::new().read(true).write(true).open(&f).unwrap();
+    fcntl_lock(&a, libc::F_SETLK, libc::F_WRLCK, 0, 100).unwrap();
+    let p = f.clone();
+    in_child(move || {
+        let b = fs::OpenOptions::new().read(true).write(true).open(&p).unwrap();
+        let e = fcntl_lock(&b, libc::F_SETLK, libc::F_WRLCK, 50, 10).unwrap_err();
+        assert!(is_would_block(&e), "overlapping write lock: {e}");
+        let e = fcntl_lock(&b, libc::F_SETLK, libc::F_RDLCK, 0, 1).unwrap_err();
+        assert!(is_would_block(&e), "read lock under write lock: {e}");
+        fcntl_lock(&b, libc::F_SETLK, libc::F_WRLCK, 100, 100).expect("disjoint range");
+        let g = fcntl_lock(&b, libc::F_GETLK, libc::F_WRLCK, 0, 10).unwrap();
+        assert_eq!(g.l_type as i32, libc::F_WRLCK, "F_GETLK sees the conflict");
+        assert_eq!((g.l_start, g.l_len), (0, 100), "F_GETLK range");
+    });
+    fcntl_lock(&a, libc::F_SETLK, libc::F_UNLCK, 0, 100).unwrap();
+    let p = f.clone();
+    in_child(move || {
+        let b = fs::OpenOptions::new().read(true).write(true).open(&p).unwrap();
+        fcntl_lock(&b, libc::F_SETLK, libc::F_WRLCK, 0, 100).expect("after unlock");
+    });
+}
+
+#[test]
+fn fcntl_locks_across_clients() {
+    let t = TestFs::new(2);
+    fs::write(t.p(0, "lock"), vec![0u8; 1000]).unwrap();
+    let a = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(t.p(0, "lock"))
+        .unwrap();
+    fcntl_lock(&a, libc::F_SETLK, libc::F_WRLCK, 0, 100).unwrap();
+    let p1 = t.p(1, "lock");
+    let p = p1.clone();
+    in_child(move || {
+        let b = fs::OpenOptions::new().read(true).write(true).open(&p).unwrap();
+        let e = fcntl_lock(&b, libc::F_SETLK, libc::F_WRLCK, 0, 10)
+            .expect_err("c1 F_SETLK must fail while c0 holds a write lock");
+        assert!(is_would_block(&e), "{e}");
+        let g = fcntl_lock(&b, libc::F_GETLK, libc::F_WRLCK, 0, 10).unwrap();
+        assert_eq!(g.l_type as i32, libc::F_WRLCK, "c1 F_GETLK sees c0's lock");
+        fcntl_lock(&b, libc::F_SETLK, libc::F_WRLCK, 100, 100).expect("disjoint range on c1");
+    });
+    // a lock is released when its holder closes the file
+    drop(a);
+    let p = p1.clone();
+    in_child(move || {
+        let b = fs::OpenOptions::new().read(true).write(true).open(&p).unwrap();
+        fcntl_lock(&b, libc::F_SETLK, libc::F_WRLCK, 0, 100).expect("c1 after c0 closed");
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// permissions as non-root users
+// ---------------------------------------------------------------------------------------------
+
+const U1: u32 = 1000;
+const U2: u32 = 1001;
+const U3: u32 = 1002;
+const G1: u32 = 2000;
+const G2: u32 = 3000;
+
+#[test]
+fn permissions_mode_bits() {
+    let t = TestFs::new(1);
+    let d = t.p(0, "pub");
+    fs::create_dir(&d).unwrap();
+    chmod(&d, 0o755).unwrap();
+    fs::write(d.join("secret"), b"s").unwrap();
+    chmod(&d.join("secret"), 0o600).unwrap();
+    fs::write(d.join("readable"), b"r").unwrap();
+    chmod(&d.join("readable"), 0o644).unwrap();
+    fs::create_dir(d.join("nox")).unwrap();
+    fs::write(d.join("nox/inner"), b"i").unwrap();
+    chmod(&d.join("nox"), 0o744).unwrap();
+    fs::write(d.join("script"), b"#!/bin/sh\nexit 0\n").unwrap();
+    chmod(&d.join("script"), 0o744).unwrap();
+    let d2 = d.clone();
+    as_user(&Cred::new(U1, U1), move || {
+        let d = d2;
+        assert_errno(fs::File::open(d.join("secret")), libc::EACCES, "read 0600 file");
+        assert_eq!(read_all(&d.join("readable")).unwrap(), b"r");
+        assert_errno(
+            fs::OpenOptions::new().write(true).open(d.join("readable")),
+            libc::EACCES,
+            "write 0644 file",
+        );
+        assert_errno(fs::File::create(d.join("new")), libc::EACCES, "create in 0755 dir");
+        assert_errno(fs::create_dir(d.join("newdir")), libc::EACCES, "mkdir in 0755 dir");
+        assert_errno(fs::remove_file(d.join("readable")), libc::EACCES, "unlink in 0755 dir");
+        assert_errno(
+            fs::rename(d.join("readable"), d.join("moved")),
+            libc::EACCES,
+            "rename in 0755 dir",
+        );
+        assert_errno(stat(&d.join("nox/inner")), libc::EACCES, "lookup without x");
+        assert_errno(
+            fs::OpenOptions::new()
+                .write(true)
+                .open(d.join("readable"))
+                .and_then(|f| f.set_len(0)),
+            libc::EACCES,
+            "truncate without w",
+        );
+        let c = cstr(&d.join("readable"));
+        assert_eq!(
+            check(unsafe { libc::truncate(c.as_ptr(), 0) }),
+            Err(libc::EACCES),
+            "truncate(2) without w"
+        );
+        assert_errno(
+            setxattr(&d.join("readable"), "user.x", b"1", 0),
+            libc::EACCES,
+            "setxattr without w",
+        );
+        assert_errno(
+            utimens(&d.join("readable"), Some([ts(1, 0), ts(1, 0)]), 0),
+            libc::EPERM,
+            "explicit utimens by non-owner",
+        );
+        assert_errno(
+            utimens(&d.join("readable"), None, 0),
+            libc::EACCES,
+            "utimens(NOW) without w",
+        );
+        let c = cstr(&d.join("script"));
+        assert_eq!(
+            check(unsafe { libc::access(c.as_ptr(), libc::X_OK) }),
+            Err(libc::EACCES),
+            "access X_OK on 0744"
+        );
+        assert_errno(chmod(&d.join("readable"), 0o777), libc::EPERM, "chmod by non-owner");
+        assert_errno(chown(&d.join("readable"), U1, U1), libc::EPERM, "chown by non-owner");
+    });
+}
+
+#[test]
+fn permissions_owner() {
+    let t = TestFs::new(1);
+    let w = world_dir(&t, "w");
+    let f = w.join("mine");
+    fs::write(&f, b"own").unwrap();
+    chown(&f, U1, U1).unwrap();
+    chmod(&f, 0o600).unwrap();
+    let f2 = f.clone();
+    as_user(&Cred::new(U1, U1).groups(&[U1, G1]), move || {
+        let f = f2;
+        assert_eq!(read_all(&f).unwrap(), b"own");
+        fs::OpenOptions::new()
+            .append(true)
+            .open(&f)
+            .unwrap()
+            .write_all(b"er")
+            .unwrap();
+        chmod(&f, 0o640).expect("owner may chmod");
+        utimens(&f, Some([ts(100, 0), ts(200, 0)]), 0).expect("owner may set times");
+        assert_errno(chown(&f, U2, u32::MAX), libc::EPERM, "give away ownership");
+        assert_errno(chown(&f, u32::MAX, G2), libc::EPERM, "chgrp to a group not ours");
+        chown(&f, u32::MAX, G1).expect("chgrp to a supplementary group of ours");
+        chown(&f, U1, U1).expect("chown to ourselves");
+    });
+    let st = stat(&f).unwrap();
+    assert_eq!(st.st_mode & 0o7777, 0o640);
+    assert_eq!(st.st_mtime, 200);
+    assert_eq!(read_all(&f).unwrap(), b"owner");
+    let f2 = f.clone();
+    as_user(&Cred::new(U2, U2), move || {
+        assert_errno(fs::File::open(&f2), libc::EACCES, "other user reads 0640");
+        assert_errno(chmod(&f2, 0o666), libc::EPERM, "other user chmods");
+    });
+    // objects created by a user belong to that user and their primary group
+    let w2 = w.clone();
+    as_user(&Cred::new(U2, G2).groups(&[G2]), move || {
+        fs::write(w2.join("f"), b"x").unwrap();
+        fs::create_dir(w2.join("d")).unwrap();
+        std::os::unix::fs::symlink("f", w2.join("l")).unwrap();
+        mknod(&w2.join("p"), libc::S_IFIFO | 0o600).unwrap();
+        fs::hard_link(w2.join("f"), w2.join("h")).unwrap();
+    });
+    for n in ["f", "d", "l", "p", "h"] {
+        let st = lstat(&w.join(n)).unwrap();
+        assert_eq!((st.st_uid, st.st_gid), (U2, G2), "owner of {n} created by uid {U2}");
+    }
+}
+
+#[test]
+fn permissions_group_and_supplementary() {
+    let t = TestFs::new(1);
+    let f = t.p(0, "g");
+    fs::write(&f, b"grp").unwrap();
+    chown(&f, 0, G1).unwrap();
+    chmod(&f, 0o640).unwrap();
+    let o = t.p(0, "o");
+    fs::write(&o, b"oth").unwrap();
+    chown(&o, 0, G1).unwrap();
+    chmod(&o, 0o604).unwrap();
+    let (f1, o1) = (f.clone(), o.clone());
+    as_user(&Cred::new(U1, G1), move || {
+        assert_eq!(read_all(&f1).unwrap(), b"grp", "primary group may read");
+        assert_errno(
+            fs::OpenOptions::new().write(true).open(&f1),
+            libc::EACCES,
+            "group may not write",
+        );
+        assert_errno(fs::File::open(&o1), libc::EACCES, "group class applies, not other");
+    });
+    let (f1, o1) = (f.clone(), o.clone());
+    as_user(&Cred::new(U1, G2).groups(&[G2, G1]), move || {
+        assert_eq!(read_all(&f1).unwrap(), b"grp", "supplementary group may read");
+        assert_errno(fs::File::open(&o1), libc::EACCES, "supplementary group class");
+    });
+    let (f1, o1) = (f.clone(), o.clone());
+    as_user(&Cred::new(U1, G2).groups(&[G2]), move || {
+        assert_errno(fs::File::open(&f1), libc::EACCES, "not in the group");
+        assert_eq!(read_all(&o1).unwrap(), b"oth", "other class may read 0604");
+    });
+    // group-writable directory
+    let d = t.p(0, "gd");
+    fs::create_dir(&d).unwrap();
+    chown(&d, 0, G1).unwrap();
+    chmod(&d, 0o770).unwrap();
+    let d1 = d.clone();
+    as_user(&Cred::new(U1, G2).groups(&[G1]), move || {
+        fs::write(d1.join("x"), b"1").expect("create in group-writable dir via supplementary");
+    });
+    let d1 = d.clone();
+    as_user(&Cred::new(U2, G2).groups(&[G2]), move || {
+        assert_errno(fs::read_dir(&d1), libc::EACCES, "list 0770 dir as other");
+    });
+}
+
+#[test]
+fn sticky_directory_deletion_rules() {
+    let t = TestFs::new(1);
+    let s = t.p(0, "sticky");
+    fs::create_dir(&s).unwrap();
+    chown(&s, U3, U3).unwrap();
+    chmod(&s, 0o1777).unwrap();
+    assert_eq!(mode_of(&s) & 0o7777, 0o1777);
+    let s1 = s.clone();
+    as_user(&Cred::new(U1, U1), move || {
+        fs::write(s1.join("a"), b"a").unwrap();
+        fs::write(s1.join("a2"), b"a2").unwrap();
+    });
+    let s1 = s.clone();
+    as_user(&Cred::new(U2, U2), move || {
+        fs::write(s1.join("b"), b"b").unwrap();
+        fs::write(s1.join("b2"), b"b2").unwrap();
+        assert_errno(fs::remove_file(s1.join("a")), libc::EPERM, "unlink other's file");
+        assert_errno(
+            fs::rename(s1.join("a"), s1.join("c")),
+            libc::EPERM,
+            "rename other's file",
+        );
+        assert_errno(
+            fs::rename(s1.join("b"), s1.join("a")),
+            libc::EPERM,
+            "rename over other's file",
+        );
+        fs::remove_file(s1.join("b")).expect("unlink own file");
+    });
+    let s1 = s.clone();
+    as_user(&Cred::new(U1, U1), move || {
+        fs::remove_file(s1.join("a")).expect("owner unlinks own file");
+    });
+    let s1 = s.clone();
+    as_user(&Cred::new(U3, U3), move || {
+        fs::remove_file(s1.join("b2")).expect("directory owner unlinks anyone's file");
+    });
+    assert!(s.join("a2").exists() && !s.join("b2").exists());
+    // without the sticky bit anyone with write permission may delete
+    chmod(&s, 0o777).unwrap();
+    let s1 = s.clone();
+    as_user(&Cred::new(U2, U2), move || {
+        fs::remove_file(s1.join("a2")).expect("non-sticky dir: unlink other's file");
+    });
+}
+
+#[test]
+fn setgid_directory_inheritance() {
+    let t = TestFs::new(1);
+    let g = t.p(0, "sgid");
+    fs::create_dir(&g).unwrap();
+    chown(&g, 0, G1).unwrap();
+    chmod(&g, 0o2777).unwrap();
+    assert_eq!(mode_of(&g) & 0o7777, 0o2777);
+    let g1 = g.clone();
+    as_user(&Cred::new(U1, U1).groups(&[U1]), move || {
+        fs::write(g1.join("f"), b"x").unwrap();
+        fs::create_dir(g1.join("sub")).unwrap();
+        mknod(&g1.join("fifo"), libc::S_IFIFO | 0o644).unwrap();
+    });
+    let st = stat(&g.join("f")).unwrap();
+    assert_eq!((st.st_uid, st.st_gid), (U1, G1), "file inherits the directory's group");
+    let st = stat(&g.join("fifo")).unwrap();
+    assert_eq!(st.st_gid, G1, "fifo inherits the directory's group");
+    let st = stat(&g.join("sub")).unwrap();
+    assert_eq!((st.st_uid, st.st_gid), (U1, G1), "subdirectory inherits the group");
+    assert_ne!(st.st_mode & libc::S_ISGID, 0, "subdirectory inherits S_ISGID");
+    // and grandchildren
+    fs::write(g.join("sub/deeper"), b"y").unwrap();
+    assert_eq!(stat(&g.join("sub/deeper")).unwrap().st_gid, G1);
+    // a non-member owner setting S_ISGID on a file: the bit is silently dropped
+    let w = world_dir(&t, "w");
+    let f = w.join("own");
+    fs::write(&f, b"x").unwrap();
+    chown(&f, U1, G2).unwrap();
+    let f1 = f.clone();
+    as_user(&Cred::new(U1, U1).groups(&[U1]), move || {
+        chmod(&f1, 0o2755).expect("chmod g+s by owner");
+    });
+    assert_eq!(
+        mode_of(&f) & 0o7777,
+        0o755,
+        "S_ISGID dropped for an owner outside the file's group"
+    );
+}
+
+#[test]
+fn write_by_non_root_clears_setuid() {
+    let t = TestFs::new(1);
+    let w = world_dir(&t, "w");
+    let f = w.join("prog");
+    fs::write(&f, b"#!/bin/sh\n").unwrap();
+    chown(&f, U1, U1).unwrap();
+    chmod(&f, 0o4777).unwrap();
+    let f1 = f.clone();
+    as_user(&Cred::new(U2, U2), move || {
+        fs::OpenOptions::new()
+            .append(true)
+            .open(&f1)
+            .unwrap()
+            .write_all(b"echo\n")
+            .unwrap();
+    });
+    assert_eq!(
+        mode_of(&f) & 0o7777,
+        0o777,
+        "a write by another user clears S_ISUID"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// name and path limits
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn name_255_ok_256_enametoolong() {
+    let t = TestFs::new(1);
+    let n255 = "a".repeat(255);
+    let n255b = "b".repeat(255);
+    let n256 = "c".repeat(256);
+    let p255 = t.p(0, &n255);
+    fs::write(&p255, b"long name").unwrap();
+    assert_eq!(read_all(&p255).unwrap(), b"long name");
+    assert!(fs::read_dir(t.mnt(0))
+        .unwrap()
+        .any(|e| e.unwrap().file_name().to_string_lossy() == n255));
+    fs::rename(&p255, t.p(0, &n255b)).unwrap();
+    fs::create_dir(t.p(0, &n255)).unwrap();
+    std::os::unix::fs::symlink("x", t.p(0, &format!("{}", "s".repeat(255)))).unwrap();
+    setxattr(&t.p(0, &n255b), "user.k", b"v", 0).unwrap();
+
+    let p256 = t.p(0, &n256);
+    assert_errno(stat(&p256), libc::ENAMETOOLONG, "stat 256-byte name");
+    assert_errno(fs::File::create(&p256), libc::ENAMETOOLONG, "create");
+    assert_errno(fs::create_dir(&p256), libc::ENAMETOOLONG, "mkdir");
+    assert_errno(
+        mknod(&p256, libc::S_IFIFO | 0o600),
+        libc::ENAMETOOLONG,
+        "mknod",
+    );
+    assert_errno(
+        std::os::unix::fs::symlink("x", &p256),
+        libc::ENAMETOOLONG,
+        "symlink",
+    );
+    assert_errno(
+        fs::hard_link(t.p(0, &n255b), &p256),
+        libc::ENAMETOOLONG,
+        "link",
+    );
+    assert_errno(
+        fs::rename(t.p(0, &n255b), &p256),
+        libc::ENAMETOOLONG,
+        "rename",
+    );
+    assert!(t.p(0, &n255b).exists(), "failed rename keeps the source");
+}
+
+#[test]
+fn deep_path_near_path_max() {
+    let t = TestFs::new(1);
+    const MAX: usize = libc::PATH_MAX as usize - 1; // strlen of the longest path
+    let mut p = t.mnt(0).to_path_buf();
+    let mut depth = 0;
+    while MAX - p.as_os_str().len() - 1 > 255 {
+        let room = MAX - p.as_os_str().len() - 1 - 1 - 10; // leave >= 10 for the file name
+        let l = room.min(250);
+        p.push("d".repeat(l));
+        fs::create_dir(&p).unwrap_or_else(|e| panic!("mkdir at depth {depth}: {e}"));
+        depth += 1;
+    }
+    let name_len = MAX - p.as_os_str().len() - 1;
+    assert!((1..=255).contains(&name_len));
+    let f = p.join("f".repeat(name_len));
+    assert_eq!(f.as_os_str().len(), MAX, "test builds a path of PATH_MAX-1 bytes");
+    fs::write(&f, b"deep").unwrap_or_else(|e| panic!("create {}-byte path: {e}", MAX));
+    assert_eq!(read_all(&f).unwrap(), b"deep");
+    assert_eq!(stat(&f).unwrap().st_size, 4);
+    let g = p.join("g".repeat(name_len));
+    fs::rename(&f, &g).unwrap();
+    assert_eq!(read_all(&g).unwrap(), b"deep");
+    assert_eq!(fs::read_dir(&p).unwrap().count(), 1);
+    // one byte more is too long for the kernel
+    let too = p.join("h".repeat(name_len + 1));
+    assert_errno(fs::write(&too, b"x"), libc::ENAMETOOLONG, "path of PATH_MAX bytes");
+    // the whole tree is removable
+    fs::remove_dir_all(t.mnt(0).join("d".repeat(250))).unwrap();
+    assert_eq!(fs::read_dir(t.mnt(0)).unwrap().count(), 0);
+}
+
+#[test]
+fn metadata_via_std_matches_stat() {
+    let t = TestFs::new(1);
+    let f = t.p(0, "f");
+    fs::write(&f, b"12345").unwrap();
+    let m = fs::metadata(&f).unwrap();
+    let st = stat(&f).unwrap();
+    assert_eq!(m.ino(), st.st_ino);
+    assert_eq!(m.len(), 5);
+    assert_eq!(m.mode(), st.st_mode);
+}
