@@ -108,7 +108,15 @@ fn umask() -> u32 {
 
 fn setxattr(p: &Path, name: &str, val: &[u8], flags: i32) -> io::Result<()> {
     let (c, n) = (cstr(p), CString::new(name).unwrap());
-    io_res(unsafe { libc::setxattr(c.as_ptr(), n.as_ptr(), val.as_ptr().cast(), val.len(), flags) })
+    io_res(unsafe {
+        libc::setxattr(
+            c.as_ptr(),
+            n.as_ptr(),
+            val.as_ptr().cast(),
+            val.len(),
+            flags,
+        )
+    })
 }
 
 fn lsetxattr(p: &Path, name: &str, val: &[u8]) -> io::Result<()> {
@@ -193,7 +201,11 @@ fn world_dir(t: &TestFs, name: &str) -> PathBuf {
 fn lookup_and_getattr() {
     let t = TestFs::new(1);
     let root = stat(t.mnt(0)).unwrap();
-    assert_eq!(root.st_mode & libc::S_IFMT, libc::S_IFDIR, "root is a directory");
+    assert_eq!(
+        root.st_mode & libc::S_IFMT,
+        libc::S_IFDIR,
+        "root is a directory"
+    );
     let f = t.p(0, "f");
     fs::write(&f, b"hello").unwrap();
     let st = stat(&f).unwrap();
@@ -225,7 +237,8 @@ fn chmod_changes_mode_and_ctime() {
     assert_eq!(mode_of(&f) & 0o7777, 0o4755, "setuid kept when set by root");
     // fchmod
     let h = fs::File::open(&f).unwrap();
-    h.set_permissions(fs::Permissions::from_mode(0o600)).unwrap();
+    h.set_permissions(fs::Permissions::from_mode(0o600))
+        .unwrap();
     assert_eq!(fstat(h.as_raw_fd()).unwrap().st_mode & 0o7777, 0o600);
     let d = t.p(0, "d");
     fs::create_dir(&d).unwrap();
@@ -351,13 +364,24 @@ fn utimens_explicit_omit_now() {
     fs::write(&f, b"x").unwrap();
     utimens(
         &f,
-        Some([ts(1_000_000_000, 123_456_789), ts(1_200_000_000, 987_654_321)]),
+        Some([
+            ts(1_000_000_000, 123_456_789),
+            ts(1_200_000_000, 987_654_321),
+        ]),
         0,
     )
     .unwrap();
     let st = stat(&f).unwrap();
-    assert_eq!(atime(&st), (1_000_000_000, 123_456_789), "atime set exactly");
-    assert_eq!(mtime(&st), (1_200_000_000, 987_654_321), "mtime set exactly");
+    assert_eq!(
+        atime(&st),
+        (1_000_000_000, 123_456_789),
+        "atime set exactly"
+    );
+    assert_eq!(
+        mtime(&st),
+        (1_200_000_000, 987_654_321),
+        "mtime set exactly"
+    );
     let c1 = ctime(&st);
     assert!(
         (c1.0 - now_secs()).abs() <= 5,
@@ -365,14 +389,13 @@ fn utimens_explicit_omit_now() {
     );
 
     // UTIME_OMIT on atime keeps it
-    utimens(
-        &f,
-        Some([ts(0, libc::UTIME_OMIT), ts(1_300_000_000, 5)]),
-        0,
-    )
-    .unwrap();
+    utimens(&f, Some([ts(0, libc::UTIME_OMIT), ts(1_300_000_000, 5)]), 0).unwrap();
     let st = stat(&f).unwrap();
-    assert_eq!(atime(&st), (1_000_000_000, 123_456_789), "UTIME_OMIT keeps atime");
+    assert_eq!(
+        atime(&st),
+        (1_000_000_000, 123_456_789),
+        "UTIME_OMIT keeps atime"
+    );
     assert_eq!(mtime(&st), (1_300_000_000, 5));
 
     // UTIME_OMIT on mtime, explicit atime
@@ -445,7 +468,11 @@ fn create_mode_owner_and_parent_times() {
     let mut s = String::new();
     h.read_to_string(&mut s).unwrap();
     assert_eq!(s, "keep");
-    assert_eq!(mode_of(&f) & 0o7777, 0o640 & !umask(), "mode not changed by re-open");
+    assert_eq!(
+        mode_of(&f) & 0o7777,
+        0o640 & !umask(),
+        "mode not changed by re-open"
+    );
 }
 
 #[test]
@@ -541,7 +568,11 @@ fn open_append_trunc_excl() {
     assert!(n.exists());
     // opening a directory for writing
     fs::create_dir(t.p(0, "d")).unwrap();
-    assert_errno(open(&t.p(0, "d"), libc::O_WRONLY, 0), libc::EISDIR, "open dir O_WRONLY");
+    assert_errno(
+        open(&t.p(0, "d"), libc::O_WRONLY, 0),
+        libc::EISDIR,
+        "open dir O_WRONLY",
+    );
     assert_errno(
         open(&t.p(0, "missing"), libc::O_RDONLY, 0),
         libc::ENOENT,
@@ -574,9 +605,21 @@ fn read_write_offsets() {
     let got = pread_exact(&h, 0, 20_004).unwrap();
     assert_same_bytes(&got, &want, 0, "same handle");
     let mut buf = [0u8; 16];
-    assert_eq!(h.read_at(&mut buf, 20_004).unwrap(), 0, "read at EOF gives 0");
-    assert_eq!(h.read_at(&mut buf, 1 << 30).unwrap(), 0, "read past EOF gives 0");
-    assert_eq!(h.read_at(&mut buf, 19_998).unwrap(), 6, "short read at the end");
+    assert_eq!(
+        h.read_at(&mut buf, 20_004).unwrap(),
+        0,
+        "read at EOF gives 0"
+    );
+    assert_eq!(
+        h.read_at(&mut buf, 1 << 30).unwrap(),
+        0,
+        "read past EOF gives 0"
+    );
+    assert_eq!(
+        h.read_at(&mut buf, 19_998).unwrap(),
+        6,
+        "short read at the end"
+    );
     drop(h);
     assert_same_bytes(&read_all(&f).unwrap(), &want, 0, "fresh open");
     // many small sequential writes
@@ -626,7 +669,11 @@ fn mkdir_rmdir() {
     let st = stat(&d).unwrap();
     assert_eq!(st.st_mode & libc::S_IFMT, libc::S_IFDIR);
     assert_eq!(st.st_mode & 0o7777, 0o750 & !umask());
-    assert_eq!(stat(&p).unwrap().st_nlink, n0 + 1, "mkdir increments parent nlink");
+    assert_eq!(
+        stat(&p).unwrap().st_nlink,
+        n0 + 1,
+        "mkdir increments parent nlink"
+    );
     assert_errno(mkdir(&d, 0o755), libc::EEXIST, "mkdir existing");
     fs::write(d.join("f"), b"x").unwrap();
     assert_errno(fs::remove_dir(&d), libc::ENOTEMPTY, "rmdir non-empty");
@@ -640,7 +687,11 @@ fn mkdir_rmdir() {
     );
     fs::remove_file(d.join("f")).unwrap();
     fs::remove_dir(&d).unwrap();
-    assert_eq!(stat(&p).unwrap().st_nlink, n0, "rmdir decrements parent nlink");
+    assert_eq!(
+        stat(&p).unwrap().st_nlink,
+        n0,
+        "rmdir decrements parent nlink"
+    );
     assert_errno(stat(&d), libc::ENOENT, "removed directory");
     assert_errno(fs::remove_dir(&d), libc::ENOENT, "rmdir missing");
 }
@@ -667,7 +718,10 @@ fn readdir_small_types_and_dots() {
             .to_string_lossy()
             .into_owned();
         let ty = unsafe { (*e).d_type };
-        assert!(seen.insert(name.clone(), ty).is_none(), "{name} listed twice");
+        assert!(
+            seen.insert(name.clone(), ty).is_none(),
+            "{name} listed twice"
+        );
     }
     unsafe { libc::closedir(dir) };
     let names: Vec<&String> = seen.keys().collect();
@@ -705,7 +759,13 @@ fn readdir_100k_entries() {
                     let p = d.join(format!("entry-{i:06}"));
                     let c = cstr(&p);
                     let r = unsafe { libc::mknod(c.as_ptr(), libc::S_IFREG | 0o644, 0) };
-                    assert_eq!(r, 0, "mknod {}: {}", p.display(), io::Error::last_os_error());
+                    assert_eq!(
+                        r,
+                        0,
+                        "mknod {}: {}",
+                        p.display(),
+                        io::Error::last_os_error()
+                    );
                 }
             });
         }
@@ -736,15 +796,28 @@ fn unlink_while_open() {
     let data = pattern(6, 0, 300_000);
     fs::write(&f, &data).unwrap();
     let r = fs::File::open(&f).unwrap();
-    let w = fs::OpenOptions::new().read(true).write(true).open(&f).unwrap();
+    let w = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&f)
+        .unwrap();
     fs::remove_file(&f).unwrap();
     assert_errno(stat(&f), libc::ENOENT, "name gone after unlink");
-    assert_eq!(fstat(r.as_raw_fd()).unwrap().st_nlink, 0, "nlink 0 while open");
+    assert_eq!(
+        fstat(r.as_raw_fd()).unwrap().st_nlink,
+        0,
+        "nlink 0 while open"
+    );
     assert!(fs::read_dir(t.mnt(0))
         .unwrap()
         .all(|e| e.unwrap().file_name() != "f"));
     // still readable, and writable, through the open handles
-    assert_same_bytes(&pread_exact(&r, 0, data.len()).unwrap(), &data, 0, "after unlink");
+    assert_same_bytes(
+        &pread_exact(&r, 0, data.len()).unwrap(),
+        &data,
+        0,
+        "after unlink",
+    );
     w.write_all_at(b"XYZ", 10).unwrap();
     assert_eq!(pread_exact(&r, 10, 3).unwrap(), b"XYZ");
     // a new file with the same name is a different file
@@ -755,7 +828,12 @@ fn unlink_while_open() {
     want[10..13].copy_from_slice(b"XYZ");
     assert_same_bytes(&pread_exact(&r, 0, data.len()).unwrap(), &want, 0, "later");
     drop(w);
-    assert_same_bytes(&pread_exact(&r, 0, data.len()).unwrap(), &want, 0, "after one close");
+    assert_same_bytes(
+        &pread_exact(&r, 0, data.len()).unwrap(),
+        &want,
+        0,
+        "after one close",
+    );
     drop(r);
     assert_eq!(read_all(&f).unwrap(), b"new");
 }
@@ -780,7 +858,10 @@ fn rename_across_directories() {
     let (sa2, sb2) = (stat(&a).unwrap(), stat(&b).unwrap());
     assert!(mtime(&sa2) > mtime(&sa), "source dir mtime");
     assert!(mtime(&sb2) > mtime(&sb), "target dir mtime");
-    assert_eq!(sa2.st_nlink, sa.st_nlink, "file move does not change dir nlink");
+    assert_eq!(
+        sa2.st_nlink, sa.st_nlink,
+        "file move does not change dir nlink"
+    );
 
     // a directory moving between parents moves its ".." link
     fs::create_dir(a.join("sub")).unwrap();
@@ -825,7 +906,10 @@ fn rename_over_existing_file() {
     assert_eq!(read_all(&f2).unwrap(), b"one");
     let after = stat(&f2l).unwrap();
     assert_eq!(after.st_nlink, 1, "replaced inode lost one link");
-    assert!(ctime(&after) > ctime(&before), "replaced inode's ctime updated");
+    assert!(
+        ctime(&after) > ctime(&before),
+        "replaced inode's ctime updated"
+    );
     assert_eq!(read_all(&f2l).unwrap(), b"two");
     // rename onto another link of the same inode: nothing happens
     fs::hard_link(&f2, t.p(0, "alias")).unwrap();
@@ -834,8 +918,16 @@ fn rename_over_existing_file() {
     assert_eq!(stat(&f2).unwrap().st_nlink, 2);
     // kinds that may not replace each other
     fs::create_dir(t.p(0, "dir")).unwrap();
-    assert_errno(fs::rename(&f2, t.p(0, "dir")), libc::EISDIR, "file over dir");
-    assert_errno(fs::rename(t.p(0, "dir"), &f2), libc::ENOTDIR, "dir over file");
+    assert_errno(
+        fs::rename(&f2, t.p(0, "dir")),
+        libc::EISDIR,
+        "file over dir",
+    );
+    assert_errno(
+        fs::rename(t.p(0, "dir"), &f2),
+        libc::ENOTDIR,
+        "dir over file",
+    );
 }
 
 #[test]
@@ -872,7 +964,11 @@ fn rename_noreplace() {
     let (a, b, c) = (t.p(0, "a"), t.p(0, "b"), t.p(0, "c"));
     fs::write(&a, b"A").unwrap();
     fs::write(&b, b"B").unwrap();
-    assert_errno(rename2(&a, &b, libc::RENAME_NOREPLACE), libc::EEXIST, "NOREPLACE");
+    assert_errno(
+        rename2(&a, &b, libc::RENAME_NOREPLACE),
+        libc::EEXIST,
+        "NOREPLACE",
+    );
     assert_eq!(read_all(&a).unwrap(), b"A");
     assert_eq!(read_all(&b).unwrap(), b"B");
     rename2(&a, &c, libc::RENAME_NOREPLACE).unwrap();
@@ -901,14 +997,21 @@ fn rename_exchange() {
     assert_eq!(read_all(&f.join("inner")).unwrap(), b"in");
     assert_eq!(stat(&d).unwrap().st_ino, fi);
     assert_eq!(read_all(&d).unwrap(), b"file");
-    assert_eq!(stat(&p).unwrap().st_nlink, np + 1, "p gained a subdirectory");
+    assert_eq!(
+        stat(&p).unwrap().st_nlink,
+        np + 1,
+        "p gained a subdirectory"
+    );
     assert_eq!(stat(&q).unwrap().st_nlink, nq - 1, "q lost a subdirectory");
     assert_eq!(
         stat(&f.join("..")).unwrap().st_ino,
         stat(&p).unwrap().st_ino,
         "'..' follows the exchanged directory"
     );
-    assert!(ctime(&stat(&d).unwrap()) > ctime(&before), "exchange updates ctime");
+    assert!(
+        ctime(&stat(&d).unwrap()) > ctime(&before),
+        "exchange updates ctime"
+    );
     assert_errno(
         rename2(&f, &t.p(0, "none"), libc::RENAME_EXCHANGE),
         libc::ENOENT,
@@ -945,9 +1048,17 @@ fn hard_links() {
         .write_all_at(b"L", 0)
         .unwrap();
     assert_eq!(read_all(&f).unwrap(), b"Linked");
-    assert_errno(fs::hard_link(&f, &l), libc::EEXIST, "link to an existing name");
+    assert_errno(
+        fs::hard_link(&f, &l),
+        libc::EEXIST,
+        "link to an existing name",
+    );
     fs::create_dir(t.p(0, "d")).unwrap();
-    assert_errno(fs::hard_link(t.p(0, "d"), t.p(0, "dl")), libc::EPERM, "link a dir");
+    assert_errno(
+        fs::hard_link(t.p(0, "d"), t.p(0, "dl")),
+        libc::EPERM,
+        "link a dir",
+    );
     fs::remove_file(&f).unwrap();
     assert_eq!(stat(&l).unwrap().st_nlink, 1);
     assert_eq!(read_all(&l).unwrap(), b"Linked");
@@ -962,7 +1073,11 @@ fn symlink_and_readlink() {
     std::os::unix::fs::symlink("d/target", &l).unwrap();
     let st = lstat(&l).unwrap();
     assert_eq!(st.st_mode & libc::S_IFMT, libc::S_IFLNK);
-    assert_eq!(st.st_size, "d/target".len() as i64, "symlink size is its length");
+    assert_eq!(
+        st.st_size,
+        "d/target".len() as i64,
+        "symlink size is its length"
+    );
     assert_eq!(fs::read_link(&l).unwrap(), Path::new("d/target"));
     assert_eq!(read_all(&l).unwrap(), b"through");
     // absolute, dangling, long targets are stored verbatim
@@ -976,13 +1091,21 @@ fn symlink_and_readlink() {
         std::os::unix::fs::symlink(&target, &p).unwrap();
         assert_eq!(fs::read_link(&p).unwrap(), Path::new(&target), "{name}");
     }
-    assert_errno(fs::metadata(t.p(0, "dangling")), libc::ENOENT, "follow dangling");
+    assert_errno(
+        fs::metadata(t.p(0, "dangling")),
+        libc::ENOENT,
+        "follow dangling",
+    );
     assert_errno(
         std::os::unix::fs::symlink("x", &l),
         libc::EEXIST,
         "symlink over an existing name",
     );
-    assert_errno(fs::read_link(t.p(0, "d/target")), libc::EINVAL, "readlink a file");
+    assert_errno(
+        fs::read_link(t.p(0, "d/target")),
+        libc::EINVAL,
+        "readlink a file",
+    );
     // a symlink to a directory can be traversed
     std::os::unix::fs::symlink("d", t.p(0, "dl")).unwrap();
     assert_eq!(read_all(&t.p(0, "dl/target")).unwrap(), b"through");
@@ -1003,7 +1126,10 @@ fn statfs_reports_sane_values() {
     assert!(s.f_blocks > 0, "f_blocks");
     assert!(s.f_bfree <= s.f_blocks, "f_bfree <= f_blocks");
     assert!(s.f_bavail <= s.f_blocks, "f_bavail <= f_blocks");
-    assert!(s.f_files == 0 || s.f_ffree <= s.f_files, "f_ffree <= f_files");
+    assert!(
+        s.f_files == 0 || s.f_ffree <= s.f_files,
+        "f_ffree <= f_files"
+    );
     assert_eq!(s.f_namemax, 255, "f_namemax");
     let mut sf: libc::statfs = unsafe { std::mem::zeroed() };
     io_res(unsafe { libc::statfs(c.as_ptr(), &mut sf) }).unwrap();
@@ -1016,13 +1142,21 @@ fn xattrs_set_get_list_remove() {
     let f = t.p(0, "f");
     fs::write(&f, b"x").unwrap();
     assert_errno(getxattr(&f, "user.none"), libc::ENODATA, "get missing");
-    assert_eq!(listxattr(&f).unwrap(), Vec::<String>::new(), "no xattrs yet");
+    assert_eq!(
+        listxattr(&f).unwrap(),
+        Vec::<String>::new(),
+        "no xattrs yet"
+    );
     setxattr(&f, "user.foo", b"bar", 0).unwrap();
     let bin: Vec<u8> = (0..=255u8).chain([0, 0, 1]).collect();
     setxattr(&f, "user.bin", &bin, 0).unwrap();
     setxattr(&f, "user.empty", b"", 0).unwrap();
     assert_eq!(getxattr(&f, "user.foo").unwrap(), b"bar");
-    assert_eq!(getxattr(&f, "user.bin").unwrap(), bin, "binary value with NULs");
+    assert_eq!(
+        getxattr(&f, "user.bin").unwrap(),
+        bin,
+        "binary value with NULs"
+    );
     assert_eq!(getxattr(&f, "user.empty").unwrap(), b"");
     let mut names = listxattr(&f).unwrap();
     names.sort();
@@ -1065,7 +1199,11 @@ fn xattrs_set_get_list_remove() {
     setxattr(&d, "user.dir", b"yes", 0).unwrap();
     assert_eq!(getxattr(&d, "user.dir").unwrap(), b"yes");
     std::os::unix::fs::symlink("f", t.p(0, "l")).unwrap();
-    assert_errno(lsetxattr(&t.p(0, "l"), "user.x", b"1"), libc::EPERM, "user.* on a symlink");
+    assert_errno(
+        lsetxattr(&t.p(0, "l"), "user.x", b"1"),
+        libc::EPERM,
+        "user.* on a symlink",
+    );
     // xattrs survive a rename and are removed with the file
     fs::rename(&f, t.p(0, "g")).unwrap();
     assert_eq!(getxattr(&t.p(0, "g"), "user.bin").unwrap(), bin);
@@ -1084,16 +1222,29 @@ fn fallocate_modes() {
         .unwrap();
     let fd = h.as_raw_fd();
     io_res(unsafe { libc::fallocate(fd, 0, 0, 1 << 20) }).expect("fallocate mode 0");
-    assert_eq!(fstat(fd).unwrap().st_size, 1 << 20, "fallocate extends the size");
+    assert_eq!(
+        fstat(fd).unwrap().st_size,
+        1 << 20,
+        "fallocate extends the size"
+    );
     assert!(pread_exact(&h, 0, 1 << 20).unwrap().iter().all(|b| *b == 0));
     io_res(unsafe { libc::fallocate(fd, libc::FALLOC_FL_KEEP_SIZE, 1 << 20, 1 << 20) })
         .expect("fallocate KEEP_SIZE");
-    assert_eq!(fstat(fd).unwrap().st_size, 1 << 20, "KEEP_SIZE keeps the size");
+    assert_eq!(
+        fstat(fd).unwrap().st_size,
+        1 << 20,
+        "KEEP_SIZE keeps the size"
+    );
     // fallocate inside existing data keeps it
     let data = pattern(8, 0, 4096);
     h.write_all_at(&data, 1000).unwrap();
     io_res(unsafe { libc::fallocate(fd, 0, 0, 8192) }).unwrap();
-    assert_same_bytes(&pread_exact(&h, 1000, 4096).unwrap(), &data, 1000, "kept data");
+    assert_same_bytes(
+        &pread_exact(&h, 1000, 4096).unwrap(),
+        &data,
+        1000,
+        "kept data",
+    );
     assert_eq!(fstat(fd).unwrap().st_size, 1 << 20);
     // punching a hole is optional; if it is accepted, the hole reads as zeros
     let r = unsafe {
@@ -1107,10 +1258,17 @@ fn fallocate_modes() {
     if r == 0 {
         let got = pread_exact(&h, 1000, 4096).unwrap();
         assert_same_bytes(&got[..1000], &data[..1000], 1000, "before hole");
-        assert!(got[1000..2000].iter().all(|b| *b == 0), "punched hole reads zeros");
+        assert!(
+            got[1000..2000].iter().all(|b| *b == 0),
+            "punched hole reads zeros"
+        );
         assert_same_bytes(&got[2000..], &data[2000..], 3000, "after hole");
     } else {
-        assert_eq!(errno(), libc::EOPNOTSUPP, "punch hole: only EOPNOTSUPP is acceptable");
+        assert_eq!(
+            errno(),
+            libc::EOPNOTSUPP,
+            "punch hole: only EOPNOTSUPP is acceptable"
+        );
     }
     drop(h);
     assert_eq!(stat(&f).unwrap().st_size, 1 << 20);
@@ -1220,7 +1378,11 @@ fn flock_across_clients() {
     assert_eq!(err_of(&e), libc::EWOULDBLOCK, "{e}");
     drop(b); // close releases
     assert!(
-        wait_until(Duration::from_secs(5), || flock(&a, libc::LOCK_EX | libc::LOCK_NB).is_ok()),
+        wait_until(Duration::from_secs(5), || flock(
+            &a,
+            libc::LOCK_EX | libc::LOCK_NB
+        )
+        .is_ok()),
         "c0 could not lock after c1 closed its handle"
     );
 }
@@ -1236,11 +1398,19 @@ fn fcntl_locks_same_client() {
     let t = TestFs::new(1);
     let f = t.p(0, "lock");
     fs::write(&f, vec![0u8; 1000]).unwrap();
-    let a = fs::OpenOptions::new().read(true).write(true).open(&f).unwrap();
+    let a = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&f)
+        .unwrap();
     fcntl_lock(&a, libc::F_SETLK, libc::F_WRLCK, 0, 100).unwrap();
     let p = f.clone();
     in_child(move || {
-        let b = fs::OpenOptions::new().read(true).write(true).open(&p).unwrap();
+        let b = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&p)
+            .unwrap();
         let e = fcntl_lock(&b, libc::F_SETLK, libc::F_WRLCK, 50, 10).unwrap_err();
         assert!(is_would_block(&e), "overlapping write lock: {e}");
         let e = fcntl_lock(&b, libc::F_SETLK, libc::F_RDLCK, 0, 1).unwrap_err();
@@ -1253,7 +1423,11 @@ fn fcntl_locks_same_client() {
     fcntl_lock(&a, libc::F_SETLK, libc::F_UNLCK, 0, 100).unwrap();
     let p = f.clone();
     in_child(move || {
-        let b = fs::OpenOptions::new().read(true).write(true).open(&p).unwrap();
+        let b = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&p)
+            .unwrap();
         fcntl_lock(&b, libc::F_SETLK, libc::F_WRLCK, 0, 100).expect("after unlock");
     });
 }
@@ -1271,7 +1445,11 @@ fn fcntl_locks_across_clients() {
     let p1 = t.p(1, "lock");
     let p = p1.clone();
     in_child(move || {
-        let b = fs::OpenOptions::new().read(true).write(true).open(&p).unwrap();
+        let b = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&p)
+            .unwrap();
         let e = fcntl_lock(&b, libc::F_SETLK, libc::F_WRLCK, 0, 10)
             .expect_err("c1 F_SETLK must fail while c0 holds a write lock");
         assert!(is_would_block(&e), "{e}");
@@ -1283,7 +1461,11 @@ fn fcntl_locks_across_clients() {
     drop(a);
     let p = p1.clone();
     in_child(move || {
-        let b = fs::OpenOptions::new().read(true).write(true).open(&p).unwrap();
+        let b = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&p)
+            .unwrap();
         fcntl_lock(&b, libc::F_SETLK, libc::F_WRLCK, 0, 100).expect("c1 after c0 closed");
     });
 }
@@ -1316,16 +1498,32 @@ fn permissions_mode_bits() {
     let d2 = d.clone();
     as_user(&Cred::new(U1, U1), move || {
         let d = d2;
-        assert_errno(fs::File::open(d.join("secret")), libc::EACCES, "read 0600 file");
+        assert_errno(
+            fs::File::open(d.join("secret")),
+            libc::EACCES,
+            "read 0600 file",
+        );
         assert_eq!(read_all(&d.join("readable")).unwrap(), b"r");
         assert_errno(
             fs::OpenOptions::new().write(true).open(d.join("readable")),
             libc::EACCES,
             "write 0644 file",
         );
-        assert_errno(fs::File::create(d.join("new")), libc::EACCES, "create in 0755 dir");
-        assert_errno(fs::create_dir(d.join("newdir")), libc::EACCES, "mkdir in 0755 dir");
-        assert_errno(fs::remove_file(d.join("readable")), libc::EACCES, "unlink in 0755 dir");
+        assert_errno(
+            fs::File::create(d.join("new")),
+            libc::EACCES,
+            "create in 0755 dir",
+        );
+        assert_errno(
+            fs::create_dir(d.join("newdir")),
+            libc::EACCES,
+            "mkdir in 0755 dir",
+        );
+        assert_errno(
+            fs::remove_file(d.join("readable")),
+            libc::EACCES,
+            "unlink in 0755 dir",
+        );
         assert_errno(
             fs::rename(d.join("readable"), d.join("moved")),
             libc::EACCES,
@@ -1367,8 +1565,16 @@ fn permissions_mode_bits() {
             Err(libc::EACCES),
             "access X_OK on 0744"
         );
-        assert_errno(chmod(&d.join("readable"), 0o777), libc::EPERM, "chmod by non-owner");
-        assert_errno(chown(&d.join("readable"), U1, U1), libc::EPERM, "chown by non-owner");
+        assert_errno(
+            chmod(&d.join("readable"), 0o777),
+            libc::EPERM,
+            "chmod by non-owner",
+        );
+        assert_errno(
+            chown(&d.join("readable"), U1, U1),
+            libc::EPERM,
+            "chown by non-owner",
+        );
     });
 }
 
@@ -1393,7 +1599,11 @@ fn permissions_owner() {
         chmod(&f, 0o640).expect("owner may chmod");
         utimens(&f, Some([ts(100, 0), ts(200, 0)]), 0).expect("owner may set times");
         assert_errno(chown(&f, U2, u32::MAX), libc::EPERM, "give away ownership");
-        assert_errno(chown(&f, u32::MAX, G2), libc::EPERM, "chgrp to a group not ours");
+        assert_errno(
+            chown(&f, u32::MAX, G2),
+            libc::EPERM,
+            "chgrp to a group not ours",
+        );
         chown(&f, u32::MAX, G1).expect("chgrp to a supplementary group of ours");
         chown(&f, U1, U1).expect("chown to ourselves");
     });
@@ -1417,7 +1627,11 @@ fn permissions_owner() {
     });
     for n in ["f", "d", "l", "p", "h"] {
         let st = lstat(&w.join(n)).unwrap();
-        assert_eq!((st.st_uid, st.st_gid), (U2, G2), "owner of {n} created by uid {U2}");
+        assert_eq!(
+            (st.st_uid, st.st_gid),
+            (U2, G2),
+            "owner of {n} created by uid {U2}"
+        );
     }
 }
 
@@ -1440,12 +1654,24 @@ fn permissions_group_and_supplementary() {
             libc::EACCES,
             "group may not write",
         );
-        assert_errno(fs::File::open(&o1), libc::EACCES, "group class applies, not other");
+        assert_errno(
+            fs::File::open(&o1),
+            libc::EACCES,
+            "group class applies, not other",
+        );
     });
     let (f1, o1) = (f.clone(), o.clone());
     as_user(&Cred::new(U1, G2).groups(&[G2, G1]), move || {
-        assert_eq!(read_all(&f1).unwrap(), b"grp", "supplementary group may read");
-        assert_errno(fs::File::open(&o1), libc::EACCES, "supplementary group class");
+        assert_eq!(
+            read_all(&f1).unwrap(),
+            b"grp",
+            "supplementary group may read"
+        );
+        assert_errno(
+            fs::File::open(&o1),
+            libc::EACCES,
+            "supplementary group class",
+        );
     });
     let (f1, o1) = (f.clone(), o.clone());
     as_user(&Cred::new(U1, G2).groups(&[G2]), move || {
@@ -1484,7 +1710,11 @@ fn sticky_directory_deletion_rules() {
     as_user(&Cred::new(U2, U2), move || {
         fs::write(s1.join("b"), b"b").unwrap();
         fs::write(s1.join("b2"), b"b2").unwrap();
-        assert_errno(fs::remove_file(s1.join("a")), libc::EPERM, "unlink other's file");
+        assert_errno(
+            fs::remove_file(s1.join("a")),
+            libc::EPERM,
+            "unlink other's file",
+        );
         assert_errno(
             fs::rename(s1.join("a"), s1.join("c")),
             libc::EPERM,
@@ -1529,12 +1759,24 @@ fn setgid_directory_inheritance() {
         mknod(&g1.join("fifo"), libc::S_IFIFO | 0o644).unwrap();
     });
     let st = stat(&g.join("f")).unwrap();
-    assert_eq!((st.st_uid, st.st_gid), (U1, G1), "file inherits the directory's group");
+    assert_eq!(
+        (st.st_uid, st.st_gid),
+        (U1, G1),
+        "file inherits the directory's group"
+    );
     let st = stat(&g.join("fifo")).unwrap();
     assert_eq!(st.st_gid, G1, "fifo inherits the directory's group");
     let st = stat(&g.join("sub")).unwrap();
-    assert_eq!((st.st_uid, st.st_gid), (U1, G1), "subdirectory inherits the group");
-    assert_ne!(st.st_mode & libc::S_ISGID, 0, "subdirectory inherits S_ISGID");
+    assert_eq!(
+        (st.st_uid, st.st_gid),
+        (U1, G1),
+        "subdirectory inherits the group"
+    );
+    assert_ne!(
+        st.st_mode & libc::S_ISGID,
+        0,
+        "subdirectory inherits S_ISGID"
+    );
     // and grandchildren
     fs::write(g.join("sub/deeper"), b"y").unwrap();
     assert_eq!(stat(&g.join("sub/deeper")).unwrap().st_gid, G1);
@@ -1596,7 +1838,7 @@ fn name_255_ok_256_enametoolong() {
         .any(|e| e.unwrap().file_name().to_string_lossy() == n255));
     fs::rename(&p255, t.p(0, &n255b)).unwrap();
     fs::create_dir(t.p(0, &n255)).unwrap();
-    std::os::unix::fs::symlink("x", t.p(0, &format!("{}", "s".repeat(255)))).unwrap();
+    std::os::unix::fs::symlink("x", t.p(0, &"s".repeat(255))).unwrap();
     setxattr(&t.p(0, &n255b), "user.k", b"v", 0).unwrap();
 
     let p256 = t.p(0, &n256);
@@ -1642,7 +1884,11 @@ fn deep_path_near_path_max() {
     let name_len = MAX - p.as_os_str().len() - 1;
     assert!((1..=255).contains(&name_len));
     let f = p.join("f".repeat(name_len));
-    assert_eq!(f.as_os_str().len(), MAX, "test builds a path of PATH_MAX-1 bytes");
+    assert_eq!(
+        f.as_os_str().len(),
+        MAX,
+        "test builds a path of PATH_MAX-1 bytes"
+    );
     fs::write(&f, b"deep").unwrap_or_else(|e| panic!("create {}-byte path: {e}", MAX));
     assert_eq!(read_all(&f).unwrap(), b"deep");
     assert_eq!(stat(&f).unwrap().st_size, 4);
@@ -1652,7 +1898,11 @@ fn deep_path_near_path_max() {
     assert_eq!(fs::read_dir(&p).unwrap().count(), 1);
     // one byte more is too long for the kernel
     let too = p.join("h".repeat(name_len + 1));
-    assert_errno(fs::write(&too, b"x"), libc::ENAMETOOLONG, "path of PATH_MAX bytes");
+    assert_errno(
+        fs::write(&too, b"x"),
+        libc::ENAMETOOLONG,
+        "path of PATH_MAX bytes",
+    );
     // the whole tree is removable
     fs::remove_dir_all(t.mnt(0).join("d".repeat(250))).unwrap();
     assert_eq!(fs::read_dir(t.mnt(0)).unwrap().count(), 0);

@@ -1,0 +1,673 @@
+//! Data path (issue 2, "Required behaviour 3"): striping, large and small files, freeing
+//! objects, full targets.
+
+mod common;
+
+use common::*;
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::{Read, Write};
+use std::os::fd::IntoRawFd;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::thread;
+use std::time::{Duration, Instant};
+
+const MIB: u64 = 1024 * 1024;
+
+fn two_clients() -> TestFs {
+    TestFs::new(2)
+}
+
+/// Value after the first occurrence of `key` (case-insensitive) on the first line that has it:
+/// the first token that starts with a digit, e.g. "stripe_count: 2" -> "2", "size 1M" -> "1M".
+fn field_after(text: &str, key: &str) -> Option<String> {
+    for line in text.lines() {
+        let low = line.to_ascii_lowercase();
+        if let Some(i) = low.find(key) {
+            let rest = &line[i + key.len()..];
+            let tok = rest
+                .split(|c: char| c.is_whitespace() || c == ':' || c == '=' || c == ',')
+                .find(|t| t.starts_with(|c: char| c.is_ascii_digit()));
+            if let Some(tok) = tok {
+                return Some(tok.to_string());
+            }
+        }
+    }
+    None
+}
+
+/// "1048576", "1M", "1MiB", "1m", "1024K" -> bytes.
+fn parse_size(s: &str) -> Option<u64> {
+    let digits: String = s.chars().take_while(|c| c.is_ascii_digit()).collect();
+    let n: u64 = digits.parse().ok()?;
+    let unit = s[digits.len()..].to_ascii_lowercase();
+    let mul = match unit.trim_end_matches("ib").trim_end_matches('b') {
+        "" => 1,
+        "k" => 1 << 10,
+        "m" => 1 << 20,
+        "g" => 1 << 30,
+        _ => return None,
+    };
+    Some(n * mul)
+}
+
+fn stripe_count_of(out: &str) -> Option<u64> {
+    field_after(out, "stripe_count")
+        .or_else(|| field_after(out, "stripe count"))
+        .or_else(|| field_after(out, "count"))
+        .and_then(|s| s.parse().ok())
+}
+
+fn stripe_size_of(out: &str) -> Option<u64> {
+    field_after(out, "stripe_size")
+        .or_else(|| field_after(out, "stripe size"))
+        .or_else(|| field_after(out, "size"))
+        .and_then(|s| parse_size(&s))
+}
+
+/// Does `out` name target `i` (its directory `ost<i>` or a Lustre-style `OST000<i>`)?
+fn names_target(out: &str, i: usize) -> bool {
+    let toks = tokens(out);
+    toks.iter()
+        .any(|t| *t == format!("ost{i}") || *t == format!("ost{i:04}"))
+}
+
+fn write_pattern_file(p: &Path, seed: u64, size: u64) {
+    let mut f = fs::File::create(p).unwrap();
+    let mut buf = vec![0u8; MIB as usize];
+    let mut off = 0;
+    while off < size {
+        let n = (size - off).min(MIB) as usize;
+        fill_pattern(seed, off, &mut buf[..n]);
+        f.write_all(&buf[..n])
+            .unwrap_or_else(|e| panic!("write {} at {off}: {e}", p.display()));
+        off += n as u64;
+    }
+    f.sync_all().unwrap();
+}
+
+fn check_pattern_file(p: &Path, seed: u64, size: u64, what: &str) {
+    let mut f = fs::File::open(p).unwrap();
+    assert_eq!(f.metadata().unwrap().len(), size, "{what}: size");
+    let mut buf = vec![0u8; MIB as usize];
+    let mut want = vec![0u8; MIB as usize];
+    let mut off = 0;
+    while off < size {
+        let n = (size - off).min(MIB) as usize;
+        f.read_exact(&mut buf[..n])
+            .unwrap_or_else(|e| panic!("{what}: read at {off}: {e}"));
+        fill_pattern(seed, off, &mut want[..n]);
+        assert_same_bytes(&buf[..n], &want[..n], off, what);
+        off += n as u64;
+    }
+    let mut extra = [0u8; 1];
+    assert_eq!(f.read(&mut extra).unwrap(), 0, "{what}: data past the size");
+}
+
+#[test]
+fn setstripe_directory_default_inherited_by_new_file() {
+    let t = TestFs::with(Opts {
+        clients: 2,
+        stripe_count: Some(1),
+        ..Opts::default()
+    });
+    let d = t.p(0, "striped");
+    fs::create_dir(&d).unwrap();
+    let ds = d.to_string_lossy().to_string();
+    t.tierfs(&["setstripe", "-c", "2", "-S", "1M", &ds])
+        .assert_ok();
+    let out = t.tierfs(&["getstripe", &ds]);
+    out.assert_ok();
+    assert_eq!(
+        stripe_count_of(&out.stdout),
+        Some(2),
+        "dir default count:\n{}",
+        out.stdout
+    );
+    assert_eq!(
+        stripe_size_of(&out.stdout),
+        Some(MIB),
+        "dir default size:\n{}",
+        out.stdout
+    );
+
+    let (u0, u1) = (t.target_usage(0), t.target_usage(1));
+    let f = d.join("file");
+    write_pattern_file(&f, 21, 8 * MIB);
+    let grew = wait_until(Duration::from_secs(10), || {
+        t.target_usage(0) >= u0 + 4 * MIB && t.target_usage(1) >= u1 + 4 * MIB
+    });
+    assert!(
+        grew,
+        "8 MiB striped 2 x 1 MiB should put 4 MiB on each target; grew by {} and {}",
+        t.target_usage(0) - u0,
+        t.target_usage(1) - u1
+    );
+    let out = t.tierfs(&["getstripe", &f.to_string_lossy()]);
+    out.assert_ok();
+    assert_eq!(
+        stripe_count_of(&out.stdout),
+        Some(2),
+        "inherited count:\n{}",
+        out.stdout
+    );
+    assert_eq!(
+        stripe_size_of(&out.stdout),
+        Some(MIB),
+        "inherited size:\n{}",
+        out.stdout
+    );
+    assert!(
+        names_target(&out.stdout, 0) && names_target(&out.stdout, 1),
+        "getstripe of a 2-stripe file must name both targets:\n{}",
+        out.stdout
+    );
+    check_pattern_file(&t.p(1, "striped/file"), 21, 8 * MIB, "striped file from c1");
+
+    // a file outside the directory gets the filesystem default (1 stripe)
+    let (u0, u1) = (t.target_usage(0), t.target_usage(1));
+    let g = t.p(0, "plain");
+    write_pattern_file(&g, 22, 4 * MIB);
+    let out = t.tierfs(&["getstripe", &g.to_string_lossy()]);
+    out.assert_ok();
+    assert_eq!(
+        stripe_count_of(&out.stdout),
+        Some(1),
+        "fs default count:\n{}",
+        out.stdout
+    );
+    thread::sleep(Duration::from_millis(500));
+    let (d0, d1) = (t.target_usage(0) - u0, t.target_usage(1) - u1);
+    assert!(
+        (d0 >= 4 * MIB && d1 < MIB) || (d1 >= 4 * MIB && d0 < MIB),
+        "a 1-stripe 4 MiB file should land on one target; grew by {d0} and {d1}"
+    );
+    check_pattern_file(&t.p(1, "plain"), 22, 4 * MIB, "plain file from c1");
+}
+
+#[test]
+fn setstripe_on_new_file() {
+    let t = TestFs::with(Opts {
+        clients: 1,
+        stripe_count: Some(1),
+        ..Opts::default()
+    });
+    let f = t.p(0, "wide");
+    let fs_ = f.to_string_lossy().to_string();
+    t.tierfs(&["setstripe", "-c", "2", "-S", "2M", &fs_])
+        .assert_ok();
+    assert!(
+        f.exists(),
+        "setstripe on a new path creates the file (lfs semantics)"
+    );
+    let out = t.tierfs(&["getstripe", &fs_]);
+    out.assert_ok();
+    assert_eq!(stripe_count_of(&out.stdout), Some(2), "{}", out.stdout);
+    assert_eq!(stripe_size_of(&out.stdout), Some(2 * MIB), "{}", out.stdout);
+    let (u0, u1) = (t.target_usage(0), t.target_usage(1));
+    let h = fs::OpenOptions::new().write(true).open(&f).unwrap();
+    let data = pattern(23, 0, 8 * MIB as usize);
+    h.write_all_at(&data, 0).unwrap();
+    drop(h);
+    assert!(
+        wait_until(Duration::from_secs(10), || t.target_usage(0)
+            >= u0 + 4 * MIB
+            && t.target_usage(1) >= u1 + 4 * MIB),
+        "2 x 2 MiB striping: grew by {} and {}",
+        t.target_usage(0) - u0,
+        t.target_usage(1) - u1
+    );
+    assert_same_bytes(&read_all(&f).unwrap(), &data, 0, "wide file");
+}
+
+#[test]
+fn filesystem_default_stripe_from_format() {
+    let t = TestFs::with(Opts {
+        clients: 1,
+        stripe_count: Some(2),
+        stripe_size: Some("1M".into()),
+        ..Opts::default()
+    });
+    let f = t.p(0, "f");
+    write_pattern_file(&f, 24, 4 * MIB);
+    let out = t.tierfs(&["getstripe", &f.to_string_lossy()]);
+    out.assert_ok();
+    assert_eq!(stripe_count_of(&out.stdout), Some(2), "{}", out.stdout);
+    assert_eq!(stripe_size_of(&out.stdout), Some(MIB), "{}", out.stdout);
+    check_pattern_file(&f, 24, 4 * MIB, "fs-default striped file");
+}
+
+#[test]
+fn large_sequential_file_64mib() {
+    let t = TestFs::with(Opts {
+        clients: 2,
+        timeout: Duration::from_secs(300),
+        ..Opts::default()
+    });
+    let size = 64 * MIB;
+    let f = t.p(0, "big");
+    write_pattern_file(&f, 25, size);
+    check_pattern_file(&f, 25, size, "c0 read back");
+    check_pattern_file(&t.p(1, "big"), 25, size, "c1 read back");
+    // random-offset reads of unaligned ranges
+    let h = fs::File::open(t.p(1, "big")).unwrap();
+    let mut x = 12345u64;
+    for _ in 0..50 {
+        x = splitmix64(x);
+        let off = x % (size - 200_000);
+        let len = (x >> 40) as usize % 200_000 + 1;
+        let got = pread_exact(&h, off, len).unwrap();
+        assert_same_bytes(&got, &pattern(25, off, len), off, "random read");
+    }
+}
+
+#[test]
+fn rewrite_middle_of_large_file() {
+    let t = two_clients();
+    let f = t.p(0, "f");
+    write_pattern_file(&f, 26, 8 * MIB);
+    let mut want = pattern(26, 0, 8 * MIB as usize);
+    let h = fs::OpenOptions::new().write(true).open(&f).unwrap();
+    for (i, off) in [0u64, MIB - 10, 3 * MIB + 4097, 8 * MIB - 47008]
+        .iter()
+        .enumerate()
+    {
+        let patch = pattern(100 + i as u64, *off, 47008);
+        h.write_all_at(&patch, *off).unwrap();
+        want[*off as usize..*off as usize + 47008].copy_from_slice(&patch);
+    }
+    drop(h);
+    assert_same_bytes(&read_all(&f).unwrap(), &want, 0, "c0");
+    assert_same_bytes(&read_all(&t.p(1, "f")).unwrap(), &want, 0, "c1");
+}
+
+/// Every file under a target with its bytes.
+fn snapshot_objects(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
+    let mut m = BTreeMap::new();
+    fn walk(d: &Path, m: &mut BTreeMap<PathBuf, Vec<u8>>) {
+        let Ok(rd) = fs::read_dir(d) else { return };
+        for e in rd.flatten() {
+            let p = e.path();
+            let Ok(md) = fs::symlink_metadata(&p) else {
+                continue;
+            };
+            if md.is_dir() {
+                walk(&p, m);
+            } else if md.is_file() {
+                if let Ok(b) = fs::read(&p) {
+                    m.insert(p, b);
+                }
+            }
+        }
+    }
+    walk(dir, &mut m);
+    m
+}
+
+#[test]
+fn objects_are_immutable() {
+    let t = TestFs::new(1);
+    let f = t.p(0, "f");
+    write_pattern_file(&f, 27, 4 * MIB);
+    thread::sleep(Duration::from_millis(500));
+    let before: Vec<_> = (0..2).map(|i| snapshot_objects(&t.target_dir(i))).collect();
+    assert!(
+        before.iter().map(|m| m.len()).sum::<usize>() > 0,
+        "no objects in the targets after writing 4 MiB"
+    );
+    let h = fs::OpenOptions::new().write(true).open(&f).unwrap();
+    h.write_all_at(&pattern(28, 0, 100_000), 1_000_000).unwrap();
+    h.write_all_at(b"tail", 4 * MIB - 2).unwrap();
+    h.set_len(3 * MIB).unwrap();
+    h.write_all_at(b"again", 3 * MIB).unwrap();
+    drop(h);
+    thread::sleep(Duration::from_millis(500));
+    for (i, b) in before.iter().enumerate() {
+        for (p, old) in b {
+            if let Ok(now) = fs::read(p) {
+                assert!(
+                    now == *old,
+                    "object {} on target {i} was rewritten in place",
+                    p.display()
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn small_files_read_back() {
+    let t = two_clients();
+    let sizes = [
+        0usize, 1, 100, 511, 4095, 4096, 4097, 32768, 65535, 65536, 65537, 100_000,
+    ];
+    for (i, n) in sizes.iter().enumerate() {
+        fs::write(t.p(0, &format!("s{n}")), pattern(i as u64, 0, *n)).unwrap();
+    }
+    for c in 0..2 {
+        for (i, n) in sizes.iter().enumerate() {
+            let got = read_all(&t.p(c, &format!("s{n}"))).unwrap();
+            assert_same_bytes(
+                &got,
+                &pattern(i as u64, 0, *n),
+                0,
+                &format!("c{c}: {n}-byte file"),
+            );
+            assert_eq!(
+                stat(&t.p(c, &format!("s{n}"))).unwrap().st_size as usize,
+                *n
+            );
+        }
+    }
+    // many small files
+    for k in 0..300u64 {
+        fs::write(
+            t.p(0, &format!("m{k}")),
+            pattern(1000 + k, 0, 1000 + k as usize),
+        )
+        .unwrap();
+    }
+    for k in 0..300u64 {
+        let got = read_all(&t.p(1, &format!("m{k}"))).unwrap();
+        assert_same_bytes(
+            &got,
+            &pattern(1000 + k, 0, 1000 + k as usize),
+            0,
+            "many small",
+        );
+    }
+}
+
+#[test]
+fn small_file_grows_past_inline_threshold_and_shrinks() {
+    let t = two_clients();
+    let f = t.p(0, "f");
+    let mut want = pattern(30, 0, 1000);
+    fs::write(&f, &want).unwrap();
+    // patch in place
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&f)
+        .unwrap()
+        .write_all_at(b"PATCH", 10)
+        .unwrap();
+    want[10..15].copy_from_slice(b"PATCH");
+    assert_same_bytes(
+        &read_all(&t.p(1, "f")).unwrap(),
+        &want,
+        0,
+        "patched small file",
+    );
+    // append in steps across 64 KiB
+    let mut h = fs::OpenOptions::new().append(true).open(&f).unwrap();
+    while want.len() < 200_000 {
+        let piece = pattern(31, want.len() as u64, 7000);
+        h.write_all(&piece).unwrap();
+        want.extend_from_slice(&piece);
+    }
+    drop(h);
+    assert_same_bytes(
+        &read_all(&t.p(1, "f")).unwrap(),
+        &want,
+        0,
+        "grown past threshold",
+    );
+    assert_same_bytes(&read_all(&f).unwrap(), &want, 0, "grown, c0");
+    // shrink below the threshold again, then grow with a hole
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&f)
+        .unwrap()
+        .set_len(500)
+        .unwrap();
+    want.truncate(500);
+    assert_same_bytes(&read_all(&t.p(1, "f")).unwrap(), &want, 0, "shrunk");
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&f)
+        .unwrap()
+        .write_all_at(b"end", 70_000)
+        .unwrap();
+    want.resize(70_000, 0);
+    want.extend_from_slice(b"end");
+    assert_same_bytes(
+        &read_all(&t.p(1, "f")).unwrap(),
+        &want,
+        0,
+        "regrown with a hole",
+    );
+}
+
+#[test]
+fn allocator_spreads_single_stripe_files_over_both_targets() {
+    let t = TestFs::with(Opts {
+        clients: 1,
+        stripe_count: Some(1),
+        ..Opts::default()
+    });
+    for k in 0..20u64 {
+        write_pattern_file(&t.p(0, &format!("f{k}")), 40 + k, MIB);
+    }
+    thread::sleep(Duration::from_millis(500));
+    let (a, b) = (t.target_usage(0), t.target_usage(1));
+    let total = a + b;
+    assert!(
+        total >= 20 * MIB,
+        "targets hold {total} bytes for 20 MiB of files"
+    );
+    let share = a as f64 / total as f64;
+    assert!(
+        (0.35..=0.65).contains(&share),
+        "targets unevenly filled: {a} vs {b} bytes"
+    );
+}
+
+/// Poll until the targets hold at most `limit` bytes; returns (ok, elapsed, last usage).
+fn wait_usage_at_most(t: &TestFs, limit: u64, within: Duration) -> (bool, Duration, u64) {
+    let t0 = Instant::now();
+    let mut last = 0;
+    let ok = wait_until(within, || {
+        last = t.total_target_usage();
+        last <= limit
+    });
+    (ok, t0.elapsed(), last)
+}
+
+const GC_LIMIT: Duration = Duration::from_secs(30);
+
+#[test]
+fn truncate_and_unlink_free_objects() {
+    let t = TestFs::new(1);
+    let base = t.total_target_usage();
+    let f = t.p(0, "f");
+    write_pattern_file(&f, 50, 16 * MIB);
+    assert!(
+        wait_until(Duration::from_secs(10), || t.total_target_usage()
+            >= base + 16 * MIB),
+        "16 MiB file: targets grew by only {}",
+        t.total_target_usage() - base
+    );
+    // truncate to 0 frees everything
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&f)
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    let (ok, took, last) = wait_usage_at_most(&t, base + MIB, GC_LIMIT);
+    assert!(
+        ok,
+        "truncate to 0: targets still hold {} extra bytes after {took:?}",
+        last - base
+    );
+
+    // truncate to 4 MiB frees the objects past it
+    write_pattern_file(&f, 51, 16 * MIB);
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&f)
+        .unwrap()
+        .set_len(4 * MIB)
+        .unwrap();
+    let (ok, took, last) = wait_usage_at_most(&t, base + 8 * MIB, GC_LIMIT);
+    assert!(
+        ok,
+        "truncate 16 MiB -> 4 MiB: targets still hold {} extra bytes after {took:?}",
+        last - base
+    );
+    check_pattern_file(&f, 51, 4 * MIB, "after truncate to 4 MiB");
+
+    // unlink frees everything
+    fs::remove_file(&f).unwrap();
+    let (ok, took, last) = wait_usage_at_most(&t, base + MIB, GC_LIMIT);
+    assert!(
+        ok,
+        "unlink: targets still hold {} extra bytes after {took:?}",
+        last - base
+    );
+}
+
+fn unlink_while_open_keeps_objects(unlink_via: usize) {
+    let t = TestFs::with(Opts {
+        clients: 2,
+        timeout: Duration::from_secs(240),
+        ..Opts::default()
+    });
+    let base = t.total_target_usage();
+    // first learn how quickly this filesystem frees a deleted file
+    write_pattern_file(&t.p(1, "probe"), 60, 8 * MIB);
+    fs::remove_file(t.p(1, "probe")).unwrap();
+    let (ok, gc_time, last) = wait_usage_at_most(&t, base + MIB, GC_LIMIT);
+    assert!(
+        ok,
+        "deleted file not freed: {} extra bytes after {gc_time:?}",
+        last - base
+    );
+
+    // written by c1, so c0 has nothing of it in its page cache
+    write_pattern_file(&t.p(1, "f"), 61, 8 * MIB);
+    let h = fs::File::open(t.p(0, "f")).unwrap();
+    fs::remove_file(t.p(unlink_via, "f")).unwrap();
+    // give the collector more than the time it needed above
+    thread::sleep((gc_time * 3).max(Duration::from_secs(3)));
+    let got = pread_exact(&h, 0, 8 * MIB as usize).unwrap_or_else(|e| {
+        panic!("read through the open handle after unlink on c{unlink_via}: {e}")
+    });
+    assert_same_bytes(
+        &got,
+        &pattern(61, 0, 8 * MIB as usize),
+        0,
+        &format!("open handle on c0 after unlink on c{unlink_via} and a GC period"),
+    );
+    drop(h);
+    let (ok, took, last) = wait_usage_at_most(&t, base + MIB, GC_LIMIT);
+    assert!(
+        ok,
+        "after the last close: {} extra bytes still held after {took:?}",
+        last - base
+    );
+}
+
+#[test]
+fn unlink_while_open_same_client_keeps_objects() {
+    unlink_while_open_keeps_objects(0);
+}
+
+#[test]
+fn unlink_while_open_other_client_keeps_objects() {
+    unlink_while_open_keeps_objects(1);
+}
+
+/// Close a file and report close(2)'s error, which `File`'s drop would swallow.
+fn close_checked(f: fs::File) -> std::io::Result<()> {
+    let fd = f.into_raw_fd();
+    io_res(unsafe { libc::close(fd) })
+}
+
+#[test]
+fn full_target_gives_enospc_and_keeps_old_data() {
+    let t = TestFs::with(Opts {
+        clients: 2,
+        target_capacity: Some("8M".into()),
+        stripe_count: Some(1),
+        ..Opts::default()
+    });
+    let keep = t.p(0, "keep");
+    write_pattern_file(&keep, 70, 2 * MIB);
+    check_pattern_file(&keep, 70, 2 * MIB, "before filling");
+
+    let fill = t.p(0, "fill");
+    let f = fs::File::create(&fill).unwrap();
+    let mut buf = vec![0u8; MIB as usize];
+    let mut err = None;
+    let mut written = 0u64;
+    while written < 64 * MIB {
+        fill_pattern(71, written, &mut buf);
+        if let Err(e) = f.write_all_at(&buf, written) {
+            err = Some(("write", e));
+            break;
+        }
+        written += MIB;
+    }
+    if err.is_none() {
+        if let Err(e) = f.sync_all() {
+            err = Some(("fsync", e));
+        }
+    }
+    let closed = close_checked(f);
+    if err.is_none() {
+        if let Err(e) = closed {
+            err = Some(("close", e));
+        }
+    }
+    let (call, e) = err.unwrap_or_else(|| {
+        panic!("wrote, fsynced and closed 64 MiB on two targets of 8 MiB each without an error")
+    });
+    assert_eq!(
+        err_of(&e),
+        libc::ENOSPC,
+        "{call} on a full target after {written} bytes: want ENOSPC, got {e}"
+    );
+    // nothing written before is damaged, on either client
+    check_pattern_file(&keep, 70, 2 * MIB, "c0 after ENOSPC");
+    check_pattern_file(&t.p(1, "keep"), 70, 2 * MIB, "c1 after ENOSPC");
+    // the metadata side still works
+    fs::create_dir(t.p(0, "still-works")).expect("mkdir with full targets");
+    fs::remove_file(&fill).expect("unlink the file that hit ENOSPC");
+}
+
+#[test]
+fn df_lists_targets() {
+    let t = TestFs::new(1);
+    write_pattern_file(&t.p(0, "f"), 80, 2 * MIB);
+    let out = t.tierfs(&["df", &t.mnt(0).to_string_lossy()]);
+    out.assert_ok();
+    assert!(
+        names_target(&out.stdout, 0) && names_target(&out.stdout, 1),
+        "df must list both targets:\n{}",
+        out.stdout
+    );
+    let out = t.tierfs(&["df", "-h", &t.mnt(0).to_string_lossy()]);
+    out.assert_ok();
+    assert!(out.stdout.lines().count() >= 3, "df -h:\n{}", out.stdout);
+}
+
+#[test]
+fn stats_command_reports_io() {
+    let t = TestFs::new(1);
+    write_pattern_file(&t.p(0, "f"), 81, 2 * MIB);
+    let _ = read_all(&t.p(0, "f")).unwrap();
+    let out = t.tierfs(&["stats", &t.mnt(0).to_string_lossy()]);
+    out.assert_ok();
+    assert!(
+        !out.stdout.trim().is_empty(),
+        "tierfs stats printed nothing"
+    );
+    let low = out.stdout.to_ascii_lowercase();
+    assert!(
+        low.contains("write") && low.contains("read"),
+        "stats should report reads and writes:\n{}",
+        out.stdout
+    );
+}

@@ -1,0 +1,357 @@
+//! Several clients on one machine (issue 2, "Required behaviour 2").
+
+mod common;
+
+use common::*;
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::FileExt;
+use std::sync::{Arc, Barrier};
+use std::thread;
+use std::time::{Duration, Instant};
+
+const TTL: f64 = 0.5;
+/// Scheduling slack on top of the TTL before a change must be visible.
+const SLACK: Duration = Duration::from_millis(700);
+
+fn after_ttl(ttl: f64) {
+    thread::sleep(Duration::from_secs_f64(ttl) + SLACK);
+}
+
+/// How long `f` took to become true (for failure messages), up to 10 s.
+fn eventually(f: impl FnMut() -> bool) -> String {
+    let t0 = Instant::now();
+    if wait_until(Duration::from_secs(10), f) {
+        format!("it became visible only after a further {:?}", t0.elapsed())
+    } else {
+        "it was still not visible 10 s later".to_string()
+    }
+}
+
+fn names(p: &std::path::Path) -> Vec<String> {
+    let mut v: Vec<String> = fs::read_dir(p)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn namespace_changes_visible_after_ttl() {
+    let t = TestFs::with(Opts {
+        clients: 2,
+        attr_ttl: Some(TTL),
+        ..Opts::default()
+    });
+    // c1 looks first, so it may hold negative / stale entries
+    assert!(stat(&t.p(1, "d")).is_err());
+    assert!(names(t.mnt(1)).is_empty());
+
+    fs::create_dir(t.p(0, "d")).unwrap();
+    fs::write(t.p(0, "d/f"), b"hello").unwrap();
+    after_ttl(TTL);
+    let ok = stat(&t.p(1, "d/f")).is_ok();
+    assert!(
+        ok,
+        "mkdir+create on c0 not visible on c1 after the TTL; {}",
+        eventually(|| stat(&t.p(1, "d/f")).is_ok())
+    );
+    assert_eq!(names(t.mnt(1)), ["d"]);
+    assert_eq!(names(&t.p(1, "d")), ["f"]);
+    assert_eq!(read_all(&t.p(1, "d/f")).unwrap(), b"hello");
+
+    // rename
+    fs::rename(t.p(0, "d/f"), t.p(0, "d/g")).unwrap();
+    after_ttl(TTL);
+    let ok = stat(&t.p(1, "d/f")).is_err() && stat(&t.p(1, "d/g")).is_ok();
+    assert!(
+        ok,
+        "rename on c0 not visible on c1 after the TTL; {}",
+        eventually(|| stat(&t.p(1, "d/f")).is_err() && stat(&t.p(1, "d/g")).is_ok())
+    );
+    assert_eq!(names(&t.p(1, "d")), ["g"]);
+
+    // chmod / chown (attributes)
+    let c = cstr(&t.p(0, "d/g"));
+    io_res(unsafe { libc::chmod(c.as_ptr(), 0o600) }).unwrap();
+    io_res(unsafe { libc::chown(c.as_ptr(), 1234, 5678) }).unwrap();
+    after_ttl(TTL);
+    let st = stat(&t.p(1, "d/g")).unwrap();
+    assert_eq!(
+        (st.st_mode & 0o7777, st.st_uid, st.st_gid),
+        (0o600, 1234, 5678),
+        "chmod/chown on c0 not visible on c1 after the TTL"
+    );
+
+    // unlink and rmdir
+    fs::remove_file(t.p(0, "d/g")).unwrap();
+    after_ttl(TTL);
+    assert!(
+        stat(&t.p(1, "d/g")).is_err(),
+        "unlink on c0 not visible on c1 after the TTL; {}",
+        eventually(|| stat(&t.p(1, "d/g")).is_err())
+    );
+    assert!(names(&t.p(1, "d")).is_empty());
+    fs::remove_dir(t.p(0, "d")).unwrap();
+    after_ttl(TTL);
+    assert!(
+        stat(&t.p(1, "d")).is_err(),
+        "rmdir on c0 not visible on c1 after the TTL"
+    );
+    assert!(names(t.mnt(1)).is_empty());
+
+    // and the other way round, with a symlink and a hard link
+    std::os::unix::fs::symlink("target", t.p(1, "sl")).unwrap();
+    fs::write(t.p(1, "x"), b"x").unwrap();
+    fs::hard_link(t.p(1, "x"), t.p(1, "y")).unwrap();
+    after_ttl(TTL);
+    assert_eq!(
+        fs::read_link(t.p(0, "sl"))
+            .ok()
+            .map(|p| p.to_string_lossy().into_owned()),
+        Some("target".to_string()),
+        "symlink made on c1, seen on c0"
+    );
+    assert_eq!(
+        stat(&t.p(0, "y")).unwrap().st_nlink,
+        2,
+        "hard link made on c1"
+    );
+}
+
+#[test]
+fn namespace_change_visible_within_default_ttl() {
+    // default TTL is 1 s
+    let t = TestFs::new(2);
+    assert!(stat(&t.p(1, "f")).is_err());
+    fs::write(t.p(0, "f"), b"x").unwrap();
+    after_ttl(1.0);
+    assert!(
+        stat(&t.p(1, "f")).is_ok(),
+        "create on c0 not visible on c1 within the default 1 s TTL; {}",
+        eventually(|| stat(&t.p(1, "f")).is_ok())
+    );
+}
+
+#[test]
+fn close_to_open_consistency() {
+    let t = TestFs::new(2);
+    fs::write(t.p(0, "f"), b"v1").unwrap();
+    // c1 reads and caches the first version (attributes and pages)
+    assert_eq!(read_all(&t.p(1, "f")).unwrap(), b"v1");
+    assert_eq!(stat(&t.p(1, "f")).unwrap().st_size, 2);
+
+    // c0 rewrites it with a longer content and closes; c1 opens right after
+    fs::write(t.p(0, "f"), b"version-2 is longer").unwrap();
+    assert_eq!(
+        read_all(&t.p(1, "f")).unwrap(),
+        b"version-2 is longer",
+        "c1 opened after c0 closed: must see the new (longer) data"
+    );
+
+    // same length, different bytes
+    fs::write(t.p(0, "f"), b"VERSION-3 is longer").unwrap();
+    assert_eq!(
+        read_all(&t.p(1, "f")).unwrap(),
+        b"VERSION-3 is longer",
+        "same-size rewrite: c1 must not serve stale cached pages"
+    );
+
+    // shorter
+    fs::write(t.p(0, "f"), b"v4").unwrap();
+    assert_eq!(read_all(&t.p(1, "f")).unwrap(), b"v4", "shorter rewrite");
+
+    // in-place overwrite of part of a larger file, then append
+    let big = pattern(11, 0, 3 * 1024 * 1024);
+    fs::write(t.p(0, "g"), &big).unwrap();
+    assert_same_bytes(&read_all(&t.p(1, "g")).unwrap(), &big, 0, "c1 first read");
+    let mut want = big.clone();
+    {
+        let h = fs::OpenOptions::new()
+            .write(true)
+            .open(t.p(0, "g"))
+            .unwrap();
+        let patch = pattern(12, 0, 100_000);
+        h.write_all_at(&patch, 1_500_000).unwrap();
+        want[1_500_000..1_600_000].copy_from_slice(&patch);
+    }
+    assert_same_bytes(
+        &read_all(&t.p(1, "g")).unwrap(),
+        &want,
+        0,
+        "c1 after overwrite",
+    );
+    {
+        let mut h = fs::OpenOptions::new()
+            .append(true)
+            .open(t.p(0, "g"))
+            .unwrap();
+        h.write_all(b"appended").unwrap();
+        want.extend_from_slice(b"appended");
+    }
+    assert_same_bytes(
+        &read_all(&t.p(1, "g")).unwrap(),
+        &want,
+        0,
+        "c1 after append",
+    );
+
+    // and back from c1 to c0
+    fs::write(t.p(1, "f"), b"from c1").unwrap();
+    assert_eq!(read_all(&t.p(0, "f")).unwrap(), b"from c1", "c1 -> c0");
+}
+
+#[test]
+fn truncate_on_one_client_seen_on_open_by_another() {
+    let t = TestFs::new(2);
+    let data = pattern(13, 0, 2 * 1024 * 1024);
+    fs::write(t.p(0, "f"), &data).unwrap();
+    assert_same_bytes(&read_all(&t.p(1, "f")).unwrap(), &data, 0, "c1 first read");
+    fs::OpenOptions::new()
+        .write(true)
+        .open(t.p(0, "f"))
+        .unwrap()
+        .set_len(1000)
+        .unwrap();
+    fs::OpenOptions::new()
+        .write(true)
+        .open(t.p(0, "f"))
+        .unwrap()
+        .write_all_at(b"x", 5000)
+        .unwrap();
+    let got = read_all(&t.p(1, "f")).unwrap();
+    let mut want = data[..1000].to_vec();
+    want.resize(5000, 0);
+    want.push(b'x');
+    assert_same_bytes(&got, &want, 0, "c1 after truncate+write on c0");
+}
+
+/// IOR "hard": every client writes 47008-byte transfers into one shared file, interleaved
+/// (transfer k of client r at offset (k * clients + r) * 47008), so neighbouring transfers from
+/// different clients share every 1 MiB block boundary.
+fn ior_hard(writers: usize, transfers: usize, lockstep: bool) {
+    const XFER: usize = 47008;
+    let t = TestFs::with(Opts {
+        clients: writers + 1,
+        timeout: Duration::from_secs(300),
+        ..Opts::default()
+    });
+    fs::File::create(t.p(0, "shared")).unwrap();
+    let seed = 0x10_5eed;
+    let barrier = Arc::new(Barrier::new(writers));
+    thread::scope(|s| {
+        for r in 0..writers {
+            let path = t.p(r, "shared");
+            let barrier = barrier.clone();
+            s.spawn(move || {
+                let h = fs::OpenOptions::new().write(true).open(&path).unwrap();
+                barrier.wait();
+                for k in 0..transfers {
+                    let off = ((k * writers + r) * XFER) as u64;
+                    let buf = pattern(seed, off, XFER);
+                    h.write_all_at(&buf, off)
+                        .unwrap_or_else(|e| panic!("c{r} write at {off}: {e}"));
+                    if lockstep {
+                        barrier.wait();
+                    }
+                }
+                h.sync_all().unwrap_or_else(|e| panic!("c{r} fsync: {e}"));
+                drop(h);
+            });
+        }
+    });
+    let size = (transfers * writers * XFER) as u64;
+    let want = pattern(seed, 0, size as usize);
+    // the reader client opens after all writers closed; then every writer re-reads too
+    for c in std::iter::once(writers).chain(0..writers) {
+        let got = read_all(&t.p(c, "shared")).unwrap();
+        assert_eq!(got.len() as u64, size, "c{c}: file size");
+        if got != want {
+            // name the lost transfers for the report
+            let mut lost = Vec::new();
+            for k in 0..transfers * writers {
+                let r = k * XFER..(k + 1) * XFER;
+                if got[r.clone()] != want[r] {
+                    lost.push(format!("#{k} (c{} @{})", k % writers, k * XFER));
+                }
+            }
+            panic!(
+                "c{c}: {} of {} transfers differ: {}",
+                lost.len(),
+                transfers * writers,
+                lost.iter().take(20).cloned().collect::<Vec<_>>().join(", ")
+            );
+        }
+    }
+}
+
+#[test]
+fn shared_file_ior_hard_3_clients_lockstep() {
+    ior_hard(3, 40, true);
+}
+
+#[test]
+fn shared_file_ior_hard_3_clients_free_running() {
+    ior_hard(3, 40, false);
+}
+
+#[test]
+fn shared_file_small_disjoint_writes_in_one_block() {
+    // two clients writing alternate 512-byte pieces of the same 64 KiB region
+    let t = TestFs::new(3);
+    fs::write(t.p(0, "f"), vec![0u8; 1 << 20]).unwrap();
+    let seed = 77;
+    thread::scope(|s| {
+        for r in 0..2usize {
+            let path = t.p(r, "f");
+            s.spawn(move || {
+                let h = fs::OpenOptions::new().write(true).open(&path).unwrap();
+                for k in 0..64usize {
+                    let off = (1 << 19) + ((2 * k + r) * 512) as u64;
+                    h.write_all_at(&pattern(seed, off, 512), off).unwrap();
+                }
+            });
+        }
+    });
+    let got = read_all(&t.p(2, "f")).unwrap();
+    let mut want = vec![0u8; 1 << 20];
+    let lo = 1 << 19;
+    fill_pattern(seed, lo as u64, &mut want[lo..lo + 64 * 1024]);
+    assert_same_bytes(&got, &want, 0, "c2 reading both writers' pieces");
+}
+
+#[test]
+fn status_lists_mounted_clients() {
+    let mut t = TestFs::new(3);
+    let out = t.tierfs(&["status", "--meta", &t.meta_url()]);
+    out.assert_ok();
+    let toks = tokens(&out.stdout);
+    for c in ["c0", "c1", "c2"] {
+        assert!(
+            toks.iter().any(|x| x == c),
+            "status does not list client {c}:\n{}",
+            out.stdout
+        );
+    }
+    t.umount(1);
+    let mut last = String::new();
+    let gone = wait_until(Duration::from_secs(10), || {
+        let out = t.tierfs(&["status", "--meta", &t.meta_url()]);
+        last = out.stdout.clone();
+        let toks = tokens(&out.stdout);
+        out.ok() && !toks.iter().any(|x| x == "c1") && toks.iter().any(|x| x == "c0")
+    });
+    assert!(
+        gone,
+        "c1 still listed (or c0 missing) after its umount:\n{last}"
+    );
+    // and status by path works too
+    let out = t.tierfs(&["status", &t.mnt(0).to_string_lossy()]);
+    out.assert_ok();
+    assert!(
+        tokens(&out.stdout).iter().any(|x| x == "c2"),
+        "{}",
+        out.stdout
+    );
+}
