@@ -1,0 +1,108 @@
+//! Client configuration: a TOML file (`tierfs mount --config FILE`), every key optional, unknown
+//! keys rejected. Command-line flags override the file.
+//!
+//! ```toml
+//! client_name = "node17"       # default: the host name
+//! attr_ttl = 1.0               # seconds the kernel caches attributes
+//! entry_ttl = 1.0              # seconds the kernel caches names
+//! fuse_threads = 8             # threads serving FUSE requests
+//! dirty_limit_mb = 64          # commit buffered writes of a file past this
+//! readahead_chunks = 4         # chunks fetched ahead of a sequential reader
+//! cache_chunks = 128           # chunks kept in the read cache
+//! upload_parallelism = 16      # object uploads at once
+//! heartbeat_secs = 2           # session heartbeat period
+//! session_timeout_secs = 30    # a client silent this long is considered gone
+//! gc_interval_secs = 1         # how often deleted objects are removed from targets
+//! log_level = "info"
+//! metrics = "127.0.0.1:9567"   # serve Prometheus metrics here (off by default)
+//! ```
+
+use serde::Deserialize;
+
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClientConfig {
+    pub client_name: Option<String>,
+    pub attr_ttl: f64,
+    pub entry_ttl: f64,
+    pub fuse_threads: usize,
+    pub dirty_limit_mb: usize,
+    pub readahead_chunks: u64,
+    pub cache_chunks: usize,
+    pub upload_parallelism: usize,
+    pub heartbeat_secs: u64,
+    pub session_timeout_secs: u64,
+    pub gc_interval_secs: u64,
+    pub log_level: String,
+    pub metrics: Option<String>,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        ClientConfig {
+            client_name: None,
+            attr_ttl: 1.0,
+            entry_ttl: 1.0,
+            fuse_threads: 8,
+            dirty_limit_mb: 64,
+            readahead_chunks: 4,
+            cache_chunks: 128,
+            upload_parallelism: 16,
+            heartbeat_secs: 2,
+            session_timeout_secs: 30,
+            gc_interval_secs: 1,
+            log_level: "info".into(),
+            metrics: None,
+        }
+    }
+}
+
+impl ClientConfig {
+    /// Parses a config file's text; the error names the offending key or value.
+    pub fn from_toml(text: &str) -> Result<ClientConfig, String> {
+        let c: ClientConfig = toml::from_str(text).map_err(|e| e.message().to_string())?;
+        c.validate()?;
+        Ok(c)
+    }
+
+    pub fn validate(&self) -> Result<(), String> {
+        if !(self.attr_ttl >= 0.0 && self.attr_ttl <= 3600.0) {
+            return Err(format!("attr_ttl {} is out of range 0..3600", self.attr_ttl));
+        }
+        if !(self.entry_ttl >= 0.0 && self.entry_ttl <= 3600.0) {
+            return Err(format!("entry_ttl {} is out of range 0..3600", self.entry_ttl));
+        }
+        if self.fuse_threads == 0 || self.fuse_threads > 256 {
+            return Err(format!("fuse_threads {} is out of range 1..256", self.fuse_threads));
+        }
+        if self.dirty_limit_mb == 0 {
+            return Err("dirty_limit_mb must be at least 1".into());
+        }
+        if self.heartbeat_secs == 0 || self.session_timeout_secs <= self.heartbeat_secs {
+            return Err("session_timeout_secs must exceed heartbeat_secs (> 0)".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_and_overrides() {
+        let c = ClientConfig::from_toml("attr_ttl = 0.5\nclient_name = \"a\"").unwrap();
+        assert_eq!(c.attr_ttl, 0.5);
+        assert_eq!(c.client_name.as_deref(), Some("a"));
+        assert_eq!(c.fuse_threads, 8);
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_rejected() {
+        let e = ClientConfig::from_toml("no_such_key = 1").unwrap_err();
+        assert!(e.contains("no_such_key"), "{e}");
+        assert!(ClientConfig::from_toml("attr_ttl = -1.0").is_err());
+        assert!(ClientConfig::from_toml("fuse_threads = 0").is_err());
+        assert!(ClientConfig::from_toml("attr_ttl = \"x\"").is_err());
+    }
+}

@@ -1,0 +1,317 @@
+//! The client daemon: opens the filesystem, registers a session, mounts FUSE, keeps the session
+//! alive (heartbeat, dead-client reaping, garbage collection) and unmounts cleanly on
+//! SIGTERM/SIGINT.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use fuser::{MountOption, Notifier, SessionACL};
+use thiserror::Error;
+
+use tierfs_meta::{open_engine, MetaError, SessionInfo};
+use tierfs_store::{StoreError, TargetSet};
+
+use crate::config::ClientConfig;
+use crate::data::{DataConfig, DataPath};
+use crate::fs::TierFs;
+use crate::metrics::Metrics;
+
+#[derive(Debug, Error)]
+pub enum DaemonError {
+    #[error("{0}")]
+    Meta(#[from] MetaError),
+    #[error("{0}")]
+    Store(#[from] StoreError),
+    #[error("mount point {0} does not exist")]
+    NoMountPoint(String),
+    #[error("mount point {0} is not a directory")]
+    NotDir(String),
+    #[error("{0} is already mounted (use `tierfs umount {0}` first)")]
+    AlreadyMounted(String),
+    #[error("cannot mount {0}: {1}")]
+    Mount(String, String),
+    #[error("cannot serve metrics on {0}: {1}")]
+    Metrics(String, String),
+    #[error("{0}")]
+    Other(String),
+}
+
+/// What `tierfs mount` asks for.
+#[derive(Clone, Debug)]
+pub struct MountRequest {
+    pub meta_url: String,
+    pub mountpoint: PathBuf,
+    pub config: ClientConfig,
+}
+
+/// Is `path` a mount point now (per /proc/self/mountinfo)? Returns its filesystem type.
+pub fn mounted_fs_type(path: &Path) -> Option<String> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let want = path.to_string_lossy().to_string();
+    let mut found = None;
+    for line in text.lines() {
+        let fields: Vec<&str> = line.split(' ').collect();
+        if fields.len() < 10 {
+            continue;
+        }
+        let mp = unescape_mount_path(fields[4]);
+        if mp == want {
+            let sep = fields.iter().position(|f| *f == "-")?;
+            found = fields.get(sep + 1).map(|s| s.to_string());
+        }
+    }
+    found
+}
+
+fn unescape_mount_path(s: &str) -> String {
+    s.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
+}
+
+/// A FUSE mount whose daemon is gone answers ENOTCONN.
+pub fn is_dead_mount(path: &Path) -> bool {
+    match std::fs::metadata(path) {
+        Err(e) => e.raw_os_error() == Some(libc::ENOTCONN),
+        Ok(_) => false,
+    }
+}
+
+/// Detaches a mount (lazily, so a dead or busy one goes too).
+pub fn detach(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    // SAFETY: c is a valid NUL-terminated path.
+    let r = unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "localhost".into())
+}
+
+/// Checks the mount point; cleans up a dead mount left by a crashed daemon.
+pub fn prepare_mountpoint(mp: &Path) -> Result<PathBuf, DaemonError> {
+    let shown = mp.display().to_string();
+    if is_dead_mount(mp) {
+        tracing::warn!("{shown}: cleaning up the dead mount of a crashed daemon");
+        detach(mp).map_err(|e| DaemonError::Mount(shown.clone(), e.to_string()))?;
+    }
+    let meta = std::fs::metadata(mp).map_err(|_| DaemonError::NoMountPoint(shown.clone()))?;
+    if !meta.is_dir() {
+        return Err(DaemonError::NotDir(shown));
+    }
+    let abs = std::fs::canonicalize(mp).map_err(|_| DaemonError::NoMountPoint(shown.clone()))?;
+    if mounted_fs_type(&abs).is_some() {
+        return Err(DaemonError::AlreadyMounted(abs.display().to_string()));
+    }
+    Ok(abs)
+}
+
+fn block_signals() -> nix_signals::SigSet {
+    nix_signals::block()
+}
+
+/// Tiny wrapper around sigprocmask/sigwait so the daemon can wait for signals on a thread.
+mod nix_signals {
+    pub struct SigSet(libc::sigset_t);
+
+    pub fn block() -> SigSet {
+        // SAFETY: plain libc signal-set manipulation on a local sigset_t.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, libc::SIGTERM);
+            libc::sigaddset(&mut set, libc::SIGINT);
+            libc::sigaddset(&mut set, libc::SIGHUP);
+            libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+            SigSet(set)
+        }
+    }
+
+    // SAFETY: sigset_t is plain data.
+    unsafe impl Send for SigSet {}
+
+    impl SigSet {
+        pub fn wait(&self) -> i32 {
+            let mut sig: libc::c_int = 0;
+            // SAFETY: the set is initialised and blocked in every thread.
+            unsafe { libc::sigwait(&self.0, &mut sig) };
+            sig
+        }
+    }
+}
+
+/// Mounts and serves until unmounted. `ready` is called once the mount is up (or failed).
+pub fn mount(
+    req: MountRequest,
+    ready: impl FnOnce(Result<(), String>),
+) -> Result<(), DaemonError> {
+    let sigs = block_signals();
+    let cfg = req.config.clone();
+    let mountpoint = prepare_mountpoint(&req.mountpoint)?;
+    let meta = open_engine(&req.meta_url)?;
+    let info = meta.info()?;
+    let tlist: Vec<(u32, String, u64)> =
+        meta.targets()?.into_iter().map(|t| (t.id, t.url, t.capacity)).collect();
+    let targets = Arc::new(TargetSet::open(&tlist)?);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .max_blocking_threads(32)
+        .thread_name("tierfs-io")
+        .enable_all()
+        .build()
+        .map_err(|e| DaemonError::Other(format!("cannot start the I/O runtime: {e}")))?;
+    let metrics = Arc::new(Metrics::new());
+    if let Some(addr) = &cfg.metrics {
+        metrics
+            .serve(addr)
+            .map_err(|e| DaemonError::Metrics(addr.clone(), e.to_string()))?;
+    }
+    let client_name = cfg.client_name.clone().unwrap_or_else(hostname);
+    let session = meta.register_session(&SessionInfo {
+        id: 0,
+        client_name: client_name.clone(),
+        host: hostname(),
+        pid: std::process::id(),
+        mountpoint: mountpoint.display().to_string(),
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        started: 0,
+        heartbeat: 0,
+    })?;
+    let data = Arc::new(DataPath::new(
+        meta.clone(),
+        targets,
+        rt.handle().clone(),
+        Arc::clone(&metrics),
+        info.inline_threshold,
+        DataConfig {
+            dirty_limit: cfg.dirty_limit_mb << 20,
+            readahead_chunks: cfg.readahead_chunks,
+            cache_chunks: cfg.cache_chunks,
+            upload_parallelism: cfg.upload_parallelism,
+        },
+    ));
+    let notifier: Arc<OnceLock<Notifier>> = Arc::new(OnceLock::new());
+    let mut fs = TierFs::new(
+        meta.clone(),
+        Arc::clone(&data),
+        Arc::clone(&metrics),
+        session,
+        Duration::from_secs_f64(cfg.attr_ttl),
+        Duration::from_secs_f64(cfg.entry_ttl),
+    );
+    fs.notifier = Arc::clone(&notifier);
+    fs.info_json = serde_json::json!({
+        "meta": req.meta_url,
+        "name": info.name,
+        "client": client_name,
+        "session": session,
+        "mountpoint": mountpoint.display().to_string(),
+        "pid": std::process::id(),
+    })
+    .to_string();
+    let mut fcfg = fuser::Config::default();
+    fcfg.mount_options = vec![
+        MountOption::FSName(format!("tierfs:{}", info.name)),
+        MountOption::Subtype("tierfs".into()),
+        MountOption::DefaultPermissions,
+        MountOption::NoAtime,
+        MountOption::Dev,
+        MountOption::Suid,
+    ];
+    fcfg.acl = SessionACL::All;
+    fcfg.n_threads = Some(cfg.fuse_threads);
+    fcfg.clone_fd = true;
+    let mut fsession = match fuser::Session::new(fs, &mountpoint, &fcfg) {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = meta.unregister_session(session);
+            return Err(DaemonError::Mount(mountpoint.display().to_string(), e.to_string()));
+        }
+    };
+    let _ = notifier.set(fsession.notifier());
+    let mut unmounter = fsession.unmount_callable();
+    let stop = Arc::new(AtomicBool::new(false));
+
+    // Heartbeat, reaping of dead clients, garbage collection.
+    let bg = {
+        let stop = Arc::clone(&stop);
+        let meta = meta.clone();
+        let data = Arc::clone(&data);
+        let cfg = cfg.clone();
+        std::thread::Builder::new()
+            .name("tierfs-session".into())
+            .spawn(move || {
+                let tick = Duration::from_millis(100);
+                let mut since_hb = Duration::ZERO;
+                let mut since_gc = Duration::ZERO;
+                while !stop.load(Ordering::Relaxed) {
+                    std::thread::sleep(tick);
+                    since_hb += tick;
+                    since_gc += tick;
+                    if since_hb >= Duration::from_secs(cfg.heartbeat_secs) {
+                        since_hb = Duration::ZERO;
+                        if let Err(e) = meta.heartbeat(session) {
+                            tracing::warn!("heartbeat failed: {e}");
+                        }
+                        let timeout = Duration::from_secs(cfg.session_timeout_secs);
+                        match meta.reap_sessions(timeout.as_nanos() as i64) {
+                            Ok(0) => {}
+                            Ok(n) => tracing::info!("reaped {n} dead client session(s)"),
+                            Err(e) => tracing::warn!("reaping sessions failed: {e}"),
+                        }
+                    }
+                    if since_gc >= Duration::from_secs(cfg.gc_interval_secs) {
+                        since_gc = Duration::ZERO;
+                        if let Err(e) = data.collect_garbage() {
+                            tracing::warn!("garbage collection failed: {e}");
+                        }
+                    }
+                }
+            })
+            .map_err(|e| DaemonError::Other(e.to_string()))?
+    };
+
+    // Signals: unmount cleanly.
+    {
+        let stop = Arc::clone(&stop);
+        let mp = mountpoint.clone();
+        std::thread::Builder::new()
+            .name("tierfs-signals".into())
+            .spawn(move || {
+                let sig = sigs.wait();
+                tracing::info!("signal {sig}: unmounting {}", mp.display());
+                stop.store(true, Ordering::Relaxed);
+                if unmounter.unmount().is_err() {
+                    let _ = detach(&mp);
+                }
+            })
+            .map_err(|e| DaemonError::Other(e.to_string()))?;
+    }
+
+    tracing::info!(
+        "mounted {} at {} as client '{}' (session {session})",
+        info.name,
+        mountpoint.display(),
+        client_name
+    );
+    ready(Ok(()));
+    let result = fsession.run();
+    stop.store(true, Ordering::Relaxed);
+    let _ = bg.join();
+    data.flush_all();
+    if let Err(e) = meta.unregister_session(session) {
+        tracing::warn!("could not end the session: {e}");
+    }
+    drop(rt);
+    tracing::info!("unmounted {}", mountpoint.display());
+    result.map_err(|e| DaemonError::Other(format!("FUSE session ended with an error: {e}")))
+}

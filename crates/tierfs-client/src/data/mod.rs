@@ -1,0 +1,609 @@
+//! The data path: reads assemble chunks from immutable slice objects (newest wins); writes are
+//! buffered per file, uploaded as new objects in parallel, and committed as slices in one
+//! metadata transaction at flush, fsync, close, or when the buffer fills.
+
+pub mod cache;
+pub mod segments;
+pub mod space;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+use parking_lot::Mutex;
+use tokio::sync::Semaphore;
+use tokio::task::JoinHandle;
+
+use tierfs_meta::{now_nanos, Attr, Ino, Layout, MetaEngine, MetaError, Slice, SliceData};
+use tierfs_store::{Allocator, StoreError, TargetSet};
+
+use crate::error::{ClientError, Result};
+use crate::metrics::Metrics;
+use cache::ChunkCache;
+use segments::{visible, Source};
+use space::SpaceGuard;
+
+/// Tunables of the data path (from the client config).
+#[derive(Clone, Debug)]
+pub struct DataConfig {
+    /// Commit buffered writes once this many bytes are pending.
+    pub dirty_limit: usize,
+    /// Chunks read ahead of a sequential reader.
+    pub readahead_chunks: u64,
+    /// Chunks kept in the read cache.
+    pub cache_chunks: usize,
+    /// Uploads running at once.
+    pub upload_parallelism: usize,
+}
+
+impl Default for DataConfig {
+    fn default() -> Self {
+        DataConfig {
+            dirty_limit: 64 << 20,
+            readahead_chunks: 4,
+            cache_chunks: 128,
+            upload_parallelism: 16,
+        }
+    }
+}
+
+/// A write not yet committed: bytes at `off` inside `chunk`.
+struct Pending {
+    chunk: u64,
+    off: u64,
+    data: Vec<u8>,
+    /// Length of a sealed piece (its bytes went to the upload).
+    sealed_len: u64,
+    /// Set once the piece is sealed and its upload started.
+    upload: Option<(u32, u64, JoinHandle<std::result::Result<(), StoreError>>)>,
+}
+
+#[derive(Default)]
+struct FileInner {
+    attr: Option<Attr>,
+    /// The data version the kernel's page cache of this file reflects.
+    seen_version: Option<u64>,
+    chunk_slices: HashMap<u64, Arc<Vec<Slice>>>,
+    pending: Vec<Pending>,
+    pending_bytes: usize,
+    pending_end: u64,
+    /// An error of a background upload, reported at the next write, flush or fsync.
+    deferred_error: Option<i32>,
+}
+
+#[derive(Default)]
+pub struct FileState {
+    inner: Mutex<FileInner>,
+    flush_lock: Mutex<()>,
+}
+
+pub struct DataPath {
+    pub meta: Arc<dyn MetaEngine>,
+    pub targets: Arc<TargetSet>,
+    pub rt: tokio::runtime::Handle,
+    pub metrics: Arc<Metrics>,
+    pub space: SpaceGuard,
+    allocator: Allocator,
+    cfg: DataConfig,
+    inline_threshold: u64,
+    ids: Mutex<(u64, u64)>,
+    cache: ChunkCache,
+    uploads: Arc<Semaphore>,
+    files: Mutex<HashMap<Ino, Arc<FileState>>>,
+}
+
+fn chunk_range(layout: &Layout, off: u64, end: u64) -> impl Iterator<Item = (u64, u64, u64)> {
+    // (chunk, start within chunk, end within chunk)
+    let cs = layout.stripe_size;
+    let mut pos = off;
+    std::iter::from_fn(move || {
+        if pos >= end {
+            return None;
+        }
+        let chunk = pos / cs;
+        let s = pos % cs;
+        let e = (cs).min(s + (end - pos));
+        pos += e - s;
+        Some((chunk, s, e))
+    })
+}
+
+impl DataPath {
+    pub fn new(
+        meta: Arc<dyn MetaEngine>,
+        targets: Arc<TargetSet>,
+        rt: tokio::runtime::Handle,
+        metrics: Arc<Metrics>,
+        inline_threshold: u64,
+        cfg: DataConfig,
+    ) -> DataPath {
+        DataPath {
+            space: SpaceGuard::new(Arc::clone(&meta), Arc::clone(&targets)),
+            allocator: Allocator::default(),
+            cache: ChunkCache::new(cfg.cache_chunks),
+            uploads: Arc::new(Semaphore::new(cfg.upload_parallelism.max(1))),
+            inline_threshold,
+            ids: Mutex::new((0, 0)),
+            files: Mutex::new(HashMap::new()),
+            cfg,
+            meta,
+            targets,
+            rt,
+            metrics,
+        }
+    }
+
+    fn state(&self, ino: Ino) -> Arc<FileState> {
+        Arc::clone(self.files.lock().entry(ino).or_default())
+    }
+
+    fn existing(&self, ino: Ino) -> Option<Arc<FileState>> {
+        self.files.lock().get(&ino).cloned()
+    }
+
+    /// Drops the state of a file the kernel forgot, unless it still holds unflushed data.
+    pub fn forget(&self, ino: Ino) {
+        let mut files = self.files.lock();
+        if let Some(st) = files.get(&ino) {
+            let inner = st.inner.lock();
+            if inner.pending.is_empty() && inner.deferred_error.is_none() {
+                drop(inner);
+                files.remove(&ino);
+            }
+        }
+    }
+
+    fn next_object_id(&self) -> Result<u64> {
+        let mut ids = self.ids.lock();
+        if ids.0 >= ids.1 {
+            let first = self.meta.alloc_object_ids(1024)?;
+            *ids = (first, first + 1024);
+        }
+        let id = ids.0;
+        ids.0 += 1;
+        Ok(id)
+    }
+
+    /// Chooses the layout of a new file in `dir`.
+    pub fn choose_layout(&self, dir: Ino) -> Result<Layout> {
+        let def = self.meta.resolve_stripe_default(dir)?;
+        let fills = self.space.fills();
+        let targets = self.allocator.choose(&fills, def.stripe_count);
+        Ok(Layout { stripe_size: def.stripe_size, targets })
+    }
+
+    /// Records the attributes seen at open; returns whether the kernel may keep its page cache
+    /// (the data did not change since this client last saw it).
+    pub fn open(&self, attr: &Attr) -> bool {
+        let st = self.state(attr.ino);
+        let mut inner = st.inner.lock();
+        let keep = inner.seen_version == Some(attr.data_version);
+        let changed = inner.attr.as_ref().map(|a| a.data_version) != Some(attr.data_version);
+        if changed {
+            inner.chunk_slices.clear();
+        }
+        if inner.pending.is_empty() {
+            inner.attr = Some(attr.clone());
+        } else if let Some(a) = inner.attr.as_mut() {
+            // Keep our larger size while our own writes are buffered.
+            let size = a.size.max(attr.size);
+            *a = attr.clone();
+            a.size = size;
+        }
+        inner.seen_version = Some(attr.data_version);
+        keep
+    }
+
+    /// The size a stat on this client should show: buffered writes extend the stored size.
+    pub fn local_size(&self, ino: Ino, stored: u64) -> u64 {
+        match self.existing(ino) {
+            Some(st) => {
+                let inner = st.inner.lock();
+                stored.max(inner.pending_end)
+            }
+            None => stored,
+        }
+    }
+
+    fn attr_of(&self, st: &FileState, ino: Ino) -> Result<Attr> {
+        if let Some(a) = st.inner.lock().attr.clone() {
+            return Ok(a);
+        }
+        let a = self.meta.getattr(ino)?;
+        st.inner.lock().attr = Some(a.clone());
+        Ok(a)
+    }
+
+    // ------------------------------------------------------------------ writes
+
+    /// Buffers a write; full chunk pieces start uploading at once.
+    pub fn write(&self, ino: Ino, off: u64, data: &[u8]) -> Result<()> {
+        let st = self.state(ino);
+        let attr = self.attr_of(&st, ino)?;
+        let layout = attr
+            .layout
+            .clone()
+            .ok_or(ClientError::Errno("file has no layout", libc::EINVAL))?;
+        let end = off
+            .checked_add(data.len() as u64)
+            .ok_or(ClientError::Errno("offset overflow", libc::EFBIG))?;
+        if end > i64::MAX as u64 {
+            return Err(ClientError::Errno("file too large", libc::EFBIG));
+        }
+        // Space: refuse before buffering so the application gets ENOSPC at write time. The
+        // reservation is released when the write is committed.
+        let small = end <= self.inline_threshold;
+        let mut reserved: Vec<(u32, u64)> = Vec::new();
+        for (chunk, s, e) in chunk_range(&layout, off, end) {
+            let t = layout.target_of_chunk(chunk);
+            if let Err(err) = self.space.reserve(t, e - s) {
+                for (t, n) in reserved {
+                    self.space.release(t, n);
+                }
+                return Err(err);
+            }
+            reserved.push((t, e - s));
+        }
+        let over_limit;
+        {
+            let mut inner = st.inner.lock();
+            if let Some(e) = inner.deferred_error.take() {
+                for (t, n) in reserved {
+                    self.space.release(t, n);
+                }
+                return Err(ClientError::Errno("earlier background upload failed", e));
+            }
+            let mut pos = 0usize;
+            for (chunk, s, e) in chunk_range(&layout, off, end) {
+                let n = (e - s) as usize;
+                let piece = &data[pos..pos + n];
+                pos += n;
+                let appended = match inner.pending.last_mut() {
+                    Some(p)
+                        if p.chunk == chunk
+                            && p.upload.is_none()
+                            && p.off + p.data.len() as u64 == s =>
+                    {
+                        p.data.extend_from_slice(piece);
+                        true
+                    }
+                    _ => false,
+                };
+                if !appended {
+                    inner.pending.push(Pending {
+                        chunk,
+                        off: s,
+                        data: piece.to_vec(),
+                        sealed_len: 0,
+                        upload: None,
+                    });
+                }
+                let full = {
+                    let p = inner.pending.last().expect("just pushed");
+                    p.off + p.data.len() as u64 == layout.stripe_size && !small
+                };
+                if full {
+                    let target = layout.target_of_chunk(chunk);
+                    let obj = self.next_object_id()?;
+                    let p = inner.pending.last_mut().expect("just pushed");
+                    let bytes = Bytes::from(std::mem::take(&mut p.data));
+                    p.sealed_len = bytes.len() as u64;
+                    p.upload = Some((target, obj, self.spawn_upload(target, obj, bytes)));
+                }
+            }
+            inner.pending_bytes += data.len();
+            inner.pending_end = inner.pending_end.max(end);
+            over_limit = inner.pending_bytes >= self.cfg.dirty_limit;
+        }
+        if over_limit {
+            self.flush(ino)?;
+        }
+        Ok(())
+    }
+
+    fn spawn_upload(
+        &self,
+        target: u32,
+        obj: u64,
+        bytes: Bytes,
+    ) -> JoinHandle<std::result::Result<(), StoreError>> {
+        let t = self.targets.get(target).cloned();
+        let sem = Arc::clone(&self.uploads);
+        let metrics = Arc::clone(&self.metrics);
+        self.rt.spawn(async move {
+            let t = t?;
+            let _permit = sem.acquire_owned().await.map_err(|e| StoreError::Io(e.to_string()))?;
+            let n = bytes.len() as u64;
+            t.put(obj, bytes).await?;
+            metrics.target_written(target, n);
+            Ok(())
+        })
+    }
+
+    /// Commits every buffered write of `ino`; returns the new attributes if anything was written.
+    pub fn flush(&self, ino: Ino) -> Result<Option<Attr>> {
+        let Some(st) = self.existing(ino) else { return Ok(None) };
+        let _order = st.flush_lock.lock();
+        let (pending, end, deferred) = {
+            let mut inner = st.inner.lock();
+            let p = std::mem::take(&mut inner.pending);
+            inner.pending_bytes = 0;
+            (p, inner.pending_end, inner.deferred_error.take())
+        };
+        if let Some(e) = deferred {
+            return Err(ClientError::Errno("earlier background upload failed", e));
+        }
+        if pending.is_empty() {
+            return Ok(None);
+        }
+        let attr = self.attr_of(&st, ino)?;
+        let layout = attr.layout.clone().ok_or(ClientError::Errno("no layout", libc::EINVAL))?;
+        let inline = end.max(attr.size) <= self.inline_threshold;
+        let mut slices = Vec::with_capacity(pending.len());
+        let mut waits = Vec::new();
+        let mut reserved: Vec<(u32, u64)> = Vec::new();
+        for p in pending {
+            match p.upload {
+                Some((target, obj, handle)) => {
+                    let len = p.sealed_len;
+                    reserved.push((target, len));
+                    slices.push(Slice { seq: 0, chunk: p.chunk, off: p.off, len, data: SliceData::Object { target, obj } });
+                    waits.push(handle);
+                }
+                None if inline && p.chunk == 0 => {
+                    let len = p.data.len() as u64;
+                    reserved.push((layout.target_of_chunk(0), len));
+                    slices.push(Slice { seq: 0, chunk: p.chunk, off: p.off, len, data: SliceData::Inline(p.data) });
+                }
+                None => {
+                    let target = layout.target_of_chunk(p.chunk);
+                    let obj = self.next_object_id()?;
+                    let len = p.data.len() as u64;
+                    reserved.push((target, len));
+                    slices.push(Slice { seq: 0, chunk: p.chunk, off: p.off, len, data: SliceData::Object { target, obj } });
+                    waits.push(self.spawn_upload(target, obj, Bytes::from(p.data)));
+                }
+            }
+        }
+        let results = self.rt.block_on(futures::future::join_all(waits));
+        let mut failure: Option<ClientError> = None;
+        for r in results {
+            match r {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => failure = Some(e.into()),
+                Err(e) => failure = Some(StoreError::Io(e.to_string()).into()),
+            }
+        }
+        let result = match failure {
+            Some(e) => Err(e),
+            None => self
+                .meta
+                .commit_slices(ino, &slices, end, now_nanos())
+                .map_err(ClientError::from),
+        };
+        for (t, n) in reserved {
+            self.space.release(t, n);
+        }
+        self.space.invalidate();
+        let mut inner = st.inner.lock();
+        if inner.pending.is_empty() {
+            inner.pending_end = 0;
+        }
+        match result {
+            Ok(a) => {
+                inner.chunk_slices.clear();
+                inner.seen_version = Some(a.data_version);
+                let size = a.size;
+                let mut a2 = a.clone();
+                a2.size = size.max(inner.pending_end);
+                inner.attr = Some(a2);
+                Ok(Some(a))
+            }
+            Err(ClientError::Meta(MetaError::NotFound)) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Forgets cached attributes and slices (after truncate, setstripe, or a remote change).
+    pub fn invalidate(&self, ino: Ino, attr: Option<&Attr>) {
+        if let Some(st) = self.existing(ino) {
+            let mut inner = st.inner.lock();
+            inner.chunk_slices.clear();
+            if let Some(a) = attr {
+                inner.seen_version = Some(a.data_version);
+            }
+            inner.attr = attr.cloned();
+        }
+    }
+
+    // ------------------------------------------------------------------ reads
+
+    fn slices(&self, st: &FileState, ino: Ino, chunk: u64) -> Result<Arc<Vec<Slice>>> {
+        if let Some(s) = st.inner.lock().chunk_slices.get(&chunk) {
+            return Ok(Arc::clone(s));
+        }
+        let s = Arc::new(self.meta.read_chunk(ino, chunk)?);
+        st.inner.lock().chunk_slices.insert(chunk, Arc::clone(&s));
+        Ok(s)
+    }
+
+    /// Reads up to `size` bytes at `off`. Sequential readers get whole chunks through the read
+    /// cache, with the next chunks fetched ahead in parallel.
+    pub fn read(&self, ino: Ino, off: u64, size: u32, sequential: bool) -> Result<Vec<u8>> {
+        let st = self.state(ino);
+        if !st.inner.lock().pending.is_empty() {
+            self.flush(ino)?;
+        }
+        let attr = self.attr_of(&st, ino)?;
+        let fsize = attr.size;
+        if off >= fsize {
+            return Ok(Vec::new());
+        }
+        let end = fsize.min(off + size as u64);
+        let Some(layout) = attr.layout.clone() else {
+            return Ok(vec![0; (end - off) as usize]);
+        };
+        let cs = layout.stripe_size;
+        let mut out = Vec::with_capacity((end - off) as usize);
+        if sequential {
+            let mut futs = Vec::new();
+            for (chunk, s, e) in chunk_range(&layout, off, end) {
+                futs.push((self.chunk_future(&st, ino, &attr, &layout, chunk)?, s, e));
+            }
+            let last_chunk = (end - 1) / cs;
+            let chunks_total = fsize.div_ceil(cs);
+            for ahead in 1..=self.cfg.readahead_chunks {
+                let c = last_chunk + ahead;
+                if c >= chunks_total {
+                    break;
+                }
+                let cell = self.chunk_future(&st, ino, &attr, &layout, c)?;
+                self.rt.spawn(async move {
+                    let _ = cell.get().await;
+                });
+            }
+            for (cell, s, e) in futs {
+                let data = self.rt.block_on(cell.get())?;
+                let e = (e as usize).min(data.len());
+                if (s as usize) < e {
+                    out.extend_from_slice(&data[s as usize..e]);
+                }
+            }
+        } else {
+            let mut futs = Vec::new();
+            for (chunk, s, e) in chunk_range(&layout, off, end) {
+                let slices = self.slices(&st, ino, chunk)?;
+                futs.push(materialize(
+                    Arc::clone(&self.targets),
+                    Arc::clone(&self.metrics),
+                    slices,
+                    s,
+                    e,
+                ));
+            }
+            for r in self.rt.block_on(futures::future::join_all(futs)) {
+                out.extend_from_slice(&r?);
+            }
+        }
+        out.resize((end - off) as usize, 0);
+        Ok(out)
+    }
+
+    fn chunk_future(
+        &self,
+        st: &FileState,
+        ino: Ino,
+        attr: &Attr,
+        layout: &Layout,
+        chunk: u64,
+    ) -> Result<cache::Cell> {
+        let cs = layout.stripe_size;
+        let extent = cs.min(attr.size.saturating_sub(chunk * cs));
+        let key = (ino, attr.data_version, chunk);
+        if let Some(c) = self.cache.get(&key) {
+            return Ok(c);
+        }
+        let slices = self.slices(st, ino, chunk)?;
+        let targets = Arc::clone(&self.targets);
+        let metrics = Arc::clone(&self.metrics);
+        Ok(self.cache.insert(key, move || {
+            Box::pin(async move { materialize(targets, metrics, slices, 0, extent).await })
+        }))
+    }
+
+    // ------------------------------------------------------------------ garbage
+
+    /// Deletes objects nobody references any more; returns how many went.
+    pub fn collect_garbage(&self) -> Result<usize> {
+        let items = self.meta.trash(512)?;
+        if items.is_empty() {
+            return Ok(0);
+        }
+        let mut futs = Vec::new();
+        for it in &items {
+            let t = self.targets.get(it.target).cloned();
+            let obj = it.obj;
+            futs.push(async move {
+                match t {
+                    Ok(t) => t.delete(obj).await,
+                    Err(e) => Err(e),
+                }
+            });
+        }
+        let results = self.rt.block_on(futures::future::join_all(futs));
+        let done: Vec<u64> = items
+            .iter()
+            .zip(results)
+            .filter(|(_, r)| r.is_ok())
+            .map(|(i, _)| i.id)
+            .collect();
+        self.meta.trash_done(&done)?;
+        self.space.invalidate();
+        Ok(done.len())
+    }
+
+    /// Flushes every file with buffered writes (unmount).
+    pub fn flush_all(&self) {
+        let inos: Vec<Ino> = self.files.lock().keys().copied().collect();
+        for ino in inos {
+            if let Err(e) = self.flush(ino) {
+                tracing::error!(ino, "flush at unmount failed: {e}");
+            }
+        }
+    }
+}
+
+/// Reads `[start, end)` of a chunk from its slices.
+async fn materialize(
+    targets: Arc<TargetSet>,
+    metrics: Arc<Metrics>,
+    slices: Arc<Vec<Slice>>,
+    start: u64,
+    end: u64,
+) -> Result<Bytes> {
+    if end <= start {
+        return Ok(Bytes::new());
+    }
+    let segs = visible(&slices, start, end);
+    if let [seg] = segs.as_slice() {
+        if let Source::Object { target, obj, obj_off } = seg.src {
+            let t = targets.get(target)?;
+            let b = t.get_range(obj, obj_off, obj_off + seg.len).await?;
+            metrics.target_read(target, b.len() as u64);
+            return Ok(b);
+        }
+    }
+    let mut fetches = Vec::new();
+    for (i, seg) in segs.iter().enumerate() {
+        if let Source::Object { target, obj, obj_off } = seg.src {
+            let t = Arc::clone(targets.get(target)?);
+            let len = seg.len;
+            let metrics = Arc::clone(&metrics);
+            fetches.push(async move {
+                let b = t.get_range(obj, obj_off, obj_off + len).await?;
+                metrics.target_read(target, b.len() as u64);
+                Ok::<_, StoreError>((i, b))
+            });
+        }
+    }
+    let fetched = futures::future::join_all(fetches).await;
+    let mut buf = BytesMut::zeroed((end - start) as usize);
+    for r in fetched {
+        let (i, b) = r?;
+        let seg = &segs[i];
+        let at = (seg.off - start) as usize;
+        let n = b.len().min(seg.len as usize);
+        buf[at..at + n].copy_from_slice(&b[..n]);
+    }
+    for seg in &segs {
+        if let Source::Inline { slice_idx, data_off } = seg.src {
+            if let SliceData::Inline(d) = &slices[slice_idx].data {
+                let at = (seg.off - start) as usize;
+                let from = data_off as usize;
+                let n = (seg.len as usize).min(d.len().saturating_sub(from));
+                buf[at..at + n].copy_from_slice(&d[from..from + n]);
+            }
+        }
+    }
+    Ok(buf.freeze())
+}

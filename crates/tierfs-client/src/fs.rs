@@ -1,0 +1,942 @@
+//! The FUSE filesystem: each kernel request becomes metadata-engine transactions and data-path
+//! calls. Permission checks are the kernel's (`default_permissions`); errors become errnos here.
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use fuser::{
+    AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
+    INodeNo, InitFlags, KernelConfig, LockOwner, Notifier, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
+    ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLock, ReplyOpen, ReplyStatfs,
+    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+};
+use parking_lot::Mutex;
+
+use tierfs_meta::{
+    Attr, Ino, Kind, LockRange, LockType, MetaEngine, MetaError, NewNode, SetAttr, TimeSet,
+};
+
+use crate::data::DataPath;
+use crate::error::{ClientError, Result};
+use crate::metrics::Metrics;
+
+/// Name of the virtual stats file in the root directory (`tierfs stats MOUNT` reads it).
+pub const STATS_NAME: &str = ".tierfs-stats";
+const STATS_INO: u64 = u64::MAX - 1;
+/// Name of the virtual file that tells the `tierfs` command which filesystem a mount is.
+pub const INFO_NAME: &str = ".tierfs-info";
+const INFO_INO: u64 = u64::MAX - 2;
+
+fn is_virtual(ino: u64) -> bool {
+    ino == STATS_INO || ino == INFO_INO
+}
+const BLKSIZE: u32 = 1 << 16;
+
+struct Handle {
+    append: bool,
+    /// End of the last read, to spot sequential readers.
+    last_read_end: AtomicU64,
+    stats: Option<Vec<u8>>,
+}
+
+pub struct TierFs {
+    pub meta: Arc<dyn MetaEngine>,
+    pub data: Arc<DataPath>,
+    pub metrics: Arc<Metrics>,
+    pub session: u64,
+    pub attr_ttl: Duration,
+    pub entry_ttl: Duration,
+    handles: Mutex<HashMap<u64, Arc<Handle>>>,
+    next_fh: AtomicU64,
+    /// Set once mounted: lets an open tell the kernel to drop attributes it cached of a file
+    /// that changed on another client.
+    pub notifier: Arc<OnceLock<Notifier>>,
+    /// Contents of the info file (JSON: meta URL, client name, session).
+    pub info_json: String,
+}
+
+fn to_time(n: i64) -> SystemTime {
+    if n >= 0 {
+        UNIX_EPOCH + Duration::from_nanos(n as u64)
+    } else {
+        UNIX_EPOCH - Duration::from_nanos(n.unsigned_abs())
+    }
+}
+
+fn from_time(t: SystemTime) -> i64 {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => d.as_nanos() as i64,
+        Err(e) => -(e.duration().as_nanos() as i64),
+    }
+}
+
+fn file_type(k: Kind) -> FileType {
+    match k {
+        Kind::File => FileType::RegularFile,
+        Kind::Dir => FileType::Directory,
+        Kind::Symlink => FileType::Symlink,
+        Kind::Fifo => FileType::NamedPipe,
+        Kind::Socket => FileType::Socket,
+        Kind::CharDev => FileType::CharDevice,
+        Kind::BlockDev => FileType::BlockDevice,
+    }
+}
+
+fn errno(e: &ClientError) -> Errno {
+    Errno::from_i32(e.errno())
+}
+
+fn time_set(t: TimeOrNow) -> TimeSet {
+    match t {
+        TimeOrNow::Now => TimeSet::Now,
+        TimeOrNow::SpecificTime(s) => TimeSet::At(from_time(s)),
+    }
+}
+
+impl TierFs {
+    pub fn new(
+        meta: Arc<dyn MetaEngine>,
+        data: Arc<DataPath>,
+        metrics: Arc<Metrics>,
+        session: u64,
+        attr_ttl: Duration,
+        entry_ttl: Duration,
+    ) -> TierFs {
+        TierFs {
+            meta,
+            data,
+            metrics,
+            session,
+            attr_ttl,
+            entry_ttl,
+            handles: Mutex::new(HashMap::new()),
+            next_fh: AtomicU64::new(1),
+            notifier: Arc::new(OnceLock::new()),
+            info_json: String::new(),
+        }
+    }
+
+    fn fattr(&self, a: &Attr) -> FileAttr {
+        let size = if a.kind == Kind::File { self.data.local_size(a.ino, a.size) } else { a.size };
+        FileAttr {
+            ino: INodeNo(a.ino),
+            size,
+            blocks: size.div_ceil(512),
+            atime: to_time(a.atime),
+            mtime: to_time(a.mtime),
+            ctime: to_time(a.ctime),
+            crtime: to_time(a.crtime),
+            kind: file_type(a.kind),
+            perm: (a.perm & 0o7777) as u16,
+            nlink: a.nlink,
+            uid: a.uid,
+            gid: a.gid,
+            rdev: a.rdev,
+            blksize: BLKSIZE,
+            flags: 0,
+        }
+    }
+
+    fn stats_attr(&self, ino: u64) -> FileAttr {
+        let now = SystemTime::now();
+        FileAttr {
+            ino: INodeNo(ino),
+            size: 0,
+            blocks: 0,
+            atime: now,
+            mtime: now,
+            ctime: now,
+            crtime: now,
+            kind: FileType::RegularFile,
+            perm: 0o444,
+            nlink: 1,
+            uid: 0,
+            gid: 0,
+            rdev: 0,
+            blksize: BLKSIZE,
+            flags: 0,
+        }
+    }
+
+    fn new_handle(&self, h: Handle) -> u64 {
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        self.handles.lock().insert(fh, Arc::new(h));
+        fh
+    }
+
+    fn handle(&self, fh: FileHandle) -> Option<Arc<Handle>> {
+        self.handles.lock().get(&fh.0).cloned()
+    }
+
+    fn run<T>(&self, op: &'static str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        let t = Instant::now();
+        let r = f();
+        self.metrics.op(op, t, r.is_ok());
+        if let Err(e) = &r {
+            let n = e.errno();
+            if n == libc::EIO || n == libc::ENOSPC {
+                tracing::warn!(op, "error: {e}");
+            } else {
+                tracing::debug!(op, "error: {e}");
+            }
+        }
+        r
+    }
+
+    fn make_node(&self, req: &Request, parent: Ino, name: &OsStr, node: NewNode) -> Result<Attr> {
+        let layout =
+            if node.kind == Kind::File { Some(self.data.choose_layout(parent)?) } else { None };
+        let mut node = node;
+        node.uid = req.uid();
+        node.gid = req.gid();
+        Ok(self.meta.create(parent, name.as_bytes(), &node, layout)?)
+    }
+
+    fn open_file(&self, attr: &Attr, flags: i32) -> Result<(u64, FopenFlags)> {
+        self.meta.open_file(self.session, attr.ino)?;
+        let keep = self.data.open(attr);
+        if !keep {
+            // The data changed since this client last saw it: make the kernel drop its cached
+            // size too, so reads are not cut at a stale end of file.
+            if let Some(n) = self.notifier.get() {
+                let _ = n.inval_inode(INodeNo(attr.ino), -1, 0);
+            }
+        }
+        let append = flags & libc::O_APPEND != 0;
+        let mut fl = FopenFlags::empty();
+        if append {
+            // Appends go where the filesystem says the end is, not the kernel's cached size.
+            fl |= FopenFlags::FOPEN_DIRECT_IO;
+        } else if keep {
+            fl |= FopenFlags::FOPEN_KEEP_CACHE;
+        }
+        let fh = self.new_handle(Handle {
+            append,
+            last_read_end: AtomicU64::new(u64::MAX),
+            stats: None,
+        });
+        Ok((fh, fl))
+    }
+
+    fn lock_range(&self, owner: LockOwner, start: u64, end: u64, typ: i32, pid: u32) -> LockRange {
+        LockRange {
+            session: self.session,
+            owner: owner.0,
+            // flock(2) and fcntl(2) locks share one space, as on NFS: FUSE gives no way to tell
+            // them apart here.
+            flock: false,
+            typ: match typ {
+                libc::F_RDLCK => LockType::Read,
+                libc::F_WRLCK => LockType::Write,
+                _ => LockType::Unlock,
+            },
+            start,
+            end,
+            pid,
+        }
+    }
+}
+
+impl Filesystem for TierFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        for flag in [
+            InitFlags::FUSE_POSIX_LOCKS,
+            InitFlags::FUSE_FLOCK_LOCKS,
+            InitFlags::FUSE_ASYNC_DIO,
+            InitFlags::FUSE_PARALLEL_DIROPS,
+            InitFlags::FUSE_CACHE_SYMLINKS,
+        ] {
+            if config.add_capabilities(flag).is_err() {
+                tracing::info!("kernel lacks FUSE capability {flag:?}");
+            }
+        }
+        let _ = config.set_max_write(1 << 20);
+        let _ = config.set_max_readahead(1 << 20);
+        let _ = config.set_max_background(64);
+        let _ = config.set_congestion_threshold(48);
+        Ok(())
+    }
+
+    fn destroy(&mut self) {
+        self.data.flush_all();
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        if parent.0 == tierfs_meta::ROOT_INO && (name == STATS_NAME || name == INFO_NAME) {
+            let ino = if name == STATS_NAME { STATS_INO } else { INFO_INO };
+            reply.entry(&Duration::ZERO, &self.stats_attr(ino), Generation(0));
+            return;
+        }
+        match self.run("lookup", || Ok(self.meta.lookup(parent.0, name.as_bytes())?)) {
+            Ok(a) => reply.entry(&self.entry_ttl, &self.fattr(&a), Generation(0)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, _nlookup: u64) {
+        self.data.forget(ino.0);
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        if is_virtual(ino.0) {
+            reply.attr(&Duration::ZERO, &self.stats_attr(ino.0));
+            return;
+        }
+        match self.run("getattr", || Ok(self.meta.getattr(ino.0)?)) {
+            Ok(a) => reply.attr(&self.attr_ttl, &self.fattr(&a)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let r = self.run("setattr", || {
+            if size.is_some() {
+                // Buffered writes land first, so the truncate applies after them.
+                self.data.flush(ino.0)?;
+            }
+            let set = SetAttr {
+                perm: mode.map(|m| m & 0o7777),
+                uid,
+                gid,
+                size,
+                atime: atime.map(time_set),
+                mtime: mtime.map(time_set),
+                ctime: ctime.map(from_time),
+            };
+            let a = self.meta.setattr(ino.0, &set)?;
+            if size.is_some() {
+                self.data.invalidate(ino.0, Some(&a));
+            }
+            Ok(a)
+        });
+        match r {
+            Ok(a) => reply.attr(&self.attr_ttl, &self.fattr(&a)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        match self.run("readlink", || Ok(self.meta.readlink(ino.0)?)) {
+            Ok(t) => reply.data(&t),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let r = self.run("mknod", || {
+            let kind = Kind::from_mode(mode)
+                .ok_or(ClientError::Errno("unknown file type", libc::EINVAL))?;
+            let node = NewNode {
+                kind,
+                perm: mode & 0o7777 & !umask,
+                uid: 0,
+                gid: 0,
+                rdev,
+                symlink: None,
+            };
+            self.make_node(req, parent.0, name, node)
+        });
+        match r {
+            Ok(a) => reply.entry(&self.entry_ttl, &self.fattr(&a), Generation(0)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let r = self.run("mkdir", || {
+            let node = NewNode {
+                kind: Kind::Dir,
+                perm: mode & 0o7777 & !umask,
+                uid: 0,
+                gid: 0,
+                rdev: 0,
+                symlink: None,
+            };
+            self.make_node(req, parent.0, name, node)
+        });
+        match r {
+            Ok(a) => reply.entry(&self.entry_ttl, &self.fattr(&a), Generation(0)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        match self.run("unlink", || Ok(self.meta.unlink(parent.0, name.as_bytes())?)) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        match self.run("rmdir", || Ok(self.meta.rmdir(parent.0, name.as_bytes())?)) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        let r = self.run("symlink", || {
+            let t = target.as_os_str().as_bytes();
+            if t.len() >= libc::PATH_MAX as usize {
+                return Err(ClientError::Errno("symlink target too long", libc::ENAMETOOLONG));
+            }
+            let node = NewNode {
+                kind: Kind::Symlink,
+                perm: 0o777,
+                uid: 0,
+                gid: 0,
+                rdev: 0,
+                symlink: Some(t.to_vec()),
+            };
+            self.make_node(req, parent.0, link_name, node)
+        });
+        match r {
+            Ok(a) => reply.entry(&self.entry_ttl, &self.fattr(&a), Generation(0)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let r = self.run("rename", || {
+            Ok(self.meta.rename(
+                parent.0,
+                name.as_bytes(),
+                newparent.0,
+                newname.as_bytes(),
+                flags.bits(),
+            )?)
+        });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn link(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        match self.run("link", || Ok(self.meta.link(ino.0, newparent.0, newname.as_bytes())?)) {
+            Ok(a) => reply.entry(&self.entry_ttl, &self.fattr(&a), Generation(0)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        if is_virtual(ino.0) {
+            let text = self.metrics.render().into_bytes();
+            let text = if ino.0 == INFO_INO { self.info_json.clone().into_bytes() } else { text };
+            let fh = self.new_handle(Handle {
+                append: false,
+                last_read_end: AtomicU64::new(0),
+                stats: Some(text),
+            });
+            reply.opened(FileHandle(fh), FopenFlags::FOPEN_DIRECT_IO);
+            return;
+        }
+        let r = self.run("open", || {
+            let a = self.meta.getattr(ino.0)?;
+            if a.kind == Kind::Dir {
+                return Err(ClientError::Meta(MetaError::IsDir));
+            }
+            self.open_file(&a, flags.0)
+        });
+        match r {
+            Ok((fh, fl)) => reply.opened(FileHandle(fh), fl),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let r = self.run("create", || {
+            let kind = Kind::from_mode(mode).unwrap_or(Kind::File);
+            let node = NewNode {
+                kind,
+                perm: mode & 0o7777 & !umask,
+                uid: 0,
+                gid: 0,
+                rdev: 0,
+                symlink: None,
+            };
+            let a = self.make_node(req, parent.0, name, node)?;
+            let (fh, fl) = self.open_file(&a, flags)?;
+            Ok((a, fh, fl))
+        });
+        match r {
+            Ok((a, fh, fl)) => {
+                reply.created(&self.entry_ttl, &self.fattr(&a), Generation(0), FileHandle(fh), fl)
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let Some(h) = self.handle(fh) else {
+            reply.error(Errno::EBADF);
+            return;
+        };
+        if let Some(text) = &h.stats {
+            let s = (offset as usize).min(text.len());
+            let e = (s + size as usize).min(text.len());
+            reply.data(&text[s..e]);
+            return;
+        }
+        let r = self.run("read", || {
+            let prev = h.last_read_end.swap(offset + size as u64, Ordering::Relaxed);
+            let sequential = prev == offset || offset == 0;
+            self.data.read(ino.0, offset, size, sequential)
+        });
+        match r {
+            Ok(d) => reply.data(&d),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let Some(h) = self.handle(fh) else {
+            reply.error(Errno::EBADF);
+            return;
+        };
+        let r = self.run("write", || {
+            let off = if h.append {
+                // Append at the end the filesystem knows, including our buffered writes.
+                self.data.flush(ino.0)?;
+                let a = self.meta.getattr(ino.0)?;
+                self.data.invalidate(ino.0, Some(&a));
+                a.size
+            } else {
+                offset
+            };
+            self.data.write(ino.0, off, data)
+        });
+        match r {
+            Ok(()) => reply.written(data.len() as u32),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        if is_virtual(ino.0) {
+            reply.ok();
+            return;
+        }
+        let r = self.run("flush", || {
+            let res = self.data.flush(ino.0);
+            // close(2) drops the POSIX locks this owner holds on the file.
+            if self.handle(fh).is_some() {
+                self.meta.release_locks(ino.0, self.session, lock_owner.0, false)?;
+            }
+            res.map(|_| ())
+        });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        let h = self.handles.lock().remove(&fh.0);
+        if is_virtual(ino.0) || h.as_ref().map(|h| h.stats.is_some()).unwrap_or(false) {
+            reply.ok();
+            return;
+        }
+        let r = self.run("release", || {
+            let flushed = self.data.flush(ino.0);
+            if let Some(o) = lock_owner {
+                self.meta.release_locks(ino.0, self.session, o.0, false)?;
+            }
+            self.meta.close_file(self.session, ino.0)?;
+            flushed.map(|_| ())
+        });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        match self.run("fsync", || self.data.flush(ino.0).map(|_| ())) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.run("opendir", || {
+            let a = self.meta.getattr(ino.0)?;
+            if a.kind != Kind::Dir {
+                return Err(ClientError::Meta(MetaError::NotDir));
+            }
+            Ok(a)
+        }) {
+            Ok(_) => reply.opened(FileHandle(0), FopenFlags::empty()),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        // Offsets: 1 is ".", 2 is "..", then each entry's id + 2 (stable across changes).
+        let r = self.run("readdir", || {
+            let a = self.meta.getattr(ino.0)?;
+            let mut off = offset;
+            if off == 0 {
+                if reply.add(INodeNo(ino.0), 1, FileType::Directory, ".") {
+                    return Ok(());
+                }
+                off = 1;
+            }
+            if off == 1 {
+                if reply.add(INodeNo(a.parent.max(1)), 2, FileType::Directory, "..") {
+                    return Ok(());
+                }
+                off = 2;
+            }
+            let mut cursor = off - 2;
+            loop {
+                let page = self.meta.readdir(ino.0, cursor, 512)?;
+                if page.is_empty() {
+                    return Ok(());
+                }
+                for e in page {
+                    cursor = e.offset;
+                    if reply.add(
+                        INodeNo(e.ino),
+                        e.offset + 2,
+                        file_type(e.kind),
+                        OsStr::from_bytes(&e.name),
+                    ) {
+                        return Ok(());
+                    }
+                }
+            }
+        });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        // Namespace changes are committed transactions already.
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let r = self.run("statfs", || {
+            let usage = self.meta.usage()?;
+            let fills = self.data.space.fills();
+            let total: u64 = fills.iter().map(|f| f.capacity).sum();
+            let used: u64 = fills.iter().map(|f| f.used).sum();
+            Ok((usage, total, used))
+        });
+        match r {
+            Ok((usage, total, used)) => {
+                let bsize = 4096u64;
+                let blocks = total / bsize;
+                let free = total.saturating_sub(used) / bsize;
+                let files = usage.inodes + 1_000_000_000;
+                reply.statfs(
+                    blocks,
+                    free,
+                    free,
+                    files,
+                    files - usage.inodes,
+                    bsize as u32,
+                    255,
+                    bsize as u32,
+                );
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        match self.run("setxattr", || {
+            Ok(self.meta.setxattr(ino.0, name.as_bytes(), value, flags)?)
+        }) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        match self.run("getxattr", || Ok(self.meta.getxattr(ino.0, name.as_bytes())?)) {
+            Ok(v) => {
+                if size == 0 {
+                    reply.size(v.len() as u32);
+                } else if v.len() > size as usize {
+                    reply.error(Errno::ERANGE);
+                } else {
+                    reply.data(&v);
+                }
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        match self.run("listxattr", || Ok(self.meta.listxattr(ino.0)?)) {
+            Ok(names) => {
+                let mut buf = Vec::new();
+                for n in names {
+                    buf.extend_from_slice(&n);
+                    buf.push(0);
+                }
+                if size == 0 {
+                    reply.size(buf.len() as u32);
+                } else if buf.len() > size as usize {
+                    reply.error(Errno::ERANGE);
+                } else {
+                    reply.data(&buf);
+                }
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        match self.run("removexattr", || Ok(self.meta.removexattr(ino.0, name.as_bytes())?)) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn access(&self, _req: &Request, _ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
+        // default_permissions: the kernel checks modes before asking.
+        reply.ok();
+    }
+
+    fn getlk(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        lock_owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        reply: ReplyLock,
+    ) {
+        let want = self.lock_range(lock_owner, start, end, typ, pid);
+        match self.run("getlk", || Ok(self.meta.test_lock(ino.0, &want)?)) {
+            Ok(Some(l)) => {
+                let t = if l.typ == LockType::Write { libc::F_WRLCK } else { libc::F_RDLCK };
+                reply.locked(l.start, l.end, t, l.pid)
+            }
+            Ok(None) => reply.locked(start, end, libc::F_UNLCK, 0),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn setlk(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        lock_owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        sleep: bool,
+        reply: ReplyEmpty,
+    ) {
+        let want = self.lock_range(lock_owner, start, end, typ, pid);
+        let first = self.run("setlk", || Ok(self.meta.set_lock(ino.0, &want)?));
+        match first {
+            Ok(()) => reply.ok(),
+            Err(ClientError::Meta(MetaError::WouldBlock)) if sleep => {
+                // F_SETLKW: wait on a thread of its own so FUSE workers stay free.
+                let meta = Arc::clone(&self.meta);
+                std::thread::spawn(move || {
+                    let mut delay = Duration::from_millis(2);
+                    loop {
+                        match meta.set_lock(ino.0, &want) {
+                            Ok(()) => return reply.ok(),
+                            Err(MetaError::WouldBlock) => {
+                                std::thread::sleep(delay);
+                                delay = (delay * 2).min(Duration::from_millis(100));
+                            }
+                            Err(e) => return reply.error(Errno::from_i32(e.errno())),
+                        }
+                    }
+                });
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        let r = self.run("fallocate", || {
+            let keep = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
+            let punch = mode & libc::FALLOC_FL_PUNCH_HOLE != 0;
+            let known = libc::FALLOC_FL_KEEP_SIZE | libc::FALLOC_FL_PUNCH_HOLE;
+            if mode & !known != 0 || (punch && !keep) {
+                return Err(ClientError::Errno("unsupported fallocate mode", libc::EOPNOTSUPP));
+            }
+            if !punch {
+                let a = self.meta.getattr(ino.0)?;
+                if let Some(l) = &a.layout {
+                    let first = offset / l.stripe_size;
+                    let last = (offset + length).div_ceil(l.stripe_size);
+                    for c in first..last.min(first + l.targets.len() as u64) {
+                        self.data.space.reserve(l.target_of_chunk(c), 0)?;
+                    }
+                }
+            }
+            self.data.flush(ino.0)?;
+            let a = self.meta.fallocate(ino.0, offset, length, keep, punch)?;
+            self.data.invalidate(ino.0, Some(&a));
+            Ok(())
+        });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+}

@@ -1,0 +1,17 @@
+//! tierfs client daemon: the FUSE filesystem that `tierfs mount` runs (the Lustre llite role).
+//!
+//! - [`fs`]: the FUSE operations, mapped onto the metadata engine and the data path.
+//! - [`data`]: reads and writes of file data over the storage targets.
+//! - [`daemon`]: mounting, the client session (heartbeat, garbage collection), signals.
+//! - [`config`]: the client's TOML configuration.
+//! - [`metrics`]: Prometheus metrics and the stats file.
+
+pub mod config;
+pub mod daemon;
+pub mod data;
+pub mod error;
+pub mod fs;
+pub mod metrics;
+
+pub use config::ClientConfig;
+pub use daemon::{mount, MountRequest};

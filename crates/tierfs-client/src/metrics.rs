@@ -1,0 +1,123 @@
+//! Prometheus metrics of one client: operation counts and latencies, bytes per target.
+//! Served on `--metrics ADDR` (`GET /metrics`) and in the mount's virtual stats file.
+
+use std::io::{Read, Write};
+use std::net::TcpListener;
+use std::sync::Arc;
+use std::time::Instant;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+type Labels = Vec<(String, String)>;
+
+fn latency_histogram() -> Histogram {
+    // 1 µs .. ~16 s
+    Histogram::new(exponential_buckets(1e-6, 4.0, 13))
+}
+
+pub struct Metrics {
+    registry: Registry,
+    ops: Family<Labels, Counter>,
+    errors: Family<Labels, Counter>,
+    latency: Family<Labels, Histogram, fn() -> Histogram>,
+    read_bytes: Family<Labels, Counter>,
+    written_bytes: Family<Labels, Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("tierfs");
+        let ops = Family::<Labels, Counter>::default();
+        let errors = Family::<Labels, Counter>::default();
+        let latency = Family::<Labels, Histogram, fn() -> Histogram>::new_with_constructor(
+            latency_histogram as fn() -> Histogram,
+        );
+        let read_bytes = Family::<Labels, Counter>::default();
+        let written_bytes = Family::<Labels, Counter>::default();
+        registry.register("fuse_ops", "FUSE operations handled", ops.clone());
+        registry.register("fuse_errors", "FUSE operations that returned an error", errors.clone());
+        registry.register("fuse_op_seconds", "FUSE operation latency", latency.clone());
+        registry.register("target_read_bytes", "Bytes read from each storage target", read_bytes.clone());
+        registry.register(
+            "target_written_bytes",
+            "Bytes written to each storage target",
+            written_bytes.clone(),
+        );
+        Metrics { registry, ops, errors, latency, read_bytes, written_bytes }
+    }
+
+    /// Records one finished operation.
+    pub fn op(&self, name: &'static str, start: Instant, ok: bool) {
+        let l = vec![("op".to_string(), name.to_string())];
+        self.ops.get_or_create(&l).inc();
+        if !ok {
+            self.errors.get_or_create(&l).inc();
+        }
+        self.latency.get_or_create(&l).observe(start.elapsed().as_secs_f64());
+    }
+
+    pub fn target_read(&self, target: u32, n: u64) {
+        self.read_bytes.get_or_create(&vec![("target".to_string(), target.to_string())]).inc_by(n);
+    }
+
+    pub fn target_written(&self, target: u32, n: u64) {
+        self.written_bytes
+            .get_or_create(&vec![("target".to_string(), target.to_string())])
+            .inc_by(n);
+    }
+
+    /// The metrics in the Prometheus text format.
+    pub fn render(&self) -> String {
+        let mut s = String::new();
+        let _ = encode(&mut s, &self.registry);
+        s
+    }
+
+    /// Serves `GET /metrics` on `addr` from a background thread.
+    pub fn serve(self: &Arc<Self>, addr: &str) -> std::io::Result<()> {
+        let listener = TcpListener::bind(addr)?;
+        let me = Arc::clone(self);
+        std::thread::Builder::new().name("metrics".into()).spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(mut conn) = conn else { continue };
+                let mut buf = [0u8; 1024];
+                let _ = conn.read(&mut buf);
+                let body = me.render();
+                let _ = write!(
+                    conn,
+                    "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{}",
+                    body.len(),
+                    body
+                );
+            }
+        })?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_counts_and_bytes() {
+        let m = Metrics::new();
+        m.op("read", Instant::now(), true);
+        m.op("read", Instant::now(), false);
+        m.target_written(1, 4096);
+        let s = m.render();
+        assert!(s.contains("tierfs_fuse_ops_total{op=\"read\"} 2"), "{s}");
+        assert!(s.contains("tierfs_fuse_errors_total{op=\"read\"} 1"), "{s}");
+        assert!(s.contains("tierfs_target_written_bytes_total{target=\"1\"} 4096"), "{s}");
+    }
+}
