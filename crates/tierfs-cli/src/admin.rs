@@ -1,0 +1,433 @@
+//! Administration commands: df, setstripe, getstripe, project, status, stats.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+use std::sync::Arc;
+
+use tierfs_meta::{now_nanos, open_engine, Kind, Layout, MetaEngine, SliceData, StripeDefault};
+use tierfs_store::allocator::TargetFill;
+use tierfs_store::size::human;
+use tierfs_store::{Allocator, TargetSpec};
+
+use crate::cli::{DfArgs, GetstripeArgs, ProjectArgs, SetstripeArgs, StatsArgs, StatusArgs};
+use crate::error::{CliError, Result};
+use crate::format::{stripe_count, stripe_size};
+use crate::locate::{all_mounts, engine_and_ino, mount_of, MountInfo};
+
+fn size_str(n: u64, h: bool) -> String {
+    if h {
+        human(n)
+    } else {
+        (n / 1024).to_string()
+    }
+}
+
+/// (capacity, used, available) of each target.
+fn target_space(engine: &dyn MetaEngine) -> Result<Vec<(u32, String, u64, u64, u64)>> {
+    let mut out = Vec::new();
+    for t in engine.targets()? {
+        let spec = TargetSpec::parse(&t.url)?;
+        let dev = tierfs_store::Target::open(t.id, spec)
+            .map(|x| x.device_space())
+            .unwrap_or_default();
+        let (cap, avail) = if t.capacity > 0 {
+            (t.capacity, t.capacity.saturating_sub(t.used).min(dev.avail))
+        } else {
+            (dev.total, dev.avail)
+        };
+        out.push((t.id, t.url, cap, t.used, avail));
+    }
+    Ok(out)
+}
+
+fn fills(engine: &dyn MetaEngine) -> Result<Vec<TargetFill>> {
+    Ok(target_space(engine)?
+        .into_iter()
+        .map(|(id, _, cap, used, avail)| TargetFill {
+            id,
+            used: if cap > 0 {
+                cap.saturating_sub(avail).max(used)
+            } else {
+                used
+            },
+            capacity: cap,
+        })
+        .collect())
+}
+
+fn df_one(root: &Path, mi: &MountInfo, h: bool) -> Result<()> {
+    let engine = open_engine(&mi.meta)?;
+    let unit = if h { "bytes" } else { "1K-blocks" };
+    println!(
+        "{:<24} {:>12} {:>12} {:>12} {:>5} Mounted on",
+        "UUID", unit, "Used", "Available", "Use%"
+    );
+    let db = mi
+        .meta
+        .strip_prefix("sqlite://")
+        .map(std::path::PathBuf::from);
+    let (mdt_size, mdt_total, mdt_avail) = match &db {
+        Some(p) => {
+            let size = std::fs::metadata(p).map(|m| m.len()).unwrap_or(0)
+                + std::fs::metadata(format!("{}-wal", p.display()))
+                    .map(|m| m.len())
+                    .unwrap_or(0);
+            let dev = tierfs_store::Target::open(
+                0,
+                TargetSpec::parse(&format!(
+                    "file://{}",
+                    p.parent().unwrap_or(Path::new("/")).display()
+                ))?,
+            )
+            .map(|t| t.device_space())
+            .unwrap_or_default();
+            (size, dev.total, dev.avail)
+        }
+        None => (0, 0, 0),
+    };
+    let pct = |used: u64, total: u64| {
+        if total == 0 {
+            0
+        } else {
+            (used * 100).div_ceil(total)
+        }
+    };
+    println!(
+        "{:<24} {:>12} {:>12} {:>12} {:>4}% {}[MDT:0]",
+        format!("{}-MDT0000_UUID", mi.name),
+        size_str(mdt_total, h),
+        size_str(mdt_size, h),
+        size_str(mdt_avail, h),
+        pct(mdt_size, mdt_total),
+        root.display()
+    );
+    let (mut tc, mut tu, mut ta) = (0u64, 0u64, 0u64);
+    for (id, _url, cap, used, avail) in target_space(engine.as_ref())? {
+        println!(
+            "{:<24} {:>12} {:>12} {:>12} {:>4}% {}[OST:{id}]",
+            format!("{}-OST{:04x}_UUID", mi.name, id),
+            size_str(cap, h),
+            size_str(used, h),
+            size_str(avail, h),
+            pct(used, cap),
+            root.display()
+        );
+        tc += cap;
+        tu += used;
+        ta += avail;
+    }
+    let usage = engine.usage()?;
+    println!();
+    println!(
+        "{:<24} {:>12} {:>12} {:>12} {:>4}% {}",
+        "filesystem_summary:",
+        size_str(tc, h),
+        size_str(tu, h),
+        size_str(ta, h),
+        pct(tu, tc),
+        root.display()
+    );
+    println!("{:<24} {:>12}", "inodes used:", usage.inodes);
+    Ok(())
+}
+
+pub fn df(a: DfArgs) -> Result<()> {
+    let mounts = match &a.path {
+        Some(p) => vec![mount_of(p)?],
+        None => all_mounts()
+            .iter()
+            .filter_map(|m| mount_of(m).ok())
+            .collect(),
+    };
+    if mounts.is_empty() {
+        return Err(CliError::Other("no tierfs filesystem is mounted".into()));
+    }
+    for (i, (root, mi)) in mounts.iter().enumerate() {
+        if i > 0 {
+            println!();
+        }
+        df_one(root, mi, a.human)?;
+    }
+    Ok(())
+}
+
+pub fn setstripe(a: SetstripeArgs) -> Result<()> {
+    if a.count.is_none() && a.size.is_none() {
+        return Err(CliError::Usage(
+            "setstripe needs -c COUNT and/or -S SIZE".into(),
+        ));
+    }
+    let size = a.size.as_deref().map(stripe_size).transpose()?;
+    let created = if std::fs::symlink_metadata(&a.path).is_err() {
+        // lfs setstripe on a new name creates an empty file with that layout.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .open(&a.path)
+            .map_err(|e| CliError::Io(a.path.display().to_string(), e))?;
+        true
+    } else {
+        false
+    };
+    let (engine, ino, _mi) = engine_and_ino(&a.path)?;
+    let ntargets = engine.targets()?.len();
+    let count = a.count.map(|c| stripe_count(c, ntargets)).transpose()?;
+    let attr = engine.getattr(ino)?;
+    match attr.kind {
+        Kind::Dir => {
+            let mut def = StripeDefault {
+                stripe_count: attr.dir_default.stripe_count,
+                stripe_size: attr.dir_default.stripe_size,
+            };
+            if let Some(c) = count {
+                def.stripe_count = c;
+            }
+            if let Some(s) = size {
+                def.stripe_size = s;
+            }
+            engine.set_dir_stripe(ino, def)?;
+        }
+        Kind::File => {
+            let parent_def = engine.resolve_stripe_default(attr.parent)?;
+            let cur = attr.layout.clone();
+            let count = count.unwrap_or_else(|| {
+                cur.as_ref()
+                    .map(|l| l.stripe_count())
+                    .unwrap_or(parent_def.stripe_count)
+            });
+            let ssize = size.unwrap_or_else(|| {
+                cur.as_ref()
+                    .map(|l| l.stripe_size)
+                    .unwrap_or(parent_def.stripe_size)
+            });
+            let targets = Allocator::default().choose(&fills(engine.as_ref())?, count);
+            let r = engine.set_file_layout(
+                ino,
+                &Layout {
+                    stripe_size: ssize,
+                    targets,
+                },
+            );
+            if let Err(tierfs_meta::MetaError::NotEmpty) = r {
+                return Err(CliError::Usage(format!(
+                    "{}: the layout of a file that holds data cannot change",
+                    a.path.display()
+                )));
+            }
+            r?;
+        }
+        _ => {
+            return Err(CliError::Usage(format!(
+                "{}: not a regular file or directory",
+                a.path.display()
+            )))
+        }
+    }
+    if created {
+        tracing::debug!("created {}", a.path.display());
+    }
+    Ok(())
+}
+
+pub fn getstripe(a: GetstripeArgs) -> Result<()> {
+    let (engine, ino, _mi) = engine_and_ino(&a.path)?;
+    let attr = engine.getattr(ino)?;
+    println!("{}", a.path.display());
+    match attr.kind {
+        Kind::Dir => {
+            let d = engine.resolve_stripe_default(ino)?;
+            let own = attr.dir_default.stripe_count > 0 || attr.dir_default.stripe_size > 0;
+            println!(
+                "stripe_count:  {} stripe_size:   {}{}",
+                d.stripe_count,
+                d.stripe_size,
+                if own { "" } else { " (inherited)" }
+            );
+        }
+        Kind::File => {
+            let l = attr
+                .layout
+                .clone()
+                .ok_or_else(|| CliError::Other("file has no layout".into()))?;
+            println!("lmm_stripe_count:  {}", l.stripe_count());
+            println!("lmm_stripe_size:   {}", l.stripe_size);
+            println!(
+                "lmm_stripe_offset: {}",
+                l.targets.first().copied().unwrap_or(0)
+            );
+            let mut per: BTreeMap<u32, (u64, u64)> =
+                l.targets.iter().map(|t| (*t, (0, 0))).collect();
+            let mut inline = 0u64;
+            let chunks = attr.size.div_ceil(l.stripe_size);
+            for c in 0..chunks {
+                for s in engine.read_chunk(ino, c)? {
+                    match s.data {
+                        SliceData::Object { target, .. } => {
+                            let e = per.entry(target).or_insert((0, 0));
+                            e.0 += 1;
+                            e.1 += s.len;
+                        }
+                        SliceData::Inline(_) => inline += s.len,
+                        SliceData::Zero => {}
+                    }
+                }
+            }
+            println!("\tobdidx\t\t objects\t\t bytes");
+            for (t, (n, b)) in per {
+                println!("\t{t:>6}\t\t{n:>8}\t\t{b:>10}");
+            }
+            if inline > 0 {
+                println!("\tinline (in the metadata engine): {inline} bytes");
+            }
+        }
+        _ => println!("(no layout: not a regular file)"),
+    }
+    Ok(())
+}
+
+pub fn project(a: ProjectArgs) -> Result<()> {
+    let (engine, ino, _mi) = engine_and_ino(&a.path)?;
+    match a.projid {
+        Some(p) => {
+            let n = engine.set_projid(ino, p, a.inherit)?;
+            if a.inherit {
+                println!("set project {p} on {n} inode(s) under {}", a.path.display());
+            }
+        }
+        None => {
+            let (p, inh) = engine.get_projid(ino)?;
+            println!(
+                "{:>10} {} {}",
+                p,
+                if inh { "P" } else { "-" },
+                a.path.display()
+            );
+        }
+    }
+    Ok(())
+}
+
+fn print_status(engine: Arc<dyn MetaEngine>) -> Result<()> {
+    let info = engine.info()?;
+    println!("filesystem: {} ({})", info.name, info.uuid);
+    println!(
+        "defaults:   stripe count {}, stripe size {}, inline up to {}, schema v{}",
+        info.default_stripe_count,
+        human(info.default_stripe_size),
+        human(info.inline_threshold),
+        info.schema_version
+    );
+    let usage = engine.usage()?;
+    println!(
+        "inodes:     {}    data: {}",
+        usage.inodes,
+        human(usage.bytes)
+    );
+    println!("targets:");
+    for (id, url, cap, used, _avail) in target_space(engine.as_ref())? {
+        println!(
+            "  OST{id:04x}  {url}  used {} of {}",
+            human(used),
+            human(cap)
+        );
+    }
+    let sessions = engine.sessions()?;
+    println!("clients:    {} mounted", sessions.len());
+    let now = now_nanos();
+    for s in sessions {
+        println!(
+            "  {:<16} host {} pid {} at {}  (session {}, heartbeat {:.1}s ago, v{})",
+            s.client_name,
+            s.host,
+            s.pid,
+            s.mountpoint,
+            s.id,
+            (now - s.heartbeat) as f64 / 1e9,
+            s.version
+        );
+    }
+    Ok(())
+}
+
+pub fn status(a: StatusArgs) -> Result<()> {
+    match (&a.meta, &a.path) {
+        (Some(m), _) => print_status(open_engine(m)?),
+        (None, Some(p)) => {
+            let (_root, mi) = mount_of(p)?;
+            print_status(open_engine(&mi.meta)?)
+        }
+        (None, None) => Err(CliError::Usage("status needs a PATH or --meta URL".into())),
+    }
+}
+
+/// Parses `name{label="v"} value` lines of the Prometheus text format.
+fn parse_prom(text: &str) -> Vec<(String, String, f64)> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        if line.starts_with('#') || line.trim().is_empty() {
+            continue;
+        }
+        let Some((key, val)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let Ok(v) = val.parse::<f64>() else { continue };
+        let (name, label) = match key.split_once('{') {
+            Some((n, rest)) => (n.to_string(), rest.trim_end_matches('}').to_string()),
+            None => (key.to_string(), String::new()),
+        };
+        out.push((name, label, v));
+    }
+    out
+}
+
+pub fn stats(a: StatsArgs) -> Result<()> {
+    let (root, mi) = mount_of(&a.mount)?;
+    let text = std::fs::read_to_string(root.join(tierfs_client::fs::STATS_NAME))
+        .map_err(|e| CliError::Io(a.mount.display().to_string(), e))?;
+    if a.raw {
+        print!("{text}");
+        return Ok(());
+    }
+    println!(
+        "client {} (session {}) at {}",
+        mi.client, mi.session, mi.mountpoint
+    );
+    let rows = parse_prom(&text);
+    let mut ops: BTreeMap<String, (f64, f64, f64)> = BTreeMap::new();
+    let mut bytes: BTreeMap<String, (f64, f64)> = BTreeMap::new();
+    for (name, label, v) in rows {
+        let l = label
+            .split_once('=')
+            .map(|(_, v)| v.trim_matches('"').to_string())
+            .unwrap_or_default();
+        match name.as_str() {
+            "tierfs_fuse_ops_total" => ops.entry(l).or_default().0 = v,
+            "tierfs_fuse_errors_total" => ops.entry(l).or_default().1 = v,
+            "tierfs_fuse_op_seconds_sum" => ops.entry(l).or_default().2 = v,
+            "tierfs_target_read_bytes_total" => bytes.entry(l).or_default().0 = v,
+            "tierfs_target_written_bytes_total" => bytes.entry(l).or_default().1 = v,
+            _ => {}
+        }
+    }
+    println!(
+        "{:<14} {:>12} {:>8} {:>14}",
+        "operation", "count", "errors", "mean latency"
+    );
+    for (op, (n, e, s)) in &ops {
+        let mean = if *n > 0.0 { s / n * 1e6 } else { 0.0 };
+        println!("{op:<14} {n:>12} {e:>8} {:>11.1} µs", mean);
+    }
+    println!();
+    println!("{:<14} {:>14} {:>14}", "target", "read", "written");
+    for (t, (r, w)) in &bytes {
+        println!(
+            "OST{:<11} {:>14} {:>14}",
+            t,
+            human(*r as u64),
+            human(*w as u64)
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,183 @@
+//! Command-line interface: subcommands named as Lustre users know them (`lfs df`, `lfs
+//! setstripe`, `lfs getstripe`, `lfs project`).
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "tierfs",
+    version,
+    about = "tierfs: a parallel filesystem with a persistent client cache, on an existing database and object stores",
+    long_about = "tierfs keeps its namespace in a database (SQLite by default) and stripes file data \
+over storage targets (object stores: local directories by default). Each client mounts it with FUSE.\n\n\
+Start with `tierfs up` for a ready-made demo filesystem."
+)]
+pub struct Cli {
+    /// Log level: error, warn, info, debug or trace (or a tracing filter such as tierfs_client=debug).
+    #[arg(long, global = true, default_value = "warn", env = "TIERFS_LOG")]
+    pub log_level: String,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Format (if needed) and mount a demo filesystem in ./tierfs-demo: SQLite metadata, two
+    /// local storage targets, mounted at ./tierfs-demo/mnt.
+    Up(UpArgs),
+    /// Create a new filesystem: its metadata database and storage targets.
+    Format(FormatArgs),
+    /// Mount a filesystem (returns once the mount is ready; the daemon keeps serving).
+    Mount(MountArgs),
+    /// Unmount a tierfs mount: stops its daemon cleanly, or removes a crashed daemon's dead mount.
+    #[command(alias = "unmount")]
+    Umount(UmountArgs),
+    /// Space per storage target and for metadata, then a summary (like `lfs df`).
+    Df(DfArgs),
+    /// Set the layout of a new (or empty) file, or a directory's default for new files.
+    Setstripe(SetstripeArgs),
+    /// Show a file's layout and which targets hold its data, or a directory's default.
+    Getstripe(GetstripeArgs),
+    /// Show or set project ids (like `lfs project`); PCC rules match on them.
+    Project(ProjectArgs),
+    /// The filesystem, its targets, and the clients mounted now.
+    Status(StatusArgs),
+    /// Operation counts, latencies and bytes per target of one mount.
+    Stats(StatsArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct UpArgs {
+    /// Directory of the demo filesystem.
+    #[arg(long, default_value = "tierfs-demo")]
+    pub dir: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct FormatArgs {
+    /// Metadata database URL, e.g. sqlite:///srv/tfs/meta.db
+    #[arg(long)]
+    pub meta: String,
+    /// Storage target URL (repeat for several), e.g. file:///srv/ost0 or file:///srv/ost1?capacity=100G
+    #[arg(long = "target", required = true)]
+    pub targets: Vec<String>,
+    /// Default number of targets each file is striped over (-1: all).
+    #[arg(long, short = 'c', default_value = "1", allow_hyphen_values = true)]
+    pub stripe_count: i64,
+    /// Default stripe size: a multiple of 64K, e.g. 1M.
+    #[arg(long, short = 'S', default_value = "1M")]
+    pub stripe_size: String,
+    /// Files no larger than this keep their data in the metadata database (0 disables).
+    #[arg(long, default_value = "64K")]
+    pub inline_threshold: String,
+    /// Filesystem name.
+    #[arg(long, default_value = "tierfs")]
+    pub name: String,
+    /// Format even if the database or targets already hold a filesystem (destroys it).
+    #[arg(long)]
+    pub force: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct MountArgs {
+    /// Metadata database URL, e.g. sqlite:///srv/tfs/meta.db
+    #[arg(long)]
+    pub meta: String,
+    /// Where to mount.
+    pub mountpoint: PathBuf,
+    /// Name of this client (default: the host name); `tierfs status` lists it.
+    #[arg(long)]
+    pub client_name: Option<String>,
+    /// Stay in the foreground instead of returning once mounted.
+    #[arg(long, short = 'f')]
+    pub foreground: bool,
+    /// Client configuration file (TOML); see docs/configuration in the README for keys.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Seconds the kernel caches attributes and names (default 1).
+    #[arg(long)]
+    pub attr_ttl: Option<f64>,
+    /// Serve Prometheus metrics on this address, e.g. 127.0.0.1:9567.
+    #[arg(long)]
+    pub metrics: Option<String>,
+    /// Where the background daemon logs (default: /tmp/tierfs-<client>.log).
+    #[arg(long)]
+    pub log_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct UmountArgs {
+    /// Mount point to unmount.
+    pub mountpoint: PathBuf,
+}
+
+#[derive(Debug, Args)]
+#[command(disable_help_flag = true)]
+pub struct DfArgs {
+    /// Human-readable sizes (as `lfs df -h`).
+    #[arg(short = 'h', long = "human-readable")]
+    pub human: bool,
+    /// Print help.
+    #[arg(long, action = clap::ArgAction::Help)]
+    pub help: Option<bool>,
+    /// A path inside a tierfs mount (default: every tierfs mount).
+    pub path: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct SetstripeArgs {
+    /// Stripe count (-1: all targets).
+    #[arg(short = 'c', long = "stripe-count", allow_hyphen_values = true)]
+    pub count: Option<i64>,
+    /// Stripe size, a multiple of 64K (e.g. 1M).
+    #[arg(short = 'S', long = "stripe-size")]
+    pub size: Option<String>,
+    /// New file, empty file, or directory.
+    pub path: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct GetstripeArgs {
+    pub path: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct ProjectArgs {
+    /// Project id to set (without it: show).
+    #[arg(short = 'p', long)]
+    pub projid: Option<u32>,
+    /// Set the inherit flag on directories: the subtree and new children get the id.
+    #[arg(short = 's', long)]
+    pub inherit: bool,
+    pub path: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// Metadata database URL (instead of a path).
+    #[arg(long)]
+    pub meta: Option<String>,
+    /// A path inside a tierfs mount.
+    pub path: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct StatsArgs {
+    /// The mount point.
+    pub mount: PathBuf,
+    /// Print the raw Prometheus text.
+    #[arg(long)]
+    pub raw: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        super::Cli::command().debug_assert();
+    }
+}

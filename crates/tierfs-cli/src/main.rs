@@ -1,0 +1,74 @@
+//! `tierfs`: the one binary (format, mount, umount, df, setstripe, getstripe, project, status,
+//! stats, up). Every failure is one line on stderr and a non-zero exit.
+
+mod admin;
+mod cli;
+mod error;
+mod format;
+mod locate;
+mod mount;
+
+use clap::Parser;
+
+use cli::{Cli, Command};
+use error::CliError;
+
+fn init_logging(level: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_new(level)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
+}
+
+fn run(cli: Cli) -> Result<(), CliError> {
+    match cli.command {
+        Command::Up(a) => mount::up(a, &cli.log_level),
+        Command::Format(a) => format::format(a),
+        Command::Mount(a) => mount::mount(a, &cli.log_level),
+        Command::Umount(a) => mount::umount(a),
+        Command::Df(a) => admin::df(a),
+        Command::Setstripe(a) => admin::setstripe(a),
+        Command::Getstripe(a) => admin::getstripe(a),
+        Command::Project(a) => admin::project(a),
+        Command::Status(a) => admin::status(a),
+        Command::Stats(a) => admin::stats(a),
+    }
+}
+
+fn main() {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+                let _ = e.print();
+                std::process::exit(0);
+            }
+            if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+                let _ = e.print();
+                std::process::exit(2);
+            }
+            // One line: clap's first line without its "error: " prefix.
+            let text = e.to_string();
+            let first = text.lines().next().unwrap_or("invalid arguments");
+            let first = first.strip_prefix("error: ").unwrap_or(first);
+            eprintln!("tierfs: {first} (see tierfs --help)");
+            std::process::exit(2);
+        }
+    };
+    if !matches!(cli.command, Command::Mount(_) | Command::Up(_)) {
+        // Short-lived commands die quietly on a closed pipe (`tierfs stats M | head`), as
+        // other Unix tools do. The daemon keeps Rust's default of ignoring SIGPIPE.
+        // SAFETY: setting a signal disposition before any other thread exists.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
+    init_logging(&cli.log_level);
+    if let Err(e) = run(cli) {
+        let msg = e.to_string().replace('\n', " ");
+        eprintln!("tierfs: {msg}");
+        std::process::exit(1);
+    }
+}
