@@ -67,13 +67,22 @@ impl ClientConfig {
 
     pub fn validate(&self) -> Result<(), String> {
         if !(self.attr_ttl >= 0.0 && self.attr_ttl <= 3600.0) {
-            return Err(format!("attr_ttl {} is out of range 0..3600", self.attr_ttl));
+            return Err(format!(
+                "attr_ttl {} is out of range 0..3600",
+                self.attr_ttl
+            ));
         }
         if !(self.entry_ttl >= 0.0 && self.entry_ttl <= 3600.0) {
-            return Err(format!("entry_ttl {} is out of range 0..3600", self.entry_ttl));
+            return Err(format!(
+                "entry_ttl {} is out of range 0..3600",
+                self.entry_ttl
+            ));
         }
         if self.fuse_threads == 0 || self.fuse_threads > 256 {
-            return Err(format!("fuse_threads {} is out of range 1..256", self.fuse_threads));
+            return Err(format!(
+                "fuse_threads {} is out of range 1..256",
+                self.fuse_threads
+            ));
         }
         if self.dirty_limit_mb == 0 {
             return Err("dirty_limit_mb must be at least 1".into());

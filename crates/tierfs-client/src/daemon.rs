@@ -46,7 +46,8 @@ pub struct MountRequest {
     pub config: ClientConfig,
 }
 
-/// Is `path` a mount point now (per /proc/self/mountinfo)? Returns its filesystem type.
+/// Is `path` a mount point now (per /proc/self/mountinfo)? Returns "TYPE SOURCE", e.g.
+/// "fuse tierfs:demo".
 pub fn mounted_fs_type(path: &Path) -> Option<String> {
     let text = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
     let want = path.to_string_lossy().to_string();
@@ -59,14 +60,19 @@ pub fn mounted_fs_type(path: &Path) -> Option<String> {
         let mp = unescape_mount_path(fields[4]);
         if mp == want {
             let sep = fields.iter().position(|f| *f == "-")?;
-            found = fields.get(sep + 1).map(|s| s.to_string());
+            let fstype = fields.get(sep + 1).copied().unwrap_or("");
+            let source = fields.get(sep + 2).copied().unwrap_or("");
+            found = Some(format!("{fstype} {source}"));
         }
     }
     found
 }
 
 fn unescape_mount_path(s: &str) -> String {
-    s.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
+    s.replace("\\040", " ")
+        .replace("\\011", "\t")
+        .replace("\\012", "\n")
+        .replace("\\134", "\\")
 }
 
 /// A FUSE mount whose daemon is gone answers ENOTCONN.
@@ -150,17 +156,17 @@ mod nix_signals {
 }
 
 /// Mounts and serves until unmounted. `ready` is called once the mount is up (or failed).
-pub fn mount(
-    req: MountRequest,
-    ready: impl FnOnce(Result<(), String>),
-) -> Result<(), DaemonError> {
+pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Result<(), DaemonError> {
     let sigs = block_signals();
     let cfg = req.config.clone();
     let mountpoint = prepare_mountpoint(&req.mountpoint)?;
     let meta = open_engine(&req.meta_url)?;
     let info = meta.info()?;
-    let tlist: Vec<(u32, String, u64)> =
-        meta.targets()?.into_iter().map(|t| (t.id, t.url, t.capacity)).collect();
+    let tlist: Vec<(u32, String, u64)> = meta
+        .targets()?
+        .into_iter()
+        .map(|t| (t.id, t.url, t.capacity))
+        .collect();
     let targets = Arc::new(TargetSet::open(&tlist)?);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -234,7 +240,10 @@ pub fn mount(
         Ok(s) => s,
         Err(e) => {
             let _ = meta.unregister_session(session);
-            return Err(DaemonError::Mount(mountpoint.display().to_string(), e.to_string()));
+            return Err(DaemonError::Mount(
+                mountpoint.display().to_string(),
+                e.to_string(),
+            ));
         }
     };
     let _ = notifier.set(fsession.notifier());

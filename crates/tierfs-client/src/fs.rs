@@ -11,9 +11,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use fuser::{
     AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
-    INodeNo, InitFlags, KernelConfig, LockOwner, Notifier, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
-    ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLock, ReplyOpen, ReplyStatfs,
-    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    INodeNo, InitFlags, KernelConfig, LockOwner, Notifier, OpenFlags, RenameFlags, ReplyAttr,
+    ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLock, ReplyOpen,
+    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use parking_lot::Mutex;
 
@@ -122,7 +122,11 @@ impl TierFs {
     }
 
     fn fattr(&self, a: &Attr) -> FileAttr {
-        let size = if a.kind == Kind::File { self.data.local_size(a.ino, a.size) } else { a.size };
+        let size = if a.kind == Kind::File {
+            self.data.local_size(a.ino, a.size)
+        } else {
+            a.size
+        };
         FileAttr {
             ino: INodeNo(a.ino),
             size,
@@ -189,8 +193,11 @@ impl TierFs {
     }
 
     fn make_node(&self, req: &Request, parent: Ino, name: &OsStr, node: NewNode) -> Result<Attr> {
-        let layout =
-            if node.kind == Kind::File { Some(self.data.choose_layout(parent)?) } else { None };
+        let layout = if node.kind == Kind::File {
+            Some(self.data.choose_layout(parent)?)
+        } else {
+            None
+        };
         let mut node = node;
         node.uid = req.uid();
         node.gid = req.gid();
@@ -268,11 +275,17 @@ impl Filesystem for TierFs {
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         if parent.0 == tierfs_meta::ROOT_INO && (name == STATS_NAME || name == INFO_NAME) {
-            let ino = if name == STATS_NAME { STATS_INO } else { INFO_INO };
+            let ino = if name == STATS_NAME {
+                STATS_INO
+            } else {
+                INFO_INO
+            };
             reply.entry(&Duration::ZERO, &self.stats_attr(ino), Generation(0));
             return;
         }
-        match self.run("lookup", || Ok(self.meta.lookup(parent.0, name.as_bytes())?)) {
+        match self.run("lookup", || {
+            Ok(self.meta.lookup(parent.0, name.as_bytes())?)
+        }) {
             Ok(a) => reply.entry(&self.entry_ttl, &self.fattr(&a), Generation(0)),
             Err(e) => reply.error(errno(&e)),
         }
@@ -400,14 +413,18 @@ impl Filesystem for TierFs {
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self.run("unlink", || Ok(self.meta.unlink(parent.0, name.as_bytes())?)) {
+        match self.run("unlink", || {
+            Ok(self.meta.unlink(parent.0, name.as_bytes())?)
+        }) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
         }
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self.run("rmdir", || Ok(self.meta.rmdir(parent.0, name.as_bytes())?)) {
+        match self.run("rmdir", || {
+            Ok(self.meta.rmdir(parent.0, name.as_bytes())?)
+        }) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
         }
@@ -424,7 +441,10 @@ impl Filesystem for TierFs {
         let r = self.run("symlink", || {
             let t = target.as_os_str().as_bytes();
             if t.len() >= libc::PATH_MAX as usize {
-                return Err(ClientError::Errno("symlink target too long", libc::ENAMETOOLONG));
+                return Err(ClientError::Errno(
+                    "symlink target too long",
+                    libc::ENAMETOOLONG,
+                ));
             }
             let node = NewNode {
                 kind: Kind::Symlink,
@@ -475,7 +495,9 @@ impl Filesystem for TierFs {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        match self.run("link", || Ok(self.meta.link(ino.0, newparent.0, newname.as_bytes())?)) {
+        match self.run("link", || {
+            Ok(self.meta.link(ino.0, newparent.0, newname.as_bytes())?)
+        }) {
             Ok(a) => reply.entry(&self.entry_ttl, &self.fattr(&a), Generation(0)),
             Err(e) => reply.error(errno(&e)),
         }
@@ -484,7 +506,11 @@ impl Filesystem for TierFs {
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         if is_virtual(ino.0) {
             let text = self.metrics.render().into_bytes();
-            let text = if ino.0 == INFO_INO { self.info_json.clone().into_bytes() } else { text };
+            let text = if ino.0 == INFO_INO {
+                self.info_json.clone().into_bytes()
+            } else {
+                text
+            };
             let fh = self.new_handle(Handle {
                 append: false,
                 last_read_end: AtomicU64::new(0),
@@ -531,9 +557,13 @@ impl Filesystem for TierFs {
             Ok((a, fh, fl))
         });
         match r {
-            Ok((a, fh, fl)) => {
-                reply.created(&self.entry_ttl, &self.fattr(&a), Generation(0), FileHandle(fh), fl)
-            }
+            Ok((a, fh, fl)) => reply.created(
+                &self.entry_ttl,
+                &self.fattr(&a),
+                Generation(0),
+                FileHandle(fh),
+                fl,
+            ),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -560,7 +590,9 @@ impl Filesystem for TierFs {
             return;
         }
         let r = self.run("read", || {
-            let prev = h.last_read_end.swap(offset + size as u64, Ordering::Relaxed);
+            let prev = h
+                .last_read_end
+                .swap(offset + size as u64, Ordering::Relaxed);
             let sequential = prev == offset || offset == 0;
             self.data.read(ino.0, offset, size, sequential)
         });
@@ -620,7 +652,8 @@ impl Filesystem for TierFs {
             let res = self.data.flush(ino.0);
             // close(2) drops the POSIX locks this owner holds on the file.
             if self.handle(fh).is_some() {
-                self.meta.release_locks(ino.0, self.session, lock_owner.0, false)?;
+                self.meta
+                    .release_locks(ino.0, self.session, lock_owner.0, false)?;
             }
             res.map(|_| ())
         });
@@ -667,7 +700,7 @@ impl Filesystem for TierFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        match self.run("fsync", || self.data.flush(ino.0).map(|_| ())) {
+        match self.run("fsync", || self.data.fsync(ino.0)) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
         }
@@ -795,7 +828,9 @@ impl Filesystem for TierFs {
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        match self.run("getxattr", || Ok(self.meta.getxattr(ino.0, name.as_bytes())?)) {
+        match self.run("getxattr", || {
+            Ok(self.meta.getxattr(ino.0, name.as_bytes())?)
+        }) {
             Ok(v) => {
                 if size == 0 {
                     reply.size(v.len() as u32);
@@ -830,7 +865,9 @@ impl Filesystem for TierFs {
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self.run("removexattr", || Ok(self.meta.removexattr(ino.0, name.as_bytes())?)) {
+        match self.run("removexattr", || {
+            Ok(self.meta.removexattr(ino.0, name.as_bytes())?)
+        }) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
         }
@@ -856,7 +893,11 @@ impl Filesystem for TierFs {
         let want = self.lock_range(lock_owner, start, end, typ, pid);
         match self.run("getlk", || Ok(self.meta.test_lock(ino.0, &want)?)) {
             Ok(Some(l)) => {
-                let t = if l.typ == LockType::Write { libc::F_WRLCK } else { libc::F_RDLCK };
+                let t = if l.typ == LockType::Write {
+                    libc::F_WRLCK
+                } else {
+                    libc::F_RDLCK
+                };
                 reply.locked(l.start, l.end, t, l.pid)
             }
             Ok(None) => reply.locked(start, end, libc::F_UNLCK, 0),
@@ -917,7 +958,10 @@ impl Filesystem for TierFs {
             let punch = mode & libc::FALLOC_FL_PUNCH_HOLE != 0;
             let known = libc::FALLOC_FL_KEEP_SIZE | libc::FALLOC_FL_PUNCH_HOLE;
             if mode & !known != 0 || (punch && !keep) {
-                return Err(ClientError::Errno("unsupported fallocate mode", libc::EOPNOTSUPP));
+                return Err(ClientError::Errno(
+                    "unsupported fallocate mode",
+                    libc::EOPNOTSUPP,
+                ));
             }
             if !punch {
                 let a = self.meta.getattr(ino.0)?;

@@ -45,15 +45,30 @@ impl Metrics {
         let read_bytes = Family::<Labels, Counter>::default();
         let written_bytes = Family::<Labels, Counter>::default();
         registry.register("fuse_ops", "FUSE operations handled", ops.clone());
-        registry.register("fuse_errors", "FUSE operations that returned an error", errors.clone());
+        registry.register(
+            "fuse_errors",
+            "FUSE operations that returned an error",
+            errors.clone(),
+        );
         registry.register("fuse_op_seconds", "FUSE operation latency", latency.clone());
-        registry.register("target_read_bytes", "Bytes read from each storage target", read_bytes.clone());
+        registry.register(
+            "target_read_bytes",
+            "Bytes read from each storage target",
+            read_bytes.clone(),
+        );
         registry.register(
             "target_written_bytes",
             "Bytes written to each storage target",
             written_bytes.clone(),
         );
-        Metrics { registry, ops, errors, latency, read_bytes, written_bytes }
+        Metrics {
+            registry,
+            ops,
+            errors,
+            latency,
+            read_bytes,
+            written_bytes,
+        }
     }
 
     /// Records one finished operation.
@@ -63,11 +78,15 @@ impl Metrics {
         if !ok {
             self.errors.get_or_create(&l).inc();
         }
-        self.latency.get_or_create(&l).observe(start.elapsed().as_secs_f64());
+        self.latency
+            .get_or_create(&l)
+            .observe(start.elapsed().as_secs_f64());
     }
 
     pub fn target_read(&self, target: u32, n: u64) {
-        self.read_bytes.get_or_create(&vec![("target".to_string(), target.to_string())]).inc_by(n);
+        self.read_bytes
+            .get_or_create(&vec![("target".to_string(), target.to_string())])
+            .inc_by(n);
     }
 
     pub fn target_written(&self, target: u32, n: u64) {
@@ -118,6 +137,9 @@ mod tests {
         let s = m.render();
         assert!(s.contains("tierfs_fuse_ops_total{op=\"read\"} 2"), "{s}");
         assert!(s.contains("tierfs_fuse_errors_total{op=\"read\"} 1"), "{s}");
-        assert!(s.contains("tierfs_target_written_bytes_total{target=\"1\"} 4096"), "{s}");
+        assert!(
+            s.contains("tierfs_target_written_bytes_total{target=\"1\"} 4096"),
+            "{s}"
+        );
     }
 }

@@ -82,6 +82,9 @@ pub trait MetaEngine: Send + Sync {
     /// (compaction). Returns false when the chunk changed in between.
     fn replace_chunk(&self, ino: Ino, chunk: u64, upto: u64, merged: &[Slice]) -> Result<bool>;
 
+    /// Makes every committed transaction durable against power loss (fsync semantics).
+    fn sync(&self) -> Result<()>;
+
     // ---- sessions and open files ----
     fn register_session(&self, s: &SessionInfo) -> Result<u64>;
     fn heartbeat(&self, session: u64) -> Result<()>;

@@ -154,6 +154,38 @@ impl Target {
         Ok(self.store.get_range(&object_path(obj), start..end).await?)
     }
 
+    /// Makes written objects durable (fsync of each object file and its directory on a local
+    /// target; object stores acknowledge a put only once it is durable, so nothing to do there).
+    pub async fn sync(&self, objs: Vec<u64>) -> Result<()> {
+        match &self.spec.kind {
+            TargetKind::Local(dir) => {
+                let dir = dir.clone();
+                tokio::task::spawn_blocking(move || {
+                    let mut dirs = std::collections::BTreeSet::new();
+                    for obj in objs {
+                        let p = dir.join(object_path(obj).as_ref());
+                        match std::fs::File::open(&p) {
+                            Ok(f) => f.sync_all().map_err(|e| StoreError::Io(e.to_string()))?,
+                            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                            Err(e) => return Err(StoreError::Io(e.to_string())),
+                        }
+                        if let Some(parent) = p.parent() {
+                            dirs.insert(parent.to_path_buf());
+                        }
+                    }
+                    for d in dirs {
+                        if let Ok(f) = std::fs::File::open(&d) {
+                            f.sync_all().map_err(|e| StoreError::Io(e.to_string()))?;
+                        }
+                    }
+                    Ok(())
+                })
+                .await
+                .map_err(|e| StoreError::Io(e.to_string()))?
+            }
+        }
+    }
+
     pub async fn delete(&self, obj: u64) -> Result<()> {
         match self.store.delete(&object_path(obj)).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),

@@ -36,7 +36,10 @@ pub struct ChunkCache {
 
 impl ChunkCache {
     pub fn new(cap: usize) -> ChunkCache {
-        ChunkCache { cap: cap.max(1), inner: Mutex::new((0, HashMap::new())) }
+        ChunkCache {
+            cap: cap.max(1),
+            inner: Mutex::new((0, HashMap::new())),
+        }
     }
 
     pub fn get(&self, key: &Key) -> Option<Cell> {

@@ -69,6 +69,8 @@ struct FileInner {
     pending_end: u64,
     /// An error of a background upload, reported at the next write, flush or fsync.
     deferred_error: Option<i32>,
+    /// Objects committed but not yet made durable (for fsync).
+    unsynced: Vec<(u32, u64)>,
 }
 
 #[derive(Default)]
@@ -146,7 +148,10 @@ impl DataPath {
         let mut files = self.files.lock();
         if let Some(st) = files.get(&ino) {
             let inner = st.inner.lock();
-            if inner.pending.is_empty() && inner.deferred_error.is_none() {
+            if inner.pending.is_empty()
+                && inner.deferred_error.is_none()
+                && inner.unsynced.is_empty()
+            {
                 drop(inner);
                 files.remove(&ino);
             }
@@ -169,7 +174,10 @@ impl DataPath {
         let def = self.meta.resolve_stripe_default(dir)?;
         let fills = self.space.fills();
         let targets = self.allocator.choose(&fills, def.stripe_count);
-        Ok(Layout { stripe_size: def.stripe_size, targets })
+        Ok(Layout {
+            stripe_size: def.stripe_size,
+            targets,
+        })
     }
 
     /// Records the attributes seen at open; returns whether the kernel may keep its page cache
@@ -312,7 +320,10 @@ impl DataPath {
         let metrics = Arc::clone(&self.metrics);
         self.rt.spawn(async move {
             let t = t?;
-            let _permit = sem.acquire_owned().await.map_err(|e| StoreError::Io(e.to_string()))?;
+            let _permit = sem
+                .acquire_owned()
+                .await
+                .map_err(|e| StoreError::Io(e.to_string()))?;
             let n = bytes.len() as u64;
             t.put(obj, bytes).await?;
             metrics.target_written(target, n);
@@ -322,7 +333,9 @@ impl DataPath {
 
     /// Commits every buffered write of `ino`; returns the new attributes if anything was written.
     pub fn flush(&self, ino: Ino) -> Result<Option<Attr>> {
-        let Some(st) = self.existing(ino) else { return Ok(None) };
+        let Some(st) = self.existing(ino) else {
+            return Ok(None);
+        };
         let _order = st.flush_lock.lock();
         let (pending, end, deferred) = {
             let mut inner = st.inner.lock();
@@ -337,7 +350,10 @@ impl DataPath {
             return Ok(None);
         }
         let attr = self.attr_of(&st, ino)?;
-        let layout = attr.layout.clone().ok_or(ClientError::Errno("no layout", libc::EINVAL))?;
+        let layout = attr
+            .layout
+            .clone()
+            .ok_or(ClientError::Errno("no layout", libc::EINVAL))?;
         let inline = end.max(attr.size) <= self.inline_threshold;
         let mut slices = Vec::with_capacity(pending.len());
         let mut waits = Vec::new();
@@ -347,20 +363,38 @@ impl DataPath {
                 Some((target, obj, handle)) => {
                     let len = p.sealed_len;
                     reserved.push((target, len));
-                    slices.push(Slice { seq: 0, chunk: p.chunk, off: p.off, len, data: SliceData::Object { target, obj } });
+                    slices.push(Slice {
+                        seq: 0,
+                        chunk: p.chunk,
+                        off: p.off,
+                        len,
+                        data: SliceData::Object { target, obj },
+                    });
                     waits.push(handle);
                 }
                 None if inline && p.chunk == 0 => {
                     let len = p.data.len() as u64;
                     reserved.push((layout.target_of_chunk(0), len));
-                    slices.push(Slice { seq: 0, chunk: p.chunk, off: p.off, len, data: SliceData::Inline(p.data) });
+                    slices.push(Slice {
+                        seq: 0,
+                        chunk: p.chunk,
+                        off: p.off,
+                        len,
+                        data: SliceData::Inline(p.data),
+                    });
                 }
                 None => {
                     let target = layout.target_of_chunk(p.chunk);
                     let obj = self.next_object_id()?;
                     let len = p.data.len() as u64;
                     reserved.push((target, len));
-                    slices.push(Slice { seq: 0, chunk: p.chunk, off: p.off, len, data: SliceData::Object { target, obj } });
+                    slices.push(Slice {
+                        seq: 0,
+                        chunk: p.chunk,
+                        off: p.off,
+                        len,
+                        data: SliceData::Object { target, obj },
+                    });
                     waits.push(self.spawn_upload(target, obj, Bytes::from(p.data)));
                 }
             }
@@ -391,6 +425,11 @@ impl DataPath {
         }
         match result {
             Ok(a) => {
+                for sl in &slices {
+                    if let SliceData::Object { target, obj } = sl.data {
+                        inner.unsynced.push((target, obj));
+                    }
+                }
                 inner.chunk_slices.clear();
                 inner.seen_version = Some(a.data_version);
                 let size = a.size;
@@ -402,6 +441,29 @@ impl DataPath {
             Err(ClientError::Meta(MetaError::NotFound)) => Ok(None),
             Err(e) => Err(e),
         }
+    }
+
+    /// fsync: commits buffered writes, then makes this file's objects and the metadata durable.
+    pub fn fsync(&self, ino: Ino) -> Result<()> {
+        self.flush(ino)?;
+        let Some(st) = self.existing(ino) else {
+            return Ok(());
+        };
+        let objs = std::mem::take(&mut st.inner.lock().unsynced);
+        let mut by_target: HashMap<u32, Vec<u64>> = HashMap::new();
+        for (t, o) in objs {
+            by_target.entry(t).or_default().push(o);
+        }
+        let mut futs = Vec::new();
+        for (t, list) in by_target {
+            let target = Arc::clone(self.targets.get(t)?);
+            futs.push(async move { target.sync(list).await });
+        }
+        for r in self.rt.block_on(futures::future::join_all(futs)) {
+            r?;
+        }
+        self.meta.sync()?;
+        Ok(())
     }
 
     /// Forgets cached attributes and slices (after truncate, setstripe, or a remote change).
@@ -566,7 +628,12 @@ async fn materialize(
     }
     let segs = visible(&slices, start, end);
     if let [seg] = segs.as_slice() {
-        if let Source::Object { target, obj, obj_off } = seg.src {
+        if let Source::Object {
+            target,
+            obj,
+            obj_off,
+        } = seg.src
+        {
             let t = targets.get(target)?;
             let b = t.get_range(obj, obj_off, obj_off + seg.len).await?;
             metrics.target_read(target, b.len() as u64);
@@ -575,7 +642,12 @@ async fn materialize(
     }
     let mut fetches = Vec::new();
     for (i, seg) in segs.iter().enumerate() {
-        if let Source::Object { target, obj, obj_off } = seg.src {
+        if let Source::Object {
+            target,
+            obj,
+            obj_off,
+        } = seg.src
+        {
             let t = Arc::clone(targets.get(target)?);
             let len = seg.len;
             let metrics = Arc::clone(&metrics);
@@ -596,7 +668,11 @@ async fn materialize(
         buf[at..at + n].copy_from_slice(&b[..n]);
     }
     for seg in &segs {
-        if let Source::Inline { slice_idx, data_off } = seg.src {
+        if let Source::Inline {
+            slice_idx,
+            data_off,
+        } = seg.src
+        {
             if let SliceData::Inline(d) = &slices[slice_idx].data {
                 let at = (seg.off - start) as usize;
                 let from = data_off as usize;

@@ -6,9 +6,16 @@ use tierfs_meta::{Slice, SliceData};
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Source {
     /// `target`/`obj` from byte `obj_off`.
-    Object { target: u32, obj: u64, obj_off: u64 },
+    Object {
+        target: u32,
+        obj: u64,
+        obj_off: u64,
+    },
     /// Inline bytes of slice `slice_idx`, from byte `data_off`.
-    Inline { slice_idx: usize, data_off: u64 },
+    Inline {
+        slice_idx: usize,
+        data_off: u64,
+    },
     Zero,
 }
 
@@ -38,13 +45,22 @@ pub fn visible(slices: &[Slice], start: u64, end: u64) -> Vec<Segment> {
                 continue;
             }
             let src = match &s.data {
-                SliceData::Object { target, obj } => {
-                    Source::Object { target: *target, obj: *obj, obj_off: a - s0 }
-                }
-                SliceData::Inline(_) => Source::Inline { slice_idx: idx, data_off: a - s0 },
+                SliceData::Object { target, obj } => Source::Object {
+                    target: *target,
+                    obj: *obj,
+                    obj_off: a - s0,
+                },
+                SliceData::Inline(_) => Source::Inline {
+                    slice_idx: idx,
+                    data_off: a - s0,
+                },
                 SliceData::Zero => Source::Zero,
             };
-            out.push(Segment { off: a, len: b - a, src });
+            out.push(Segment {
+                off: a,
+                len: b - a,
+                src,
+            });
             if u0 < a {
                 next.push((u0, a));
             }
@@ -55,7 +71,11 @@ pub fn visible(slices: &[Slice], start: u64, end: u64) -> Vec<Segment> {
         uncovered = next;
     }
     for (u0, u1) in uncovered {
-        out.push(Segment { off: u0, len: u1 - u0, src: Source::Zero });
+        out.push(Segment {
+            off: u0,
+            len: u1 - u0,
+            src: Source::Zero,
+        });
     }
     out.sort_by_key(|s| s.off);
     out
@@ -67,7 +87,13 @@ mod tests {
     use proptest::prelude::*;
 
     fn obj(off: u64, len: u64, obj: u64) -> Slice {
-        Slice { seq: 0, chunk: 0, off, len, data: SliceData::Object { target: 0, obj } }
+        Slice {
+            seq: 0,
+            chunk: 0,
+            off,
+            len,
+            data: SliceData::Object { target: 0, obj },
+        }
     }
 
     #[test]
@@ -77,10 +103,38 @@ mod tests {
         assert_eq!(
             v,
             vec![
-                Segment { off: 0, len: 50, src: Source::Object { target: 0, obj: 1, obj_off: 0 } },
-                Segment { off: 50, len: 10, src: Source::Object { target: 0, obj: 2, obj_off: 0 } },
-                Segment { off: 60, len: 40, src: Source::Object { target: 0, obj: 1, obj_off: 60 } },
-                Segment { off: 100, len: 20, src: Source::Zero },
+                Segment {
+                    off: 0,
+                    len: 50,
+                    src: Source::Object {
+                        target: 0,
+                        obj: 1,
+                        obj_off: 0
+                    }
+                },
+                Segment {
+                    off: 50,
+                    len: 10,
+                    src: Source::Object {
+                        target: 0,
+                        obj: 2,
+                        obj_off: 0
+                    }
+                },
+                Segment {
+                    off: 60,
+                    len: 40,
+                    src: Source::Object {
+                        target: 0,
+                        obj: 1,
+                        obj_off: 60
+                    }
+                },
+                Segment {
+                    off: 100,
+                    len: 20,
+                    src: Source::Zero
+                },
             ]
         );
     }

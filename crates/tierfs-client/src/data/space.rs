@@ -79,7 +79,11 @@ impl SpaceGuard {
             .current()
             .into_iter()
             .map(|(id, f)| {
-                let capacity = if f.capacity > 0 { f.capacity } else { f.device_total };
+                let capacity = if f.capacity > 0 {
+                    f.capacity
+                } else {
+                    f.device_total
+                };
                 let used = if f.capacity > 0 {
                     f.used
                 } else {
