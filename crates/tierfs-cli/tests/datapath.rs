@@ -66,11 +66,31 @@ fn stripe_size_of(out: &str) -> Option<u64> {
         .and_then(|s| parse_size(&s))
 }
 
-/// Does `out` name target `i` (its directory `ost<i>` or a Lustre-style `OST000<i>`)?
+/// Does `out` name target `i`: its directory `ost<i>`, a Lustre-style `OST000<i>`, or a row of
+/// an `lfs getstripe`-style `obdidx` table whose first column is `i`?
 fn names_target(out: &str, i: usize) -> bool {
     let toks = tokens(out);
-    toks.iter()
+    if toks
+        .iter()
         .any(|t| *t == format!("ost{i}") || *t == format!("ost{i:04}"))
+    {
+        return true;
+    }
+    let mut in_table = false;
+    for line in out.lines() {
+        if line.to_ascii_lowercase().contains("obdidx") {
+            in_table = true;
+            continue;
+        }
+        if in_table {
+            match line.split_whitespace().next().map(|t| t.parse::<usize>()) {
+                Some(Ok(idx)) if idx == i => return true,
+                Some(Ok(_)) => {}
+                _ => in_table = false,
+            }
+        }
+    }
+    false
 }
 
 fn write_pattern_file(p: &Path, seed: u64, size: u64) {
