@@ -355,3 +355,123 @@ fn status_lists_mounted_clients() {
         out.stdout
     );
 }
+
+#[test]
+fn concurrent_creates_in_one_directory_from_three_clients() {
+    const PER: usize = 300;
+    let t = TestFs::with(Opts {
+        clients: 3,
+        timeout: Duration::from_secs(300),
+        ..Opts::default()
+    });
+    fs::create_dir(t.p(0, "d")).unwrap();
+    after_ttl(1.0);
+    thread::scope(|s| {
+        for c in 0..3usize {
+            let d = t.p(c, "d");
+            s.spawn(move || {
+                for i in 0..PER {
+                    let p = d.join(format!("c{c}-{i:04}"));
+                    fs::write(&p, format!("{c}/{i}"))
+                        .unwrap_or_else(|e| panic!("c{c} create {}: {e}", p.display()));
+                }
+            });
+        }
+    });
+    after_ttl(1.0);
+    for c in 0..3usize {
+        let got = names(&t.p(c, "d"));
+        assert_eq!(got.len(), 3 * PER, "c{c} lists {} entries", got.len());
+    }
+    for c in 0..3usize {
+        for i in (0..PER).step_by(37) {
+            let p = t.p((c + 1) % 3, &format!("d/c{c}-{i:04}"));
+            assert_eq!(read_all(&p).unwrap(), format!("{c}/{i}").as_bytes());
+        }
+    }
+}
+
+#[test]
+fn exclusive_create_race_has_one_winner() {
+    const NAMES: usize = 50;
+    let t = TestFs::new(3);
+    let barrier = Arc::new(Barrier::new(3));
+    let wins: Vec<Vec<usize>> = thread::scope(|s| {
+        let hs: Vec<_> = (0..3usize)
+            .map(|c| {
+                let root = t.mnt(c).to_path_buf();
+                let barrier = barrier.clone();
+                s.spawn(move || {
+                    let mut won = Vec::new();
+                    for i in 0..NAMES {
+                        barrier.wait();
+                        let p = root.join(format!("x{i}"));
+                        match fs::OpenOptions::new().write(true).create_new(true).open(&p) {
+                            Ok(mut f) => {
+                                f.write_all(format!("c{c}").as_bytes()).unwrap();
+                                won.push(i);
+                            }
+                            Err(e) => assert_eq!(
+                                err_of(&e),
+                                libc::EEXIST,
+                                "c{c} O_EXCL on x{i}: want EEXIST, got {e}"
+                            ),
+                        }
+                        let d = root.join(format!("dir{i}"));
+                        if let Err(e) = fs::create_dir(&d) {
+                            assert_eq!(err_of(&e), libc::EEXIST, "c{c} mkdir dir{i}: {e}");
+                        }
+                    }
+                    won
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for i in 0..NAMES {
+        let winners: Vec<usize> = (0..3).filter(|c| wins[*c].contains(&i)).collect();
+        assert_eq!(winners.len(), 1, "x{i}: O_EXCL winners {winners:?}");
+        let body = read_all(&t.p(0, &format!("x{i}"))).unwrap();
+        assert_eq!(body, format!("c{}", winners[0]).as_bytes(), "x{i} content");
+    }
+}
+
+#[test]
+fn rename_replace_is_atomic_for_readers_on_another_client() {
+    // the config-file pattern: write a temp file, rename it over the live name
+    const ROUNDS: usize = 100;
+    let t = TestFs::new(2);
+    let body = |i: usize| format!("version {i:06} ").repeat(500);
+    fs::write(t.p(0, "live"), body(0)).unwrap();
+    let done = std::sync::atomic::AtomicBool::new(false);
+    thread::scope(|s| {
+        s.spawn(|| {
+            for i in 1..=ROUNDS {
+                let tmp = t.p(0, &format!("tmp{i}"));
+                fs::write(&tmp, body(i)).unwrap();
+                fs::rename(&tmp, t.p(0, "live")).unwrap();
+            }
+            done.store(true, std::sync::atomic::Ordering::SeqCst);
+        });
+        let reader = s.spawn(|| {
+            let mut reads = 0;
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                let got = read_all(&t.p(1, "live"))
+                    .unwrap_or_else(|e| panic!("c1 read of the live name failed: {e}"));
+                let text = String::from_utf8_lossy(&got).into_owned();
+                let first = text.get(..15).unwrap_or("").to_string();
+                assert!(
+                    !text.is_empty() && text == first.repeat(500),
+                    "c1 read a torn or mixed version ({} bytes, starts {first:?})",
+                    got.len()
+                );
+                reads += 1;
+            }
+            reads
+        });
+        let reads = reader.join().unwrap();
+        assert!(reads > 0);
+    });
+    after_ttl(1.0);
+    assert_eq!(read_all(&t.p(1, "live")).unwrap(), body(ROUNDS).as_bytes());
+}
