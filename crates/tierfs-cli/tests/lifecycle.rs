@@ -313,3 +313,26 @@ fn project_id_inherited_with_s() {
     let out = t.tierfs(&["project", &es]);
     assert_eq!(out.stdout.split_whitespace().next(), Some("700"));
 }
+
+#[test]
+fn fsynced_data_survives_daemon_kill() {
+    let t = TestFs::new(2);
+    let data = pattern(93, 0, 3 * 1024 * 1024 + 5);
+    let h = fs::File::create(t.p(0, "f")).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&h, &data, 0).unwrap();
+    h.sync_all().unwrap();
+    fs::create_dir(t.p(0, "d")).unwrap();
+    let mnt = t.mnt(0).to_path_buf();
+    let pid = daemon_pid(&mnt);
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    assert!(wait_until(Duration::from_secs(10), || !pid_alive(pid)));
+    drop(h);
+    thread::sleep(Duration::from_millis(1500));
+    assert_same_bytes(
+        &read_all(&t.p(1, "f")).unwrap(),
+        &data,
+        0,
+        "fsynced data after the writer's daemon was killed",
+    );
+    assert!(t.p(1, "d").is_dir(), "directory made before the kill");
+}

@@ -475,3 +475,30 @@ fn rename_replace_is_atomic_for_readers_on_another_client() {
     after_ttl(1.0);
     assert_eq!(read_all(&t.p(1, "live")).unwrap(), body(ROUNDS).as_bytes());
 }
+
+#[test]
+fn permission_change_on_one_client_enforced_on_another() {
+    let t = TestFs::with(Opts {
+        clients: 2,
+        attr_ttl: Some(TTL),
+        ..Opts::default()
+    });
+    fs::write(t.p(0, "f"), b"secret").unwrap();
+    let c = cstr(&t.p(0, "f"));
+    io_res(unsafe { libc::chmod(c.as_ptr(), 0o644) }).unwrap();
+    let p1 = t.p(1, "f");
+    let p = p1.clone();
+    as_user(&Cred::new(1000, 1000), move || {
+        assert_eq!(read_all(&p).unwrap(), b"secret", "0644 readable on c1");
+    });
+    io_res(unsafe { libc::chmod(c.as_ptr(), 0o600) }).unwrap();
+    after_ttl(TTL);
+    let p = p1.clone();
+    as_user(&Cred::new(1000, 1000), move || {
+        let r = fs::File::open(&p);
+        assert!(
+            matches!(&r, Err(e) if err_of(e) == libc::EACCES),
+            "c1 still lets uid 1000 open after chmod 0600 on c0: {r:?}"
+        );
+    });
+}

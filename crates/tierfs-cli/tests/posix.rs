@@ -1919,3 +1919,138 @@ fn metadata_via_std_matches_stat() {
     assert_eq!(m.len(), 5);
     assert_eq!(m.mode(), st.st_mode);
 }
+
+#[test]
+fn unlink_while_iterating_directory() {
+    // what `rm -rf` does: unlink entries while the directory stream is open
+    const N: usize = 2000;
+    let t = TestFs::new(1);
+    let d = t.p(0, "d");
+    fs::create_dir(&d).unwrap();
+    for i in 0..N {
+        mknod(&d.join(format!("f{i:05}")), libc::S_IFREG | 0o644).unwrap();
+    }
+    let mut removed = std::collections::BTreeSet::new();
+    for e in fs::read_dir(&d).unwrap() {
+        let e = e.unwrap();
+        let name = e.file_name().to_string_lossy().into_owned();
+        assert!(removed.insert(name.clone()), "{name} listed twice");
+        fs::remove_file(e.path()).unwrap_or_else(|err| panic!("unlink {name}: {err}"));
+    }
+    assert_eq!(removed.len(), N, "entries seen while unlinking");
+    fs::remove_dir(&d).expect("directory empty after one pass");
+}
+
+#[test]
+fn st_blocks_accounts_for_data() {
+    let t = TestFs::new(1);
+    let f = t.p(0, "dense");
+    fs::write(&f, pattern(14, 0, 1 << 20)).unwrap();
+    let st = stat(&f).unwrap();
+    assert!(
+        st.st_blocks * 512 >= 1 << 20,
+        "st_blocks {} too small for a dense 1 MiB file (du would under-report)",
+        st.st_blocks
+    );
+}
+
+#[test]
+fn mmap_shared_write_seen_by_other_client() {
+    let t = TestFs::new(2);
+    let f = t.p(0, "m");
+    let len = 3 * 4096 + 100;
+    fs::write(&f, vec![0u8; len]).unwrap();
+    let h = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&f)
+        .unwrap();
+    let data = pattern(15, 0, len);
+    unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            h.as_raw_fd(),
+            0,
+        );
+        assert_ne!(p, libc::MAP_FAILED, "mmap: {}", io::Error::last_os_error());
+        std::ptr::copy_nonoverlapping(data.as_ptr(), p.cast::<u8>(), len);
+        assert_eq!(libc::msync(p, len, libc::MS_SYNC), 0, "msync");
+        assert_eq!(libc::munmap(p, len), 0);
+    }
+    drop(h);
+    assert_same_bytes(&read_all(&f).unwrap(), &data, 0, "c0 after mmap write");
+    assert_same_bytes(
+        &read_all(&t.p(1, "m")).unwrap(),
+        &data,
+        0,
+        "c1 after mmap write",
+    );
+    // and mmap reading
+    let h = fs::File::open(t.p(1, "m")).unwrap();
+    unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            h.as_raw_fd(),
+            0,
+        );
+        assert_ne!(p, libc::MAP_FAILED);
+        let got = std::slice::from_raw_parts(p.cast::<u8>(), len).to_vec();
+        libc::munmap(p, len);
+        assert_same_bytes(&got, &data, 0, "mmap read on c1");
+    }
+}
+
+#[test]
+fn o_direct_write_and_read() {
+    let t = TestFs::new(2);
+    let f = t.p(0, "direct");
+    let len = 1 << 20;
+    // O_DIRECT wants aligned buffers
+    let layout = std::alloc::Layout::from_size_align(len, 4096).unwrap();
+    let buf = unsafe { std::alloc::alloc(layout) };
+    let data = pattern(16, 0, len);
+    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), buf, len) };
+    let c = cstr(&f);
+    let fd = unsafe {
+        libc::open(
+            c.as_ptr(),
+            libc::O_CREAT | libc::O_RDWR | libc::O_DIRECT | libc::O_CLOEXEC,
+            0o644,
+        )
+    };
+    assert!(fd >= 0, "open O_DIRECT: {}", io::Error::last_os_error());
+    let n = unsafe { libc::pwrite(fd, buf.cast(), len, 0) };
+    assert_eq!(
+        n,
+        len as isize,
+        "O_DIRECT write: {}",
+        io::Error::last_os_error()
+    );
+    unsafe { std::ptr::write_bytes(buf, 0, len) };
+    let n = unsafe { libc::pread(fd, buf.cast(), len, 0) };
+    assert_eq!(
+        n,
+        len as isize,
+        "O_DIRECT read: {}",
+        io::Error::last_os_error()
+    );
+    let got = unsafe { std::slice::from_raw_parts(buf, len) }.to_vec();
+    unsafe {
+        libc::close(fd);
+        std::alloc::dealloc(buf, layout);
+    }
+    assert_same_bytes(&got, &data, 0, "O_DIRECT read back");
+    assert_same_bytes(
+        &read_all(&f).unwrap(),
+        &data,
+        0,
+        "buffered read after O_DIRECT",
+    );
+    assert_same_bytes(&read_all(&t.p(1, "direct")).unwrap(), &data, 0, "c1");
+}
