@@ -23,8 +23,11 @@ fn size_str(n: u64, h: bool) -> String {
     }
 }
 
-/// (capacity, used, available) of each target.
-fn target_space(engine: &dyn MetaEngine) -> Result<Vec<(u32, String, u64, u64, u64)>> {
+/// (id, url, capacity, used, available) of one target.
+type TargetRow = (u32, String, u64, u64, u64);
+
+/// Capacity, use and free space of each target.
+fn target_space(engine: &dyn MetaEngine) -> Result<Vec<TargetRow>> {
     let mut out = Vec::new();
     for t in engine.targets()? {
         let spec = TargetSpec::parse(&t.url)?;

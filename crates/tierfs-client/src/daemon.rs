@@ -259,11 +259,14 @@ pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Resul
         std::thread::Builder::new()
             .name("tierfs-session".into())
             .spawn(move || {
-                let tick = Duration::from_millis(100);
+                let tick = Duration::from_millis(50);
                 let mut since_hb = Duration::ZERO;
                 let mut since_gc = Duration::ZERO;
                 while !stop.load(Ordering::Relaxed) {
                     std::thread::sleep(tick);
+                    if let Err(e) = data.drain_closes(session) {
+                        tracing::warn!("recording closes failed: {e}");
+                    }
                     since_hb += tick;
                     since_gc += tick;
                     if since_hb >= Duration::from_secs(cfg.heartbeat_secs) {
@@ -282,6 +285,9 @@ pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Resul
                         since_gc = Duration::ZERO;
                         if let Err(e) = data.collect_garbage() {
                             tracing::warn!("garbage collection failed: {e}");
+                        }
+                        if let Err(e) = meta.maintain() {
+                            tracing::warn!("metadata maintenance failed: {e}");
                         }
                     }
                 }
@@ -317,6 +323,7 @@ pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Resul
     stop.store(true, Ordering::Relaxed);
     let _ = bg.join();
     data.flush_all();
+    let _ = data.drain_closes(session);
     if let Err(e) = meta.unregister_session(session) {
         tracing::warn!("could not end the session: {e}");
     }

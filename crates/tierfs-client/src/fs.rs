@@ -58,6 +58,8 @@ pub struct TierFs {
     pub notifier: Arc<OnceLock<Notifier>>,
     /// Contents of the info file (JSON: meta URL, client name, session).
     pub info_json: String,
+    /// Files on which this client took locks (only those need releasing at close).
+    locked: Mutex<std::collections::HashSet<Ino>>,
 }
 
 fn to_time(n: i64) -> SystemTime {
@@ -118,6 +120,7 @@ impl TierFs {
             next_fh: AtomicU64::new(1),
             notifier: Arc::new(OnceLock::new()),
             info_json: String::new(),
+            locked: Mutex::new(Default::default()),
         }
     }
 
@@ -192,7 +195,14 @@ impl TierFs {
         r
     }
 
-    fn make_node(&self, req: &Request, parent: Ino, name: &OsStr, node: NewNode) -> Result<Attr> {
+    fn make_node(
+        &self,
+        req: &Request,
+        parent: Ino,
+        name: &OsStr,
+        node: NewNode,
+        open: bool,
+    ) -> Result<Attr> {
         let layout = if node.kind == Kind::File {
             Some(self.data.choose_layout(parent)?)
         } else {
@@ -201,11 +211,18 @@ impl TierFs {
         let mut node = node;
         node.uid = req.uid();
         node.gid = req.gid();
-        Ok(self.meta.create(parent, name.as_bytes(), &node, layout)?)
+        let open_by = if open { Some(self.session) } else { None };
+        Ok(self
+            .meta
+            .create(parent, name.as_bytes(), &node, layout, open_by)?)
     }
 
-    fn open_file(&self, attr: &Attr, flags: i32) -> Result<(u64, FopenFlags)> {
-        self.meta.open_file(self.session, attr.ino)?;
+    /// A new handle on `attr`'s file; `recorded` when the open is already in the metadata
+    /// engine (create + open in one transaction).
+    fn open_file(&self, attr: &Attr, flags: i32, recorded: bool) -> Result<(u64, FopenFlags)> {
+        if !recorded {
+            self.meta.open_file(self.session, attr.ino)?;
+        }
         let keep = self.data.open(attr);
         if !keep {
             // The data changed since this client last saw it: make the kernel drop its cached
@@ -287,6 +304,13 @@ impl Filesystem for TierFs {
             Ok(self.meta.lookup(parent.0, name.as_bytes())?)
         }) {
             Ok(a) => reply.entry(&self.entry_ttl, &self.fattr(&a), Generation(0)),
+            Err(ClientError::Meta(MetaError::NotFound)) if !self.entry_ttl.is_zero() => {
+                // A negative entry (inode 0): the kernel remembers the name is absent for the
+                // entry TTL, as it remembers names that exist.
+                let mut none = self.stats_attr(0);
+                none.ino = INodeNo(0);
+                reply.entry(&self.entry_ttl, &none, Generation(0))
+            }
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -378,7 +402,7 @@ impl Filesystem for TierFs {
                 rdev,
                 symlink: None,
             };
-            self.make_node(req, parent.0, name, node)
+            self.make_node(req, parent.0, name, node, false)
         });
         match r {
             Ok(a) => reply.entry(&self.entry_ttl, &self.fattr(&a), Generation(0)),
@@ -404,7 +428,7 @@ impl Filesystem for TierFs {
                 rdev: 0,
                 symlink: None,
             };
-            self.make_node(req, parent.0, name, node)
+            self.make_node(req, parent.0, name, node, false)
         });
         match r {
             Ok(a) => reply.entry(&self.entry_ttl, &self.fattr(&a), Generation(0)),
@@ -454,7 +478,7 @@ impl Filesystem for TierFs {
                 rdev: 0,
                 symlink: Some(t.to_vec()),
             };
-            self.make_node(req, parent.0, link_name, node)
+            self.make_node(req, parent.0, link_name, node, false)
         });
         match r {
             Ok(a) => reply.entry(&self.entry_ttl, &self.fattr(&a), Generation(0)),
@@ -524,7 +548,7 @@ impl Filesystem for TierFs {
             if a.kind == Kind::Dir {
                 return Err(ClientError::Meta(MetaError::IsDir));
             }
-            self.open_file(&a, flags.0)
+            self.open_file(&a, flags.0, false)
         });
         match r {
             Ok((fh, fl)) => reply.opened(FileHandle(fh), fl),
@@ -552,8 +576,8 @@ impl Filesystem for TierFs {
                 rdev: 0,
                 symlink: None,
             };
-            let a = self.make_node(req, parent.0, name, node)?;
-            let (fh, fl) = self.open_file(&a, flags)?;
+            let a = self.make_node(req, parent.0, name, node, true)?;
+            let (fh, fl) = self.open_file(&a, flags, true)?;
             Ok((a, fh, fl))
         });
         match r {
@@ -651,7 +675,7 @@ impl Filesystem for TierFs {
         let r = self.run("flush", || {
             let res = self.data.flush(ino.0);
             // close(2) drops the POSIX locks this owner holds on the file.
-            if self.handle(fh).is_some() {
+            if self.handle(fh).is_some() && self.locked.lock().contains(&ino.0) {
                 self.meta
                     .release_locks(ino.0, self.session, lock_owner.0, false)?;
             }
@@ -681,9 +705,12 @@ impl Filesystem for TierFs {
         let r = self.run("release", || {
             let flushed = self.data.flush(ino.0);
             if let Some(o) = lock_owner {
-                self.meta.release_locks(ino.0, self.session, o.0, false)?;
+                if self.locked.lock().contains(&ino.0) {
+                    self.meta.release_locks(ino.0, self.session, o.0, false)?;
+                }
             }
-            self.meta.close_file(self.session, ino.0)?;
+            // Closes reach the metadata engine in batches (see DataPath::queue_close).
+            self.data.queue_close(ino.0);
             flushed.map(|_| ())
         });
         match r {
@@ -919,6 +946,9 @@ impl Filesystem for TierFs {
         reply: ReplyEmpty,
     ) {
         let want = self.lock_range(lock_owner, start, end, typ, pid);
+        if want.typ != LockType::Unlock {
+            self.locked.lock().insert(ino.0);
+        }
         let first = self.run("setlk", || Ok(self.meta.set_lock(ino.0, &want)?));
         match first {
             Ok(()) => reply.ok(),

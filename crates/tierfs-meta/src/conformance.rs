@@ -26,9 +26,12 @@ pub fn params() -> FormatParams {
 /// A factory of fresh engines; the first element keeps the engine's storage alive.
 pub type Factory<'a> = dyn Fn() -> (Box<dyn Any>, Box<dyn MetaEngine>) + 'a;
 
+/// One check of the suite.
+type Check = fn(&dyn MetaEngine);
+
 /// Every check, each on a fresh filesystem.
 pub fn run_all(factory: &Factory<'_>) {
-    let checks: &[(&str, fn(&dyn MetaEngine))] = &[
+    let checks: &[(&str, Check)] = &[
         ("format_and_root", format_and_root),
         ("create_lookup_and_errors", create_lookup_and_errors),
         ("setattr_and_truncate", setattr_and_truncate),
@@ -103,13 +106,15 @@ fn format_and_root(e: &dyn MetaEngine) {
 }
 
 fn create_lookup_and_errors(e: &dyn MetaEngine) {
-    let a = e.create(ROOT_INO, b"f", &file(), Some(layout())).unwrap();
+    let a = e
+        .create(ROOT_INO, b"f", &file(), Some(layout()), None)
+        .unwrap();
     assert_eq!(a.kind, Kind::File);
     assert_eq!(a.nlink, 1);
     assert_eq!(a.layout, Some(layout()));
     assert_eq!(e.lookup(ROOT_INO, b"f").unwrap().ino, a.ino);
     assert!(matches!(
-        e.create(ROOT_INO, b"f", &file(), None),
+        e.create(ROOT_INO, b"f", &file(), None, None),
         Err(MetaError::Exists)
     ));
     assert!(matches!(
@@ -118,28 +123,33 @@ fn create_lookup_and_errors(e: &dyn MetaEngine) {
     ));
     assert!(matches!(e.lookup(a.ino, b"x"), Err(MetaError::NotDir)));
     assert!(matches!(
-        e.create(a.ino, b"x", &file(), None),
+        e.create(a.ino, b"x", &file(), None, None),
         Err(MetaError::NotDir)
     ));
     let long = vec![b'a'; 256];
     assert!(matches!(
-        e.create(ROOT_INO, &long, &file(), None),
+        e.create(ROOT_INO, &long, &file(), None, None),
         Err(MetaError::NameTooLong)
     ));
     let ok = vec![b'b'; 255];
-    e.create(ROOT_INO, &ok, &file(), None).unwrap();
-    let d = e.create(ROOT_INO, b"d", &dir(), None).unwrap();
+    e.create(ROOT_INO, &ok, &file(), None, None).unwrap();
+    let d = e.create(ROOT_INO, b"d", &dir(), None, None).unwrap();
     assert_eq!(d.nlink, 2);
     assert_eq!(e.getattr(ROOT_INO).unwrap().nlink, 3);
     let fifo = NewNode {
         kind: Kind::Fifo,
         ..file()
     };
-    assert_eq!(e.create(d.ino, b"p", &fifo, None).unwrap().kind, Kind::Fifo);
+    assert_eq!(
+        e.create(d.ino, b"p", &fifo, None, None).unwrap().kind,
+        Kind::Fifo
+    );
 }
 
 fn setattr_and_truncate(e: &dyn MetaEngine) {
-    let a = e.create(ROOT_INO, b"f", &file(), Some(layout())).unwrap();
+    let a = e
+        .create(ROOT_INO, b"f", &file(), Some(layout()), None)
+        .unwrap();
     let mib = 1u64 << 20;
     e.commit_slices(
         a.ino,
@@ -195,7 +205,7 @@ fn setattr_and_truncate(e: &dyn MetaEngine) {
         (0o4700, 5, 6, 1_000, 2_000)
     );
     assert!(d.ctime > 2_000);
-    let dd = e.create(ROOT_INO, b"d", &dir(), None).unwrap();
+    let dd = e.create(ROOT_INO, b"d", &dir(), None, None).unwrap();
     assert!(matches!(
         e.setattr(
             dd.ino,
@@ -209,8 +219,10 @@ fn setattr_and_truncate(e: &dyn MetaEngine) {
 }
 
 fn unlink_rmdir_nlink(e: &dyn MetaEngine) {
-    let d = e.create(ROOT_INO, b"d", &dir(), None).unwrap();
-    let f = e.create(d.ino, b"f", &file(), Some(layout())).unwrap();
+    let d = e.create(ROOT_INO, b"d", &dir(), None, None).unwrap();
+    let f = e
+        .create(d.ino, b"f", &file(), Some(layout()), None)
+        .unwrap();
     assert!(matches!(e.rmdir(ROOT_INO, b"d"), Err(MetaError::NotEmpty)));
     assert!(matches!(e.unlink(ROOT_INO, b"d"), Err(MetaError::IsDir)));
     assert!(matches!(e.rmdir(d.ino, b"f"), Err(MetaError::NotDir)));
@@ -222,22 +234,22 @@ fn unlink_rmdir_nlink(e: &dyn MetaEngine) {
 }
 
 fn rename_cases(e: &dyn MetaEngine) {
-    let a = e.create(ROOT_INO, b"a", &dir(), None).unwrap();
-    let b = e.create(ROOT_INO, b"b", &dir(), None).unwrap();
-    let f = e.create(a.ino, b"f", &file(), None).unwrap();
-    let g = e.create(b.ino, b"g", &file(), None).unwrap();
+    let a = e.create(ROOT_INO, b"a", &dir(), None, None).unwrap();
+    let b = e.create(ROOT_INO, b"b", &dir(), None, None).unwrap();
+    let f = e.create(a.ino, b"f", &file(), None, None).unwrap();
+    let g = e.create(b.ino, b"g", &file(), None, None).unwrap();
     // across directories, over an existing file
     e.rename(a.ino, b"f", b.ino, b"g", 0).unwrap();
     assert_eq!(e.lookup(b.ino, b"g").unwrap().ino, f.ino);
     assert!(matches!(e.getattr(g.ino), Err(MetaError::NotFound)));
     // NOREPLACE
-    e.create(b.ino, b"h", &file(), None).unwrap();
+    e.create(b.ino, b"h", &file(), None, None).unwrap();
     assert!(matches!(
         e.rename(b.ino, b"g", b.ino, b"h", libc::RENAME_NOREPLACE),
         Err(MetaError::Exists)
     ));
     // EXCHANGE a file and a directory across parents: nlink of parents moves
-    let sub = e.create(a.ino, b"sub", &dir(), None).unwrap();
+    let sub = e.create(a.ino, b"sub", &dir(), None, None).unwrap();
     let a_before = e.getattr(a.ino).unwrap().nlink;
     let b_before = e.getattr(b.ino).unwrap().nlink;
     e.rename(a.ino, b"sub", b.ino, b"g", libc::RENAME_EXCHANGE)
@@ -248,7 +260,7 @@ fn rename_cases(e: &dyn MetaEngine) {
     assert_eq!(e.getattr(b.ino).unwrap().nlink, b_before + 1);
     assert_eq!(e.getattr(sub.ino).unwrap().parent, b.ino);
     // a directory over an empty directory; over a non-empty one fails
-    let empty = e.create(ROOT_INO, b"empty", &dir(), None).unwrap();
+    let empty = e.create(ROOT_INO, b"empty", &dir(), None, None).unwrap();
     e.rename(b.ino, b"g", ROOT_INO, b"empty", 0).unwrap();
     assert!(matches!(e.getattr(empty.ino), Err(MetaError::NotFound)));
     assert!(matches!(
@@ -277,9 +289,9 @@ fn rename_cases(e: &dyn MetaEngine) {
 }
 
 fn readdir_pages(e: &dyn MetaEngine) {
-    let d = e.create(ROOT_INO, b"d", &dir(), None).unwrap();
+    let d = e.create(ROOT_INO, b"d", &dir(), None, None).unwrap();
     for i in 0..250 {
-        e.create(d.ino, format!("n{i}").as_bytes(), &file(), None)
+        e.create(d.ino, format!("n{i}").as_bytes(), &file(), None, None)
             .unwrap();
     }
     let mut seen = std::collections::BTreeSet::new();
@@ -305,16 +317,16 @@ fn symlink_and_link(e: &dyn MetaEngine) {
         symlink: Some(b"/some/where".to_vec()),
         ..file()
     };
-    let a = e.create(ROOT_INO, b"s", &s, None).unwrap();
+    let a = e.create(ROOT_INO, b"s", &s, None, None).unwrap();
     assert_eq!(a.size, 11);
     assert_eq!(e.readlink(a.ino).unwrap(), b"/some/where");
-    let f = e.create(ROOT_INO, b"f", &file(), None).unwrap();
+    let f = e.create(ROOT_INO, b"f", &file(), None, None).unwrap();
     assert!(matches!(e.readlink(f.ino), Err(MetaError::Invalid(_))));
     let l = e.link(f.ino, ROOT_INO, b"f2").unwrap();
     assert_eq!(l.nlink, 2);
     e.unlink(ROOT_INO, b"f").unwrap();
     assert_eq!(e.getattr(f.ino).unwrap().nlink, 1);
-    let d = e.create(ROOT_INO, b"d", &dir(), None).unwrap();
+    let d = e.create(ROOT_INO, b"d", &dir(), None, None).unwrap();
     assert!(matches!(
         e.link(d.ino, ROOT_INO, b"d2"),
         Err(MetaError::NotPermitted)
@@ -322,7 +334,7 @@ fn symlink_and_link(e: &dyn MetaEngine) {
 }
 
 fn xattrs(e: &dyn MetaEngine) {
-    let f = e.create(ROOT_INO, b"f", &file(), None).unwrap();
+    let f = e.create(ROOT_INO, b"f", &file(), None, None).unwrap();
     assert!(matches!(
         e.getxattr(f.ino, b"user.a"),
         Err(MetaError::NoAttr)
@@ -352,7 +364,9 @@ fn xattrs(e: &dyn MetaEngine) {
 }
 
 fn slices_and_commit_order(e: &dyn MetaEngine) {
-    let f = e.create(ROOT_INO, b"f", &file(), Some(layout())).unwrap();
+    let f = e
+        .create(ROOT_INO, b"f", &file(), Some(layout()), None)
+        .unwrap();
     let first = e.alloc_object_ids(10).unwrap();
     let second = e.alloc_object_ids(10).unwrap();
     assert!(second >= first + 10, "object id ranges never overlap");
@@ -396,7 +410,9 @@ fn slices_and_commit_order(e: &dyn MetaEngine) {
 }
 
 fn open_unlinked_file_survives(e: &dyn MetaEngine) {
-    let f = e.create(ROOT_INO, b"f", &file(), Some(layout())).unwrap();
+    let f = e
+        .create(ROOT_INO, b"f", &file(), Some(layout()), None)
+        .unwrap();
     e.commit_slices(f.ino, &[obj_slice(0, 0, 10, 7)], 10, 1)
         .unwrap();
     e.open_file(1, f.ino).unwrap();
@@ -409,9 +425,9 @@ fn open_unlinked_file_survives(e: &dyn MetaEngine) {
         "data stays while open"
     );
     assert!(e.trash(10).unwrap().is_empty());
-    e.close_file(1, f.ino).unwrap();
+    e.close_files(1, &[f.ino]).unwrap();
     assert!(e.getattr(f.ino).is_ok(), "client 2 still has it open");
-    e.close_file(2, f.ino).unwrap();
+    e.close_files(2, &[f.ino]).unwrap();
     assert!(matches!(e.getattr(f.ino), Err(MetaError::NotFound)));
     let t = e.trash(10).unwrap();
     assert_eq!(t.len(), 1);
@@ -443,7 +459,9 @@ fn sessions_and_reaping(e: &dyn MetaEngine) {
     assert_eq!(e.sessions().unwrap().len(), 2);
     e.heartbeat(a).unwrap();
     // An orphan held open only by a session that dies is purged when it is reaped.
-    let f = e.create(ROOT_INO, b"f", &file(), Some(layout())).unwrap();
+    let f = e
+        .create(ROOT_INO, b"f", &file(), Some(layout()), None)
+        .unwrap();
     e.open_file(b, f.ino).unwrap();
     e.unlink(ROOT_INO, b"f").unwrap();
     std::thread::sleep(std::time::Duration::from_millis(20));
@@ -459,7 +477,7 @@ fn sessions_and_reaping(e: &dyn MetaEngine) {
 }
 
 fn locks(e: &dyn MetaEngine) {
-    let f = e.create(ROOT_INO, b"f", &file(), None).unwrap();
+    let f = e.create(ROOT_INO, b"f", &file(), None, None).unwrap();
     let w = |session, owner, start, end| LockRange {
         session,
         owner,
@@ -503,8 +521,8 @@ fn locks(e: &dyn MetaEngine) {
 }
 
 fn stripe_defaults_and_projects(e: &dyn MetaEngine) {
-    let d = e.create(ROOT_INO, b"d", &dir(), None).unwrap();
-    let sub = e.create(d.ino, b"sub", &dir(), None).unwrap();
+    let d = e.create(ROOT_INO, b"d", &dir(), None, None).unwrap();
+    let sub = e.create(d.ino, b"sub", &dir(), None, None).unwrap();
     assert_eq!(
         e.resolve_stripe_default(sub.ino).unwrap(),
         StripeDefault {
@@ -527,7 +545,9 @@ fn stripe_defaults_and_projects(e: &dyn MetaEngine) {
             stripe_size: 4 << 20
         }
     );
-    let f = e.create(sub.ino, b"f", &file(), Some(layout())).unwrap();
+    let f = e
+        .create(sub.ino, b"f", &file(), Some(layout()), None)
+        .unwrap();
     e.set_file_layout(
         f.ino,
         &Layout {
@@ -544,7 +564,7 @@ fn stripe_defaults_and_projects(e: &dyn MetaEngine) {
     ));
     assert_eq!(e.set_projid(d.ino, 500, true).unwrap(), 3);
     assert_eq!(e.getattr(f.ino).unwrap().projid, 500);
-    let g = e.create(sub.ino, b"g", &file(), None).unwrap();
+    let g = e.create(sub.ino, b"g", &file(), None, None).unwrap();
     assert_eq!(g.projid, 500, "new children inherit with -s");
     assert_eq!(e.get_projid(d.ino).unwrap(), (500, true));
 }
@@ -560,6 +580,7 @@ fn setgid_inheritance(e: &dyn MetaEngine) {
                 ..dir()
             },
             None,
+            None,
         )
         .unwrap();
     let f = e
@@ -571,11 +592,12 @@ fn setgid_inheritance(e: &dyn MetaEngine) {
                 ..file()
             },
             None,
+            None,
         )
         .unwrap();
     assert_eq!(f.gid, 77);
     let s = e
-        .create(d.ino, b"s", &NewNode { gid: 1000, ..dir() }, None)
+        .create(d.ino, b"s", &NewNode { gid: 1000, ..dir() }, None, None)
         .unwrap();
     assert_eq!(s.gid, 77);
     assert_ne!(
@@ -586,7 +608,9 @@ fn setgid_inheritance(e: &dyn MetaEngine) {
 }
 
 fn compaction_replace_chunk(e: &dyn MetaEngine) {
-    let f = e.create(ROOT_INO, b"f", &file(), Some(layout())).unwrap();
+    let f = e
+        .create(ROOT_INO, b"f", &file(), Some(layout()), None)
+        .unwrap();
     for i in 0..5 {
         e.commit_slices(f.ino, &[obj_slice(0, i * 10, 10, 100 + i)], (i + 1) * 10, 1)
             .unwrap();

@@ -25,6 +25,7 @@ pub trait MetaEngine: Send + Sync {
         name: &[u8],
         node: &NewNode,
         layout: Option<Layout>,
+        open_by: Option<u64>,
     ) -> Result<Attr>;
     fn link(&self, ino: Ino, new_parent: Ino, new_name: &[u8]) -> Result<Attr>;
     /// Removes a name. A file whose last name goes while a client still has it open stays
@@ -84,6 +85,9 @@ pub trait MetaEngine: Send + Sync {
 
     /// Makes every committed transaction durable against power loss (fsync semantics).
     fn sync(&self) -> Result<()>;
+    /// Background housekeeping of the engine (SQLite: checkpoint the write-ahead log). Each
+    /// client calls it every second or so, off the application's path.
+    fn maintain(&self) -> Result<()>;
 
     // ---- sessions and open files ----
     fn register_session(&self, s: &SessionInfo) -> Result<u64>;
@@ -94,9 +98,9 @@ pub trait MetaEngine: Send + Sync {
     /// locks; returns how many went.
     fn reap_sessions(&self, timeout_ns: i64) -> Result<usize>;
     fn open_file(&self, session: u64, ino: Ino) -> Result<()>;
-    /// Drops one open of `ino` by `session`; a file with no names left is deleted at its last
-    /// close on every client.
-    fn close_file(&self, session: u64, ino: Ino) -> Result<()>;
+    /// Drops one open of each of `inos` by `session` (one transaction); a file with no names
+    /// left is deleted at its last close on every client.
+    fn close_files(&self, session: u64, inos: &[Ino]) -> Result<()>;
 
     // ---- garbage ----
     /// Objects no longer referenced and not in use by an open file.

@@ -29,9 +29,12 @@ impl Cell {
     }
 }
 
+type Entries = HashMap<Key, (Cell, u64)>;
+
 pub struct ChunkCache {
     cap: usize,
-    inner: Mutex<(u64, HashMap<Key, (Cell, u64)>)>,
+    /// (use counter, key -> (cell, last use)).
+    inner: Mutex<(u64, Entries)>,
 }
 
 impl ChunkCache {

@@ -47,6 +47,9 @@ impl Default for DataConfig {
     }
 }
 
+/// A running upload of one object.
+type Upload = JoinHandle<std::result::Result<(), StoreError>>;
+
 /// A write not yet committed: bytes at `off` inside `chunk`.
 struct Pending {
     chunk: u64,
@@ -55,7 +58,7 @@ struct Pending {
     /// Length of a sealed piece (its bytes went to the upload).
     sealed_len: u64,
     /// Set once the piece is sealed and its upload started.
-    upload: Option<(u32, u64, JoinHandle<std::result::Result<(), StoreError>>)>,
+    upload: Option<(u32, u64, Upload)>,
 }
 
 #[derive(Default)]
@@ -92,6 +95,8 @@ pub struct DataPath {
     cache: ChunkCache,
     uploads: Arc<Semaphore>,
     files: Mutex<HashMap<Ino, Arc<FileState>>>,
+    closes: Mutex<Vec<Ino>>,
+    info_cache: Mutex<Option<(std::time::Instant, HashMap<Ino, tierfs_meta::StripeDefault>)>>,
 }
 
 fn chunk_range(layout: &Layout, off: u64, end: u64) -> impl Iterator<Item = (u64, u64, u64)> {
@@ -127,6 +132,8 @@ impl DataPath {
             inline_threshold,
             ids: Mutex::new((0, 0)),
             files: Mutex::new(HashMap::new()),
+            closes: Mutex::new(Vec::new()),
+            info_cache: Mutex::new(None),
             cfg,
             meta,
             targets,
@@ -169,9 +176,52 @@ impl DataPath {
         Ok(id)
     }
 
+    /// Records a close; [`DataPath::drain_closes`] sends them to the metadata engine in one
+    /// transaction (a create-write-close then costs two transactions instead of three).
+    pub fn queue_close(&self, ino: Ino) {
+        self.closes.lock().push(ino);
+    }
+
+    /// Sends queued closes to the metadata engine.
+    pub fn drain_closes(&self, session: u64) -> Result<usize> {
+        let batch = std::mem::take(&mut *self.closes.lock());
+        if batch.is_empty() {
+            return Ok(0);
+        }
+        if let Err(e) = self.meta.close_files(session, &batch) {
+            // Keep them for the next round.
+            self.closes.lock().extend_from_slice(&batch);
+            return Err(e.into());
+        }
+        Ok(batch.len())
+    }
+
+    /// A directory's stripe default for new files, cached for a second (setstripe on a
+    /// directory reaches other clients within that, like other attributes).
+    fn stripe_default(&self, dir: Ino) -> Result<tierfs_meta::StripeDefault> {
+        let ttl = std::time::Duration::from_secs(1);
+        {
+            let mut g = self.info_cache.lock();
+            match g.as_ref() {
+                Some((t, _)) if t.elapsed() > ttl => *g = None,
+                _ => {}
+            }
+            if let Some((_, m)) = g.as_ref() {
+                if let Some(d) = m.get(&dir) {
+                    return Ok(*d);
+                }
+            }
+        }
+        let def = self.meta.resolve_stripe_default(dir)?;
+        let mut g = self.info_cache.lock();
+        let entry = g.get_or_insert_with(|| (std::time::Instant::now(), HashMap::new()));
+        entry.1.insert(dir, def);
+        Ok(def)
+    }
+
     /// Chooses the layout of a new file in `dir`.
     pub fn choose_layout(&self, dir: Ino) -> Result<Layout> {
-        let def = self.meta.resolve_stripe_default(dir)?;
+        let def = self.stripe_default(dir)?;
         let fills = self.space.fills();
         let targets = self.allocator.choose(&fills, def.stripe_count);
         Ok(Layout {
@@ -309,12 +359,7 @@ impl DataPath {
         Ok(())
     }
 
-    fn spawn_upload(
-        &self,
-        target: u32,
-        obj: u64,
-        bytes: Bytes,
-    ) -> JoinHandle<std::result::Result<(), StoreError>> {
+    fn spawn_upload(&self, target: u32, obj: u64, bytes: Bytes) -> Upload {
         let t = self.targets.get(target).cloned();
         let sem = Arc::clone(&self.uploads);
         let metrics = Arc::clone(&self.metrics);

@@ -49,6 +49,7 @@ CREATE TABLE dentries (
     kind INTEGER NOT NULL
 );
 CREATE UNIQUE INDEX dentries_name ON dentries(parent, name);
+CREATE INDEX dentries_cursor ON dentries(parent, id);
 CREATE TABLE slices (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     ino INTEGER NOT NULL,
@@ -65,7 +66,7 @@ CREATE TABLE xattrs (
     name BLOB NOT NULL,
     value BLOB NOT NULL,
     PRIMARY KEY (ino, name)
-);
+) WITHOUT ROWID;
 CREATE TABLE sessions (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     client_name TEXT NOT NULL,
@@ -77,12 +78,12 @@ CREATE TABLE sessions (
     heartbeat INTEGER NOT NULL
 );
 CREATE TABLE open_files (
-    session INTEGER NOT NULL,
     ino INTEGER NOT NULL,
+    session INTEGER NOT NULL,
     count INTEGER NOT NULL,
-    PRIMARY KEY (session, ino)
-);
-CREATE INDEX open_files_ino ON open_files(ino);
+    PRIMARY KEY (ino, session)
+) WITHOUT ROWID;
+CREATE INDEX open_files_session ON open_files(session);
 CREATE TABLE trash (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     ino INTEGER NOT NULL,
