@@ -1800,23 +1800,35 @@ fn setgid_directory_inheritance() {
 fn write_by_non_root_clears_setuid() {
     let t = TestFs::new(1);
     let w = world_dir(&t, "w");
-    let f = w.join("prog");
-    fs::write(&f, b"#!/bin/sh\n").unwrap();
-    chown(&f, U1, U1).unwrap();
-    chmod(&f, 0o4777).unwrap();
-    let f1 = f.clone();
+    // one file written at an offset, one through an O_APPEND handle
+    for name in ["pwrite", "append"] {
+        let f = w.join(name);
+        fs::write(&f, b"#!/bin/sh\n").unwrap();
+        chown(&f, U1, U1).unwrap();
+        chmod(&f, 0o4777).unwrap();
+    }
+    let w1 = w.clone();
     as_user(&Cred::new(U2, U2), move || {
         fs::OpenOptions::new()
+            .write(true)
+            .open(w1.join("pwrite"))
+            .unwrap()
+            .write_all_at(b"echo\n", 10)
+            .unwrap();
+        fs::OpenOptions::new()
             .append(true)
-            .open(&f1)
+            .open(w1.join("append"))
             .unwrap()
             .write_all(b"echo\n")
             .unwrap();
     });
-    assert_eq!(
-        mode_of(&f) & 0o7777,
-        0o777,
-        "a write by another user clears S_ISUID"
+    let modes: Vec<(&str, u32)> = ["pwrite", "append"]
+        .iter()
+        .map(|n| (*n, mode_of(&w.join(n)) & 0o7777))
+        .collect();
+    assert!(
+        modes.iter().all(|(_, m)| *m == 0o777),
+        "a write by another user must clear S_ISUID (want 0777): {modes:?}"
     );
 }
 
