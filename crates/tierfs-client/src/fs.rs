@@ -93,6 +93,16 @@ fn errno(e: &ClientError) -> Errno {
     Errno::from_i32(e.errno())
 }
 
+/// For requests that name an inode rather than a name: an inode that no longer exists is
+/// ESTALE, so the kernel looks the path up again (another client may have replaced the file,
+/// e.g. renamed a new version over it) instead of failing with ENOENT.
+fn ino_errno(e: &ClientError) -> Errno {
+    match e {
+        ClientError::Meta(MetaError::NotFound) => Errno::ESTALE,
+        other => errno(other),
+    }
+}
+
 fn time_set(t: TimeOrNow) -> TimeSet {
     match t {
         TimeOrNow::Now => TimeSet::Now,
@@ -326,7 +336,7 @@ impl Filesystem for TierFs {
         }
         match self.run("getattr", || Ok(self.meta.getattr(ino.0)?)) {
             Ok(a) => reply.attr(&self.attr_ttl, &self.fattr(&a)),
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(ino_errno(&e)),
         }
     }
 
@@ -370,14 +380,14 @@ impl Filesystem for TierFs {
         });
         match r {
             Ok(a) => reply.attr(&self.attr_ttl, &self.fattr(&a)),
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(ino_errno(&e)),
         }
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
         match self.run("readlink", || Ok(self.meta.readlink(ino.0)?)) {
             Ok(t) => reply.data(&t),
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(ino_errno(&e)),
         }
     }
 
@@ -552,7 +562,7 @@ impl Filesystem for TierFs {
         });
         match r {
             Ok((fh, fl)) => reply.opened(FileHandle(fh), fl),
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(ino_errno(&e)),
         }
     }
 
@@ -742,7 +752,7 @@ impl Filesystem for TierFs {
             Ok(a)
         }) {
             Ok(_) => reply.opened(FileHandle(0), FopenFlags::empty()),
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(ino_errno(&e)),
         }
     }
 
@@ -791,7 +801,7 @@ impl Filesystem for TierFs {
         });
         match r {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(ino_errno(&e)),
         }
     }
 
@@ -850,7 +860,7 @@ impl Filesystem for TierFs {
             Ok(self.meta.setxattr(ino.0, name.as_bytes(), value, flags)?)
         }) {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(ino_errno(&e)),
         }
     }
 
@@ -867,7 +877,7 @@ impl Filesystem for TierFs {
                     reply.data(&v);
                 }
             }
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(ino_errno(&e)),
         }
     }
 
@@ -887,7 +897,7 @@ impl Filesystem for TierFs {
                     reply.data(&buf);
                 }
             }
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(ino_errno(&e)),
         }
     }
 
@@ -896,7 +906,7 @@ impl Filesystem for TierFs {
             Ok(self.meta.removexattr(ino.0, name.as_bytes())?)
         }) {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(ino_errno(&e)),
         }
     }
 
@@ -928,7 +938,7 @@ impl Filesystem for TierFs {
                 reply.locked(l.start, l.end, t, l.pid)
             }
             Ok(None) => reply.locked(start, end, libc::F_UNLCK, 0),
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(ino_errno(&e)),
         }
     }
 
@@ -969,7 +979,7 @@ impl Filesystem for TierFs {
                     }
                 });
             }
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(ino_errno(&e)),
         }
     }
 
@@ -1010,7 +1020,7 @@ impl Filesystem for TierFs {
         });
         match r {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(ino_errno(&e)),
         }
     }
 }
