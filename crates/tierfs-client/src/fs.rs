@@ -643,7 +643,7 @@ impl Filesystem for TierFs {
         fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
@@ -653,6 +653,23 @@ impl Filesystem for TierFs {
             return;
         };
         let r = self.run("write", || {
+            if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
+                // An unprivileged write (the kernel says so for writes it does not route
+                // through its own page cache) drops setuid, and setgid on group-executables.
+                let a = self.meta.getattr(ino.0)?;
+                let sgid_exec = libc::S_ISGID | libc::S_IXGRP;
+                let mut perm = a.perm & !libc::S_ISUID;
+                if a.perm & sgid_exec == sgid_exec {
+                    perm &= !libc::S_ISGID;
+                }
+                if perm != a.perm {
+                    let set = SetAttr {
+                        perm: Some(perm),
+                        ..Default::default()
+                    };
+                    self.meta.setattr(ino.0, &set)?;
+                }
+            }
             let off = if h.append {
                 // Append at the end the filesystem knows, including our buffered writes.
                 self.data.flush(ino.0)?;
