@@ -345,6 +345,7 @@ impl SqliteEngine {
         c.pragma_update(None, "page_size", 1024)?;
         c.pragma_update(None, "journal_mode", "WAL")?;
         c.pragma_update(None, "synchronous", "NORMAL")?;
+        c.pragma_update(None, "cache_size", -16384)?;
         // Checkpoints (which fsync the database) run in the background through
         // `MetaEngine::maintain`, never inside an application's create or write.
         c.pragma_update(None, "wal_autocheckpoint", 0)?;
