@@ -124,7 +124,11 @@ pub struct Target {
     pub id: u32,
     pub spec: TargetSpec,
     store: Arc<dyn ObjectStore>,
+    fds: std::sync::Mutex<std::collections::HashMap<u64, Arc<std::fs::File>>>,
 }
+
+/// Open object descriptors kept per local target.
+const FD_CACHE: usize = 4096;
 
 impl Target {
     pub fn open(id: u32, spec: TargetSpec) -> Result<Target> {
@@ -136,7 +140,12 @@ impl Target {
                     .with_automatic_cleanup(true),
             ),
         };
-        Ok(Target { id, spec, store })
+        Ok(Target {
+            id,
+            spec,
+            store,
+            fds: Default::default(),
+        })
     }
 
     pub async fn put(&self, obj: u64, data: Bytes) -> Result<()> {
@@ -148,6 +157,55 @@ impl Target {
                 other => other,
             })?;
         Ok(())
+    }
+
+    /// Reads a range of an object on a local target on the calling thread, through a cache of
+    /// open descriptors (objects are immutable, so a cached descriptor never reads stale
+    /// bytes). `None` for targets that are not local.
+    pub fn read_local(&self, obj: u64, start: u64, end: u64) -> Option<Result<Bytes>> {
+        use std::os::unix::fs::FileExt;
+        let TargetKind::Local(dir) = &self.spec.kind;
+        let file = {
+            let mut fds = self.fds.lock().unwrap_or_else(|p| p.into_inner());
+            match fds.get(&obj) {
+                Some(f) => Arc::clone(f),
+                None => {
+                    let p = dir.join(object_path(obj).as_ref());
+                    let f = match std::fs::File::open(&p) {
+                        Ok(f) => Arc::new(f),
+                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                            return Some(Err(StoreError::NotFound(p.display().to_string())))
+                        }
+                        Err(e) => return Some(Err(StoreError::Io(e.to_string()))),
+                    };
+                    if fds.len() >= FD_CACHE {
+                        fds.clear();
+                    }
+                    fds.insert(obj, Arc::clone(&f));
+                    f
+                }
+            }
+        };
+        let mut buf = vec![0u8; (end - start) as usize];
+        let mut done = 0;
+        while done < buf.len() {
+            match file.read_at(&mut buf[done..], start + done as u64) {
+                Ok(0) => break,
+                Ok(n) => done += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Some(Err(StoreError::Io(e.to_string()))),
+            }
+        }
+        buf.truncate(done);
+        Some(Ok(Bytes::from(buf)))
+    }
+
+    /// Forgets a cached descriptor (the object was deleted).
+    fn forget_fd(&self, obj: u64) {
+        self.fds
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&obj);
     }
 
     pub async fn get_range(&self, obj: u64, start: u64, end: u64) -> Result<Bytes> {
@@ -187,6 +245,7 @@ impl Target {
     }
 
     pub async fn delete(&self, obj: u64) -> Result<()> {
+        self.forget_fd(obj);
         match self.store.delete(&object_path(obj)).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(e) => Err(e.into()),

@@ -23,6 +23,10 @@ use cache::ChunkCache;
 use segments::{visible, Source};
 use space::SpaceGuard;
 
+/// Reads up to this size that are not sequential are served on the FUSE thread when the data
+/// is on local targets.
+const SMALL_READ: u64 = 256 << 10;
+
 /// Tunables of the data path (from the client config).
 #[derive(Clone, Debug)]
 pub struct DataConfig {
@@ -577,23 +581,49 @@ impl DataPath {
                 }
             }
         } else {
-            let mut futs = Vec::new();
-            for (chunk, s, e) in chunk_range(&layout, off, end) {
-                let slices = self.slices(&st, ino, chunk)?;
-                futs.push(materialize(
-                    Arc::clone(&self.targets),
-                    Arc::clone(&self.metrics),
-                    slices,
-                    s,
-                    e,
-                ));
-            }
-            for r in self.rt.block_on(futures::future::join_all(futs)) {
-                out.extend_from_slice(&r?);
+            let local = size as u64 <= SMALL_READ
+                && self.read_small_local(&st, ino, &layout, off, end, &mut out)?;
+            if !local {
+                out.clear();
+                let mut futs = Vec::new();
+                for (chunk, s, e) in chunk_range(&layout, off, end) {
+                    let slices = self.slices(&st, ino, chunk)?;
+                    futs.push(materialize(
+                        Arc::clone(&self.targets),
+                        Arc::clone(&self.metrics),
+                        slices,
+                        s,
+                        e,
+                    ));
+                }
+                for r in self.rt.block_on(futures::future::join_all(futs)) {
+                    out.extend_from_slice(&r?);
+                }
             }
         }
         out.resize((end - off) as usize, 0);
         Ok(out)
+    }
+
+    /// A small random read served on the calling thread from local targets; false (and `out`
+    /// unusable) when some piece is not on a local target.
+    fn read_small_local(
+        &self,
+        st: &FileState,
+        ino: Ino,
+        layout: &Layout,
+        off: u64,
+        end: u64,
+        out: &mut Vec<u8>,
+    ) -> Result<bool> {
+        for (chunk, s, e) in chunk_range(layout, off, end) {
+            let slices = self.slices(st, ino, chunk)?;
+            match materialize_local(&self.targets, &self.metrics, &slices, s, e) {
+                Some(r) => out.extend_from_slice(&r?),
+                None => return Ok(false),
+            }
+        }
+        Ok(true)
     }
 
     fn chunk_future(
@@ -660,6 +690,81 @@ impl DataPath {
     }
 }
 
+/// Puts fetched object pieces, inline bytes and zeros together into `[start, end)` of a chunk.
+fn assemble(
+    segs: &[segments::Segment],
+    slices: &[Slice],
+    start: u64,
+    end: u64,
+    fetched: Vec<(usize, Bytes)>,
+) -> Bytes {
+    let mut buf = BytesMut::zeroed((end - start) as usize);
+    for (i, b) in fetched {
+        let seg = &segs[i];
+        let at = (seg.off - start) as usize;
+        let n = b.len().min(seg.len as usize);
+        buf[at..at + n].copy_from_slice(&b[..n]);
+    }
+    for seg in segs {
+        if let Source::Inline {
+            slice_idx,
+            data_off,
+        } = seg.src
+        {
+            if let SliceData::Inline(d) = &slices[slice_idx].data {
+                let at = (seg.off - start) as usize;
+                let from = data_off as usize;
+                let n = (seg.len as usize).min(d.len().saturating_sub(from));
+                buf[at..at + n].copy_from_slice(&d[from..from + n]);
+            }
+        }
+    }
+    buf.freeze()
+}
+
+/// Reads `[start, end)` of a chunk on the calling thread, for small reads from local targets:
+/// `pread` on cached descriptors, no hop to the I/O runtime. `None` when a piece lives on a
+/// target that is not local.
+fn materialize_local(
+    targets: &TargetSet,
+    metrics: &Metrics,
+    slices: &[Slice],
+    start: u64,
+    end: u64,
+) -> Option<Result<Bytes>> {
+    if end <= start {
+        return Some(Ok(Bytes::new()));
+    }
+    let segs = visible(slices, start, end);
+    let mut fetched = Vec::new();
+    for (i, seg) in segs.iter().enumerate() {
+        if let Source::Object {
+            target,
+            obj,
+            obj_off,
+        } = seg.src
+        {
+            let t = match targets.get(target) {
+                Ok(t) => t,
+                Err(e) => return Some(Err(e.into())),
+            };
+            match t.read_local(obj, obj_off, obj_off + seg.len)? {
+                Ok(b) => {
+                    metrics.target_read(target, b.len() as u64);
+                    fetched.push((i, b));
+                }
+                Err(e) => return Some(Err(e.into())),
+            }
+        }
+    }
+    if let [(0, _)] = fetched.as_slice() {
+        if segs.len() == 1 {
+            return fetched.pop().map(|(_, b)| Ok(b));
+        }
+    }
+    Some(Ok(assemble(&segs, slices, start, end, fetched)))
+}
+
 /// Reads `[start, end)` of a chunk from its slices.
 async fn materialize(
     targets: Arc<TargetSet>,
@@ -703,28 +808,9 @@ async fn materialize(
             });
         }
     }
-    let fetched = futures::future::join_all(fetches).await;
-    let mut buf = BytesMut::zeroed((end - start) as usize);
-    for r in fetched {
-        let (i, b) = r?;
-        let seg = &segs[i];
-        let at = (seg.off - start) as usize;
-        let n = b.len().min(seg.len as usize);
-        buf[at..at + n].copy_from_slice(&b[..n]);
+    let mut fetched = Vec::new();
+    for r in futures::future::join_all(fetches).await {
+        fetched.push(r?);
     }
-    for seg in &segs {
-        if let Source::Inline {
-            slice_idx,
-            data_off,
-        } = seg.src
-        {
-            if let SliceData::Inline(d) = &slices[slice_idx].data {
-                let at = (seg.off - start) as usize;
-                let from = data_off as usize;
-                let n = (seg.len as usize).min(d.len().saturating_sub(from));
-                buf[at..at + n].copy_from_slice(&d[from..from + n]);
-            }
-        }
-    }
-    Ok(buf.freeze())
+    Ok(assemble(&segs, &slices, start, end, fetched))
 }
