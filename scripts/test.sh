@@ -10,11 +10,12 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
+mounts_before=$(awk '$1 ~ /^tierfs:/ {print $2}' /proc/mounts | sort)
 echo "== cargo test"
 # Every test bounds its own time; this bounds the whole run.
 timeout 45m cargo test --workspace -- --test-threads="${TEST_THREADS:-4}"
 # No test may leave a mount behind.
-left=$(awk '$1 ~ /^tierfs:/ {print $2}' /proc/mounts)
+left=$(comm -13 <(echo "$mounts_before") <(awk '$1 ~ /^tierfs:/ {print $2}' /proc/mounts | sort) | grep . || true)
 if [ -n "$left" ]; then
   echo "error: tests left tierfs mounts behind: $left"
   exit 1

@@ -260,6 +260,7 @@ pub fn getstripe(a: GetstripeArgs) -> Result<()> {
                 "lmm_stripe_offset: {}",
                 l.targets.first().copied().unwrap_or(0)
             );
+            let mut seen = std::collections::HashSet::new();
             let mut per: BTreeMap<u32, (u64, u64)> =
                 l.targets.iter().map(|t| (*t, (0, 0))).collect();
             let mut inline = 0u64;
@@ -267,9 +268,11 @@ pub fn getstripe(a: GetstripeArgs) -> Result<()> {
             for c in 0..chunks {
                 for s in engine.read_chunk(ino, c)? {
                     match s.data {
-                        SliceData::Object { target, .. } => {
+                        SliceData::Object { target, obj, .. } => {
                             let e = per.entry(target).or_insert((0, 0));
-                            e.0 += 1;
+                            if seen.insert(obj) {
+                                e.0 += 1;
+                            }
                             e.1 += s.len;
                         }
                         SliceData::Inline(_) => inline += s.len,

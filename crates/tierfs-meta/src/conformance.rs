@@ -47,6 +47,10 @@ pub fn run_all(factory: &Factory<'_>) {
         ("stripe_defaults_and_projects", stripe_defaults_and_projects),
         ("setgid_inheritance", setgid_inheritance),
         ("compaction_replace_chunk", compaction_replace_chunk),
+        (
+            "shared_objects_freed_with_last_slice",
+            shared_objects_freed_with_last_slice,
+        ),
     ];
     for (name, check) in checks {
         let (_guard, engine) = factory();
@@ -90,7 +94,12 @@ fn obj_slice(chunk: u64, off: u64, len: u64, obj: u64) -> Slice {
         chunk,
         off,
         len,
-        data: SliceData::Object { target: 0, obj },
+        data: SliceData::Object {
+            target: 0,
+            obj,
+            obj_off: 0,
+            obj_size: len,
+        },
     }
 }
 
@@ -382,7 +391,9 @@ fn slices_and_commit_order(e: &dyn MetaEngine) {
         s[1].data,
         SliceData::Object {
             target: 0,
-            obj: first
+            obj: first,
+            obj_off: 0,
+            obj_size: 100
         }
     );
     assert_eq!(e.getattr(f.ino).unwrap().size, 150);
@@ -626,4 +637,46 @@ fn compaction_replace_chunk(e: &dyn MetaEngine) {
     let s = e.read_chunk(f.ino, 0).unwrap();
     assert_eq!(s.len(), 1);
     assert_eq!(e.trash(100).unwrap().len(), 5);
+}
+
+fn shared_objects_freed_with_last_slice(e: &dyn MetaEngine) {
+    let f = e
+        .create(ROOT_INO, b"f", &file(), Some(layout()), None)
+        .unwrap();
+    // Two small writes in two chunks, committed together in one 8-byte object.
+    let piece = |chunk, obj_off| Slice {
+        seq: 0,
+        chunk,
+        off: 0,
+        len: 4,
+        data: SliceData::Object {
+            target: 1,
+            obj: 42,
+            obj_off,
+            obj_size: 8,
+        },
+    };
+    let used0 = e.targets().unwrap()[1].used;
+    e.commit_slices(f.ino, &[piece(0, 0), piece(1, 4)], (1 << 20) + 4, 1)
+        .unwrap();
+    assert_eq!(
+        e.targets().unwrap()[1].used,
+        used0 + 8,
+        "the object counts once"
+    );
+    assert_eq!(e.targets().unwrap()[1].objects, 1);
+    // Truncating away chunk 1 keeps the object: chunk 0 still uses it.
+    e.setattr(
+        f.ino,
+        &SetAttr {
+            size: Some(4),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert!(e.trash(10).unwrap().is_empty());
+    e.unlink(ROOT_INO, b"f").unwrap();
+    let t = e.trash(10).unwrap();
+    assert_eq!(t.len(), 1);
+    assert_eq!((t[0].obj, t[0].len), (42, 8));
 }

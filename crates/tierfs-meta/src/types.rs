@@ -166,8 +166,15 @@ pub struct DirEntry {
 /// Where the bytes of one slice are.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SliceData {
-    /// An immutable object `obj` in storage target `target`, holding exactly `len` bytes.
-    Object { target: u32, obj: u64 },
+    /// Bytes `[obj_off, obj_off + len)` of the immutable object `obj` (of `obj_size` bytes) in
+    /// storage target `target`. Several slices may share one object (small writes committed
+    /// together); the object is freed when the last of them goes.
+    Object {
+        target: u32,
+        obj: u64,
+        obj_off: u64,
+        obj_size: u64,
+    },
     /// Small-file data kept in the metadata engine itself (Lustre Data-on-MDT).
     Inline(Vec<u8>),
     /// Zeros (a hole punched by truncate or fallocate).

@@ -407,6 +407,8 @@ impl DataPath {
         let mut slices = Vec::with_capacity(pending.len());
         let mut waits = Vec::new();
         let mut reserved: Vec<(u32, u64)> = Vec::new();
+        let mut packs: HashMap<u32, Vec<u8>> = HashMap::new();
+        let mut packed: Vec<(usize, u32)> = Vec::new();
         for p in pending {
             match p.upload {
                 Some((target, obj, handle)) => {
@@ -417,7 +419,12 @@ impl DataPath {
                         chunk: p.chunk,
                         off: p.off,
                         len,
-                        data: SliceData::Object { target, obj },
+                        data: SliceData::Object {
+                            target,
+                            obj,
+                            obj_off: 0,
+                            obj_size: len,
+                        },
                     });
                     waits.push(handle);
                 }
@@ -433,20 +440,45 @@ impl DataPath {
                     });
                 }
                 None => {
+                    // Partial pieces of one target travel together in one object (a burst of
+                    // small random writes becomes one upload, not thousands).
                     let target = layout.target_of_chunk(p.chunk);
-                    let obj = self.next_object_id()?;
+                    let pack = packs.entry(target).or_default();
+                    let obj_off = pack.len() as u64;
                     let len = p.data.len() as u64;
+                    pack.extend_from_slice(&p.data);
                     reserved.push((target, len));
+                    packed.push((slices.len(), target));
                     slices.push(Slice {
                         seq: 0,
                         chunk: p.chunk,
                         off: p.off,
                         len,
-                        data: SliceData::Object { target, obj },
+                        data: SliceData::Object {
+                            target,
+                            obj: 0,
+                            obj_off,
+                            obj_size: 0,
+                        },
                     });
-                    waits.push(self.spawn_upload(target, obj, Bytes::from(p.data)));
                 }
             }
+        }
+        for (target, pack) in packs {
+            let obj = self.next_object_id()?;
+            let size = pack.len() as u64;
+            for &(i, t) in &packed {
+                if t == target {
+                    if let SliceData::Object {
+                        obj: o, obj_size, ..
+                    } = &mut slices[i].data
+                    {
+                        *o = obj;
+                        *obj_size = size;
+                    }
+                }
+            }
+            waits.push(self.spawn_upload(target, obj, Bytes::from(pack)));
         }
         let results = self.rt.block_on(futures::future::join_all(waits));
         let mut failure: Option<ClientError> = None;
@@ -475,8 +507,10 @@ impl DataPath {
         match result {
             Ok(a) => {
                 for sl in &slices {
-                    if let SliceData::Object { target, obj } = sl.data {
-                        inner.unsynced.push((target, obj));
+                    if let SliceData::Object { target, obj, .. } = sl.data {
+                        if inner.unsynced.last() != Some(&(target, obj)) {
+                            inner.unsynced.push((target, obj));
+                        }
                     }
                 }
                 inner.chunk_slices.clear();
@@ -502,6 +536,10 @@ impl DataPath {
         let mut by_target: HashMap<u32, Vec<u64>> = HashMap::new();
         for (t, o) in objs {
             by_target.entry(t).or_default().push(o);
+        }
+        for list in by_target.values_mut() {
+            list.sort_unstable();
+            list.dedup();
         }
         let mut futs = Vec::new();
         for (t, list) in by_target {

@@ -45,10 +45,15 @@ pub fn visible(slices: &[Slice], start: u64, end: u64) -> Vec<Segment> {
                 continue;
             }
             let src = match &s.data {
-                SliceData::Object { target, obj } => Source::Object {
+                SliceData::Object {
+                    target,
+                    obj,
+                    obj_off,
+                    ..
+                } => Source::Object {
                     target: *target,
                     obj: *obj,
-                    obj_off: a - s0,
+                    obj_off: obj_off + (a - s0),
                 },
                 SliceData::Inline(_) => Source::Inline {
                     slice_idx: idx,
@@ -92,7 +97,12 @@ mod tests {
             chunk: 0,
             off,
             len,
-            data: SliceData::Object { target: 0, obj },
+            data: SliceData::Object {
+                target: 0,
+                obj,
+                obj_off: 0,
+                obj_size: len,
+            },
         }
     }
 
@@ -136,6 +146,30 @@ mod tests {
                     src: Source::Zero
                 },
             ]
+        );
+    }
+
+    #[test]
+    fn shared_object_offsets_carry_through() {
+        let mut s = obj(10, 20, 7);
+        s.data = SliceData::Object {
+            target: 1,
+            obj: 7,
+            obj_off: 100,
+            obj_size: 500,
+        };
+        let v = visible(&[s], 15, 25);
+        assert_eq!(
+            v,
+            vec![Segment {
+                off: 15,
+                len: 10,
+                src: Source::Object {
+                    target: 1,
+                    obj: 7,
+                    obj_off: 105
+                }
+            }]
         );
     }
 

@@ -138,6 +138,9 @@ fn touch_dir(c: &Connection, dir: Ino, now: Nanos, nlink_delta: i64) -> Result<(
     Ok(())
 }
 
+/// Columns `slice_from_row` reads, in order.
+const SLICE_COLS: &str = "seq, chunk, off, len, target, obj, inline, obj_off, obj_size";
+
 fn slice_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Slice> {
     let target: Option<i64> = r.get(4)?;
     let obj: Option<i64> = r.get(5)?;
@@ -146,6 +149,8 @@ fn slice_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Slice> {
         (Some(t), Some(o), _) => SliceData::Object {
             target: t as u32,
             obj: o as u64,
+            obj_off: r.get::<_, i64>(7)? as u64,
+            obj_size: r.get::<_, i64>(8)? as u64,
         },
         (_, _, Some(b)) => SliceData::Inline(b),
         _ => SliceData::Zero,
@@ -160,41 +165,104 @@ fn slice_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Slice> {
 }
 
 fn insert_slice(c: &Connection, ino: Ino, s: &Slice) -> Result<()> {
-    let (target, obj, inline): (Option<i64>, Option<i64>, Option<&[u8]>) = match &s.data {
-        SliceData::Object { target, obj } => (Some(*target as i64), Some(*obj as i64), None),
-        SliceData::Inline(b) => (None, None, Some(b.as_slice())),
-        SliceData::Zero => (None, None, None),
+    let (target, obj, obj_off, obj_size, inline) = match &s.data {
+        SliceData::Object {
+            target,
+            obj,
+            obj_off,
+            obj_size,
+        } => (
+            Some(*target as i64),
+            Some(*obj as i64),
+            *obj_off as i64,
+            *obj_size as i64,
+            None,
+        ),
+        SliceData::Inline(b) => (None, None, 0, 0, Some(b.as_slice())),
+        SliceData::Zero => (None, None, 0, 0, None),
     };
     c.prepare_cached(
-        "INSERT INTO slices (ino, chunk, off, len, target, obj, inline) VALUES (?1,?2,?3,?4,?5,?6,?7)",
+        "INSERT INTO slices (ino, chunk, off, len, target, obj, inline, obj_off, obj_size) \
+         VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9)",
     )?
-    .execute(params![ino as i64, s.chunk as i64, s.off as i64, s.len as i64, target, obj, inline])?;
-    if let SliceData::Object { target, .. } = s.data {
+    .execute(params![
+        ino as i64,
+        s.chunk as i64,
+        s.off as i64,
+        s.len as i64,
+        target,
+        obj,
+        inline,
+        obj_off,
+        obj_size
+    ])?;
+    Ok(())
+}
+
+/// The distinct objects (target, obj, size) that `slices` bring.
+fn objects_of(slices: &[Slice]) -> Vec<(u32, u64, u64)> {
+    let mut v: Vec<(u32, u64, u64)> = slices
+        .iter()
+        .filter_map(|s| match s.data {
+            SliceData::Object {
+                target,
+                obj,
+                obj_size,
+                ..
+            } => Some((target, obj, obj_size)),
+            _ => None,
+        })
+        .collect();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+/// Counts new objects against their targets.
+fn account_objects(c: &Connection, objs: &[(u32, u64, u64)]) -> Result<()> {
+    for (target, _obj, size) in objs {
         c.prepare_cached(
             "UPDATE targets SET used = used + ?2, objects = objects + 1 WHERE id = ?1",
         )?
-        .execute(params![target as i64, s.len as i64])?;
+        .execute(params![*target as i64, *size as i64])?;
     }
     Ok(())
 }
 
-/// Moves the objects of the selected slices to the trash and deletes the slices.
+/// Deletes the selected slices; objects no remaining slice references go to the trash.
 fn trash_slices(c: &Connection, ino: Ino, where_sql: &str, args: &[i64]) -> Result<()> {
     let mut all: Vec<i64> = vec![ino as i64];
     all.extend_from_slice(args);
-    let p = rusqlite::params_from_iter(all.iter());
-    c.execute(
-        &format!(
-            "INSERT INTO trash (ino, target, obj, len) SELECT ino, target, obj, len FROM slices \
-             WHERE ino = ?1 AND obj IS NOT NULL AND {where_sql}"
-        ),
-        p,
-    )?;
-    let p = rusqlite::params_from_iter(all.iter());
-    c.execute(
-        &format!("DELETE FROM slices WHERE ino = ?1 AND {where_sql}"),
-        p,
-    )?;
+    let gone: Vec<(i64, i64, i64)> = {
+        let mut st = c.prepare_cached(&format!(
+            "DELETE FROM slices WHERE ino = ?1 AND {where_sql} RETURNING target, obj, obj_size"
+        ))?;
+        let rows = st.query_map(rusqlite::params_from_iter(all.iter()), |r| {
+            Ok((
+                r.get::<_, Option<i64>>(0)?,
+                r.get::<_, Option<i64>>(1)?,
+                r.get::<_, i64>(2)?,
+            ))
+        })?;
+        let mut v = Vec::new();
+        for row in rows {
+            if let (Some(t), Some(o), size) = row? {
+                v.push((t, o, size));
+            }
+        }
+        v.sort_unstable();
+        v.dedup();
+        v
+    };
+    for (target, obj, size) in gone {
+        let used: bool = c
+            .prepare_cached("SELECT EXISTS (SELECT 1 FROM slices WHERE obj = ?1)")?
+            .query_row([obj], |r| r.get(0))?;
+        if !used {
+            c.prepare_cached("INSERT INTO trash (ino, target, obj, len) VALUES (?1, ?2, ?3, ?4)")?
+                .execute(params![ino as i64, target, obj, size])?;
+        }
+    }
     Ok(())
 }
 
@@ -1224,10 +1292,9 @@ impl MetaEngine for SqliteEngine {
 
     fn read_chunk(&self, ino: Ino, chunk: u64) -> Result<Vec<Slice>> {
         self.read(|c| {
-            let mut st = c.prepare_cached(
-                "SELECT seq, chunk, off, len, target, obj, inline FROM slices \
-                 WHERE ino = ?1 AND chunk = ?2 ORDER BY seq",
-            )?;
+            let mut st = c.prepare_cached(&format!(
+                "SELECT {SLICE_COLS} FROM slices WHERE ino = ?1 AND chunk = ?2 ORDER BY seq"
+            ))?;
             let rows = st.query_map(params![ino as i64, chunk as i64], slice_from_row)?;
             Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
         })
@@ -1245,22 +1312,19 @@ impl MetaEngine for SqliteEngine {
                 Ok(a) => a,
                 Err(MetaError::NotFound) => {
                     // The file went away while its data was uploading: the objects are garbage.
-                    for s in slices {
-                        if let SliceData::Object { target, obj } = s.data {
-                            tx.execute(
-                                "INSERT INTO trash (ino, target, obj, len) VALUES (?1,?2,?3,?4)",
-                                params![ino as i64, target as i64, obj as i64, s.len as i64],
-                            )?;
-                            tx.execute(
-                                "UPDATE targets SET used = used + ?2, objects = objects + 1 WHERE id = ?1",
-                                params![target as i64, s.len as i64],
-                            )?;
-                        }
+                    let objs = objects_of(slices);
+                    account_objects(tx, &objs)?;
+                    for (target, obj, size) in objs {
+                        tx.execute(
+                            "INSERT INTO trash (ino, target, obj, len) VALUES (?1,?2,?3,?4)",
+                            params![ino as i64, target as i64, obj as i64, size as i64],
+                        )?;
                     }
                     return Err(MetaError::NotFound);
                 }
                 Err(e) => return Err(e),
             };
+            account_objects(tx, &objects_of(slices))?;
             for s in slices {
                 insert_slice(tx, ino, s)?;
             }
@@ -1325,6 +1389,7 @@ impl MetaEngine for SqliteEngine {
                 "chunk = ?2 AND seq <= ?3",
                 &[chunk as i64, upto as i64],
             )?;
+            account_objects(tx, &objects_of(merged))?;
             for s in merged {
                 insert_slice(tx, ino, s)?;
             }

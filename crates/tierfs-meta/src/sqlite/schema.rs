@@ -58,9 +58,12 @@ CREATE TABLE slices (
     len INTEGER NOT NULL,
     target INTEGER,
     obj INTEGER,
+    obj_off INTEGER NOT NULL DEFAULT 0,
+    obj_size INTEGER NOT NULL DEFAULT 0,
     inline BLOB
 );
 CREATE INDEX slices_chunk ON slices(ino, chunk, seq);
+CREATE INDEX slices_obj ON slices(obj) WHERE obj IS NOT NULL;
 CREATE TABLE xattrs (
     ino INTEGER NOT NULL,
     name BLOB NOT NULL,
