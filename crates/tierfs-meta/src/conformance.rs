@@ -680,3 +680,95 @@ fn shared_objects_freed_with_last_slice(e: &dyn MetaEngine) {
     assert_eq!(t.len(), 1);
     assert_eq!((t[0].obj, t[0].len), (42, 8));
 }
+
+fn pcc_leases_and_rules(e: &dyn MetaEngine) {
+    let f = e
+        .create(ROOT_INO, b"f", &file(), Some(layout()), None)
+        .unwrap();
+    let v0 = e.getattr(f.ino).unwrap().data_version;
+    assert!(e.pcc_lease(f.ino).unwrap().is_none());
+    let l = e.pcc_acquire(f.ino, "a").unwrap();
+    assert_eq!((l.client.as_str(), l.dirty), ("a", false));
+    assert!(
+        e.getattr(f.ino).unwrap().data_version > v0,
+        "attach drops RO copies elsewhere"
+    );
+    assert_eq!(e.pcc_acquire(f.ino, "a").unwrap().generation, l.generation);
+    assert!(matches!(
+        e.pcc_acquire(f.ino, "b"),
+        Err(MetaError::WouldBlock)
+    ));
+    let a = e.pcc_report(f.ino, "a", true, 12345, 77).unwrap();
+    assert_eq!((a.size, a.mtime), (12345, 77));
+    assert!(matches!(
+        e.pcc_report(f.ino, "b", true, 1, 1),
+        Err(MetaError::WouldBlock)
+    ));
+    assert!(e.pcc_lease(f.ino).unwrap().unwrap().dirty);
+    e.pcc_request_revoke(f.ino, "b").unwrap();
+    assert_eq!(e.pcc_revokes_for("a").unwrap(), vec![f.ino]);
+    assert!(e.pcc_revokes_for("b").unwrap().is_empty());
+    assert_eq!(e.pcc_leases_of("a").unwrap().len(), 1);
+    e.pcc_release(f.ino, "a").unwrap();
+    assert!(e.pcc_lease(f.ino).unwrap().is_none());
+    assert!(e.pcc_revokes_for("a").unwrap().is_empty());
+    let l2 = e.pcc_acquire(f.ino, "b").unwrap();
+    assert!(l2.generation > l.generation);
+    let d = e.create(ROOT_INO, b"d", &dir(), None, None).unwrap();
+    assert!(matches!(
+        e.pcc_acquire(d.ino, "a"),
+        Err(MetaError::Invalid(_))
+    ));
+    // rules
+    let r1 = e.pcc_rule_add("rw", None, "projid={500}").unwrap();
+    let r2 = e.pcc_rule_add("ro", Some("c1"), "fname={*.h5}").unwrap();
+    assert!(matches!(
+        e.pcc_rule_add("xx", None, "uid={1}"),
+        Err(MetaError::Invalid(_))
+    ));
+    let rules = e.pcc_rules().unwrap();
+    assert_eq!(rules.len(), 2);
+    assert_eq!(rules[1].client.as_deref(), Some("c1"));
+    e.pcc_rule_del(r1).unwrap();
+    assert!(matches!(e.pcc_rule_del(r1), Err(MetaError::NotFound)));
+    assert_eq!(e.pcc_rules().unwrap()[0].id, r2);
+    // client liveness
+    let s = SessionInfo {
+        id: 0,
+        client_name: "a".into(),
+        host: "h".into(),
+        pid: 1,
+        mountpoint: "/m".into(),
+        version: "0".into(),
+        started: 0,
+        heartbeat: 0,
+    };
+    assert!(!e.client_alive("a", 1_000_000_000).unwrap());
+    e.register_session(&s).unwrap();
+    assert!(e.client_alive("a", 1_000_000_000).unwrap());
+    // unlink drops the lease
+    e.unlink(ROOT_INO, b"f").unwrap();
+    assert!(e.pcc_lease(f.ino).unwrap().is_none());
+}
+
+fn rewrite_data_replaces_everything(e: &dyn MetaEngine) {
+    let f = e
+        .create(ROOT_INO, b"f", &file(), Some(layout()), None)
+        .unwrap();
+    e.commit_slices(
+        f.ino,
+        &[obj_slice(0, 0, 100, 1), obj_slice(1, 0, 100, 2)],
+        (1 << 20) + 100,
+        1,
+    )
+    .unwrap();
+    let v = e.getattr(f.ino).unwrap().data_version;
+    let a = e
+        .rewrite_data(f.ino, &[obj_slice(0, 0, 50, 3)], 50, 9)
+        .unwrap();
+    assert_eq!((a.size, a.mtime), (50, 9));
+    assert!(a.data_version > v);
+    assert!(e.read_chunk(f.ino, 1).unwrap().is_empty());
+    assert_eq!(e.read_chunk(f.ino, 0).unwrap().len(), 1);
+    assert_eq!(e.trash(10).unwrap().len(), 2);
+}

@@ -108,6 +108,39 @@ pub trait MetaEngine: Send + Sync {
     /// Forgets trash entries whose objects were deleted, and releases their space.
     fn trash_done(&self, ids: &[u64]) -> Result<()>;
 
+    /// Replaces all of a file's data by `slices` and sets its size (RW-PCC write-back).
+    fn rewrite_data(&self, ino: Ino, slices: &[Slice], size: u64, mtime: Nanos) -> Result<Attr>;
+
+    // ---- persistent client cache ----
+    fn pcc_lease(&self, ino: Ino) -> Result<Option<PccLease>>;
+    /// Takes the RW-PCC lease of a file for `client` (a new generation; the file's data version
+    /// moves so read-only copies elsewhere are dropped). `WouldBlock` while another client
+    /// holds it; taking it again as the holder returns the held lease.
+    fn pcc_acquire(&self, ino: Ino, client: &str) -> Result<PccLease>;
+    /// The owner reports its cached file: dirty or clean, and its size and mtime, which every
+    /// client then sees.
+    fn pcc_report(
+        &self,
+        ino: Ino,
+        client: &str,
+        dirty: bool,
+        size: u64,
+        mtime: Nanos,
+    ) -> Result<Attr>;
+    /// Gives the lease back (and drops any request to give it back).
+    fn pcc_release(&self, ino: Ino, client: &str) -> Result<()>;
+    /// Asks the owner of a lease to give it back.
+    fn pcc_request_revoke(&self, ino: Ino, requester: &str) -> Result<()>;
+    /// Files whose lease `client` holds and someone asked back.
+    fn pcc_revokes_for(&self, client: &str) -> Result<Vec<Ino>>;
+    /// Every lease `client` holds (recovery after a restart).
+    fn pcc_leases_of(&self, client: &str) -> Result<Vec<PccLease>>;
+    /// Whether a client with this name has a session whose heartbeat is newer than `timeout_ns`.
+    fn client_alive(&self, client: &str, timeout_ns: i64) -> Result<bool>;
+    fn pcc_rule_add(&self, mode: &str, client: Option<&str>, rule: &str) -> Result<u64>;
+    fn pcc_rules(&self) -> Result<Vec<PccRuleRow>>;
+    fn pcc_rule_del(&self, id: u64) -> Result<()>;
+
     // ---- advisory locks (POSIX and flock), shared by every client ----
     /// Takes, changes or releases a lock; `WouldBlock` when another owner holds a conflicting one.
     fn set_lock(&self, ino: Ino, lock: &LockRange) -> Result<()>;

@@ -276,3 +276,26 @@ pub struct LockRange {
     pub end: u64,
     pub pid: u32,
 }
+
+/// An RW-PCC lease: the file's data lives only in `client`'s cache.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PccLease {
+    pub ino: Ino,
+    pub client: String,
+    /// Bumped at every attach (Lustre's layout generation).
+    pub generation: u64,
+    /// The cache holds data the capacity tier does not have yet.
+    pub dirty: bool,
+    pub acquired: Nanos,
+}
+
+/// A stored PCC attach rule.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PccRuleRow {
+    pub id: u64,
+    /// "rw" or "ro".
+    pub mode: String,
+    /// Only for this client (None: every client).
+    pub client: Option<String>,
+    pub rule: String,
+}

@@ -285,6 +285,10 @@ fn purge_inode(c: &Connection, ino: Ino) -> Result<()> {
         .execute([ino as i64])?;
     c.prepare_cached("DELETE FROM locks WHERE ino = ?1")?
         .execute([ino as i64])?;
+    c.prepare_cached("DELETE FROM pcc_leases WHERE ino = ?1")?
+        .execute([ino as i64])?;
+    c.prepare_cached("DELETE FROM pcc_revokes WHERE ino = ?1")?
+        .execute([ino as i64])?;
     c.prepare_cached("DELETE FROM inodes WHERE ino = ?1")?
         .execute([ino as i64])?;
     Ok(())
@@ -1551,6 +1555,171 @@ impl MetaEngine for SqliteEngine {
         })
     }
 
+    fn rewrite_data(&self, ino: Ino, slices: &[Slice], size: u64, mtime: Nanos) -> Result<Attr> {
+        self.write(|tx| {
+            get_attr(tx, ino)?;
+            trash_slices(tx, ino, "1 = 1", &[])?;
+            account_objects(tx, &objects_of(slices))?;
+            for s in slices {
+                insert_slice(tx, ino, s)?;
+            }
+            tx.prepare_cached(
+                "UPDATE inodes SET size = ?2, mtime = ?3, ctime = ?4, data_version = data_version + 1 \
+                 WHERE ino = ?1",
+            )?
+            .execute(params![ino as i64, size as i64, mtime, now_nanos()])?;
+            get_attr(tx, ino)
+        })
+    }
+
+    fn pcc_lease(&self, ino: Ino) -> Result<Option<PccLease>> {
+        self.read(|c| lease_of(c, ino))
+    }
+
+    fn pcc_acquire(&self, ino: Ino, client: &str) -> Result<PccLease> {
+        self.write(|tx| {
+            let a = get_attr(tx, ino)?;
+            if a.kind != Kind::File {
+                return Err(MetaError::Invalid("only regular files can be cached".into()));
+            }
+            if let Some(l) = lease_of(tx, ino)? {
+                if l.client == client {
+                    return Ok(l);
+                }
+                return Err(MetaError::WouldBlock);
+            }
+            let generation: i64 = tx
+                .prepare_cached(
+                    "UPDATE counters SET value = value + 1 WHERE name = 'pcc_generation' RETURNING value",
+                )?
+                .query_row([], |r| r.get(0))?;
+            let now = now_nanos();
+            tx.prepare_cached(
+                "INSERT INTO pcc_leases (ino, client, generation, dirty, acquired) VALUES (?1,?2,?3,0,?4)",
+            )?
+            .execute(params![ino as i64, client, generation, now])?;
+            tx.prepare_cached("UPDATE inodes SET data_version = data_version + 1 WHERE ino = ?1")?
+                .execute([ino as i64])?;
+            lease_of(tx, ino)?.ok_or(MetaError::NotFound)
+        })
+    }
+
+    fn pcc_report(
+        &self,
+        ino: Ino,
+        client: &str,
+        dirty: bool,
+        size: u64,
+        mtime: Nanos,
+    ) -> Result<Attr> {
+        self.write(|tx| {
+            let l = lease_of(tx, ino)?.ok_or(MetaError::NotFound)?;
+            if l.client != client {
+                return Err(MetaError::WouldBlock);
+            }
+            tx.prepare_cached("UPDATE pcc_leases SET dirty = ?2 WHERE ino = ?1")?
+                .execute(params![ino as i64, dirty as i64])?;
+            tx.prepare_cached(
+                "UPDATE inodes SET size = ?2, mtime = ?3, ctime = MAX(ctime, ?3) WHERE ino = ?1",
+            )?
+            .execute(params![ino as i64, size as i64, mtime])?;
+            get_attr(tx, ino)
+        })
+    }
+
+    fn pcc_release(&self, ino: Ino, client: &str) -> Result<()> {
+        self.write(|tx| {
+            tx.prepare_cached("DELETE FROM pcc_leases WHERE ino = ?1 AND client = ?2")?
+                .execute(params![ino as i64, client])?;
+            tx.prepare_cached("DELETE FROM pcc_revokes WHERE ino = ?1")?
+                .execute([ino as i64])?;
+            Ok(())
+        })
+    }
+
+    fn pcc_request_revoke(&self, ino: Ino, requester: &str) -> Result<()> {
+        self.write(|tx| {
+            tx.prepare_cached(
+                "INSERT OR IGNORE INTO pcc_revokes (ino, requester, requested) VALUES (?1, ?2, ?3)",
+            )?
+            .execute(params![ino as i64, requester, now_nanos()])?;
+            Ok(())
+        })
+    }
+
+    fn pcc_revokes_for(&self, client: &str) -> Result<Vec<Ino>> {
+        self.read(|c| {
+            let mut st = c.prepare_cached(
+                "SELECT r.ino FROM pcc_revokes r JOIN pcc_leases l ON l.ino = r.ino WHERE l.client = ?1",
+            )?;
+            let rows = st.query_map([client], |r| r.get::<_, i64>(0))?;
+            Ok(rows
+                .collect::<rusqlite::Result<Vec<_>>>()?
+                .into_iter()
+                .map(|i| i as u64)
+                .collect())
+        })
+    }
+
+    fn pcc_leases_of(&self, client: &str) -> Result<Vec<PccLease>> {
+        self.read(|c| {
+            let mut st = c.prepare_cached(
+                "SELECT ino, client, generation, dirty, acquired FROM pcc_leases WHERE client = ?1",
+            )?;
+            let rows = st.query_map([client], lease_from_row)?;
+            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+        })
+    }
+
+    fn client_alive(&self, client: &str, timeout_ns: i64) -> Result<bool> {
+        self.read(|c| {
+            Ok(c.prepare_cached(
+                "SELECT EXISTS (SELECT 1 FROM sessions WHERE client_name = ?1 AND heartbeat >= ?2)",
+            )?
+            .query_row(params![client, now_nanos() - timeout_ns], |r| r.get(0))?)
+        })
+    }
+
+    fn pcc_rule_add(&self, mode: &str, client: Option<&str>, rule: &str) -> Result<u64> {
+        if mode != "rw" && mode != "ro" {
+            return Err(MetaError::Invalid(format!(
+                "PCC mode '{mode}' (expected rw or ro)"
+            )));
+        }
+        self.write(|tx| {
+            tx.execute(
+                "INSERT INTO pcc_rules (mode, client, rule, created) VALUES (?1, ?2, ?3, ?4)",
+                params![mode, client, rule, now_nanos()],
+            )?;
+            Ok(tx.last_insert_rowid() as u64)
+        })
+    }
+
+    fn pcc_rules(&self) -> Result<Vec<PccRuleRow>> {
+        self.read(|c| {
+            let mut st =
+                c.prepare_cached("SELECT id, mode, client, rule FROM pcc_rules ORDER BY id")?;
+            let rows = st.query_map([], |r| {
+                Ok(PccRuleRow {
+                    id: r.get::<_, i64>(0)? as u64,
+                    mode: r.get(1)?,
+                    client: r.get(2)?,
+                    rule: r.get(3)?,
+                })
+            })?;
+            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+        })
+    }
+
+    fn pcc_rule_del(&self, id: u64) -> Result<()> {
+        self.write(|tx| {
+            if tx.execute("DELETE FROM pcc_rules WHERE id = ?1", [id as i64])? == 0 {
+                return Err(MetaError::NotFound);
+            }
+            Ok(())
+        })
+    }
+
     fn set_lock(&self, ino: Ino, lock: &LockRange) -> Result<()> {
         self.write(|tx| {
             let held = locks_of(tx, ino)?;
@@ -1605,6 +1774,24 @@ impl MetaEngine for SqliteEngine {
             Ok(())
         })
     }
+}
+
+fn lease_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<PccLease> {
+    Ok(PccLease {
+        ino: r.get::<_, i64>(0)? as u64,
+        client: r.get(1)?,
+        generation: r.get::<_, i64>(2)? as u64,
+        dirty: r.get::<_, i64>(3)? != 0,
+        acquired: r.get(4)?,
+    })
+}
+
+fn lease_of(c: &Connection, ino: Ino) -> Result<Option<PccLease>> {
+    Ok(c.prepare_cached(
+        "SELECT ino, client, generation, dirty, acquired FROM pcc_leases WHERE ino = ?1",
+    )?
+    .query_row([ino as i64], lease_from_row)
+    .optional()?)
 }
 
 fn record_open(c: &Connection, session: u64, ino: Ino) -> Result<()> {

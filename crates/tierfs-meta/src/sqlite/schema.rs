@@ -2,10 +2,36 @@
 //! it one step. The same tables serve every SQL engine (types are plain INTEGER/TEXT/BLOB).
 
 /// Schema version this build writes and understands.
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// `MIGRATIONS[i]` moves the schema from version `i` to `i + 1`.
-pub const MIGRATIONS: &[&str] = &[V1];
+pub const MIGRATIONS: &[&str] = &[V1, V2];
+
+/// Version 2: the persistent client cache. RW-PCC leases (one owner client per file, with a
+/// generation), requests to give a lease back, and attach rules.
+const V2: &str = r#"
+CREATE TABLE pcc_leases (
+    ino INTEGER PRIMARY KEY,
+    client TEXT NOT NULL,
+    generation INTEGER NOT NULL,
+    dirty INTEGER NOT NULL DEFAULT 0,
+    acquired INTEGER NOT NULL
+);
+CREATE INDEX pcc_leases_client ON pcc_leases(client);
+CREATE TABLE pcc_revokes (
+    ino INTEGER PRIMARY KEY,
+    requester TEXT NOT NULL,
+    requested INTEGER NOT NULL
+);
+CREATE TABLE pcc_rules (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    mode TEXT NOT NULL,
+    client TEXT,
+    rule TEXT NOT NULL,
+    created INTEGER NOT NULL
+);
+INSERT INTO counters (name, value) VALUES ('pcc_generation', 0);
+"#;
 
 const V1: &str = r#"
 CREATE TABLE meta_info (key TEXT PRIMARY KEY, value TEXT NOT NULL);
