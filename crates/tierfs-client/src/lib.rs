@@ -5,6 +5,7 @@
 //! - [`daemon`]: mounting, the client session (heartbeat, garbage collection), signals.
 //! - [`config`]: the client's TOML configuration.
 //! - [`metrics`]: Prometheus metrics and the stats file.
+//! - [`pcc`]: the persistent client cache as this client runs it.
 
 pub mod config;
 pub mod daemon;
@@ -12,6 +13,7 @@ pub mod data;
 pub mod error;
 pub mod fs;
 pub mod metrics;
+pub mod pcc;
 
 pub use config::ClientConfig;
 pub use daemon::{mount, MountRequest};

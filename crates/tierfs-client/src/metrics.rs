@@ -26,6 +26,7 @@ pub struct Metrics {
     latency: Family<Labels, Histogram, fn() -> Histogram>,
     read_bytes: Family<Labels, Counter>,
     written_bytes: Family<Labels, Counter>,
+    pcc: Family<Labels, Counter>,
 }
 
 impl Default for Metrics {
@@ -61,6 +62,12 @@ impl Metrics {
             "Bytes written to each storage target",
             written_bytes.clone(),
         );
+        let pcc = Family::<Labels, Counter>::default();
+        registry.register(
+            "pcc_events",
+            "Persistent client cache: hits, misses, attaches, write-backs, evictions, recalls, bytes",
+            pcc.clone(),
+        );
         Metrics {
             registry,
             ops,
@@ -68,6 +75,7 @@ impl Metrics {
             latency,
             read_bytes,
             written_bytes,
+            pcc,
         }
     }
 
@@ -92,6 +100,13 @@ impl Metrics {
     pub fn target_written(&self, target: u32, n: u64) {
         self.written_bytes
             .get_or_create(&vec![("target".to_string(), target.to_string())])
+            .inc_by(n);
+    }
+
+    /// Counts a persistent-client-cache event (or bytes, for the `bytes_*` events).
+    pub fn pcc(&self, event: &'static str, n: u64) {
+        self.pcc
+            .get_or_create(&vec![("event".to_string(), event.to_string())])
             .inc_by(n);
     }
 

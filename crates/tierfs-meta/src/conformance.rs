@@ -51,6 +51,11 @@ pub fn run_all(factory: &Factory<'_>) {
             "shared_objects_freed_with_last_slice",
             shared_objects_freed_with_last_slice,
         ),
+        ("pcc_leases_and_rules", pcc_leases_and_rules),
+        (
+            "rewrite_data_replaces_everything",
+            rewrite_data_replaces_everything,
+        ),
     ];
     for (name, check) in checks {
         let (_guard, engine) = factory();

@@ -553,6 +553,68 @@ impl DataPath {
         Ok(())
     }
 
+    /// Replaces a file's data in the capacity tier by the bytes of `file` (RW-PCC write-back):
+    /// uploads stripe-sized objects in parallel, then swaps all slices in one transaction.
+    pub fn write_back(
+        &self,
+        ino: Ino,
+        file: &std::fs::File,
+        size: u64,
+        mtime: i64,
+    ) -> Result<Attr> {
+        let attr = self.meta.getattr(ino)?;
+        let layout = attr
+            .layout
+            .clone()
+            .ok_or(ClientError::Errno("file has no layout", libc::EINVAL))?;
+        let cs = layout.stripe_size;
+        let mut slices = Vec::new();
+        let mut chunk = 0u64;
+        while chunk * cs < size {
+            // A window of uploads at a time bounds the memory used.
+            let mut waits = Vec::new();
+            for _ in 0..self.cfg.upload_parallelism.max(1) {
+                let off = chunk * cs;
+                if off >= size {
+                    break;
+                }
+                let len = cs.min(size - off) as usize;
+                let bytes = crate::pcc::read_piece(file, off, len)
+                    .map_err(|e| ClientError::Failed(format!("cache read: {e}"), libc::EIO))?;
+                let n = bytes.len() as u64;
+                if n > 0 {
+                    let target = layout.target_of_chunk(chunk);
+                    let obj = self.next_object_id()?;
+                    slices.push(Slice {
+                        seq: 0,
+                        chunk,
+                        off: 0,
+                        len: n,
+                        data: SliceData::Object {
+                            target,
+                            obj,
+                            obj_off: 0,
+                            obj_size: n,
+                        },
+                    });
+                    waits.push(self.spawn_upload(target, obj, bytes));
+                }
+                chunk += 1;
+            }
+            for r in self.rt.block_on(futures::future::join_all(waits)) {
+                match r {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => return Err(e.into()),
+                    Err(e) => return Err(StoreError::Io(e.to_string()).into()),
+                }
+            }
+        }
+        let a = self.meta.rewrite_data(ino, &slices, size, mtime)?;
+        self.space.invalidate();
+        self.invalidate(ino, Some(&a));
+        Ok(a)
+    }
+
     /// Forgets cached attributes and slices (after truncate, setstripe, or a remote change).
     pub fn invalidate(&self, ino: Ino, attr: Option<&Attr>) {
         if let Some(st) = self.existing(ino) {

@@ -1,0 +1,823 @@
+//! The persistent client cache as this client runs it: deciding at open and create whether a
+//! file is served from the local cache, attaching and detaching, RW-PCC leases and their
+//! recall, background write-back, eviction, and recovery after a restart.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+
+use tierfs_meta::{now_nanos, Attr, Ino, Kind, MetaEngine, MetaError, PccLease, PccRuleRow};
+use tierfs_pcc::rules::{FileFacts, Rule};
+use tierfs_pcc::store::{CacheStore, Entry, Eviction, Mode};
+
+use crate::data::DataPath;
+use crate::error::{ClientError, Result};
+use crate::metrics::Metrics;
+
+/// PCC settings of one client.
+#[derive(Clone, Debug)]
+pub struct PccConfig {
+    pub cache_dir: PathBuf,
+    pub capacity: u64,
+    pub high_watermark: f64,
+    pub low_watermark: f64,
+    pub eviction: Eviction,
+    pub writeback_delay: Duration,
+    pub passthrough: bool,
+    pub recall_timeout: Duration,
+    pub session_timeout: Duration,
+    /// Files larger than this are copied in the background on an RO attach at open.
+    pub background_copy: u64,
+}
+
+/// Why an open must fail rather than read stale or missing data.
+fn owner_down() -> ClientError {
+    ClientError::Errno(
+        "the RW-PCC owner of this file is down and holds data not yet written back",
+        libc::EHOSTDOWN,
+    )
+}
+
+pub struct Pcc {
+    pub store: CacheStore,
+    pub cfg: PccConfig,
+    meta: Arc<dyn MetaEngine>,
+    data: Arc<DataPath>,
+    metrics: Arc<Metrics>,
+    pub client: String,
+    rules: Mutex<(Option<Instant>, Vec<(PccRuleRow, Rule)>)>,
+    /// Open handles on cached files: (all, writers).
+    opens: Mutex<HashMap<Ino, (u32, u32)>>,
+    last_report: Mutex<HashMap<Ino, Instant>>,
+    copying: Mutex<std::collections::HashSet<Ino>>,
+}
+
+/// A cached file to serve an open from.
+pub struct Served {
+    pub file: Arc<File>,
+    pub rw: bool,
+}
+
+impl Pcc {
+    pub fn new(
+        cfg: PccConfig,
+        fs_uuid: &str,
+        meta: Arc<dyn MetaEngine>,
+        data: Arc<DataPath>,
+        metrics: Arc<Metrics>,
+        client: String,
+    ) -> Result<Pcc> {
+        let store = CacheStore::open(&cfg.cache_dir, fs_uuid, cfg.capacity)
+            .map_err(|e| ClientError::Failed(e.to_string(), e.errno()))?;
+        Ok(Pcc {
+            store,
+            cfg,
+            meta,
+            data,
+            metrics,
+            client,
+            rules: Mutex::new((None, Vec::new())),
+            opens: Mutex::new(HashMap::new()),
+            last_report: Mutex::new(HashMap::new()),
+            copying: Mutex::new(Default::default()),
+        })
+    }
+
+    fn cache_err(e: tierfs_pcc::store::CacheError) -> ClientError {
+        ClientError::Failed(e.to_string(), e.errno())
+    }
+
+    // ------------------------------------------------------------------ rules
+
+    /// The rules that apply to this client, refreshed from the metadata engine every 2 s.
+    fn rules(&self) -> Vec<(PccRuleRow, Rule)> {
+        let mut g = self.rules.lock();
+        let stale =
+            g.0.map(|t| t.elapsed() > Duration::from_secs(2))
+                .unwrap_or(true);
+        if stale {
+            if let Ok(rows) = self.meta.pcc_rules() {
+                g.1 = rows
+                    .into_iter()
+                    .filter(|r| {
+                        r.client
+                            .as_deref()
+                            .map(|c| c == self.client)
+                            .unwrap_or(true)
+                    })
+                    .filter_map(|r| match Rule::parse(&r.rule) {
+                        Ok(rule) => Some((r, rule)),
+                        Err(e) => {
+                            tracing::warn!(id = r.id, "stored PCC rule does not parse: {e}");
+                            None
+                        }
+                    })
+                    .collect();
+                g.0 = Some(Instant::now());
+            }
+        }
+        g.1.clone()
+    }
+
+    /// The first rule of `mode` (in id order) that matches a file.
+    fn matching_rule(&self, mode: &str, a: &Attr, name: &[u8]) -> Option<u64> {
+        let facts = FileFacts {
+            uid: a.uid,
+            gid: a.gid,
+            projid: a.projid,
+            name,
+            size: a.size,
+            mtime_ns: a.mtime,
+            now_ns: now_nanos(),
+        };
+        self.rules()
+            .into_iter()
+            .find(|(row, rule)| row.mode == mode && rule.matches(&facts))
+            .map(|(row, _)| row.id)
+    }
+
+    // ------------------------------------------------------------------ bookkeeping
+
+    pub fn busy(&self, ino: Ino) -> bool {
+        self.opens
+            .lock()
+            .get(&ino)
+            .map(|(n, _)| *n > 0)
+            .unwrap_or(false)
+    }
+
+    fn writers(&self, ino: Ino) -> u32 {
+        self.opens.lock().get(&ino).map(|(_, w)| *w).unwrap_or(0)
+    }
+
+    fn opened(&self, ino: Ino, write: bool) {
+        let mut g = self.opens.lock();
+        let e = g.entry(ino).or_insert((0, 0));
+        e.0 += 1;
+        if write {
+            e.1 += 1;
+        }
+    }
+
+    /// Whether `ino` is cached RW by this client: its size and mtime are the cache file's.
+    pub fn local_attr(&self, ino: Ino) -> Option<(u64, i64)> {
+        let e = self.store.get(ino)?;
+        if e.mode != Mode::Rw {
+            return None;
+        }
+        let m = std::fs::metadata(self.store.data_path(ino)).ok()?;
+        use std::os::unix::fs::MetadataExt;
+        Some((m.len(), m.mtime() * 1_000_000_000 + m.mtime_nsec()))
+    }
+
+    // ------------------------------------------------------------------ attach / detach
+
+    /// Makes room for `need` more bytes, evicting by policy; false when it cannot.
+    fn make_room(&self, need: u64) -> bool {
+        let cap = self.cfg.capacity;
+        if need > cap {
+            return false;
+        }
+        let limit = (cap as f64 * self.cfg.high_watermark) as u64;
+        if self.store.used() + need <= limit {
+            return true;
+        }
+        let target = (cap as f64 * self.cfg.low_watermark) as u64;
+        for e in self
+            .store
+            .eviction_order(self.cfg.eviction, &|i| self.busy(i))
+        {
+            if self.store.used() + need <= target {
+                break;
+            }
+            if let Err(err) = self.evict(&e) {
+                tracing::warn!(ino = e.ino, "eviction failed: {err}");
+            }
+        }
+        self.store.used() + need <= limit
+    }
+
+    fn evict(&self, e: &Entry) -> Result<()> {
+        if e.mode == Mode::Rw {
+            self.give_back(e.ino, false)?;
+        } else {
+            self.store.remove(e.ino);
+        }
+        self.metrics.pcc("evictions", 1);
+        Ok(())
+    }
+
+    /// Copies a file's current data from the capacity tier into the cache file.
+    fn copy_in(&self, ino: Ino, size: u64) -> Result<File> {
+        use std::os::unix::fs::FileExt;
+        let f = self.store.create_data(ino).map_err(Self::cache_err)?;
+        let mut off = 0u64;
+        while off < size {
+            let n = (size - off).min(1 << 20) as u32;
+            let buf = self.data.read(ino, off, n, true)?;
+            if buf.is_empty() {
+                break;
+            }
+            f.write_all_at(&buf, off)
+                .map_err(|e| ClientError::Failed(format!("cache write: {e}"), libc::EIO))?;
+            off += buf.len() as u64;
+        }
+        f.set_len(size)
+            .map_err(|e| ClientError::Failed(format!("cache write: {e}"), libc::EIO))?;
+        self.metrics.pcc("bytes_copied_in", size);
+        Ok(f)
+    }
+
+    fn new_entry(
+        &self,
+        ino: Ino,
+        mode: Mode,
+        version: u64,
+        generation: u64,
+        rule: Option<u64>,
+    ) -> Entry {
+        let now = now_nanos();
+        Entry {
+            ino,
+            mode,
+            version,
+            generation,
+            dirty: false,
+            pinned: false,
+            complete: true,
+            last_access: now,
+            last_write: 0,
+            rule,
+        }
+    }
+
+    /// RO-PCC attach: a read-only copy tied to the file's current data version.
+    pub fn attach_ro(&self, attr: &Attr, rule: Option<u64>) -> Result<()> {
+        if attr.kind != Kind::File {
+            return Err(ClientError::Errno(
+                "only regular files can be cached",
+                libc::EINVAL,
+            ));
+        }
+        if let Some(e) = self.store.get(attr.ino) {
+            if e.mode == Mode::Rw || e.version == attr.data_version {
+                return Ok(());
+            }
+        }
+        if let Some(l) = self.meta.pcc_lease(attr.ino)? {
+            if l.client != self.client {
+                self.recall(&l)?;
+            } else {
+                return Ok(());
+            }
+        }
+        let attr = self.meta.getattr(attr.ino)?;
+        if !self.make_room(attr.size) {
+            return Err(ClientError::Errno("the cache is full", libc::ENOSPC));
+        }
+        self.copy_in(attr.ino, attr.size)?;
+        let now = self.meta.getattr(attr.ino)?;
+        if now.data_version != attr.data_version {
+            // Changed while copying: the copy may be torn.
+            self.store.remove(attr.ino);
+            return Err(ClientError::Errno(
+                "the file changed while it was copied",
+                libc::EAGAIN,
+            ));
+        }
+        self.store
+            .put(self.new_entry(attr.ino, Mode::Ro, attr.data_version, 0, rule))
+            .map_err(Self::cache_err)?;
+        self.metrics.pcc("attaches_ro", 1);
+        Ok(())
+    }
+
+    /// RW-PCC attach: take the lease and move the file's data into the cache.
+    pub fn attach_rw(&self, attr: &Attr, rule: Option<u64>) -> Result<Entry> {
+        if attr.kind != Kind::File {
+            return Err(ClientError::Errno(
+                "only regular files can be cached",
+                libc::EINVAL,
+            ));
+        }
+        if let Some(e) = self.store.get(attr.ino) {
+            if e.mode == Mode::Rw {
+                return Ok(e);
+            }
+        }
+        if let Some(l) = self.meta.pcc_lease(attr.ino)? {
+            if l.client != self.client {
+                self.recall(&l)?;
+            }
+        }
+        let before = self.meta.getattr(attr.ino)?;
+        if !self.make_room(before.size) {
+            return Err(ClientError::Errno("the cache is full", libc::ENOSPC));
+        }
+        // Flush what this client buffered for the file, then take the lease.
+        self.data.flush(attr.ino)?;
+        let lease = match self.meta.pcc_acquire(attr.ino, &self.client) {
+            Ok(l) => l,
+            Err(MetaError::WouldBlock) => {
+                return Err(ClientError::Errno(
+                    "another client holds the RW-PCC lease",
+                    libc::EBUSY,
+                ))
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let reuse = self
+            .store
+            .get(attr.ino)
+            .map(|e| e.mode == Mode::Ro && e.version == before.data_version && e.complete)
+            .unwrap_or(false);
+        let attr = self.meta.getattr(attr.ino)?;
+        if !reuse {
+            if let Err(e) = self.copy_in(attr.ino, attr.size) {
+                let _ = self.meta.pcc_release(attr.ino, &self.client);
+                self.store.remove(attr.ino);
+                return Err(e);
+            }
+        }
+        let e = self.new_entry(
+            attr.ino,
+            Mode::Rw,
+            attr.data_version,
+            lease.generation,
+            rule,
+        );
+        self.store.put(e.clone()).map_err(Self::cache_err)?;
+        self.data.invalidate(attr.ino, Some(&attr));
+        self.metrics.pcc("attaches_rw", 1);
+        Ok(e)
+    }
+
+    /// Writes an RW-cached file back to the capacity tier (the lease stays).
+    pub fn write_back(&self, ino: Ino) -> Result<()> {
+        let Some(e) = self.store.get(ino) else {
+            return Ok(());
+        };
+        if e.mode != Mode::Rw {
+            return Ok(());
+        }
+        let f = self.store.open_data(ino, false).map_err(Self::cache_err)?;
+        let (size, mtime) = self.local_attr(ino).unwrap_or((0, now_nanos()));
+        let attr = self.data.write_back(ino, &f, size, mtime)?;
+        self.meta
+            .pcc_report(ino, &self.client, false, size, mtime)?;
+        self.store
+            .update(ino, |en| {
+                en.dirty = false;
+                en.version = attr.data_version;
+            })
+            .map_err(Self::cache_err)?;
+        self.metrics.pcc("writebacks", 1);
+        self.metrics.pcc("bytes_written_back", size);
+        Ok(())
+    }
+
+    /// Gives an RW lease back: write back if dirty, release, keep a read-only copy if asked.
+    pub fn give_back(&self, ino: Ino, keep: bool) -> Result<()> {
+        let Some(e) = self.store.get(ino) else {
+            let _ = self.meta.pcc_release(ino, &self.client);
+            return Ok(());
+        };
+        if e.mode == Mode::Rw {
+            if e.dirty || self.meta.pcc_lease(ino)?.map(|l| l.dirty).unwrap_or(false) {
+                self.write_back(ino)?;
+            }
+            self.meta.pcc_release(ino, &self.client)?;
+        }
+        if keep {
+            let a = self.meta.getattr(ino)?;
+            self.store
+                .update(ino, |en| {
+                    en.mode = Mode::Ro;
+                    en.version = a.data_version;
+                    en.dirty = false;
+                })
+                .map_err(Self::cache_err)?;
+            self.data.invalidate(ino, Some(&a));
+        } else {
+            self.store.remove(ino);
+        }
+        Ok(())
+    }
+
+    /// Detaches a file from this client's cache.
+    pub fn detach(&self, ino: Ino, keep: bool) -> Result<()> {
+        match self.store.get(ino) {
+            Some(e) if e.mode == Mode::Rw => self.give_back(ino, keep),
+            Some(_) if !keep => {
+                self.store.remove(ino);
+                Ok(())
+            }
+            Some(_) => Ok(()),
+            None => {
+                // Not here: a lease of ours without data (cache lost) is released if clean.
+                if let Some(l) = self.meta.pcc_lease(ino)? {
+                    if l.client == self.client && !l.dirty {
+                        self.meta.pcc_release(ino, &self.client)?;
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Waits until another client gives an RW lease back. A dead owner's clean lease is broken;
+    /// a dead owner's dirty data cannot be read (EHOSTDOWN).
+    fn recall(&self, lease: &PccLease) -> Result<()> {
+        let start = Instant::now();
+        let timeout = self.session_timeout_ns();
+        let mut asked = false;
+        self.metrics.pcc("recalls", 1);
+        loop {
+            let Some(l) = self.meta.pcc_lease(lease.ino)? else {
+                return Ok(());
+            };
+            if l.client == self.client {
+                return Ok(());
+            }
+            if !self.meta.client_alive(&l.client, timeout)? {
+                if l.dirty {
+                    return Err(owner_down());
+                }
+                tracing::info!(ino = l.ino, owner = %l.client, "breaking the clean RW-PCC lease of a dead client");
+                self.meta.pcc_release(l.ino, &l.client)?;
+                return Ok(());
+            }
+            if !asked {
+                self.meta.pcc_request_revoke(l.ino, &self.client)?;
+                asked = true;
+            }
+            if start.elapsed() > self.cfg.recall_timeout {
+                return Err(ClientError::Errno(
+                    "the RW-PCC owner did not give the file back in time",
+                    libc::ETIMEDOUT,
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn session_timeout_ns(&self) -> i64 {
+        self.cfg.session_timeout.as_nanos() as i64
+    }
+
+    // ------------------------------------------------------------------ open / create / close
+
+    /// At open: a cached file to serve, if any. Recalls another client's RW lease first.
+    pub fn on_open(
+        self: &Arc<Self>,
+        attr: &Attr,
+        name: Option<&[u8]>,
+        flags: i32,
+    ) -> Result<Option<Served>> {
+        let ino = attr.ino;
+        let write = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        if let Some(l) = self.meta.pcc_lease(ino)? {
+            if l.client == self.client {
+                return match self.store.get(ino) {
+                    Some(e) if e.mode == Mode::Rw => {
+                        let f = self.store.open_data(ino, true).map_err(Self::cache_err)?;
+                        let _ = self.store.update(ino, |en| en.last_access = now_nanos());
+                        self.opened(ino, write);
+                        self.metrics.pcc("hits", 1);
+                        Ok(Some(Served {
+                            file: Arc::new(f),
+                            rw: true,
+                        }))
+                    }
+                    _ if !l.dirty => {
+                        // The lease survived but the cached data did not: give it up.
+                        self.meta.pcc_release(ino, &self.client)?;
+                        Ok(None)
+                    }
+                    _ => Err(ClientError::Errno(
+                        "this client's cached data of the file is lost",
+                        libc::EIO,
+                    )),
+                };
+            }
+            self.recall(&l)?;
+        }
+        let attr = self.meta.getattr(ino)?;
+        if let Some(e) = self.store.get(ino) {
+            if e.mode == Mode::Ro {
+                if !write && e.complete && e.version == attr.data_version {
+                    let f = self.store.open_data(ino, false).map_err(Self::cache_err)?;
+                    let _ = self.store.update(ino, |en| en.last_access = now_nanos());
+                    self.opened(ino, false);
+                    self.metrics.pcc("hits", 1);
+                    return Ok(Some(Served {
+                        file: Arc::new(f),
+                        rw: false,
+                    }));
+                }
+                if e.version != attr.data_version || write {
+                    // Stale, or about to be: drop the copy.
+                    self.store.remove(ino);
+                }
+            }
+        }
+        self.metrics.pcc("misses", 1);
+        if write {
+            return Ok(None);
+        }
+        let Some(name) = name else { return Ok(None) };
+        let Some(rule) = self.matching_rule("ro", &attr, name) else {
+            return Ok(None);
+        };
+        if attr.size > self.cfg.background_copy {
+            self.spawn_background_copy(attr.clone(), rule);
+            return Ok(None);
+        }
+        match self.attach_ro(&attr, Some(rule)) {
+            Ok(()) => {
+                let f = self.store.open_data(ino, false).map_err(Self::cache_err)?;
+                self.opened(ino, false);
+                Ok(Some(Served {
+                    file: Arc::new(f),
+                    rw: false,
+                }))
+            }
+            Err(e) => {
+                tracing::debug!(ino, "RO attach by rule failed, reading uncached: {e}");
+                Ok(None)
+            }
+        }
+    }
+
+    fn spawn_background_copy(self: &Arc<Self>, attr: Attr, rule: u64) {
+        if !self.copying.lock().insert(attr.ino) {
+            return;
+        }
+        // Runs on a thread of its own; reads meanwhile go to the capacity tier.
+        let me = Arc::clone(self);
+        std::thread::spawn(move || {
+            if let Err(e) = me.attach_ro(&attr, Some(rule)) {
+                tracing::debug!(ino = attr.ino, "background RO copy failed: {e}");
+            }
+            me.copying.lock().remove(&attr.ino);
+        });
+    }
+
+    /// At create: a new file under an RW rule lives in the cache from the start.
+    pub fn on_create(&self, attr: &Attr, name: &[u8]) -> Result<Option<Served>> {
+        let Some(rule) = self.matching_rule("rw", attr, name) else {
+            return Ok(None);
+        };
+        match self.attach_rw(attr, Some(rule)) {
+            Ok(_) => {
+                let f = self
+                    .store
+                    .open_data(attr.ino, true)
+                    .map_err(Self::cache_err)?;
+                self.opened(attr.ino, true);
+                self.metrics.pcc("hits", 1);
+                Ok(Some(Served {
+                    file: Arc::new(f),
+                    rw: true,
+                }))
+            }
+            Err(e) => {
+                tracing::debug!(
+                    ino = attr.ino,
+                    "RW attach by rule failed, writing uncached: {e}"
+                );
+                Ok(None)
+            }
+        }
+    }
+
+    /// Reports an RW-cached file's size and mtime to the metadata engine (others see them).
+    pub fn report(&self, ino: Ino, dirty: bool) -> Result<Option<Attr>> {
+        let Some((size, mtime)) = self.local_attr(ino) else {
+            return Ok(None);
+        };
+        let a = self
+            .meta
+            .pcc_report(ino, &self.client, dirty, size, mtime)?;
+        if dirty {
+            let _ = self.store.update(ino, |e| {
+                e.dirty = true;
+                e.last_write = now_nanos();
+            });
+        }
+        self.last_report.lock().insert(ino, Instant::now());
+        Ok(Some(a))
+    }
+
+    /// At the close of a handle served from the cache.
+    pub fn on_close(&self, ino: Ino, wrote: bool) -> Result<()> {
+        {
+            let mut g = self.opens.lock();
+            if let Some(e) = g.get_mut(&ino) {
+                e.0 = e.0.saturating_sub(1);
+                if wrote {
+                    e.1 = e.1.saturating_sub(1);
+                }
+                if e.0 == 0 {
+                    g.remove(&ino);
+                }
+            }
+        }
+        if wrote {
+            self.report(ino, true)?;
+        }
+        Ok(())
+    }
+
+    /// fsync of a cached file: the cache file and its description are durable.
+    pub fn on_fsync(&self, ino: Ino, file: &File) -> Result<()> {
+        file.sync_all()
+            .map_err(|e| ClientError::Failed(format!("cache fsync: {e}"), libc::EIO))?;
+        if self
+            .store
+            .get(ino)
+            .map(|e| e.mode == Mode::Rw)
+            .unwrap_or(false)
+        {
+            self.report(ino, true)?;
+        }
+        Ok(())
+    }
+
+    // ------------------------------------------------------------------ background
+
+    /// Periodic work: give leases back on request, write back dirty files after the delay,
+    /// report sizes of files being written, keep the cache under its high watermark.
+    pub fn tick(&self) {
+        match self.meta.pcc_revokes_for(&self.client) {
+            Ok(list) => {
+                for ino in list {
+                    if self.writers(ino) > 0 {
+                        // Writers bypass the daemon (passthrough): wait for their close.
+                        continue;
+                    }
+                    if let Err(e) = self.give_back(ino, true) {
+                        tracing::warn!(ino, "giving an RW-PCC file back failed: {e}");
+                    }
+                }
+            }
+            Err(e) => tracing::warn!("reading PCC recall requests failed: {e}"),
+        }
+        let now = now_nanos();
+        for e in self.store.entries() {
+            if e.mode != Mode::Rw {
+                continue;
+            }
+            if self.writers(e.ino) > 0 {
+                let due = self
+                    .last_report
+                    .lock()
+                    .get(&e.ino)
+                    .map(|t| t.elapsed() > Duration::from_secs(1))
+                    .unwrap_or(true);
+                if due {
+                    let _ = self.report(e.ino, true);
+                }
+            } else if e.dirty && now - e.last_write > self.cfg.writeback_delay.as_nanos() as i64 {
+                if let Err(err) = self.write_back(e.ino) {
+                    tracing::warn!(ino = e.ino, "background write-back failed: {err}");
+                }
+            }
+        }
+        let high = (self.cfg.capacity as f64 * self.cfg.high_watermark) as u64;
+        if self.store.used() > high {
+            self.make_room(0);
+        }
+    }
+
+    /// After a restart: keep what is still valid, write back dirty RW data this client still
+    /// owns, quarantine dirty data whose lease went elsewhere, drop stale copies.
+    pub fn recover(&self) {
+        for e in self.store.entries() {
+            let attr = match self.meta.getattr(e.ino) {
+                Ok(a) => a,
+                Err(MetaError::NotFound) => {
+                    self.store.remove(e.ino);
+                    continue;
+                }
+                Err(err) => {
+                    tracing::warn!(ino = e.ino, "cache recovery: {err}");
+                    continue;
+                }
+            };
+            match e.mode {
+                Mode::Ro => {
+                    if attr.data_version != e.version || !e.complete {
+                        self.store.remove(e.ino);
+                    }
+                }
+                Mode::Rw => {
+                    let lease = self.meta.pcc_lease(e.ino).ok().flatten();
+                    match lease {
+                        Some(l) if l.client == self.client => {
+                            if e.dirty || l.dirty {
+                                let _ = self.store.update(e.ino, |en| en.dirty = true);
+                                if let Err(err) = self.write_back(e.ino) {
+                                    tracing::error!(
+                                        ino = e.ino,
+                                        "write-back after restart failed: {err}"
+                                    );
+                                } else {
+                                    tracing::info!(
+                                        ino = e.ino,
+                                        "wrote back dirty cached data after a restart"
+                                    );
+                                }
+                            }
+                        }
+                        _ if e.dirty => {
+                            let q = self.store.quarantine(e.ino);
+                            tracing::error!(
+                                ino = e.ino,
+                                "dirty cached data whose lease is no longer ours: quarantined at {}",
+                                q.display()
+                            );
+                            self.metrics.pcc("quarantined", 1);
+                        }
+                        _ => self.store.remove(e.ino),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Every RW file written back (unmount).
+    pub fn write_back_all(&self) {
+        for e in self.store.entries() {
+            if e.mode == Mode::Rw && e.dirty {
+                if let Err(err) = self.write_back(e.ino) {
+                    tracing::error!(ino = e.ino, "write-back at unmount failed: {err}");
+                }
+            }
+        }
+    }
+
+    /// `tierfs pcc state`: what this client knows of a file, as JSON.
+    pub fn state(&self, ino: Ino) -> Result<String> {
+        let lease = self.meta.pcc_lease(ino)?;
+        let e = self.store.get(ino);
+        let (all, writers) = self.opens.lock().get(&ino).copied().unwrap_or((0, 0));
+        let typ = match (&e, &lease) {
+            (Some(en), _) if en.mode == Mode::Rw => "readwrite",
+            (Some(_), _) => "readonly",
+            (None, _) => "none",
+        };
+        let v = serde_json::json!({
+            "type": typ,
+            "cache_file": e.as_ref().map(|_| self.store.data_path(ino).display().to_string()),
+            "open_count": all,
+            "writers": writers,
+            "dirty": e.as_ref().map(|x| x.dirty).unwrap_or(false),
+            "pinned": e.as_ref().map(|x| x.pinned).unwrap_or(false),
+            "complete": e.as_ref().map(|x| x.complete).unwrap_or(false),
+            "version": e.as_ref().map(|x| x.version),
+            "lease_owner": lease.as_ref().map(|l| l.client.clone()),
+            "lease_generation": lease.as_ref().map(|l| l.generation),
+            "lease_dirty": lease.as_ref().map(|l| l.dirty),
+            "client": self.client,
+        });
+        Ok(v.to_string())
+    }
+
+    pub fn pin(&self, ino: Ino, pinned: bool) -> Result<()> {
+        self.store
+            .update(ino, |e| e.pinned = pinned)
+            .map(|_| ())
+            .map_err(Self::cache_err)
+    }
+
+    /// Cache use for the stats file.
+    pub fn usage(&self) -> (u64, u64, usize) {
+        (
+            self.store.used(),
+            self.cfg.capacity,
+            self.store.entries().len(),
+        )
+    }
+}
+
+/// Bytes of a file for write-back, read in stripe-sized pieces.
+pub fn read_piece(f: &File, off: u64, len: usize) -> std::io::Result<Bytes> {
+    use std::os::unix::fs::FileExt;
+    let mut buf = vec![0u8; len];
+    let mut done = 0;
+    while done < len {
+        let n = f.read_at(&mut buf[done..], off + done as u64)?;
+        if n == 0 {
+            break;
+        }
+        done += n;
+    }
+    buf.truncate(done);
+    Ok(Bytes::from(buf))
+}

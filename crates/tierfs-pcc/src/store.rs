@@ -1,0 +1,381 @@
+//! The cache directory of one client: cached files and what is known of each, kept on disk so
+//! the cache survives a restart of the daemon or a reboot.
+//!
+//! Layout under `<cache_dir>/<filesystem uuid>/` (mode 0700, owned by the daemon's user, so
+//! other local users cannot read cached data behind the file permissions):
+//!
+//! - `data/<ino>`: the file's bytes (the backing file of FUSE passthrough);
+//! - `meta/<ino>.json`: mode (ro or rw), the data version (RO) or lease generation (RW), dirty,
+//!   pinned, last access; written to a temporary name, fsynced and renamed, so it is never torn;
+//! - `quarantine/`: dirty RW data that could not be given back (the lease went elsewhere while
+//!   the daemon was down): kept for an operator, reported in the log.
+
+use std::collections::HashMap;
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+use tierfs_meta::Ino;
+
+#[derive(Debug, Error)]
+pub enum CacheError {
+    #[error("cache directory {0}: {1}")]
+    Io(String, std::io::Error),
+    #[error("the cache is full ({used} of {capacity} bytes used)")]
+    Full { used: u64, capacity: u64 },
+    #[error("file {0} is not in the cache")]
+    NotCached(Ino),
+}
+
+impl CacheError {
+    pub fn errno(&self) -> i32 {
+        match self {
+            CacheError::Io(_, e) => e.raw_os_error().unwrap_or(libc::EIO),
+            CacheError::Full { .. } => libc::ENOSPC,
+            CacheError::NotCached(_) => libc::ENODATA,
+        }
+    }
+}
+
+pub type Result<T> = std::result::Result<T, CacheError>;
+
+/// How a file is cached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Read-only copy, valid while the file's data version is `version`.
+    Ro,
+    /// The file's data lives here under an RW-PCC lease.
+    Rw,
+}
+
+/// What the cache knows of one file.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Entry {
+    pub ino: Ino,
+    pub mode: Mode,
+    /// RO: the data version the copy holds. RW: the data version at the last write-back.
+    pub version: u64,
+    /// RW: the lease generation.
+    pub generation: u64,
+    /// RW: holds writes the capacity tier does not have.
+    pub dirty: bool,
+    pub pinned: bool,
+    /// The copy holds the whole file (a background copy may still be running).
+    pub complete: bool,
+    /// Nanoseconds since the epoch of the last open.
+    pub last_access: i64,
+    /// Nanoseconds since the epoch of the last close of a writer (write-back timing).
+    pub last_write: i64,
+    /// Rule id that attached it, for per-rule quotas.
+    pub rule: Option<u64>,
+}
+
+/// Eviction order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Eviction {
+    /// Least recently used first.
+    #[default]
+    Lru,
+    /// Largest first.
+    Size,
+}
+
+pub struct CacheStore {
+    root: PathBuf,
+    pub capacity: u64,
+    entries: Mutex<HashMap<Ino, Entry>>,
+}
+
+fn io(p: &Path, e: std::io::Error) -> CacheError {
+    CacheError::Io(p.display().to_string(), e)
+}
+
+impl CacheStore {
+    /// Opens (creating) the cache of filesystem `fs_uuid` under `dir`, and reads back every
+    /// entry a previous run left.
+    pub fn open(dir: &Path, fs_uuid: &str, capacity: u64) -> Result<CacheStore> {
+        let root = dir.join(fs_uuid);
+        for sub in ["data", "meta", "quarantine"] {
+            let p = root.join(sub);
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(&p)
+                .map_err(|e| io(&p, e))?;
+        }
+        // The cache directory itself is private to the daemon.
+        use std::os::unix::fs::PermissionsExt;
+        for p in [dir.to_path_buf(), root.clone()] {
+            let _ = fs::set_permissions(&p, fs::Permissions::from_mode(0o700));
+        }
+        let store = CacheStore {
+            root,
+            capacity,
+            entries: Mutex::new(HashMap::new()),
+        };
+        store.load()?;
+        Ok(store)
+    }
+
+    fn load(&self) -> Result<()> {
+        let meta = self.root.join("meta");
+        let mut map = self.entries.lock();
+        for de in fs::read_dir(&meta).map_err(|e| io(&meta, e))? {
+            let de = de.map_err(|e| io(&meta, e))?;
+            let p = de.path();
+            if p.extension().and_then(|e| e.to_str()) != Some("json") {
+                // A torn temporary from a crash: drop it.
+                let _ = fs::remove_file(&p);
+                continue;
+            }
+            let parsed = fs::read(&p)
+                .ok()
+                .and_then(|b| serde_json::from_slice::<Entry>(&b).ok());
+            match parsed {
+                Some(e) if self.data_path(e.ino).exists() => {
+                    map.insert(e.ino, e);
+                }
+                Some(e) => {
+                    tracing::warn!(ino = e.ino, "cache entry without data: dropped");
+                    let _ = fs::remove_file(&p);
+                }
+                None => {
+                    tracing::warn!("unreadable cache entry {}: dropped", p.display());
+                    let _ = fs::remove_file(&p);
+                }
+            }
+        }
+        // Data files nobody describes are leftovers of an interrupted attach.
+        let data = self.root.join("data");
+        for de in fs::read_dir(&data).map_err(|e| io(&data, e))?.flatten() {
+            let name = de.file_name();
+            let ino = name.to_str().and_then(|s| s.parse::<u64>().ok());
+            if ino.map(|i| !map.contains_key(&i)).unwrap_or(true) {
+                let _ = fs::remove_file(de.path());
+            }
+        }
+        Ok(())
+    }
+
+    pub fn data_path(&self, ino: Ino) -> PathBuf {
+        self.root.join("data").join(ino.to_string())
+    }
+
+    fn meta_path(&self, ino: Ino) -> PathBuf {
+        self.root.join("meta").join(format!("{ino}.json"))
+    }
+
+    /// Writes an entry's description durably (temporary, fsync, rename).
+    fn persist(&self, e: &Entry) -> Result<()> {
+        let p = self.meta_path(e.ino);
+        let tmp = p.with_extension("tmp");
+        let bytes = serde_json::to_vec(e).expect("entries serialise");
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)
+            .map_err(|er| io(&tmp, er))?;
+        f.write_all(&bytes).map_err(|er| io(&tmp, er))?;
+        f.sync_all().map_err(|er| io(&tmp, er))?;
+        fs::rename(&tmp, &p).map_err(|er| io(&p, er))?;
+        Ok(())
+    }
+
+    pub fn get(&self, ino: Ino) -> Option<Entry> {
+        self.entries.lock().get(&ino).cloned()
+    }
+
+    pub fn entries(&self) -> Vec<Entry> {
+        self.entries.lock().values().cloned().collect()
+    }
+
+    /// Records (and persists) an entry.
+    pub fn put(&self, e: Entry) -> Result<()> {
+        self.persist(&e)?;
+        self.entries.lock().insert(e.ino, e);
+        Ok(())
+    }
+
+    /// Changes an entry in place and persists it.
+    pub fn update(&self, ino: Ino, f: impl FnOnce(&mut Entry)) -> Result<Entry> {
+        let mut e = self.get(ino).ok_or(CacheError::NotCached(ino))?;
+        f(&mut e);
+        self.put(e.clone())?;
+        Ok(e)
+    }
+
+    /// Creates an empty data file for `ino` (replacing any old one), private to the daemon.
+    pub fn create_data(&self, ino: Ino) -> Result<File> {
+        let p = self.data_path(ino);
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&p)
+            .map_err(|e| io(&p, e))
+    }
+
+    /// Opens the cached data of `ino`.
+    pub fn open_data(&self, ino: Ino, write: bool) -> Result<File> {
+        let p = self.data_path(ino);
+        OpenOptions::new()
+            .read(true)
+            .write(write)
+            .open(&p)
+            .map_err(|e| io(&p, e))
+    }
+
+    /// Drops a cached file.
+    pub fn remove(&self, ino: Ino) {
+        self.entries.lock().remove(&ino);
+        let _ = fs::remove_file(self.meta_path(ino));
+        let _ = fs::remove_file(self.data_path(ino));
+    }
+
+    /// Moves dirty data that cannot be given back out of the way, for an operator.
+    pub fn quarantine(&self, ino: Ino) -> PathBuf {
+        let dst = self
+            .root
+            .join("quarantine")
+            .join(format!("{ino}-{}", tierfs_meta::now_nanos()));
+        let _ = fs::rename(self.data_path(ino), &dst);
+        self.entries.lock().remove(&ino);
+        let _ = fs::remove_file(self.meta_path(ino));
+        dst
+    }
+
+    /// Bytes of cached data (allocated blocks, so sparse copies count what they use).
+    pub fn used(&self) -> u64 {
+        use std::os::unix::fs::MetadataExt;
+        self.entries
+            .lock()
+            .keys()
+            .filter_map(|ino| fs::metadata(self.data_path(*ino)).ok())
+            .map(|m| m.blocks() * 512)
+            .sum()
+    }
+
+    pub fn size_of(&self, ino: Ino) -> u64 {
+        fs::metadata(self.data_path(ino))
+            .map(|m| m.len())
+            .unwrap_or(0)
+    }
+
+    /// Entries that may be evicted to make room, in eviction order: never pinned ones, never
+    /// those in `busy` (open now); RW entries come after RO ones (they must be written back).
+    pub fn eviction_order(&self, policy: Eviction, busy: &dyn Fn(Ino) -> bool) -> Vec<Entry> {
+        let mut v: Vec<Entry> = self
+            .entries()
+            .into_iter()
+            .filter(|e| !e.pinned && !busy(e.ino))
+            .collect();
+        match policy {
+            Eviction::Lru => v.sort_by_key(|e| (e.mode == Mode::Rw, e.last_access)),
+            Eviction::Size => {
+                v.sort_by_key(|e| (e.mode == Mode::Rw, std::cmp::Reverse(self.size_of(e.ino))))
+            }
+        }
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(ino: Ino, mode: Mode, last_access: i64) -> Entry {
+        Entry {
+            ino,
+            mode,
+            version: 1,
+            generation: 0,
+            dirty: false,
+            pinned: false,
+            complete: true,
+            last_access,
+            last_write: 0,
+            rule: None,
+        }
+    }
+
+    #[test]
+    fn entries_survive_a_reopen_and_leftovers_go() {
+        let d = tempfile::tempdir().unwrap();
+        {
+            let s = CacheStore::open(d.path(), "fs", 1 << 20).unwrap();
+            let mut f = s.create_data(7).unwrap();
+            f.write_all(b"hello").unwrap();
+            s.put(entry(7, Mode::Rw, 5)).unwrap();
+            s.update(7, |e| e.dirty = true).unwrap();
+            // an attach that died before describing its data
+            s.create_data(8).unwrap();
+            std::fs::write(d.path().join("fs/meta/9.tmp"), b"{torn").unwrap();
+        }
+        let s = CacheStore::open(d.path(), "fs", 1 << 20).unwrap();
+        let e = s.get(7).unwrap();
+        assert!(e.dirty);
+        assert_eq!(e.mode, Mode::Rw);
+        assert_eq!(std::fs::read(s.data_path(7)).unwrap(), b"hello");
+        assert!(!s.data_path(8).exists());
+        assert!(!d.path().join("fs/meta/9.tmp").exists());
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(d.path().join("fs"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o700);
+    }
+
+    #[test]
+    fn eviction_skips_pinned_and_busy_and_puts_rw_last() {
+        let d = tempfile::tempdir().unwrap();
+        let s = CacheStore::open(d.path(), "fs", 1 << 20).unwrap();
+        for (ino, mode, t) in [
+            (1, Mode::Ro, 30),
+            (2, Mode::Ro, 10),
+            (3, Mode::Rw, 5),
+            (4, Mode::Ro, 1),
+        ] {
+            s.create_data(ino)
+                .unwrap()
+                .write_all(&vec![0u8; ino as usize * 100])
+                .unwrap();
+            s.put(entry(ino, mode, t)).unwrap();
+        }
+        s.update(4, |e| e.pinned = true).unwrap();
+        let busy = |ino: Ino| ino == 1;
+        let lru: Vec<Ino> = s
+            .eviction_order(Eviction::Lru, &busy)
+            .iter()
+            .map(|e| e.ino)
+            .collect();
+        assert_eq!(lru, vec![2, 3]);
+        let none = |_: Ino| false;
+        let size: Vec<Ino> = s
+            .eviction_order(Eviction::Size, &none)
+            .iter()
+            .map(|e| e.ino)
+            .collect();
+        assert_eq!(size, vec![2, 1, 3]);
+    }
+
+    #[test]
+    fn quarantine_keeps_the_bytes() {
+        let d = tempfile::tempdir().unwrap();
+        let s = CacheStore::open(d.path(), "fs", 1 << 20).unwrap();
+        s.create_data(5).unwrap().write_all(b"precious").unwrap();
+        s.put(entry(5, Mode::Rw, 0)).unwrap();
+        let q = s.quarantine(5);
+        assert_eq!(std::fs::read(q).unwrap(), b"precious");
+        assert!(s.get(5).is_none());
+    }
+}
