@@ -46,6 +46,9 @@ pub enum Command {
     Status(StatusArgs),
     /// Operation counts, latencies and bytes per target of one mount.
     Stats(StatsArgs),
+    /// The persistent client cache: attach, detach, state, pin, rules, stats.
+    #[command(subcommand)]
+    Pcc(crate::pcc::PccCmd),
 }
 
 #[derive(Debug, Args)]
@@ -105,6 +108,12 @@ pub struct MountArgs {
     /// Where the background daemon logs (default: /tmp/tierfs-<client>.log).
     #[arg(long)]
     pub log_file: Option<PathBuf>,
+    /// Persistent client cache directory on a local disk (enables PCC on this client).
+    #[arg(long)]
+    pub cache_dir: Option<PathBuf>,
+    /// Capacity of the persistent client cache, e.g. 200G (default 10G).
+    #[arg(long)]
+    pub cache_size: Option<String>,
 }
 
 #[derive(Debug, Args)]

@@ -7,6 +7,7 @@ mod error;
 mod format;
 mod locate;
 mod mount;
+mod pcc;
 
 use clap::Parser;
 
@@ -36,6 +37,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::Project(a) => admin::project(a),
         Command::Status(a) => admin::status(a),
         Command::Stats(a) => admin::stats(a),
+        Command::Pcc(c) => pcc::run(c),
     }
 }
 

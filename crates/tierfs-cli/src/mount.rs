@@ -40,6 +40,12 @@ fn load_config(a: &MountArgs) -> Result<ClientConfig> {
     if let Some(m) = &a.metrics {
         cfg.metrics = Some(m.clone());
     }
+    if let Some(d) = &a.cache_dir {
+        cfg.cache_dir = Some(d.clone());
+    }
+    if let Some(s) = &a.cache_size {
+        cfg.cache_size = s.clone();
+    }
     cfg.validate()
         .map_err(|e| CliError::Usage(format!("invalid option: {e}")))?;
     Ok(cfg)
@@ -120,6 +126,14 @@ pub fn mount(a: MountArgs, log_level: &str) -> Result<()> {
     }
     if let Some(m) = &a.metrics {
         cmd.arg("--metrics").arg(m);
+    }
+    if let Some(d) = &a.cache_dir {
+        std::fs::create_dir_all(d).map_err(|e| CliError::Io(d.display().to_string(), e))?;
+        let abs = std::fs::canonicalize(d).map_err(|e| CliError::Io(d.display().to_string(), e))?;
+        cmd.arg("--cache-dir").arg(abs);
+    }
+    if let Some(s) = &a.cache_size {
+        cmd.arg("--cache-size").arg(s);
     }
     cmd.env(READY_ENV, "1")
         .stdin(Stdio::null())
@@ -244,6 +258,8 @@ pub fn up(a: UpArgs, log_level: &str) -> Result<()> {
                 attr_ttl: None,
                 metrics: None,
                 log_file: Some(dir.join("mount.log")),
+                cache_dir: None,
+                cache_size: None,
             },
             log_level,
         )?;

@@ -15,6 +15,15 @@
 //! gc_interval_secs = 1         # how often deleted objects are removed from targets
 //! log_level = "info"
 //! metrics = "127.0.0.1:9567"   # serve Prometheus metrics here (off by default)
+//! # persistent client cache (off unless cache_dir is set)
+//! cache_dir = "/nvme/pcc"      # where cached files live (a local disk)
+//! cache_size = "10G"           # capacity of the cache
+//! cache_high_watermark = 0.9   # evict when the cache is fuller than this...
+//! cache_low_watermark = 0.75   # ...down to this
+//! cache_eviction = "lru"       # or "size" (largest first)
+//! writeback_delay_secs = 30    # dirty RW-PCC files are written back this long after last close
+//! pcc_passthrough = true       # serve cached files by kernel FUSE passthrough
+//! pcc_recall_timeout_secs = 60 # how long an open waits for another client to give a file back
 //! ```
 
 use serde::Deserialize;
@@ -35,6 +44,14 @@ pub struct ClientConfig {
     pub gc_interval_secs: u64,
     pub log_level: String,
     pub metrics: Option<String>,
+    pub cache_dir: Option<std::path::PathBuf>,
+    pub cache_size: String,
+    pub cache_high_watermark: f64,
+    pub cache_low_watermark: f64,
+    pub cache_eviction: String,
+    pub writeback_delay_secs: u64,
+    pub pcc_passthrough: bool,
+    pub pcc_recall_timeout_secs: u64,
 }
 
 impl Default for ClientConfig {
@@ -53,6 +70,14 @@ impl Default for ClientConfig {
             gc_interval_secs: 1,
             log_level: "info".into(),
             metrics: None,
+            cache_dir: None,
+            cache_size: "10G".into(),
+            cache_high_watermark: 0.9,
+            cache_low_watermark: 0.75,
+            cache_eviction: "lru".into(),
+            writeback_delay_secs: 30,
+            pcc_passthrough: true,
+            pcc_recall_timeout_secs: 60,
         }
     }
 }
@@ -90,7 +115,32 @@ impl ClientConfig {
         if self.heartbeat_secs == 0 || self.session_timeout_secs <= self.heartbeat_secs {
             return Err("session_timeout_secs must exceed heartbeat_secs (> 0)".into());
         }
+        self.cache_bytes()?;
+        if !(0.0 < self.cache_low_watermark
+            && self.cache_low_watermark < self.cache_high_watermark
+            && self.cache_high_watermark <= 1.0)
+        {
+            return Err("cache watermarks must satisfy 0 < low < high <= 1".into());
+        }
+        self.eviction()?;
         Ok(())
+    }
+
+    /// The cache capacity in bytes.
+    pub fn cache_bytes(&self) -> Result<u64, String> {
+        let n = tierfs_store::size::parse_size(&self.cache_size).map_err(|e| e.to_string())?;
+        if n == 0 {
+            return Err("cache_size must be more than 0".into());
+        }
+        Ok(n)
+    }
+
+    pub fn eviction(&self) -> Result<tierfs_pcc::store::Eviction, String> {
+        match self.cache_eviction.as_str() {
+            "lru" => Ok(tierfs_pcc::store::Eviction::Lru),
+            "size" => Ok(tierfs_pcc::store::Eviction::Size),
+            other => Err(format!("cache_eviction '{other}' (expected lru or size)")),
+        }
     }
 }
 

@@ -17,6 +17,7 @@ use crate::config::ClientConfig;
 use crate::data::{DataConfig, DataPath};
 use crate::fs::TierFs;
 use crate::metrics::Metrics;
+use crate::pcc::{Pcc, PccConfig};
 
 #[derive(Debug, Error)]
 pub enum DaemonError {
@@ -205,6 +206,36 @@ pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Resul
             upload_parallelism: cfg.upload_parallelism,
         },
     ));
+    let pcc = match &cfg.cache_dir {
+        Some(dir) => {
+            let pc = PccConfig {
+                cache_dir: dir.clone(),
+                capacity: cfg.cache_bytes().map_err(DaemonError::Other)?,
+                high_watermark: cfg.cache_high_watermark,
+                low_watermark: cfg.cache_low_watermark,
+                eviction: cfg.eviction().map_err(DaemonError::Other)?,
+                writeback_delay: Duration::from_secs(cfg.writeback_delay_secs),
+                passthrough: cfg.pcc_passthrough,
+                recall_timeout: Duration::from_secs(cfg.pcc_recall_timeout_secs),
+                session_timeout: Duration::from_secs(cfg.session_timeout_secs),
+                background_copy: 64 << 20,
+            };
+            let p = Pcc::new(
+                pc,
+                &info.uuid,
+                meta.clone(),
+                Arc::clone(&data),
+                Arc::clone(&metrics),
+                client_name.clone(),
+            )
+            .map_err(|e| DaemonError::Other(format!("persistent client cache: {e}")))?;
+            let p = Arc::new(p);
+            // Find the cache again: keep what is valid, write back what this client owns.
+            p.recover();
+            Some(p)
+        }
+        None => None,
+    };
     let notifier: Arc<OnceLock<Notifier>> = Arc::new(OnceLock::new());
     let mut fs = TierFs::new(
         meta.clone(),
@@ -215,6 +246,7 @@ pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Resul
         Duration::from_secs_f64(cfg.entry_ttl),
     );
     fs.notifier = Arc::clone(&notifier);
+    fs.pcc = pcc.clone();
     fs.info_json = serde_json::json!({
         "meta": req.meta_url,
         "name": info.name,
@@ -256,16 +288,24 @@ pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Resul
         let meta = meta.clone();
         let data = Arc::clone(&data);
         let cfg = cfg.clone();
+        let pcc = pcc.clone();
         std::thread::Builder::new()
             .name("tierfs-session".into())
             .spawn(move || {
                 let tick = Duration::from_millis(50);
                 let mut since_hb = Duration::ZERO;
                 let mut since_gc = Duration::ZERO;
+                let mut ticks = 0u64;
                 while !stop.load(Ordering::Relaxed) {
                     std::thread::sleep(tick);
                     if let Err(e) = data.drain_closes(session) {
                         tracing::warn!("recording closes failed: {e}");
+                    }
+                    ticks += 1;
+                    if let Some(p) = &pcc {
+                        if ticks.is_multiple_of(4) {
+                            p.tick();
+                        }
                     }
                     since_hb += tick;
                     since_gc += tick;
@@ -323,6 +363,9 @@ pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Resul
     stop.store(true, Ordering::Relaxed);
     let _ = bg.join();
     data.flush_all();
+    if let Some(p) = &pcc {
+        p.write_back_all();
+    }
     let _ = data.drain_closes(session);
     if let Err(e) = meta.unregister_session(session) {
         tracing::warn!("could not end the session: {e}");

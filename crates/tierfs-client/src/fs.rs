@@ -5,15 +5,15 @@ use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use fuser::{
-    AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
-    INodeNo, InitFlags, KernelConfig, LockOwner, Notifier, OpenFlags, RenameFlags, ReplyAttr,
-    ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLock, ReplyOpen,
-    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    AccessFlags, BackingId, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
+    Generation, INodeNo, InitFlags, KernelConfig, LockOwner, Notifier, OpenFlags, RenameFlags,
+    ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLock,
+    ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use parking_lot::Mutex;
 
@@ -24,6 +24,7 @@ use tierfs_meta::{
 use crate::data::DataPath;
 use crate::error::{ClientError, Result};
 use crate::metrics::Metrics;
+use crate::pcc::{Pcc, Served};
 
 /// Name of the virtual stats file in the root directory (`tierfs stats MOUNT` reads it).
 pub const STATS_NAME: &str = ".tierfs-stats";
@@ -31,6 +32,9 @@ const STATS_INO: u64 = u64::MAX - 1;
 /// Name of the virtual file that tells the `tierfs` command which filesystem a mount is.
 pub const INFO_NAME: &str = ".tierfs-info";
 const INFO_INO: u64 = u64::MAX - 2;
+
+/// Prefix of the extended attributes that carry `tierfs pcc` commands.
+pub const PCC_XATTR: &[u8] = b"user.tierfs.pcc.";
 
 fn is_virtual(ino: u64) -> bool {
     ino == STATS_INO || ino == INFO_INO
@@ -42,6 +46,31 @@ struct Handle {
     /// End of the last read, to spot sequential readers.
     last_read_end: AtomicU64,
     stats: Option<Vec<u8>>,
+    /// Served from the persistent client cache: the cache file (used directly when the kernel
+    /// could not take passthrough), whether the file is RW-cached, and whether this handle may
+    /// write.
+    cache: Option<CachedHandle>,
+}
+
+struct CachedHandle {
+    file: Arc<std::fs::File>,
+    write: bool,
+    passthrough: bool,
+}
+
+/// Reply types that can register a passthrough backing file.
+trait BackingReply {
+    fn backing(&self, f: &std::fs::File) -> std::io::Result<BackingId>;
+}
+impl BackingReply for ReplyOpen {
+    fn backing(&self, f: &std::fs::File) -> std::io::Result<BackingId> {
+        self.open_backing(f)
+    }
+}
+impl BackingReply for ReplyCreate {
+    fn backing(&self, f: &std::fs::File) -> std::io::Result<BackingId> {
+        self.open_backing(f)
+    }
 }
 
 pub struct TierFs {
@@ -60,6 +89,14 @@ pub struct TierFs {
     pub info_json: String,
     /// Files on which this client took locks (only those need releasing at close).
     locked: Mutex<std::collections::HashSet<Ino>>,
+    /// The persistent client cache, when this client has one.
+    pub pcc: Option<Arc<Pcc>>,
+    /// Whether the kernel accepted FUSE passthrough at init.
+    passthrough: AtomicBool,
+    /// One passthrough backing file per inode, shared by its open handles.
+    backing: Mutex<HashMap<Ino, (Arc<BackingId>, u32)>>,
+    /// Last name each inode was looked up or created under (for fname rules at open).
+    names: Mutex<HashMap<Ino, Vec<u8>>>,
 }
 
 fn to_time(n: i64) -> SystemTime {
@@ -131,22 +168,32 @@ impl TierFs {
             notifier: Arc::new(OnceLock::new()),
             info_json: String::new(),
             locked: Mutex::new(Default::default()),
+            pcc: None,
+            passthrough: AtomicBool::new(false),
+            backing: Mutex::new(HashMap::new()),
+            names: Mutex::new(HashMap::new()),
         }
     }
 
     fn fattr(&self, a: &Attr) -> FileAttr {
-        let size = if a.kind == Kind::File {
+        let mut size = if a.kind == Kind::File {
             self.data.local_size(a.ino, a.size)
         } else {
             a.size
         };
+        let mut mtime = a.mtime;
+        if let Some((s, m)) = self.pcc.as_ref().and_then(|p| p.local_attr(a.ino)) {
+            // RW-cached here: the cache file is the truth.
+            size = s;
+            mtime = m;
+        }
         FileAttr {
             ino: INodeNo(a.ino),
             size,
             blocks: size.div_ceil(512),
             atime: to_time(a.atime),
-            mtime: to_time(a.mtime),
-            ctime: to_time(a.ctime),
+            mtime: to_time(mtime),
+            ctime: to_time(a.ctime.max(mtime)),
             crtime: to_time(a.crtime),
             kind: file_type(a.kind),
             perm: (a.perm & 0o7777) as u16,
@@ -253,8 +300,94 @@ impl TierFs {
             append,
             last_read_end: AtomicU64::new(u64::MAX),
             stats: None,
+            cache: None,
         });
         Ok((fh, fl))
+    }
+
+    /// `tierfs pcc ...` commands, which reach the daemon as extended attributes of the file
+    /// (`user.tierfs.pcc.<command>`), so the kernel applies the file's permissions: getting one
+    /// needs read access (state, attach.ro, detach, pin, unpin), setting one needs write access
+    /// (attach with value rw or ro, detach with value keep). Returns the file's state as JSON.
+    fn pcc_command(&self, ino: Ino, cmd: &[u8], value: &[u8]) -> Result<Vec<u8>> {
+        let Some(pcc) = &self.pcc else {
+            return Err(ClientError::Errno(
+                "this client has no persistent cache (mount with --cache-dir)",
+                libc::EOPNOTSUPP,
+            ));
+        };
+        match (cmd, value) {
+            (b"state", _) => {}
+            (b"attach.ro", _) | (b"attach", b"ro") => {
+                let a = self.meta.getattr(ino)?;
+                self.data.flush(ino)?;
+                pcc.attach_ro(&a, None)?;
+            }
+            (b"attach", b"rw") | (b"attach.rw", _) => {
+                let a = self.meta.getattr(ino)?;
+                pcc.attach_rw(&a, None)?;
+            }
+            (b"detach", b"keep") | (b"detach.keep", _) => pcc.detach(ino, true)?,
+            (b"detach", _) => pcc.detach(ino, false)?,
+            (b"pin", _) => pcc.pin(ino, true)?,
+            (b"unpin", _) => pcc.pin(ino, false)?,
+            _ => return Err(ClientError::Meta(MetaError::NoAttr)),
+        }
+        Ok(pcc.state(ino)?.into_bytes())
+    }
+
+    fn remember_name(&self, a: &Attr, name: &OsStr) {
+        if self.pcc.is_some() && a.kind == Kind::File {
+            let mut g = self.names.lock();
+            if g.len() > 100_000 {
+                g.clear();
+            }
+            g.insert(a.ino, name.as_bytes().to_vec());
+        }
+    }
+
+    /// Opens a handle served from the cache: through kernel passthrough when it was negotiated
+    /// and the kernel takes the backing file, else by the daemon from the cache file.
+    fn open_cached(
+        &self,
+        reply: &dyn BackingReply,
+        attr: &Attr,
+        flags: i32,
+        served: Served,
+        recorded: bool,
+    ) -> Result<(u64, Option<Arc<BackingId>>)> {
+        if !recorded {
+            self.meta.open_file(self.session, attr.ino)?;
+        }
+        let write = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        let mut backing = None;
+        if self.passthrough.load(Ordering::Relaxed) {
+            let mut g = self.backing.lock();
+            if let Some((id, n)) = g.get_mut(&attr.ino) {
+                *n += 1;
+                backing = Some(Arc::clone(id));
+            } else {
+                match reply.backing(&served.file) {
+                    Ok(id) => {
+                        let id = Arc::new(id);
+                        g.insert(attr.ino, (Arc::clone(&id), 1));
+                        backing = Some(id);
+                    }
+                    Err(e) => tracing::debug!(ino = attr.ino, "passthrough refused: {e}"),
+                }
+            }
+        }
+        let fh = self.new_handle(Handle {
+            append: false,
+            last_read_end: AtomicU64::new(u64::MAX),
+            stats: None,
+            cache: Some(CachedHandle {
+                file: served.file,
+                write: write && served.rw,
+                passthrough: backing.is_some(),
+            }),
+        });
+        Ok((fh, backing))
     }
 
     fn lock_range(&self, owner: LockOwner, start: u64, end: u64, typ: i32, pid: u32) -> LockRange {
@@ -289,6 +422,22 @@ impl Filesystem for TierFs {
                 tracing::info!("kernel lacks FUSE capability {flag:?}");
             }
         }
+        if self
+            .pcc
+            .as_ref()
+            .map(|p| p.cfg.passthrough)
+            .unwrap_or(false)
+        {
+            // Cached files are served by the kernel straight from the cache file.
+            let ok = config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
+                && config.set_max_stack_depth(1).is_ok();
+            self.passthrough.store(ok, Ordering::Relaxed);
+            if !ok {
+                tracing::warn!(
+                    "the kernel refused FUSE passthrough: cached files are served by the daemon"
+                );
+            }
+        }
         let _ = config.set_max_write(1 << 20);
         let _ = config.set_max_readahead(1 << 20);
         let _ = config.set_max_background(64);
@@ -313,7 +462,10 @@ impl Filesystem for TierFs {
         match self.run("lookup", || {
             Ok(self.meta.lookup(parent.0, name.as_bytes())?)
         }) {
-            Ok(a) => reply.entry(&self.entry_ttl, &self.fattr(&a), Generation(0)),
+            Ok(a) => {
+                self.remember_name(&a, name);
+                reply.entry(&self.entry_ttl, &self.fattr(&a), Generation(0))
+            }
             Err(ClientError::Meta(MetaError::NotFound)) if !self.entry_ttl.is_zero() => {
                 // A negative entry (inode 0): the kernel remembers the name is absent for the
                 // entry TTL, as it remembers names that exist.
@@ -539,7 +691,14 @@ impl Filesystem for TierFs {
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         if is_virtual(ino.0) {
-            let text = self.metrics.render().into_bytes();
+            let mut text = self.metrics.render();
+            if let Some(p) = &self.pcc {
+                let (used, cap, files) = p.usage();
+                text.push_str(&format!(
+                    "tierfs_pcc_cache_used_bytes {used}\ntierfs_pcc_cache_capacity_bytes {cap}\ntierfs_pcc_cache_files {files}\n"
+                ));
+            }
+            let text = text.into_bytes();
             let text = if ino.0 == INFO_INO {
                 self.info_json.clone().into_bytes()
             } else {
@@ -549,6 +708,7 @@ impl Filesystem for TierFs {
                 append: false,
                 last_read_end: AtomicU64::new(0),
                 stats: Some(text),
+                cache: None,
             });
             reply.opened(FileHandle(fh), FopenFlags::FOPEN_DIRECT_IO);
             return;
@@ -558,10 +718,23 @@ impl Filesystem for TierFs {
             if a.kind == Kind::Dir {
                 return Err(ClientError::Meta(MetaError::IsDir));
             }
-            self.open_file(&a, flags.0, false)
+            if let Some(pcc) = &self.pcc {
+                let name = self.names.lock().get(&ino.0).cloned();
+                if let Some(served) = pcc.on_open(&a, name.as_deref(), flags.0)? {
+                    let (fh, backing) = self.open_cached(&reply, &a, flags.0, served, false)?;
+                    return Ok((fh, FopenFlags::empty(), backing));
+                }
+                // A recall may have changed the file: open what is there now.
+                let a = self.meta.getattr(ino.0)?;
+                let (fh, fl) = self.open_file(&a, flags.0, false)?;
+                return Ok((fh, fl, None));
+            }
+            let (fh, fl) = self.open_file(&a, flags.0, false)?;
+            Ok((fh, fl, None))
         });
         match r {
-            Ok((fh, fl)) => reply.opened(FileHandle(fh), fl),
+            Ok((fh, fl, Some(id))) => reply.opened_passthrough(FileHandle(fh), fl, &id),
+            Ok((fh, fl, None)) => reply.opened(FileHandle(fh), fl),
             Err(e) => reply.error(ino_errno(&e)),
         }
     }
@@ -587,11 +760,26 @@ impl Filesystem for TierFs {
                 symlink: None,
             };
             let a = self.make_node(req, parent.0, name, node, true)?;
+            if let Some(pcc) = &self.pcc {
+                self.remember_name(&a, name);
+                if let Some(served) = pcc.on_create(&a, name.as_bytes())? {
+                    let (fh, backing) = self.open_cached(&reply, &a, flags, served, true)?;
+                    return Ok((a, fh, FopenFlags::empty(), backing));
+                }
+            }
             let (fh, fl) = self.open_file(&a, flags, true)?;
-            Ok((a, fh, fl))
+            Ok((a, fh, fl, None))
         });
         match r {
-            Ok((a, fh, fl)) => reply.created(
+            Ok((a, fh, fl, Some(id))) => reply.created_passthrough(
+                &self.entry_ttl,
+                &self.fattr(&a),
+                Generation(0),
+                FileHandle(fh),
+                fl,
+                &id,
+            ),
+            Ok((a, fh, fl, None)) => reply.created(
                 &self.entry_ttl,
                 &self.fattr(&a),
                 Generation(0),
@@ -621,6 +809,26 @@ impl Filesystem for TierFs {
             let s = (offset as usize).min(text.len());
             let e = (s + size as usize).min(text.len());
             reply.data(&text[s..e]);
+            return;
+        }
+        if let Some(c) = &h.cache {
+            use std::os::unix::fs::FileExt;
+            let mut buf = vec![0u8; size as usize];
+            let r = self.run("read", || {
+                let mut done = 0;
+                while done < buf.len() {
+                    match c.file.read_at(&mut buf[done..], offset + done as u64) {
+                        Ok(0) => break,
+                        Ok(n) => done += n,
+                        Err(e) => return Err(ClientError::Failed(e.to_string(), libc::EIO)),
+                    }
+                }
+                Ok(done)
+            });
+            match r {
+                Ok(n) => reply.data(&buf[..n]),
+                Err(e) => reply.error(errno(&e)),
+            }
             return;
         }
         let r = self.run("read", || {
@@ -669,6 +877,15 @@ impl Filesystem for TierFs {
                     };
                     self.meta.setattr(ino.0, &set)?;
                 }
+            }
+            if let Some(c) = &h.cache {
+                use std::os::unix::fs::FileExt;
+                if !c.write {
+                    return Err(ClientError::Errno("read-only cached copy", libc::EBADF));
+                }
+                return c.file.write_all_at(data, offset).map_err(|e| {
+                    ClientError::Failed(e.to_string(), e.raw_os_error().unwrap_or(libc::EIO))
+                });
             }
             let off = if h.append {
                 // Append at the end the filesystem knows, including our buffered writes.
@@ -730,6 +947,18 @@ impl Filesystem for TierFs {
             return;
         }
         let r = self.run("release", || {
+            if let (Some(pcc), Some(c)) = (&self.pcc, h.as_ref().and_then(|h| h.cache.as_ref())) {
+                if c.passthrough {
+                    let mut g = self.backing.lock();
+                    if let Some((_, n)) = g.get_mut(&ino.0) {
+                        *n -= 1;
+                        if *n == 0 {
+                            g.remove(&ino.0);
+                        }
+                    }
+                }
+                pcc.on_close(ino.0, c.write)?;
+            }
             let flushed = self.data.flush(ino.0);
             if let Some(o) = lock_owner {
                 if self.locked.lock().contains(&ino.0) {
@@ -750,11 +979,17 @@ impl Filesystem for TierFs {
         &self,
         _req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        match self.run("fsync", || self.data.fsync(ino.0)) {
+        let h = self.handle(fh);
+        match self.run("fsync", || {
+            if let (Some(pcc), Some(c)) = (&self.pcc, h.as_ref().and_then(|h| h.cache.as_ref())) {
+                return pcc.on_fsync(ino.0, &c.file);
+            }
+            self.data.fsync(ino.0)
+        }) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
         }
@@ -874,6 +1109,10 @@ impl Filesystem for TierFs {
         reply: ReplyEmpty,
     ) {
         match self.run("setxattr", || {
+            if let Some(cmd) = name.as_bytes().strip_prefix(PCC_XATTR) {
+                // The kernel let this through only to a writer of the file.
+                return self.pcc_command(ino.0, cmd, value).map(|_| ());
+            }
             Ok(self.meta.setxattr(ino.0, name.as_bytes(), value, flags)?)
         }) {
             Ok(()) => reply.ok(),
@@ -883,6 +1122,10 @@ impl Filesystem for TierFs {
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         match self.run("getxattr", || {
+            if let Some(cmd) = name.as_bytes().strip_prefix(PCC_XATTR) {
+                // The kernel let this through only to a reader of the file.
+                return self.pcc_command(ino.0, cmd, b"");
+            }
             Ok(self.meta.getxattr(ino.0, name.as_bytes())?)
         }) {
             Ok(v) => {

@@ -43,6 +43,9 @@ fn owner_down() -> ClientError {
     )
 }
 
+/// A stored rule and its parsed form.
+type RuleEntry = (PccRuleRow, Rule);
+
 pub struct Pcc {
     pub store: CacheStore,
     pub cfg: PccConfig,
@@ -50,7 +53,8 @@ pub struct Pcc {
     data: Arc<DataPath>,
     metrics: Arc<Metrics>,
     pub client: String,
-    rules: Mutex<(Option<Instant>, Vec<(PccRuleRow, Rule)>)>,
+    /// When the rules were read, and the rules that apply to this client.
+    rules: Mutex<(Option<Instant>, Vec<RuleEntry>)>,
     /// Open handles on cached files: (all, writers).
     opens: Mutex<HashMap<Ino, (u32, u32)>>,
     last_report: Mutex<HashMap<Ino, Instant>>,
@@ -95,7 +99,7 @@ impl Pcc {
     // ------------------------------------------------------------------ rules
 
     /// The rules that apply to this client, refreshed from the metadata engine every 2 s.
-    fn rules(&self) -> Vec<(PccRuleRow, Rule)> {
+    fn rules(&self) -> Vec<RuleEntry> {
         let mut g = self.rules.lock();
         let stale =
             g.0.map(|t| t.elapsed() > Duration::from_secs(2))

@@ -1,0 +1,325 @@
+//! `tierfs pcc`: attach, detach, state, pin, rules and stats of the persistent client cache.
+//!
+//! Commands on files travel to the mount's daemon as extended attributes of the file
+//! (`user.tierfs.pcc.<command>`), so the kernel checks the caller's permissions on the file
+//! itself: reading it is enough for state, RO attach and pin; writing it is needed for RW attach.
+
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use clap::{Args, Subcommand};
+use tierfs_meta::open_engine;
+use tierfs_pcc::rules::Rule;
+
+use crate::error::{CliError, Result};
+use crate::locate::mount_of;
+
+#[derive(Debug, Subcommand)]
+pub enum PccCmd {
+    /// Attach files to this client's cache: -r read-only copy (default, as Lustre), -w RW-PCC
+    /// (the file's data then lives only in this client's cache).
+    Attach {
+        #[arg(short = 'w', long = "write", conflicts_with = "ro")]
+        rw: bool,
+        #[arg(short = 'r', long = "read")]
+        ro: bool,
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+    },
+    /// Detach files: RW-PCC files are written back to the capacity tier first.
+    Detach {
+        /// Keep a read-only copy in the cache.
+        #[arg(long)]
+        keep: bool,
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+    },
+    /// Cache state of files: type (readwrite, readonly, none), cache file, opens, flags, lease.
+    State {
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+    },
+    /// Never evict these files.
+    Pin {
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+    },
+    /// Let these files be evicted again.
+    Unpin {
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+    },
+    /// Attach rules (Lustre `lctl pcc add` syntax), stored in the metadata engine.
+    #[command(subcommand)]
+    Rule(RuleCmd),
+    /// Cache hits, misses, bytes, attaches, write-backs, evictions and use of one mount.
+    Stats { mount: PathBuf },
+}
+
+#[derive(Debug, Args)]
+pub struct Target {
+    /// Metadata URL of the filesystem (default: the filesystem of --mount or of the current
+    /// directory).
+    #[arg(long)]
+    pub meta: Option<String>,
+    /// A path in a tierfs mount.
+    #[arg(long)]
+    pub mount: Option<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum RuleCmd {
+    /// Add a rule, e.g. `--mode rw "projid={500 1000}&fname={*.h5},uid={1001}"`. Rules are
+    /// tried in id order; the first that matches decides.
+    Add {
+        #[arg(long, value_parser = ["rw", "ro"])]
+        mode: String,
+        /// Only for this client (default: every client).
+        #[arg(long)]
+        client: Option<String>,
+        rule: String,
+        #[command(flatten)]
+        target: Target,
+    },
+    /// List the rules.
+    List {
+        #[command(flatten)]
+        target: Target,
+    },
+    /// Delete a rule by id.
+    Del {
+        id: u64,
+        #[command(flatten)]
+        target: Target,
+    },
+}
+
+fn xattr_name(cmd: &str) -> CString {
+    CString::new(format!("user.tierfs.pcc.{cmd}")).expect("no NUL")
+}
+
+fn errno_text(path: &Path, e: std::io::Error) -> CliError {
+    let why = match e.raw_os_error() {
+        Some(libc::EOPNOTSUPP) => {
+            "this mount has no persistent cache (mount with --cache-dir)".to_string()
+        }
+        Some(libc::EBUSY) => "another client holds the file's RW-PCC lease".to_string(),
+        Some(libc::ENOSPC) => "the cache is full".to_string(),
+        Some(libc::EACCES) | Some(libc::EPERM) => "permission denied".to_string(),
+        Some(libc::EHOSTDOWN) => {
+            "the file's RW-PCC owner is down with data not yet written back".to_string()
+        }
+        Some(libc::ENODATA) => "not supported by this tierfs mount".to_string(),
+        _ => e.to_string(),
+    };
+    CliError::Other(format!("{}: {why}", path.display()))
+}
+
+/// Runs a command by reading `user.tierfs.pcc.<cmd>`; returns the state JSON.
+fn get(path: &Path, cmd: &str) -> Result<serde_json::Value> {
+    let p = CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| CliError::Usage("path with a NUL byte".into()))?;
+    let name = xattr_name(cmd);
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: valid C strings and a buffer of the given length.
+    let n = unsafe {
+        libc::getxattr(
+            p.as_ptr(),
+            name.as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+    if n < 0 {
+        return Err(errno_text(path, std::io::Error::last_os_error()));
+    }
+    buf.truncate(n as usize);
+    serde_json::from_slice(&buf).map_err(|e| CliError::Other(format!("{}: {e}", path.display())))
+}
+
+/// Runs a command by setting `user.tierfs.pcc.<cmd>` to `value`.
+fn set(path: &Path, cmd: &str, value: &str) -> Result<()> {
+    let p = CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| CliError::Usage("path with a NUL byte".into()))?;
+    let name = xattr_name(cmd);
+    // SAFETY: valid C strings and a value buffer of the given length.
+    let r = unsafe {
+        libc::setxattr(
+            p.as_ptr(),
+            name.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    };
+    if r < 0 {
+        return Err(errno_text(path, std::io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+fn print_state(path: &Path, v: &serde_json::Value) {
+    let s = |k: &str| v.get(k).and_then(|x| x.as_str()).unwrap_or("").to_string();
+    let b = |k: &str| v.get(k).and_then(|x| x.as_bool()).unwrap_or(false);
+    let mut flags = Vec::new();
+    if b("dirty") {
+        flags.push("dirty");
+    }
+    if b("pinned") {
+        flags.push("pinned");
+    }
+    if s("type") != "none" && !b("complete") {
+        flags.push("copying");
+    }
+    let lease = match v.get("lease_owner").and_then(|x| x.as_str()) {
+        Some(owner) => format!(
+            ", lease: {owner} (generation {}{})",
+            v.get("lease_generation")
+                .and_then(|x| x.as_u64())
+                .unwrap_or(0),
+            if v.get("lease_dirty")
+                .and_then(|x| x.as_bool())
+                .unwrap_or(false)
+            {
+                ", dirty"
+            } else {
+                ""
+            }
+        ),
+        None => String::new(),
+    };
+    println!(
+        "file: {}, type: {}, cache_file: {}, open_count: {}, flags: {}{}",
+        path.display(),
+        s("type"),
+        v.get("cache_file").and_then(|x| x.as_str()).unwrap_or("-"),
+        v.get("open_count").and_then(|x| x.as_u64()).unwrap_or(0),
+        if flags.is_empty() {
+            "-".to_string()
+        } else {
+            flags.join(",")
+        },
+        lease
+    );
+}
+
+fn engine_for(t: &Target) -> Result<std::sync::Arc<dyn tierfs_meta::MetaEngine>> {
+    let url = match (&t.meta, &t.mount) {
+        (Some(m), _) => m.clone(),
+        (None, Some(p)) => mount_of(p)?.1.meta,
+        (None, None) => {
+            let cwd = std::env::current_dir().map_err(|e| CliError::Io(".".into(), e))?;
+            mount_of(&cwd)?.1.meta
+        }
+    };
+    Ok(open_engine(&url)?)
+}
+
+pub fn run(cmd: PccCmd) -> Result<()> {
+    let mut failed = 0;
+    let mut each = |paths: &[PathBuf], f: &dyn Fn(&Path) -> Result<()>| {
+        for p in paths {
+            if let Err(e) = f(p) {
+                eprintln!("tierfs: {e}");
+                failed += 1;
+            }
+        }
+    };
+    match cmd {
+        PccCmd::Attach { rw, ro: _, paths } => each(&paths, &|p| {
+            if rw {
+                set(p, "attach", "rw")
+            } else {
+                get(p, "attach.ro").map(|_| ())
+            }
+        }),
+        PccCmd::Detach { keep, paths } => each(&paths, &|p| {
+            get(p, if keep { "detach.keep" } else { "detach" }).map(|_| ())
+        }),
+        PccCmd::State { paths } => each(&paths, &|p| get(p, "state").map(|v| print_state(p, &v))),
+        PccCmd::Pin { paths } => each(&paths, &|p| get(p, "pin").map(|_| ())),
+        PccCmd::Unpin { paths } => each(&paths, &|p| get(p, "unpin").map(|_| ())),
+        PccCmd::Rule(r) => return rule(r),
+        PccCmd::Stats { mount } => return stats(&mount),
+    }
+    if failed > 0 {
+        return Err(CliError::Other(format!("{failed} file(s) failed")));
+    }
+    Ok(())
+}
+
+fn rule(r: RuleCmd) -> Result<()> {
+    match r {
+        RuleCmd::Add {
+            mode,
+            client,
+            rule,
+            target,
+        } => {
+            let parsed = Rule::parse(&rule)
+                .map_err(|e| CliError::Usage(format!("invalid rule '{rule}': {e}")))?;
+            let e = engine_for(&target)?;
+            let id = e.pcc_rule_add(&mode, client.as_deref(), &parsed.text())?;
+            println!(
+                "rule {id}: {mode} {}{}",
+                parsed.text(),
+                client.map(|c| format!(" (client {c})")).unwrap_or_default()
+            );
+        }
+        RuleCmd::List { target } => {
+            let e = engine_for(&target)?;
+            println!("{:>4}  {:<4}  {:<12}  rule", "id", "mode", "client");
+            for r in e.pcc_rules()? {
+                println!(
+                    "{:>4}  {:<4}  {:<12}  {}",
+                    r.id,
+                    r.mode,
+                    r.client.unwrap_or_else(|| "*".into()),
+                    r.rule
+                );
+            }
+        }
+        RuleCmd::Del { id, target } => {
+            let e = engine_for(&target)?;
+            e.pcc_rule_del(id).map_err(|err| match err {
+                tierfs_meta::MetaError::NotFound => CliError::Usage(format!("no rule {id}")),
+                other => other.into(),
+            })?;
+        }
+    }
+    Ok(())
+}
+
+fn stats(mount: &Path) -> Result<()> {
+    let (root, mi) = mount_of(mount)?;
+    let text = std::fs::read_to_string(root.join(tierfs_client::fs::STATS_NAME))
+        .map_err(|e| CliError::Io(mount.display().to_string(), e))?;
+    println!("client {} at {}", mi.client, mi.mountpoint);
+    let mut any = false;
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("tierfs_pcc_events_total{event=\"") {
+            if let Some((ev, v)) = rest.split_once("\"} ") {
+                println!("{ev:<22} {v}");
+                any = true;
+            }
+        } else if let Some(rest) = line.strip_prefix("tierfs_pcc_cache_") {
+            if let Some((k, v)) = rest.split_once(' ') {
+                let shown = if k.ends_with("bytes") {
+                    tierfs_store::size::human(v.parse().unwrap_or(0))
+                } else {
+                    v.to_string()
+                };
+                println!("cache_{k:<16} {shown}");
+                any = true;
+            }
+        }
+    }
+    if !any {
+        return Err(CliError::Other(format!(
+            "{}: this mount has no persistent cache",
+            mount.display()
+        )));
+    }
+    Ok(())
+}
