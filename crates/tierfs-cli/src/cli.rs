@@ -46,6 +46,8 @@ pub enum Command {
     Status(StatusArgs),
     /// Operation counts, latencies and bytes per target of one mount.
     Stats(StatsArgs),
+    /// Benchmarks: IOR, mdtest, fio, filebench and untar on the local disk and on tierfs, side by side.
+    Bench(tierfs_bench::BenchArgs),
     /// The persistent client cache: attach, detach, state, pin, rules, stats.
     #[command(subcommand)]
     Pcc(crate::pcc::PccCmd),

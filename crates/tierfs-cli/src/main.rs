@@ -37,6 +37,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::Project(a) => admin::project(a),
         Command::Status(a) => admin::status(a),
         Command::Stats(a) => admin::stats(a),
+        Command::Bench(a) => tierfs_bench::run(a).map_err(|e| CliError::Other(e.to_string())),
         Command::Pcc(c) => pcc::run(c),
     }
 }

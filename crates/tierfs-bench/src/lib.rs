@@ -1,0 +1,266 @@
+//! `tierfs bench`: the seeds' benchmark methodology (IOR, mdtest, fio, filebench, untar) run
+//! against a plain directory on the same disk (`native`) and a fresh tierfs mounted by several
+//! clients, side by side, interleaved per repetition, with verified data, medians and ratios
+//! to native, and JSON, CSV, markdown and PNG reports. See docs/bench.md.
+
+pub mod error;
+pub mod filebench;
+pub mod fio;
+pub mod fixture;
+pub mod ior;
+pub mod mdtest;
+pub mod pattern;
+pub mod plot;
+pub mod report;
+pub mod runner;
+pub mod stats;
+pub mod suite;
+pub mod untar;
+pub mod util;
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use clap::{Args, Subcommand};
+
+pub use error::BenchError;
+pub use fixture::Mode;
+pub use report::Report;
+pub use runner::Workload;
+
+/// `tierfs bench`: options shared by every workload, then the workload.
+#[derive(Debug, Clone, Args)]
+#[command(
+    about = "Benchmarks: IOR, mdtest, fio, filebench and untar on the local disk and on tierfs, side by side",
+    long_about = "Runs the seeds' benchmark workloads against a plain directory on the work dir's disk \
+(mode native) and a fresh tierfs formatted in the work dir and mounted by --clients clients \
+(mode tierfs), interleaved per repetition. Every byte read back is verified; a failed run is \
+reported as failed, never as a rate. Prints a table of medians and ratios to native; with --out, \
+also writes results.json, results.csv, report.md and PNG charts. Needs root (FUSE mounts, \
+dropping the page cache). See docs/bench.md."
+)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    #[command(subcommand)]
+    pub command: BenchCommand,
+}
+
+/// Options of every `tierfs bench` command.
+#[derive(Debug, Clone, Args)]
+pub struct CommonArgs {
+    /// Repetitions per mode (figures are medians over them).
+    #[arg(long, global = true, default_value_t = 3)]
+    pub reps: u32,
+    /// Modes to compare, comma separated: native, tierfs, tierfs+rw-pcc, tierfs+ro-pcc (the PCC
+    /// modes are reported as skipped until `tierfs pcc attach` exists).
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "native,tierfs"
+    )]
+    pub modes: Vec<Mode>,
+    /// Parent of the work dir (native directory, tierfs database, targets, mount points).
+    #[arg(long, global = true, default_value = "/var/tmp")]
+    pub workdir: PathBuf,
+    /// Write results.json, results.csv, report.md and PNG charts here.
+    #[arg(long, global = true)]
+    pub out: Option<PathBuf>,
+    /// Do not drop the page cache between writing and reading.
+    #[arg(long, global = true)]
+    pub no_drop_caches: bool,
+    /// Storage targets of the tierfs under test.
+    #[arg(long, global = true, default_value_t = 2)]
+    pub targets: usize,
+    /// Default stripe count of the tierfs under test (-1: all targets).
+    #[arg(long, global = true, default_value_t = 1, allow_hyphen_values = true)]
+    pub stripe_count: i64,
+    /// Keep the work dir afterwards (clients are unmounted all the same).
+    #[arg(long, global = true)]
+    pub keep: bool,
+    /// No live progress display.
+    #[arg(long, global = true)]
+    pub no_progress: bool,
+    /// The tierfs binary that formats and mounts (default: this program).
+    #[arg(long, global = true, env = "TIERFS_BIN", hide = true)]
+    pub tierfs_bin: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Subcommand)]
+pub enum BenchCommand {
+    /// IOR: file per process or shared file, many clients, write then read (verified).
+    Ior(ior::IorArgs),
+    /// mdtest: create, stat, read and remove files, many clients.
+    Mdtest(mdtest::MdtestArgs),
+    /// fio (the real binary, JSON output, verified by fio); skipped if fio is not installed.
+    Fio(fio::FioArgs),
+    /// filebench personalities fileserver, webserver and varmail, reimplemented.
+    Filebench(filebench::FilebenchArgs),
+    /// Extract a tarball of many small files (default: made from /usr/include).
+    Untar(untar::UntarArgs),
+    /// All of the above, every mode: report and charts.
+    Suite(suite::SuiteArgs),
+}
+
+/// How a bench session runs, independent of the command line.
+#[derive(Debug, Clone)]
+pub struct Session {
+    pub env: fixture::EnvConfig,
+    pub run: runner::RunOptions,
+    pub progress: bool,
+    pub command_line: String,
+    pub notes: Vec<String>,
+}
+
+/// Runs `workloads` in every mode and builds the report. Only an interrupt or a broken setup
+/// is an error; failed runs are in the report.
+pub fn execute(workloads: &[Box<dyn Workload>], s: &Session) -> Result<Report, BenchError> {
+    let started = Instant::now();
+    let date = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+    let mut env = fixture::Env::create(s.env.clone())?;
+    let machine = report::Machine::detect(&env.dir);
+    let progress = runner::Progress::new(s.progress);
+    let mut results = Vec::new();
+    for w in workloads {
+        match runner::run_workload(w.as_ref(), &mut env, &s.run, &progress) {
+            Ok(r) => results.push(r),
+            Err(e) => {
+                progress.finish();
+                return Err(e);
+            }
+        }
+    }
+    progress.finish();
+    env.teardown()?;
+    let mut modes = s.run.modes.clone();
+    modes.sort();
+    let rows = report::build_rows(&results, &modes);
+    Ok(Report {
+        tool: "tierfs bench".into(),
+        tierfs_version: tierfs_version(&s.env.tierfs),
+        command_line: s.command_line.clone(),
+        date,
+        duration_s: started.elapsed().as_secs_f64(),
+        machine,
+        modes,
+        reps: s.run.reps,
+        drop_caches: s.run.drop_caches,
+        notes: s.notes.clone(),
+        workloads: results,
+        rows,
+    })
+}
+
+fn tierfs_version(bin: &std::path::Path) -> String {
+    std::process::Command::new(bin)
+        .arg("--version")
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| format!("tierfs {} (bench crate)", env!("CARGO_PKG_VERSION")))
+}
+
+/// Entry point of `tierfs bench`: runs, prints the table, writes the reports. Returns an error
+/// when any run failed (after the reports are written), so the exit status tells.
+pub fn run(args: BenchArgs) -> Result<(), BenchError> {
+    util::install_signal_handlers();
+    let c = &args.common;
+    if c.reps == 0 || c.reps > 100 {
+        return Err(BenchError::Args("--reps must be 1 to 100".into()));
+    }
+    if c.targets == 0 || c.targets > 64 {
+        return Err(BenchError::Args("--targets must be 1 to 64".into()));
+    }
+    let mut modes = Vec::new();
+    for m in &c.modes {
+        if !modes.contains(m) {
+            modes.push(*m);
+        }
+    }
+    let tierfs = match &c.tierfs_bin {
+        Some(p) => p.clone(),
+        None => std::env::current_exe()
+            .map_err(|e| BenchError::io("find the tierfs binary (current_exe)", e))?,
+    };
+    let mut notes = Vec::new();
+    let (workloads, out): (Vec<Box<dyn Workload>>, Option<PathBuf>) = match &args.command {
+        BenchCommand::Ior(a) => (vec![Box::new(ior::Ior::new(a)?)], c.out.clone()),
+        BenchCommand::Mdtest(a) => (vec![Box::new(mdtest::Mdtest::new(a)?)], c.out.clone()),
+        BenchCommand::Fio(a) => (vec![Box::new(fio::Fio::new(a)?)], c.out.clone()),
+        BenchCommand::Filebench(a) => {
+            (vec![Box::new(filebench::Filebench::new(a)?)], c.out.clone())
+        }
+        BenchCommand::Untar(a) => (vec![Box::new(untar::Untar::new(a)?)], c.out.clone()),
+        BenchCommand::Suite(a) => {
+            notes.extend(suite::notes(a));
+            (
+                suite::workloads(a)?,
+                Some(
+                    c.out
+                        .clone()
+                        .unwrap_or_else(|| PathBuf::from("bench-results")),
+                ),
+            )
+        }
+    };
+    if modes.iter().any(|m| m.is_pcc()) && !fixture::pcc_available(&tierfs) {
+        notes.push("PCC modes requested, but this tierfs has no `tierfs pcc attach` yet: reported as skipped".into());
+    }
+    let interactive = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let session = Session {
+        env: fixture::EnvConfig {
+            tierfs,
+            workdir: c.workdir.clone(),
+            targets: c.targets,
+            stripe_count: c.stripe_count,
+            keep: c.keep,
+        },
+        run: runner::RunOptions {
+            modes,
+            reps: c.reps,
+            drop_caches: !c.no_drop_caches,
+        },
+        progress: interactive && !c.no_progress,
+        command_line: command_line(),
+        notes,
+    };
+    let report = execute(&workloads, &session)?;
+    println!("{}", report.table());
+    if let Some(dir) = out {
+        let files = report.write_all(&dir)?;
+        for f in files {
+            println!("wrote {}", f.display());
+        }
+    }
+    let failed = report
+        .rows
+        .iter()
+        .filter(|r| r.status == "failed")
+        .map(|r| (r.name.clone(), r.mode))
+        .collect::<std::collections::BTreeSet<_>>()
+        .len();
+    if failed > 0 {
+        return Err(BenchError::Failed(format!(
+            "{failed} benchmark(s) failed in some mode (see the table)"
+        )));
+    }
+    Ok(())
+}
+
+/// The command line as typed (arguments quoted when needed).
+pub fn command_line() -> String {
+    std::env::args()
+        .map(|a| {
+            if a.is_empty() || a.contains(|c: char| c.is_whitespace() || "'\"$`\\".contains(c)) {
+                format!("'{}'", a.replace('\'', "'\\''"))
+            } else {
+                a
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
