@@ -511,6 +511,14 @@ impl Filesystem for TierFs {
         reply: ReplyAttr,
     ) {
         let r = self.run("setattr", || {
+            let mut size = size;
+            if let Some(pcc) = &self.pcc {
+                if pcc.local_attr(ino.0).is_some() {
+                    // RW-cached here: size and times belong to the cache file.
+                    pcc.set_local(ino.0, size, atime.map(time_set), mtime.map(time_set))?;
+                    size = None;
+                }
+            }
             if size.is_some() {
                 // Buffered writes land first, so the truncate applies after them.
                 self.data.flush(ino.0)?;

@@ -618,6 +618,43 @@ impl Pcc {
         Ok(Some(a))
     }
 
+    /// Truncate or set times of an RW-cached file: the cache file changes, the metadata engine
+    /// hears of the new size and mtime.
+    pub fn set_local(
+        &self,
+        ino: Ino,
+        size: Option<u64>,
+        atime: Option<tierfs_meta::TimeSet>,
+        mtime: Option<tierfs_meta::TimeSet>,
+    ) -> Result<()> {
+        let f = self.store.open_data(ino, true).map_err(Self::cache_err)?;
+        let io = |e: std::io::Error| ClientError::Failed(format!("cache file: {e}"), libc::EIO);
+        if let Some(n) = size {
+            f.set_len(n).map_err(io)?;
+        }
+        let to_time = |t: tierfs_meta::TimeSet| match t {
+            tierfs_meta::TimeSet::Now => std::time::SystemTime::now(),
+            tierfs_meta::TimeSet::At(n) if n >= 0 => {
+                std::time::UNIX_EPOCH + Duration::from_nanos(n as u64)
+            }
+            tierfs_meta::TimeSet::At(n) => {
+                std::time::UNIX_EPOCH - Duration::from_nanos(n.unsigned_abs())
+            }
+        };
+        let mut times = std::fs::FileTimes::new();
+        if let Some(t) = atime {
+            times = times.set_accessed(to_time(t));
+        }
+        if let Some(t) = mtime {
+            times = times.set_modified(to_time(t));
+        } else if size.is_some() {
+            times = times.set_modified(std::time::SystemTime::now());
+        }
+        f.set_times(times).map_err(io)?;
+        self.report(ino, true)?;
+        Ok(())
+    }
+
     /// At the close of a handle served from the cache.
     pub fn on_close(&self, ino: Ino, wrote: bool) -> Result<()> {
         {
