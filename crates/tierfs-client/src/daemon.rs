@@ -326,6 +326,11 @@ pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Resul
                         if let Err(e) = data.collect_garbage() {
                             tracing::warn!("garbage collection failed: {e}");
                         }
+                        match data.compact(64) {
+                            Ok(0) => {}
+                            Ok(n) => tracing::debug!("compacted {n} chunk(s)"),
+                            Err(e) => tracing::warn!("compaction failed: {e}"),
+                        }
                         if let Err(e) = meta.maintain() {
                             tracing::warn!("metadata maintenance failed: {e}");
                         }

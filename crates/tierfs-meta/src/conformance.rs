@@ -634,14 +634,17 @@ fn compaction_replace_chunk(e: &dyn MetaEngine) {
     let s = e.read_chunk(f.ino, 0).unwrap();
     let upto = s.last().unwrap().seq;
     assert!(!e
-        .replace_chunk(f.ino, 0, upto - 1, &[obj_slice(0, 0, 50, 200)])
+        .replace_chunk(f.ino, 0, upto - 1, &[obj_slice(0, 0, 50, 201)])
         .unwrap());
+    let t = e.trash(100).unwrap();
+    assert_eq!(t.len(), 1, "a refused merge leaves its object in the trash");
+    assert_eq!(t[0].obj, 201);
     assert!(e
         .replace_chunk(f.ino, 0, upto, &[obj_slice(0, 0, 50, 200)])
         .unwrap());
     let s = e.read_chunk(f.ino, 0).unwrap();
     assert_eq!(s.len(), 1);
-    assert_eq!(e.trash(100).unwrap().len(), 5);
+    assert_eq!(e.trash(100).unwrap().len(), 6);
 }
 
 fn shared_objects_freed_with_last_slice(e: &dyn MetaEngine) {

@@ -80,7 +80,8 @@ pub trait MetaEngine: Send + Sync {
     fn fallocate(&self, ino: Ino, off: u64, len: u64, keep_size: bool, punch: bool)
         -> Result<Attr>;
     /// Replaces all slices of a chunk by `merged` if the chunk's newest slice is still `upto`
-    /// (compaction). Returns false when the chunk changed in between.
+    /// (compaction). Returns false when the chunk changed in between; `merged`'s objects then
+    /// go to the trash.
     fn replace_chunk(&self, ino: Ino, chunk: u64, upto: u64, merged: &[Slice]) -> Result<bool>;
 
     /// Makes every committed transaction durable against power loss (fsync semantics).

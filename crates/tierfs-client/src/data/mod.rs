@@ -23,6 +23,11 @@ use cache::ChunkCache;
 use segments::{visible, Source};
 use space::SpaceGuard;
 
+/// A chunk with more slices than this is rewritten as one object (compaction).
+const COMPACT_SLICES: usize = 16;
+/// Chunks waiting for a compaction check, at most.
+const COMPACT_QUEUE: usize = 65_536;
+
 /// Reads up to this size that are not sequential are served on the FUSE thread when the data
 /// is on local targets.
 const SMALL_READ: u64 = 256 << 10;
@@ -100,6 +105,8 @@ pub struct DataPath {
     uploads: Arc<Semaphore>,
     files: Mutex<HashMap<Ino, Arc<FileState>>>,
     closes: Mutex<Vec<Ino>>,
+    /// Chunks that got new slices: compaction looks at them in the background.
+    compact_candidates: Mutex<std::collections::HashSet<(Ino, u64)>>,
     info_cache: Mutex<Option<(std::time::Instant, HashMap<Ino, tierfs_meta::StripeDefault>)>>,
 }
 
@@ -137,6 +144,7 @@ impl DataPath {
             ids: Mutex::new((0, 0)),
             files: Mutex::new(HashMap::new()),
             closes: Mutex::new(Vec::new()),
+            compact_candidates: Mutex::new(Default::default()),
             info_cache: Mutex::new(None),
             cfg,
             meta,
@@ -506,6 +514,14 @@ impl DataPath {
         }
         match result {
             Ok(a) => {
+                {
+                    let mut cand = self.compact_candidates.lock();
+                    for sl in &slices {
+                        if cand.len() < COMPACT_QUEUE {
+                            cand.insert((ino, sl.chunk));
+                        }
+                    }
+                }
                 for sl in &slices {
                     if let SliceData::Object { target, obj, .. } = sl.data {
                         if inner.unsynced.last() != Some(&(target, obj)) {
@@ -749,6 +765,79 @@ impl DataPath {
     }
 
     // ------------------------------------------------------------------ garbage
+
+    /// Compaction: rewrites chunks that gathered many slices (overwrites, small random writes)
+    /// as one object each, so reads stay short and overwritten bytes are freed. The new slice
+    /// replaces the old ones only if no commit happened in between; the data does not change,
+    /// so neither does the file's data version. Returns how many chunks were compacted.
+    pub fn compact(&self, budget: usize) -> Result<usize> {
+        let batch: Vec<(Ino, u64)> = {
+            let mut c = self.compact_candidates.lock();
+            let take: Vec<(Ino, u64)> = c.iter().take(budget).copied().collect();
+            for k in &take {
+                c.remove(k);
+            }
+            take
+        };
+        let mut done = 0;
+        for (ino, chunk) in batch {
+            let slices = self.meta.read_chunk(ino, chunk)?;
+            if slices.len() <= COMPACT_SLICES {
+                continue;
+            }
+            let attr = match self.meta.getattr(ino) {
+                Ok(a) => a,
+                Err(MetaError::NotFound) => continue,
+                Err(e) => return Err(e.into()),
+            };
+            let Some(layout) = attr.layout.clone() else {
+                continue;
+            };
+            let cs = layout.stripe_size;
+            let extent = cs.min(attr.size.saturating_sub(chunk * cs));
+            let upto = slices.last().map(|s| s.seq).unwrap_or(0);
+            let slices = Arc::new(slices);
+            let bytes = self.rt.block_on(materialize(
+                Arc::clone(&self.targets),
+                Arc::clone(&self.metrics),
+                Arc::clone(&slices),
+                0,
+                extent,
+            ))?;
+            let merged = if bytes.is_empty() {
+                Vec::new()
+            } else {
+                let target = layout.target_of_chunk(chunk);
+                let obj = self.next_object_id()?;
+                let n = bytes.len() as u64;
+                self.rt
+                    .block_on(self.spawn_upload(target, obj, bytes))
+                    .map_err(|e| StoreError::Io(e.to_string()))??;
+                vec![Slice {
+                    seq: 0,
+                    chunk,
+                    off: 0,
+                    len: n,
+                    data: SliceData::Object {
+                        target,
+                        obj,
+                        obj_off: 0,
+                        obj_size: n,
+                    },
+                }]
+            };
+            if self.meta.replace_chunk(ino, chunk, upto, &merged)? {
+                done += 1;
+                if let Some(st) = self.existing(ino) {
+                    st.inner.lock().chunk_slices.remove(&chunk);
+                }
+            } else {
+                // Someone committed meanwhile (the engine trashed our object): look again later.
+                self.compact_candidates.lock().insert((ino, chunk));
+            }
+        }
+        Ok(done)
+    }
 
     /// Deletes objects nobody references any more; returns how many went.
     pub fn collect_garbage(&self) -> Result<usize> {

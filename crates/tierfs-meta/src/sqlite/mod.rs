@@ -1385,6 +1385,15 @@ impl MetaEngine for SqliteEngine {
                 |r| r.get(0),
             )?;
             if newest != Some(upto as i64) {
+                // The chunk changed: the merged objects are garbage.
+                let objs = objects_of(merged);
+                account_objects(tx, &objs)?;
+                for (target, obj, size) in objs {
+                    tx.execute(
+                        "INSERT INTO trash (ino, target, obj, len) VALUES (?1,?2,?3,?4)",
+                        params![ino as i64, target as i64, obj as i64, size as i64],
+                    )?;
+                }
                 return Ok(false);
             }
             trash_slices(
