@@ -281,9 +281,10 @@ impl TierFs {
             self.meta.open_file(self.session, attr.ino)?;
         }
         let keep = self.data.open(attr);
-        if !keep {
+        if !keep && !recorded {
             // The data changed since this client last saw it: make the kernel drop its cached
-            // size too, so reads are not cut at a stale end of file.
+            // size too, so reads are not cut at a stale end of file. (Not for a file this open
+            // just created: the kernel knows nothing stale of it.)
             if let Some(n) = self.notifier.get() {
                 let _ = n.inval_inode(INodeNo(attr.ino), -1, 0);
             }
