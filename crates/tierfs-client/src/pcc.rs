@@ -59,6 +59,7 @@ pub struct Pcc {
     opens: Mutex<HashMap<Ino, (u32, u32)>>,
     last_report: Mutex<HashMap<Ino, Instant>>,
     copying: Mutex<std::collections::HashSet<Ino>>,
+    last_validate: Mutex<Option<Instant>>,
 }
 
 /// A cached file to serve an open from.
@@ -89,6 +90,7 @@ impl Pcc {
             opens: Mutex::new(HashMap::new()),
             last_report: Mutex::new(HashMap::new()),
             copying: Mutex::new(Default::default()),
+            last_validate: Mutex::new(None),
         })
     }
 
@@ -733,6 +735,51 @@ impl Pcc {
         let high = (self.cfg.capacity as f64 * self.cfg.high_watermark) as u64;
         if self.store.used() > high {
             self.make_room(0);
+        }
+        let due = {
+            let mut g = self.last_validate.lock();
+            let due = g.map(|t| t.elapsed() > Duration::from_secs(5)).unwrap_or(true);
+            if due {
+                *g = Some(Instant::now());
+            }
+            due
+        };
+        if due {
+            self.validate();
+        }
+    }
+
+    /// Drops entries of deleted files, and RW entries whose lease is no longer this client's
+    /// (broken while this client looked dead): clean ones go, dirty ones are quarantined.
+    fn validate(&self) {
+        for e in self.store.entries() {
+            if self.busy(e.ino) {
+                continue;
+            }
+            match self.meta.getattr(e.ino) {
+                Err(MetaError::NotFound) => {
+                    self.store.remove(e.ino);
+                    continue;
+                }
+                Err(_) => continue,
+                Ok(_) => {}
+            }
+            if e.mode == Mode::Rw {
+                let ours = matches!(self.meta.pcc_lease(e.ino), Ok(Some(l)) if l.client == self.client);
+                if !ours {
+                    if e.dirty {
+                        let q = self.store.quarantine(e.ino);
+                        tracing::error!(
+                            ino = e.ino,
+                            "the RW-PCC lease of a dirty cached file was broken: quarantined at {}",
+                            q.display()
+                        );
+                        self.metrics.pcc("quarantined", 1);
+                    } else {
+                        self.store.remove(e.ino);
+                    }
+                }
+            }
         }
     }
 
