@@ -48,6 +48,10 @@ pub enum Command {
     Stats(StatsArgs),
     /// Benchmarks: IOR, mdtest, fio, filebench and untar on the local disk and on tierfs, side by side.
     Bench(tierfs_bench::BenchArgs),
+    /// Write the metadata of a filesystem to a portable file (to move it to another engine).
+    Dump(crate::dump::DumpArgs),
+    /// Load a `tierfs dump` file into a freshly formatted, empty filesystem.
+    Load(crate::dump::LoadArgs),
     /// The persistent client cache: attach, detach, state, pin, rules, stats.
     #[command(subcommand)]
     Pcc(crate::pcc::PccCmd),

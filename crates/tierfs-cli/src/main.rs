@@ -2,6 +2,7 @@
 //! stats, up). Every failure is one line on stderr and a non-zero exit.
 
 mod admin;
+mod dump;
 mod cli;
 mod error;
 mod format;
@@ -39,6 +40,8 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::Stats(a) => admin::stats(a),
         Command::Bench(a) => tierfs_bench::run(a).map_err(|e| CliError::Other(e.to_string())),
         Command::Pcc(c) => pcc::run(c),
+        Command::Dump(a) => dump::dump(a),
+        Command::Load(a) => dump::load(a),
     }
 }
 

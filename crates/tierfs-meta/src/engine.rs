@@ -3,7 +3,7 @@
 //! Every method is one atomic transaction. Implementations: [`crate::sqlite::SqliteEngine`].
 //! The conformance suite in [`crate::conformance`] runs against every implementation.
 
-use crate::error::Result;
+use crate::error::{MetaError, Result};
 use crate::types::*;
 
 pub trait MetaEngine: Send + Sync {
@@ -89,6 +89,16 @@ pub trait MetaEngine: Send + Sync {
     /// Background housekeeping of the engine (SQLite: checkpoint the write-ahead log). Each
     /// client calls it every second or so, off the application's path.
     fn maintain(&self) -> Result<()>;
+
+    /// Every row of the filesystem's persistent tables ([`DUMP_TABLES`]; not the sessions, open
+    /// files, locks or recall requests of mounted clients), for `tierfs dump`.
+    fn export_rows(&self, _sink: &mut dyn FnMut(DumpRow) -> Result<()>) -> Result<()> {
+        Err(MetaError::Invalid("this engine cannot dump yet".into()))
+    }
+    /// Loads rows from a dump into a freshly formatted, empty filesystem (one transaction).
+    fn import_rows(&self, _rows: &mut dyn Iterator<Item = Result<DumpRow>>) -> Result<u64> {
+        Err(MetaError::Invalid("this engine cannot load yet".into()))
+    }
 
     // ---- sessions and open files ----
     fn register_session(&self, s: &SessionInfo) -> Result<u64>;

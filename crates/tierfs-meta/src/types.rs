@@ -299,3 +299,30 @@ pub struct PccRuleRow {
     pub client: Option<String>,
     pub rule: String,
 }
+
+/// One column value of a portable dump (`tierfs dump` / `tierfs load`).
+#[derive(Clone, Debug, PartialEq)]
+pub enum DumpValue {
+    Null,
+    Int(i64),
+    Real(f64),
+    Text(String),
+    Blob(Vec<u8>),
+}
+
+/// One row of a portable dump: its table and its columns.
+pub type DumpRow = (String, Vec<(String, DumpValue)>);
+
+/// The tables a dump holds, in the order a load inserts them.
+pub const DUMP_TABLES: &[&str] = &[
+    "meta_info",
+    "counters",
+    "targets",
+    "inodes",
+    "dentries",
+    "slices",
+    "xattrs",
+    "trash",
+    "pcc_leases",
+    "pcc_rules",
+];
