@@ -218,10 +218,16 @@ fn engine_for(t: &Target) -> Result<std::sync::Arc<dyn tierfs_meta::MetaEngine>>
 
 pub fn run(cmd: PccCmd) -> Result<()> {
     let mut failed = 0;
+    let mut single: Option<CliError> = None;
     let mut each = |paths: &[PathBuf], f: &dyn Fn(&Path) -> Result<()>| {
         for p in paths {
             if let Err(e) = f(p) {
-                eprintln!("tierfs: {e}");
+                if paths.len() == 1 {
+                    // One file: its error is the one line.
+                    single = Some(e);
+                } else {
+                    eprintln!("tierfs: {e}");
+                }
                 failed += 1;
             }
         }
@@ -242,6 +248,9 @@ pub fn run(cmd: PccCmd) -> Result<()> {
         PccCmd::Unpin { paths } => each(&paths, &|p| get(p, "unpin").map(|_| ())),
         PccCmd::Rule(r) => return rule(r),
         PccCmd::Stats { mount } => return stats(&mount),
+    }
+    if let Some(e) = single {
+        return Err(e);
     }
     if failed > 0 {
         return Err(CliError::Other(format!("{failed} file(s) failed")));

@@ -926,6 +926,16 @@ impl Filesystem for TierFs {
             return;
         }
         let r = self.run("flush", || {
+            if let (Some(pcc), Some(h)) = (&self.pcc, self.handle(fh)) {
+                if h.cache.as_ref().map(|c| c.write).unwrap_or(false) {
+                    // close(2) of a writer: other clients see the new size and mtime now.
+                    match pcc.report(ino.0, true) {
+                        Ok(_)
+                        | Err(ClientError::Meta(MetaError::NotFound | MetaError::WouldBlock)) => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
             let res = self.data.flush(ino.0);
             // close(2) drops the POSIX locks this owner holds on the file.
             if self.handle(fh).is_some() && self.locked.lock().contains(&ino.0) {

@@ -659,6 +659,12 @@ impl Pcc {
 
     /// At the close of a handle served from the cache.
     pub fn on_close(&self, ino: Ino, wrote: bool) -> Result<()> {
+        // Report before this handle stops counting as a writer: a recall waits for writers.
+        let reported = if wrote {
+            self.report(ino, true).map(|_| ())
+        } else {
+            Ok(())
+        };
         {
             let mut g = self.opens.lock();
             if let Some(e) = g.get_mut(&ino) {
@@ -671,10 +677,11 @@ impl Pcc {
                 }
             }
         }
-        if wrote {
-            self.report(ino, true)?;
+        match reported {
+            // The lease went meanwhile (given back on request): nothing left to report.
+            Err(ClientError::Meta(MetaError::NotFound | MetaError::WouldBlock)) => Ok(()),
+            other => other,
         }
-        Ok(())
     }
 
     /// fsync of a cached file: the cache file and its description are durable.
@@ -738,7 +745,9 @@ impl Pcc {
         }
         let due = {
             let mut g = self.last_validate.lock();
-            let due = g.map(|t| t.elapsed() > Duration::from_secs(5)).unwrap_or(true);
+            let due = g
+                .map(|t| t.elapsed() > Duration::from_secs(5))
+                .unwrap_or(true);
             if due {
                 *g = Some(Instant::now());
             }
@@ -765,7 +774,8 @@ impl Pcc {
                 Ok(_) => {}
             }
             if e.mode == Mode::Rw {
-                let ours = matches!(self.meta.pcc_lease(e.ino), Ok(Some(l)) if l.client == self.client);
+                let ours =
+                    matches!(self.meta.pcc_lease(e.ino), Ok(Some(l)) if l.client == self.client);
                 if !ours {
                     if e.dirty {
                         let q = self.store.quarantine(e.ino);

@@ -203,11 +203,14 @@ impl CacheStore {
         Ok(())
     }
 
-    /// Changes an entry in place and persists it.
+    /// Changes an entry in place and persists it, atomically with respect to other updates
+    /// (the map stays locked from read to write, so concurrent updates never lose each other).
     pub fn update(&self, ino: Ino, f: impl FnOnce(&mut Entry)) -> Result<Entry> {
-        let mut e = self.get(ino).ok_or(CacheError::NotCached(ino))?;
+        let mut map = self.entries.lock();
+        let mut e = map.get(&ino).cloned().ok_or(CacheError::NotCached(ino))?;
         f(&mut e);
-        self.put(e.clone())?;
+        self.persist(&e)?;
+        map.insert(ino, e.clone());
         Ok(e)
     }
 
