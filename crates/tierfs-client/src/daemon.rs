@@ -303,6 +303,7 @@ pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Resul
                     }
                     ticks += 1;
                     if let Some(p) = &pcc {
+                        p.handle_recalls();
                         if ticks.is_multiple_of(4) {
                             p.tick();
                         }

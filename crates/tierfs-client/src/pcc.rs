@@ -701,9 +701,8 @@ impl Pcc {
 
     // ------------------------------------------------------------------ background
 
-    /// Periodic work: give leases back on request, write back dirty files after the delay,
-    /// report sizes of files being written, keep the cache under its high watermark.
-    pub fn tick(&self) {
+    /// Gives leases back that other clients asked for (called every 50 ms).
+    pub fn handle_recalls(&self) {
         match self.meta.pcc_revokes_for(&self.client) {
             Ok(list) => {
                 for ino in list {
@@ -718,6 +717,11 @@ impl Pcc {
             }
             Err(e) => tracing::warn!("reading PCC recall requests failed: {e}"),
         }
+    }
+
+    /// Periodic work: write back dirty files after the delay, report sizes of files being
+    /// written, keep the cache under its high watermark, drop entries that went stale.
+    pub fn tick(&self) {
         let now = now_nanos();
         for e in self.store.entries() {
             if e.mode != Mode::Rw {
