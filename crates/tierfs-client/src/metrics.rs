@@ -27,7 +27,11 @@ pub struct Metrics {
     read_bytes: Family<Labels, Counter>,
     written_bytes: Family<Labels, Counter>,
     pcc: Family<Labels, Counter>,
+    handles: parking_lot::RwLock<std::collections::HashMap<&'static str, OpHandles>>,
 }
+
+/// Counters and histogram of one operation, shared with the registry.
+type OpHandles = (Counter, Counter, Histogram);
 
 impl Default for Metrics {
     fn default() -> Self {
@@ -76,19 +80,33 @@ impl Metrics {
             read_bytes,
             written_bytes,
             pcc,
+            handles: Default::default(),
         }
     }
 
     /// Records one finished operation.
     pub fn op(&self, name: &'static str, start: Instant, ok: bool) {
-        let l = vec![("op".to_string(), name.to_string())];
-        self.ops.get_or_create(&l).inc();
+        let elapsed = start.elapsed().as_secs_f64();
+        // The per-operation handles are looked up once; the hot path only bumps them.
+        let cached = self.handles.read().get(name).cloned();
+        let (ops, errors, latency) = match cached {
+            Some(h) => h,
+            None => {
+                let l = vec![("op".to_string(), name.to_string())];
+                let h = (
+                    self.ops.get_or_create(&l).clone(),
+                    self.errors.get_or_create(&l).clone(),
+                    self.latency.get_or_create(&l).clone(),
+                );
+                self.handles.write().insert(name, h.clone());
+                h
+            }
+        };
+        ops.inc();
         if !ok {
-            self.errors.get_or_create(&l).inc();
+            errors.inc();
         }
-        self.latency
-            .get_or_create(&l)
-            .observe(start.elapsed().as_secs_f64());
+        latency.observe(elapsed);
     }
 
     pub fn target_read(&self, target: u32, n: u64) {
