@@ -339,3 +339,36 @@ mod tests {
         assert!(parse_fio_json("garbage", true, None).is_err());
     }
 }
+
+#[cfg(test)]
+mod verify_tests {
+    use super::*;
+    use std::os::unix::fs::FileExt;
+
+    #[test]
+    fn fio_verification_catches_a_corrupted_block() {
+        if Command::new("fio").arg("--version").output().is_err() {
+            eprintln!("skipped: fio not installed");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("f");
+        let fio = Fio::new(&FioArgs {
+            job: FioJob::SeqRead,
+            bs: 4096,
+            iodepth: 1,
+            direct: false,
+            size: 1 << 20,
+            runtime: Duration::from_secs(1),
+        })
+        .unwrap();
+        fio.layout(&file).unwrap();
+        fio.verify_all(&file).unwrap();
+        let f = std::fs::OpenOptions::new().write(true).open(&file).unwrap();
+        f.write_all_at(b"XXXX", 123_456).unwrap();
+        assert!(matches!(
+            fio.verify_all(&file),
+            Err(BenchError::Verify { .. })
+        ));
+    }
+}

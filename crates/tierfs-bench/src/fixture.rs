@@ -100,7 +100,14 @@ pub struct EnvConfig {
     pub stripe_count: i64,
     /// Keep the work dir (for debugging).
     pub keep: bool,
+    /// Mount clients with a persistent client cache and install the PCC modes' attach rules.
+    pub pcc: bool,
 }
+
+/// Project id whose files the RW-PCC mode's rule attaches at create.
+pub const RW_PCC_PROJECT: u32 = 4701;
+/// Project id whose files the RO-PCC mode's rule attaches at open.
+pub const RO_PCC_PROJECT: u32 = 4702;
 
 /// The work dir with its native directory and tierfs clients.
 pub struct Env {
@@ -162,6 +169,17 @@ impl Env {
             .arg("--name")
             .arg("bench");
         util::run_checked(&mut cmd, "tierfs format")?;
+        if self.cfg.pcc {
+            for (mode, proj) in [("rw", RW_PCC_PROJECT), ("ro", RO_PCC_PROJECT)] {
+                let mut cmd = self.tierfs();
+                cmd.args(["pcc", "rule", "add", "--meta"])
+                    .arg(&self.meta_url)
+                    .arg("--mode")
+                    .arg(mode)
+                    .arg(format!("projid={{{proj}}}"));
+                util::run_checked(&mut cmd, "tierfs pcc rule add")?;
+            }
+        }
         self.formatted = true;
         Ok(())
     }
@@ -189,6 +207,12 @@ impl Env {
                 .arg(format!("bench-c{k}"))
                 .arg("--log-file")
                 .arg(self.dir.join("logs").join(format!("c{k}.log")));
+            if self.cfg.pcc {
+                cmd.arg("--cache-dir")
+                    .arg(&cache)
+                    .arg("--cache-size")
+                    .arg("16G");
+            }
             util::run_checked(&mut cmd, &format!("tierfs mount {}", mnt.display()))
                 .map_err(|e| BenchError::Setup(e.to_string()))?;
             self.mounts.push(mnt);
@@ -213,7 +237,30 @@ impl Env {
         let _ = std::fs::remove_dir_all(&roots[0]);
         std::fs::create_dir_all(&roots[0])
             .map_err(|e| BenchError::io(format!("create {}", roots[0].display()), e))?;
+        let project = match mode {
+            Mode::TierfsRwPcc => Some(RW_PCC_PROJECT),
+            Mode::TierfsRoPcc => Some(RO_PCC_PROJECT),
+            _ => None,
+        };
+        if let Some(p) = project {
+            // New files below inherit the project id, which the mode's attach rule matches.
+            let mut cmd = self.tierfs();
+            cmd.args(["project", "-s", "-p"])
+                .arg(p.to_string())
+                .arg(&roots[0]);
+            util::run_checked(&mut cmd, "tierfs project")?;
+        }
         Ok(roots)
+    }
+
+    /// The clients mounted now (for the watchdog).
+    pub fn mounted(&self) -> Vec<PathBuf> {
+        self.mounts.clone()
+    }
+
+    /// After a forced unmount: forget the clients, so the next run mounts them again.
+    pub fn forget_clients(&mut self) {
+        self.mounts.clear();
     }
 
     /// A scratch directory on the work dir's disk (not under test).
@@ -291,4 +338,37 @@ pub fn mounts_under(dir: &Path) -> Vec<PathBuf> {
         .into_iter()
         .filter(|m| m.starts_with(dir))
         .collect()
+}
+
+/// Aborts the FUSE connections of `mounts` (every pending request fails with ENOTCONN, so
+/// threads blocked in them return) and unmounts them: what the run watchdog does to a run
+/// that hangs inside the filesystem.
+pub fn force_unmount(tierfs: &Path, mounts: &[PathBuf]) {
+    use std::os::unix::fs::MetadataExt;
+    let conns = Path::new("/sys/fs/fuse/connections");
+    if std::fs::read_dir(conns)
+        .map(|mut d| d.next().is_none())
+        .unwrap_or(true)
+    {
+        let _ = Command::new("mount")
+            .args(["-t", "fusectl", "none"])
+            .arg(conns)
+            .status();
+    }
+    for m in mounts {
+        if let Ok(md) = std::fs::metadata(m) {
+            let dev = md.dev();
+            let minor = (dev & 0xff) | ((dev >> 12) & 0xfff00);
+            let _ = std::fs::write(conns.join(minor.to_string()).join("abort"), "1");
+        }
+        let _ = Command::new(tierfs)
+            .arg("umount")
+            .arg(m)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status();
+        if is_mounted(m) {
+            let _ = Command::new("umount").arg("-l").arg(m).status();
+        }
+    }
 }

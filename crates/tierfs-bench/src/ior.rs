@@ -197,9 +197,11 @@ impl Ior {
     fn write_task(&self, ctx: &RunCtx, i: usize) -> Result<TaskTiming, BenchError> {
         let start = Instant::now();
         let path = self.path(ctx, i, i);
+        // As IOR: with a shared file, task 0 creates it before the phase and every task opens
+        // it without O_CREAT.
         let f = OpenOptions::new()
             .write(true)
-            .create(true)
+            .create(self.fpp)
             .truncate(false)
             .custom_flags(self.flags())
             .open(&path)
@@ -344,6 +346,14 @@ impl Workload for Ior {
         let n = self.ntasks();
         let total = self.per_task_bytes() * n as u64;
         ctx.progress.phase("write", total);
+        if !self.fpp {
+            let p = self.path(ctx, 0, 0);
+            OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&p)
+                .map_err(|e| BenchError::io(format!("create {}", p.display()), e))?;
+        }
         let w = run_tasks(n, |i| self.write_task(ctx, i))?;
         if ctx.drop_caches {
             util::drop_caches();
@@ -367,5 +377,102 @@ impl Workload for Ior {
             ));
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runner::Progress;
+    use std::os::unix::fs::FileExt;
+
+    fn args(fpp: bool, hard: bool) -> IorArgs {
+        IorArgs {
+            clients: 2,
+            tasks: 2,
+            transfer: 64 << 10,
+            block: 256 << 10,
+            segments: 2,
+            fpp,
+            reorder: true,
+            fsync: false,
+            direct: false,
+            hard,
+        }
+    }
+
+    #[test]
+    fn layout_and_reorder_follow_ior() {
+        let ior = Ior::new(&args(false, false)).unwrap();
+        // 4 tasks, tasks 0,1 on client 0 and 2,3 on client 1; -C shifts by tasks per node
+        assert_eq!(
+            (0..4).map(|i| ior.read_owner(i)).collect::<Vec<_>>(),
+            [2, 3, 0, 1]
+        );
+        assert_eq!(
+            (0..4).map(|i| ior.client_of(i)).collect::<Vec<_>>(),
+            [0, 0, 1, 1]
+        );
+        // shared file: segment 1 of task 2, transfer 3
+        assert_eq!(
+            ior.offset(2, 1, 3),
+            4 * (256 << 10) + 2 * (256 << 10) + 3 * (64 << 10)
+        );
+        let hard = Ior::new(&args(false, true)).unwrap();
+        assert_eq!((hard.transfer, hard.block), (HARD_XFER, HARD_XFER));
+        assert_eq!(hard.segments, (512u64 << 10).div_ceil(HARD_XFER));
+        assert_eq!(hard.offset(1, 2, 0), 2 * 4 * HARD_XFER + HARD_XFER);
+        assert!(Ior::new(&IorArgs {
+            fpp: true,
+            ..args(false, true)
+        })
+        .is_err());
+        assert!(Ior::new(&IorArgs {
+            direct: true,
+            ..args(false, true)
+        })
+        .is_err());
+        assert!(Ior::new(&IorArgs {
+            block: 100 << 10,
+            ..args(true, false)
+        })
+        .is_err());
+        assert!(Ior::new(&IorArgs {
+            clients: 0,
+            ..args(true, false)
+        })
+        .is_err());
+    }
+
+    #[test]
+    fn a_corrupted_byte_fails_the_read_phase() {
+        for fpp in [true, false] {
+            let dir = tempfile::tempdir().unwrap();
+            let ior = Ior::new(&args(fpp, false)).unwrap();
+            let progress = Progress::hidden();
+            let ctx = RunCtx {
+                mode: crate::Mode::Native,
+                rep: 0,
+                roots: vec![dir.path().to_path_buf(); 2],
+                scratch: dir.path().to_path_buf(),
+                progress: &progress,
+                drop_caches: false,
+            };
+            if !fpp {
+                std::fs::write(ior.path(&ctx, 0, 0), b"").unwrap();
+            }
+            run_tasks(4, |i| ior.write_task(&ctx, i)).unwrap();
+            run_tasks(4, |i| ior.read_task(&ctx, i)).unwrap();
+            let victim = ior.path(&ctx, 0, if fpp { 1 } else { 0 });
+            let f = OpenOptions::new().write(true).open(&victim).unwrap();
+            f.write_all_at(&[0xAA], 300_000).unwrap();
+            match run_tasks(4, |i| ior.read_task(&ctx, i)) {
+                Err(BenchError::Verify { offset, .. }) => assert_eq!(offset, 300_000),
+                other => panic!("corruption not caught: {other:?}"),
+            }
+            // a truncated file is a short read
+            f.set_len(1000).unwrap();
+            assert!(run_tasks(4, |i| ior.read_task(&ctx, i)).is_err());
+        }
     }
 }

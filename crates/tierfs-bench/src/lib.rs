@@ -52,16 +52,11 @@ pub struct CommonArgs {
     /// Repetitions per mode (figures are medians over them).
     #[arg(long, global = true, default_value_t = 3)]
     pub reps: u32,
-    /// Modes to compare, comma separated: native, tierfs, tierfs+rw-pcc, tierfs+ro-pcc (the PCC
-    /// modes are reported as skipped until `tierfs pcc attach` exists).
-    #[arg(
-        long,
-        global = true,
-        value_enum,
-        value_delimiter = ',',
-        default_value = "native,tierfs"
-    )]
-    pub modes: Vec<Mode>,
+    /// Modes to compare, comma separated: native, tierfs, tierfs+rw-pcc, tierfs+ro-pcc [default:
+    /// native,tierfs]. The PCC modes mount every client with a cache dir and attach files by
+    /// rule (RW at create, RO at open).
+    #[arg(long, global = true, value_enum, value_delimiter = ',')]
+    pub modes: Option<Vec<Mode>>,
     /// Parent of the work dir (native directory, tierfs database, targets, mount points).
     #[arg(long, global = true, default_value = "/var/tmp")]
     pub workdir: PathBuf,
@@ -80,6 +75,9 @@ pub struct CommonArgs {
     /// Keep the work dir afterwards (clients are unmounted all the same).
     #[arg(long, global = true)]
     pub keep: bool,
+    /// Fail a run that takes longer than this (its clients are aborted and remounted).
+    #[arg(long, global = true, default_value = "10m", value_parser = util::parse_duration)]
+    pub run_timeout: std::time::Duration,
     /// No live progress display.
     #[arg(long, global = true)]
     pub no_progress: bool,
@@ -175,17 +173,19 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
     if c.targets == 0 || c.targets > 64 {
         return Err(BenchError::Args("--targets must be 1 to 64".into()));
     }
-    let mut modes = Vec::new();
-    for m in &c.modes {
-        if !modes.contains(m) {
-            modes.push(*m);
-        }
-    }
     let tierfs = match &c.tierfs_bin {
         Some(p) => p.clone(),
         None => std::env::current_exe()
             .map_err(|e| BenchError::io("find the tierfs binary (current_exe)", e))?,
     };
+    let pcc = fixture::pcc_available(&tierfs);
+    let default_modes = vec![Mode::Native, Mode::Tierfs];
+    let mut modes = Vec::new();
+    for m in &c.modes.clone().unwrap_or(default_modes) {
+        if !modes.contains(m) {
+            modes.push(*m);
+        }
+    }
     let mut notes = Vec::new();
     let (workloads, out): (Vec<Box<dyn Workload>>, Option<PathBuf>) = match &args.command {
         BenchCommand::Ior(a) => (vec![Box::new(ior::Ior::new(a)?)], c.out.clone()),
@@ -207,8 +207,19 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
             )
         }
     };
-    if modes.iter().any(|m| m.is_pcc()) && !fixture::pcc_available(&tierfs) {
-        notes.push("PCC modes requested, but this tierfs has no `tierfs pcc attach` yet: reported as skipped".into());
+    let want_pcc = modes.iter().any(|m| m.is_pcc());
+    if want_pcc && !pcc {
+        notes.push(
+            "PCC modes requested, but this tierfs has no `tierfs pcc attach`: reported as skipped"
+                .into(),
+        );
+    }
+    if want_pcc && pcc {
+        notes.push(format!(
+            "PCC modes: every client mounts with its own cache dir; files under a run directory with project {} (tierfs+rw-pcc) or {} (tierfs+ro-pcc) are attached by the rules `projid={{{0}}}` (rw) and `projid={{{1}}}` (ro)",
+            fixture::RW_PCC_PROJECT,
+            fixture::RO_PCC_PROJECT
+        ));
     }
     let interactive = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let session = Session {
@@ -218,11 +229,13 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
             targets: c.targets,
             stripe_count: c.stripe_count,
             keep: c.keep,
+            pcc: want_pcc && pcc,
         },
         run: runner::RunOptions {
             modes,
             reps: c.reps,
             drop_caches: !c.no_drop_caches,
+            run_timeout: c.run_timeout,
         },
         progress: interactive && !c.no_progress,
         command_line: command_line(),

@@ -22,6 +22,8 @@ pub enum Unit {
     Seconds,
     #[serde(rename = "us")]
     Micros,
+    #[serde(rename = "count")]
+    Count,
 }
 
 impl Unit {
@@ -31,6 +33,7 @@ impl Unit {
             Unit::OpsPerSec => "ops/s",
             Unit::Seconds => "s",
             Unit::Micros => "us",
+            Unit::Count => "count",
         }
     }
 
@@ -192,6 +195,9 @@ pub struct RunOptions {
     pub modes: Vec<Mode>,
     pub reps: u32,
     pub drop_caches: bool,
+    /// A run still going after this is failed: its clients' FUSE connections are aborted and
+    /// they are unmounted (and mounted again for the next run).
+    pub run_timeout: Duration,
 }
 
 /// Runs `w` `reps` times in every mode, interleaved. Only an interrupt aborts; a failing run is
@@ -246,12 +252,12 @@ fn run_one(
     opts: &RunOptions,
     progress: &Progress,
 ) -> Result<Outcome, BenchError> {
-    if mode.is_pcc() && !crate::fixture::pcc_available(&env.cfg.tierfs) {
+    if mode.is_pcc() && !env.cfg.pcc {
         return Ok(Outcome::Skipped {
-            reason: "this tierfs has no `tierfs pcc attach` yet".into(),
+            reason: "this tierfs has no `tierfs pcc attach`".into(),
         });
     }
-    let run = format!("{}-r{rep}", w.name());
+    let run = format!("{}-{}-r{rep}", w.name(), mode.name().replace('+', "-"));
     let roots = match env.run_roots(mode, w.clients(), &run) {
         Ok(r) => r,
         Err(BenchError::Interrupted) => return Err(BenchError::Interrupted),
@@ -269,7 +275,34 @@ fn run_one(
         progress,
         drop_caches: opts.drop_caches,
     };
+    let mounts = if mode.is_tierfs() {
+        env.mounted()
+    } else {
+        Vec::new()
+    };
+    let tierfs = env.cfg.tierfs.clone();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let timeout = opts.run_timeout;
+    let watchdog = std::thread::spawn(move || {
+        if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = done_rx.recv_timeout(timeout) {
+            crate::fixture::force_unmount(&tierfs, &mounts);
+            true
+        } else {
+            false
+        }
+    });
     let res = w.run(&ctx);
+    let _ = done_tx.send(());
+    let timed_out = watchdog.join().unwrap_or(false);
+    if timed_out {
+        env.forget_clients();
+        return Ok(Outcome::Failed {
+            error: format!(
+                "no result within {} s: the clients' FUSE connections were aborted and unmounted",
+                timeout.as_secs()
+            ),
+        });
+    }
     progress.phase("cleaning up", 1);
     let _ = std::fs::remove_dir_all(&roots[0]);
     match res {
