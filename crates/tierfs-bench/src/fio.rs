@@ -118,6 +118,8 @@ impl Fio {
             .arg(format!("--bs={}", self.bs))
             .arg("--verify=pattern")
             .arg("--verify_pattern=%o")
+            // no *-verify.state files in the current directory
+            .arg("--verify_state_save=0")
             .arg("--output-format=json");
         c
     }
