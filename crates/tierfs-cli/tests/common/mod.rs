@@ -513,7 +513,96 @@ impl TestFs {
             args.push("--attr-ttl".into());
             args.push(format!("{t}"));
         }
+        self.finish_mount(&args, mnt)
+    }
+
+    /// Mount one more client with `co` at `<tmp>/mnt<k>`; returns its index.
+    pub fn mount_with(&mut self, co: &ClientOpts) -> usize {
+        let idx = self.mnts.len();
+        let mnt = self.root().join(format!("mnt{idx}"));
+        fs::create_dir_all(&mnt).unwrap();
+        let args = self.mount_args(&mnt, co);
+        self.finish_mount(&args, mnt)
+    }
+
+    /// Mount again at client `idx`'s mount point (after an unmount or a killed daemon: `tierfs
+    /// mount` detaches a dead mount first), asserting success.
+    pub fn remount_with(&mut self, idx: usize, co: &ClientOpts) {
+        let mnt = self.mnts[idx].clone();
+        let args = self.mount_args(&mnt, co);
         let out = self.tierfs(&args);
+        out.assert_ok();
+        assert!(
+            is_fuse_mounted(&mnt),
+            "`tierfs mount` returned 0 but {} is not a FUSE mount: {}",
+            mnt.display(),
+            out.describe()
+        );
+    }
+
+    /// `tierfs mount` arguments for `co` at `mnt`; writes `co.config` to `<tmp>/<name>.toml`.
+    pub fn mount_args(&self, mnt: &Path, co: &ClientOpts) -> Vec<String> {
+        let mut args: Vec<String> = vec![
+            "mount".into(),
+            "--meta".into(),
+            self.meta_url(),
+            mnt.to_string_lossy().into(),
+            "--client-name".into(),
+            co.name.clone(),
+        ];
+        if let Some(t) = co.attr_ttl {
+            args.push("--attr-ttl".into());
+            args.push(format!("{t}"));
+        }
+        if let Some(d) = &co.cache_dir {
+            args.push("--cache-dir".into());
+            args.push(d.to_string_lossy().into());
+        }
+        if let Some(s) = &co.cache_size {
+            args.push("--cache-size".into());
+            args.push(s.clone());
+        }
+        if let Some(text) = &co.config {
+            let p = self.root().join(format!("{}.toml", co.name));
+            fs::write(&p, text).expect("write client config");
+            args.push("--config".into());
+            args.push(p.to_string_lossy().into());
+        }
+        let log = match &co.log_file {
+            Some(l) => l.clone(),
+            None => {
+                let d = std::env::temp_dir().join("tierfs-it-logs");
+                let _ = fs::create_dir_all(&d);
+                let base = self
+                    .root()
+                    .file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .to_string();
+                d.join(format!("{base}-{}.log", co.name))
+            }
+        };
+        args.push("--log-file".into());
+        args.push(log.to_string_lossy().into());
+        args
+    }
+
+    /// Where the daemon of a `mount_with` client without `log_file` logs.
+    pub fn log_path(&self, name: &str) -> PathBuf {
+        let base = self
+            .root()
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .to_string();
+        std::env::temp_dir()
+            .join("tierfs-it-logs")
+            .join(format!("{base}-{name}.log"))
+    }
+
+    fn finish_mount(&mut self, args: &[String], mnt: PathBuf) -> usize {
+        let idx = self.mnts.len();
+        let out = self.tierfs(args);
         out.assert_ok();
         assert!(
             is_fuse_mounted(&mnt),
@@ -523,6 +612,43 @@ impl TestFs {
         );
         self.mnts.push(mnt);
         idx
+    }
+
+    /// Pid of client `i`'s daemon, from the mount's `.tierfs-info` JSON.
+    pub fn daemon_pid(&self, i: usize) -> i32 {
+        let p = self.mnts[i].join(".tierfs-info");
+        let text = fs::read_to_string(&p).unwrap_or_else(|e| panic!("read {}: {e}", p.display()));
+        let v: serde_json::Value = serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("{} is not JSON ({e}): {text}", p.display()));
+        v.get("pid")
+            .and_then(|x| x.as_i64())
+            .unwrap_or_else(|| panic!("no pid in {}: {text}", p.display())) as i32
+    }
+
+    /// kill -9 client `i`'s daemon and wait until it is gone and its mount is dead (ENOTCONN:
+    /// every thread has exited and closed its /dev/fuse descriptor).
+    pub fn kill9(&self, i: usize) {
+        let pid = self.daemon_pid(i);
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        assert!(
+            wait_until(Duration::from_secs(10), || !process_alive(pid)),
+            "daemon {pid} still alive 10 s after SIGKILL"
+        );
+        let mnt = self.mnts[i].clone();
+        let t0 = Instant::now();
+        let dead = wait_until(
+            Duration::from_secs(20),
+            || matches!(fs::metadata(&mnt), Err(e) if e.raw_os_error() == Some(libc::ENOTCONN)),
+        );
+        let threads = fs::read_dir(format!("/proc/{pid}/task"))
+            .map(|d| d.count())
+            .unwrap_or(0);
+        assert!(
+            dead,
+            "{} still answers {:?} after its daemon {pid} was killed ({threads} threads left)",
+            mnt.display(),
+            t0.elapsed()
+        );
     }
 
     /// Unmount client `i` with `tierfs umount`, asserting success.
@@ -543,6 +669,54 @@ impl TestFs {
     pub fn total_target_usage(&self) -> u64 {
         self.target_usage(0) + self.target_usage(1)
     }
+}
+
+/// One client's mount options for `TestFs::mount_with`.
+#[derive(Clone, Debug, Default)]
+pub struct ClientOpts {
+    pub name: String,
+    pub attr_ttl: Option<f64>,
+    /// `--cache-dir` (enables the persistent client cache).
+    pub cache_dir: Option<PathBuf>,
+    /// `--cache-size`.
+    pub cache_size: Option<String>,
+    /// Text of a `--config` TOML file.
+    pub config: Option<String>,
+    /// `--log-file`; default: `$TMPDIR/tierfs-it-logs/<test dir>-<name>.log` (kept after the
+    /// test, for post-mortems).
+    pub log_file: Option<PathBuf>,
+}
+
+/// Whether `pid` runs (a zombie does not).
+pub fn process_alive(pid: i32) -> bool {
+    match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => !s
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z'),
+        Err(_) => false,
+    }
+}
+
+/// Value of the Prometheus sample `name` (exactly, labels included) in a mount's stats file;
+/// 0 when absent.
+pub fn stat_value(mnt: &Path, name: &str) -> u64 {
+    let text = fs::read_to_string(mnt.join(".tierfs-stats")).unwrap_or_default();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix(name) {
+            if let Some(v) = rest.strip_prefix(' ') {
+                return v.trim().parse::<f64>().map(|f| f as u64).unwrap_or(0);
+            }
+        }
+    }
+    0
+}
+
+/// FUSE operations of kind `op` (read, write, open, ...) the daemon of `mnt` handled.
+pub fn fuse_ops(mnt: &Path, op: &str) -> u64 {
+    stat_value(mnt, &format!("tierfs_fuse_ops_total{{op=\"{op}\"}}"))
 }
 
 impl Drop for TestFs {
