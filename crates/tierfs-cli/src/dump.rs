@@ -103,14 +103,21 @@ pub fn load(a: LoadArgs) -> Result<()> {
     let header: Value = match lines.next() {
         Some(Ok(l)) => serde_json::from_str(&l)
             .map_err(|e| CliError::Usage(format!("{shown}: not a tierfs dump ({e})")))?,
-        _ => return Err(CliError::Usage(format!("{shown}: empty file, not a tierfs dump"))),
+        _ => {
+            return Err(CliError::Usage(format!(
+                "{shown}: empty file, not a tierfs dump"
+            )))
+        }
     };
     if header.get("tierfs_dump").and_then(|v| v.as_i64()) != Some(1) {
         return Err(CliError::Usage(format!("{shown}: not a tierfs dump")));
     }
     let engine = open_engine(&a.meta)?;
     let ours = engine.info()?.schema_version;
-    let theirs = header.get("schema_version").and_then(|v| v.as_i64()).unwrap_or(0);
+    let theirs = header
+        .get("schema_version")
+        .and_then(|v| v.as_i64())
+        .unwrap_or(0);
     if theirs != ours {
         return Err(CliError::Usage(format!(
             "{shown}: dump of schema version {theirs}, this tierfs writes {ours}; load it with the matching version"
@@ -122,8 +129,14 @@ pub fn load(a: LoadArgs) -> Result<()> {
         let bad = |why: &str| MetaError::Invalid(format!("{shown} line {lineno}: {why}"));
         let l = l.map_err(|e| bad(&e.to_string()))?;
         let v: Value = serde_json::from_str(&l).map_err(|e| bad(&e.to_string()))?;
-        let table = v.get("table").and_then(|t| t.as_str()).ok_or_else(|| bad("no table"))?;
-        let row = v.get("row").and_then(|r| r.as_object()).ok_or_else(|| bad("no row"))?;
+        let table = v
+            .get("table")
+            .and_then(|t| t.as_str())
+            .ok_or_else(|| bad("no table"))?;
+        let row = v
+            .get("row")
+            .and_then(|r| r.as_object())
+            .ok_or_else(|| bad("no row"))?;
         let mut cols = Vec::with_capacity(row.len());
         for (k, val) in row {
             cols.push((k.clone(), from_json(val).ok_or_else(|| bad("bad value"))?));

@@ -2,8 +2,8 @@
 //! stats, up). Every failure is one line on stderr and a non-zero exit.
 
 mod admin;
-mod dump;
 mod cli;
+mod dump;
 mod error;
 mod format;
 mod locate;

@@ -467,6 +467,11 @@ impl Filesystem for TierFs {
                 self.remember_name(&a, name);
                 reply.entry(&self.entry_ttl, &self.fattr(&a), Generation(0))
             }
+            Err(ClientError::Meta(MetaError::NotFound)) if self.meta.getattr(parent.0).is_err() => {
+                // The directory itself is gone (removed, maybe re-created, on another client):
+                // ESTALE makes the kernel walk the path again.
+                reply.error(Errno::ESTALE)
+            }
             Err(ClientError::Meta(MetaError::NotFound)) if !self.entry_ttl.is_zero() => {
                 // A negative entry (inode 0): the kernel remembers the name is absent for the
                 // entry TTL, as it remembers names that exist.
@@ -520,8 +525,9 @@ impl Filesystem for TierFs {
                     size = None;
                 }
             }
-            if size.is_some() {
-                // Buffered writes land first, so the truncate applies after them.
+            if size.is_some() || mtime.is_some() || atime.is_some() {
+                // Buffered writes land first, so the truncate or the times given (tar sets
+                // mtime before close) apply after them and are not overwritten by their commit.
                 self.data.flush(ino.0)?;
             }
             let set = SetAttr {
@@ -771,7 +777,7 @@ impl Filesystem for TierFs {
             let a = self.make_node(req, parent.0, name, node, true)?;
             if let Some(pcc) = &self.pcc {
                 self.remember_name(&a, name);
-                if let Some(served) = pcc.on_create(&a, name.as_bytes())? {
+                if let Some(served) = pcc.on_create(&a, name.as_bytes(), flags)? {
                     let (fh, backing) = self.open_cached(&reply, &a, flags, served, true)?;
                     return Ok((a, fh, FopenFlags::empty(), backing));
                 }
@@ -795,6 +801,12 @@ impl Filesystem for TierFs {
                 FileHandle(fh),
                 fl,
             ),
+            Err(ClientError::Meta(MetaError::Exists)) if flags & libc::O_EXCL == 0 => {
+                // Another client created the name since this kernel last looked (its absence
+                // may be cached): ESTALE makes the kernel look the name up again and open the
+                // existing file, with the usual permission checks, as open(O_CREAT) should.
+                reply.error(Errno::ESTALE)
+            }
             Err(e) => reply.error(errno(&e)),
         }
     }

@@ -575,7 +575,8 @@ impl Pcc {
     }
 
     /// At create: a new file under an RW rule lives in the cache from the start.
-    pub fn on_create(&self, attr: &Attr, name: &[u8]) -> Result<Option<Served>> {
+    pub fn on_create(&self, attr: &Attr, name: &[u8], flags: i32) -> Result<Option<Served>> {
+        let write = flags & libc::O_ACCMODE != libc::O_RDONLY;
         let Some(rule) = self.matching_rule("rw", attr, name) else {
             return Ok(None);
         };
@@ -585,7 +586,8 @@ impl Pcc {
                     .store
                     .open_data(attr.ino, true)
                     .map_err(Self::cache_err)?;
-                self.opened(attr.ino, true);
+                // Counted as a writer exactly when the handle is one (see on_close).
+                self.opened(attr.ino, write);
                 self.metrics.pcc("hits", 1);
                 Ok(Some(Served {
                     file: Arc::new(f),

@@ -1473,7 +1473,8 @@ impl MetaEngine for SqliteEngine {
             let files: i64 = c.query_row("SELECT COUNT(*) FROM inodes", [], |r| r.get(0))?;
             if files > 1 {
                 return Err(MetaError::Invalid(
-                    "the target filesystem is not empty (load needs a freshly formatted one)".into(),
+                    "the target filesystem is not empty (load needs a freshly formatted one)"
+                        .into(),
                 ));
             }
             // The dump replaces the format's own settings, root and targets.
@@ -1484,10 +1485,15 @@ impl MetaEngine for SqliteEngine {
             for row in rows {
                 let (table, cols) = row?;
                 if !DUMP_TABLES.contains(&table.as_str()) {
-                    return Err(MetaError::Invalid(format!("unknown table '{table}' in the dump")));
+                    return Err(MetaError::Invalid(format!(
+                        "unknown table '{table}' in the dump"
+                    )));
                 }
                 for (col, _) in &cols {
-                    if !col.chars().all(|ch| ch.is_ascii_alphanumeric() || ch == '_') {
+                    if !col
+                        .chars()
+                        .all(|ch| ch.is_ascii_alphanumeric() || ch == '_')
+                    {
                         return Err(MetaError::Invalid(format!("bad column name '{col}'")));
                     }
                 }
@@ -1508,7 +1514,8 @@ impl MetaEngine for SqliteEngine {
                         DumpValue::Blob(b) => Value::Blob(b),
                     })
                     .collect();
-                c.prepare_cached(&sql)?.execute(rusqlite::params_from_iter(vals))?;
+                c.prepare_cached(&sql)?
+                    .execute(rusqlite::params_from_iter(vals))?;
                 n += 1;
             }
             Ok(n)
@@ -1995,9 +2002,33 @@ mod tests {
     #[test]
     fn dump_and_load_round_trip() {
         let (_d, a) = fresh();
-        let node = NewNode { kind: Kind::File, perm: 0o640, uid: 7, gid: 8, rdev: 0, symlink: None };
-        let f = a.create(ROOT_INO, b"f", &node, Some(Layout { stripe_size: 1 << 20, targets: vec![1] }), None).unwrap();
-        let inline = Slice { seq: 0, chunk: 0, off: 0, len: 3, data: SliceData::Inline(b"abc".to_vec()) };
+        let node = NewNode {
+            kind: Kind::File,
+            perm: 0o640,
+            uid: 7,
+            gid: 8,
+            rdev: 0,
+            symlink: None,
+        };
+        let f = a
+            .create(
+                ROOT_INO,
+                b"f",
+                &node,
+                Some(Layout {
+                    stripe_size: 1 << 20,
+                    targets: vec![1],
+                }),
+                None,
+            )
+            .unwrap();
+        let inline = Slice {
+            seq: 0,
+            chunk: 0,
+            off: 0,
+            len: 3,
+            data: SliceData::Inline(b"abc".to_vec()),
+        };
         a.commit_slices(f.ino, &[inline], 3, 5).unwrap();
         a.setxattr(f.ino, b"user.k", b"v", 0).unwrap();
         a.pcc_rule_add("ro", None, "uid={7}").unwrap();
@@ -2008,11 +2039,16 @@ mod tests {
         })
         .unwrap();
         let (_d2, b) = fresh();
-        let n = b.import_rows(&mut rows.clone().into_iter().map(Ok)).unwrap();
+        let n = b
+            .import_rows(&mut rows.clone().into_iter().map(Ok))
+            .unwrap();
         assert_eq!(n as usize, rows.len());
         let g = b.lookup(ROOT_INO, b"f").unwrap();
         assert_eq!((g.ino, g.uid, g.perm, g.size), (f.ino, 7, 0o640, 3));
-        assert_eq!(b.read_chunk(f.ino, 0).unwrap()[0].data, SliceData::Inline(b"abc".to_vec()));
+        assert_eq!(
+            b.read_chunk(f.ino, 0).unwrap()[0].data,
+            SliceData::Inline(b"abc".to_vec())
+        );
         assert_eq!(b.getxattr(f.ino, b"user.k").unwrap(), b"v");
         assert_eq!(b.pcc_rules().unwrap().len(), 1);
         assert_eq!(b.info().unwrap().uuid, a.info().unwrap().uuid);
