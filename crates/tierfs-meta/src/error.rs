@@ -33,7 +33,7 @@ pub enum MetaError {
     NotFormatted(String),
     #[error("filesystem is already formatted as '{0}' (use --force to format again)")]
     AlreadyFormatted(String),
-    #[error("unsupported metadata URL '{0}' (expected sqlite:///path/to/meta.db)")]
+    #[error("unsupported metadata URL '{0}' (expected sqlite:///path/to/meta.db or postgres://user@host[:port]/db)")]
     BadUrl(String),
     #[error("metadata schema version {found} is newer than this tierfs understands ({supported})")]
     SchemaTooNew { found: i64, supported: i64 },
@@ -41,6 +41,10 @@ pub enum MetaError {
     Busy(u32),
     #[error("metadata database error: {0}")]
     Db(String),
+    /// The connection to a networked database (PostgreSQL) is lost or cannot be made; the next
+    /// operation reconnects.
+    #[error("metadata database unreachable: {0}")]
+    Unavailable(String),
 }
 
 impl MetaError {
@@ -64,7 +68,8 @@ impl MetaError {
             | MetaError::AlreadyFormatted(_)
             | MetaError::BadUrl(_)
             | MetaError::SchemaTooNew { .. }
-            | MetaError::Db(_) => libc::EIO,
+            | MetaError::Db(_)
+            | MetaError::Unavailable(_) => libc::EIO,
         }
     }
 }
