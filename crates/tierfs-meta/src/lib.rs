@@ -3,12 +3,14 @@
 //!
 //! - [`engine::MetaEngine`]: the trait every engine implements, one transaction per method.
 //! - [`sqlite::SqliteEngine`]: the embedded default (SQLite in WAL mode).
+//! - [`postgres::PgEngine`]: the cluster engine (PostgreSQL), same schema and semantics.
 //! - [`conformance`]: the test suite every engine must pass.
 
 pub mod conformance;
 pub mod engine;
 pub mod error;
 pub mod locks;
+pub mod postgres;
 pub mod sqlite;
 pub mod types;
 pub mod url;

@@ -1,10 +1,13 @@
-//! Metadata URLs: `sqlite:///path/to/meta.db` (PostgreSQL follows in cluster mode).
+//! Metadata URLs: `sqlite:///path/to/meta.db` (embedded) and
+//! `postgres://user[:password]@host[:port]/db` or `postgresql://...` (cluster mode; without a
+//! password in the URL, `PGPASSWORD` is used).
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::engine::MetaEngine;
 use crate::error::{MetaError, Result};
+use crate::postgres::{PgEngine, PgUrl};
 use crate::sqlite::SqliteEngine;
 use crate::types::FormatParams;
 
@@ -12,6 +15,8 @@ use crate::types::FormatParams;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum MetaUrl {
     Sqlite(PathBuf),
+    /// Prints without its password.
+    Postgres(PgUrl),
 }
 
 impl MetaUrl {
@@ -22,7 +27,10 @@ impl MetaUrl {
             }
             return Ok(MetaUrl::Sqlite(PathBuf::from(rest)));
         }
-        Err(MetaError::BadUrl(s.to_string()))
+        if s.starts_with("postgres://") || s.starts_with("postgresql://") {
+            return Ok(MetaUrl::Postgres(PgUrl::parse(s)?));
+        }
+        Err(MetaError::BadUrl(crate::postgres::redact(s)))
     }
 }
 
@@ -30,6 +38,7 @@ impl MetaUrl {
 pub fn open_engine(url: &str) -> Result<Arc<dyn MetaEngine>> {
     match MetaUrl::parse(url)? {
         MetaUrl::Sqlite(p) => Ok(Arc::new(SqliteEngine::open(&p)?)),
+        MetaUrl::Postgres(u) => Ok(Arc::new(PgEngine::open(u.secret())?)),
     }
 }
 
@@ -37,6 +46,7 @@ pub fn open_engine(url: &str) -> Result<Arc<dyn MetaEngine>> {
 pub fn format_engine(url: &str, params: &FormatParams) -> Result<Arc<dyn MetaEngine>> {
     match MetaUrl::parse(url)? {
         MetaUrl::Sqlite(p) => Ok(Arc::new(SqliteEngine::format(&p, params)?)),
+        MetaUrl::Postgres(u) => Ok(Arc::new(PgEngine::format(u.secret(), params)?)),
     }
 }
 
@@ -62,5 +72,34 @@ mod tests {
             MetaUrl::parse("/plain/path"),
             Err(MetaError::BadUrl(_))
         ));
+    }
+
+    #[test]
+    fn parses_postgres_urls_and_hides_passwords() {
+        for ok in [
+            "postgres://tierfs@db1/tierfs",
+            "postgresql://tierfs@db1:5433/tierfs",
+            "postgres://tierfs:s3cret@10.0.0.1/fs",
+        ] {
+            let u = MetaUrl::parse(ok).unwrap();
+            assert!(matches!(u, MetaUrl::Postgres(_)), "{ok}");
+            let shown = format!("{u:?}");
+            assert!(!shown.contains("s3cret"), "{shown}");
+        }
+        let MetaUrl::Postgres(u) = MetaUrl::parse("postgres://a:s3cret@h/db").unwrap() else {
+            unreachable!()
+        };
+        assert_eq!(u.to_string(), "postgres://a:***@h/db");
+        assert_eq!(u.secret(), "postgres://a:s3cret@h/db");
+        for bad in [
+            "postgres://",
+            "postgres://u@h",
+            "postgres://u:s3cret@h:notaport/db",
+        ] {
+            match MetaUrl::parse(bad) {
+                Err(MetaError::BadUrl(m)) => assert!(!m.contains("s3cret"), "{m}"),
+                other => panic!("{bad}: {other:?}"),
+            }
+        }
     }
 }
