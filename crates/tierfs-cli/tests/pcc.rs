@@ -1,0 +1,1360 @@
+//! Persistent client cache (issue 3, "Required behaviour" 1-8): RW-PCC and its lease recall,
+//! the seed 000 IOR `-C` pattern with three clients, background write-back, owner down with
+//! clean and dirty files, RO-PCC invalidation, persistence across restarts and kill -9,
+//! capacity (eviction order with pins, full cache), passthrough with and without the kernel
+//! path, security of the cache directory and of attach, and rule parsing through the CLI.
+//!
+//! The tests run one at a time (a lock): several take timings (TTLs, session timeouts,
+//! write-back delays) that a 2-core machine under five FUSE daemons per test would blur.
+
+mod common;
+
+use common::*;
+use std::collections::BTreeMap;
+use std::fs::{self, OpenOptions};
+use std::os::unix::fs::{FileExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Barrier, Mutex, MutexGuard};
+use std::thread;
+use std::time::{Duration, Instant};
+
+const MIB: usize = 1 << 20;
+const TTL: f64 = 0.5;
+/// Scheduling slack on top of the TTL before a change must be visible.
+const SLACK: Duration = Duration::from_millis(700);
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// One PCC test at a time (see the module comment).
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn after_ttl() {
+    thread::sleep(Duration::from_secs_f64(TTL) + SLACK);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Setting up clients with caches
+// ---------------------------------------------------------------------------------------------
+
+/// Client config TOML: short TTLs and session timings, overridden by `extra` (key, TOML value).
+fn config(extra: &[(&str, &str)]) -> String {
+    let mut m: BTreeMap<&str, String> = BTreeMap::new();
+    for (k, v) in [
+        ("attr_ttl", "0.5"),
+        ("entry_ttl", "0.5"),
+        ("heartbeat_secs", "1"),
+        ("session_timeout_secs", "6"),
+        ("pcc_recall_timeout_secs", "30"),
+    ] {
+        m.insert(k, v.to_string());
+    }
+    if let Ok(level) = std::env::var("TIERFS_IT_LOG_LEVEL") {
+        // e.g. debug: daemon logs in $TMPDIR/tierfs-it-logs for post-mortems
+        m.insert("log_level", format!("{level:?}"));
+    }
+    for (k, v) in extra {
+        m.insert(k, v.to_string());
+    }
+    m.iter().map(|(k, v)| format!("{k} = {v}\n")).collect()
+}
+
+/// Options of a client named `name` with its cache in `<tmp>/cache-<name>`.
+fn pcc_opts(t: &TestFs, name: &str, size: &str, extra: &[(&str, &str)]) -> ClientOpts {
+    ClientOpts {
+        name: name.to_string(),
+        attr_ttl: None,
+        cache_dir: Some(t.root().join(format!("cache-{name}"))),
+        cache_size: Some(size.to_string()),
+        config: Some(config(extra)),
+        log_file: None,
+    }
+}
+
+type Spec<'a> = (&'a str, &'a [(&'a str, &'a str)]);
+
+/// A fresh filesystem with one PCC client (1 GiB cache) per spec (name, extra config keys).
+fn pcc_fs(clients: &[Spec], limit_secs: u64) -> (TestFs, Vec<ClientOpts>) {
+    let mut t = TestFs::with(Opts {
+        clients: 0,
+        timeout: Duration::from_secs(limit_secs),
+        ..Opts::default()
+    });
+    let mut opts = Vec::new();
+    for (name, extra) in clients {
+        let o = pcc_opts(&t, name, "1G", extra);
+        t.mount_with(&o);
+        opts.push(o);
+    }
+    (t, opts)
+}
+
+fn s(p: &Path) -> String {
+    p.to_string_lossy().into_owned()
+}
+
+fn pcc<S: AsRef<str>>(t: &TestFs, args: &[S]) -> CmdOut {
+    let mut v = vec!["pcc".to_string()];
+    v.extend(args.iter().map(|a| a.as_ref().to_string()));
+    t.tierfs(&v)
+}
+
+// ---------------------------------------------------------------------------------------------
+// `tierfs pcc state`
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Debug, Clone)]
+struct State {
+    typ: String,
+    cache_file: String,
+    open_count: u64,
+    flags: Vec<String>,
+    lease_owner: Option<String>,
+    generation: Option<u64>,
+    lease_dirty: bool,
+    raw: String,
+}
+
+impl State {
+    fn dirty(&self) -> bool {
+        self.flags.iter().any(|f| f == "dirty")
+    }
+    fn pinned(&self) -> bool {
+        self.flags.iter().any(|f| f == "pinned")
+    }
+}
+
+fn field<'a>(line: &'a str, key: &str) -> &'a str {
+    let Some(i) = line.find(key) else {
+        return "";
+    };
+    let rest = &line[i + key.len()..];
+    rest.split(", ").next().unwrap_or("").trim()
+}
+
+/// Parses `file: P, type: T, cache_file: C, open_count: N, flags: F[, lease: O (generation G[,
+/// dirty])]`.
+fn parse_state(line: &str) -> State {
+    let (owner, generation, lease_dirty) = match line.find(", lease: ") {
+        Some(i) => {
+            let rest = &line[i + ", lease: ".len()..];
+            let owner = rest.split(" (").next().unwrap_or("").to_string();
+            let gen = rest.split("generation ").nth(1).and_then(|g| {
+                g.trim_end_matches(')')
+                    .split([',', ')'])
+                    .next()
+                    .and_then(|n| n.trim().parse::<u64>().ok())
+            });
+            (Some(owner), gen, rest.contains(", dirty)"))
+        }
+        None => (None, None, false),
+    };
+    let flags = field(line, "flags: ");
+    State {
+        typ: field(line, "type: ").to_string(),
+        cache_file: field(line, "cache_file: ").to_string(),
+        open_count: field(line, "open_count: ").parse().unwrap_or(u64::MAX),
+        flags: if flags == "-" || flags.is_empty() {
+            vec![]
+        } else {
+            flags.split(',').map(|f| f.to_string()).collect()
+        },
+        lease_owner: owner,
+        generation,
+        lease_dirty,
+        raw: line.to_string(),
+    }
+}
+
+/// `tierfs pcc state P` (asserting success).
+#[track_caller]
+fn state(t: &TestFs, p: &Path) -> State {
+    let out = pcc(t, &["state", &s(p)]);
+    out.assert_ok();
+    let line = out.stdout.lines().next().unwrap_or("");
+    assert!(
+        line.starts_with(&format!("file: {}, type: ", p.display())),
+        "unexpected `tierfs pcc state` output: {}",
+        out.describe()
+    );
+    parse_state(line)
+}
+
+/// Polls `state` until `f` holds (up to `limit`); returns the last state and whether it held.
+fn wait_state(
+    t: &TestFs,
+    p: &Path,
+    limit: Duration,
+    mut f: impl FnMut(&State) -> bool,
+) -> (State, bool) {
+    let deadline = Instant::now() + limit;
+    loop {
+        let st = state(t, p);
+        if f(&st) {
+            return (st, true);
+        }
+        if Instant::now() >= deadline {
+            return (st, false);
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// After a writer's close(2) the daemon marks an RW-PCC file dirty when the kernel's
+/// asynchronous RELEASE arrives: wait (briefly) for that.
+#[track_caller]
+fn wait_dirty(t: &TestFs, p: &Path) -> State {
+    let (st, ok) = wait_state(t, p, Duration::from_secs(3), |s| s.dirty() && s.lease_dirty);
+    assert!(ok, "not dirty 3 s after a write and close: {}", st.raw);
+    st
+}
+
+/// Waits for the background write-back of an RW-PCC file (dirty first, then clean).
+#[track_caller]
+fn wait_written_back(t: &TestFs, p: &Path, limit: Duration) -> State {
+    wait_dirty(t, p);
+    let (st, ok) = wait_state(t, p, limit, |s| !s.dirty() && !s.lease_dirty);
+    assert!(ok, "still dirty after {limit:?}: {}", st.raw);
+    st
+}
+
+/// A per-file `tierfs pcc` command failed cleanly for `p`: non-zero exit, no panic, and a line
+/// naming the file and containing `why` (a summary line may follow).
+#[track_caller]
+fn assert_file_error(out: &CmdOut, p: &Path, why: &str) {
+    out.assert_no_panic();
+    assert!(
+        out.code.is_some() && out.code != Some(0),
+        "expected a non-zero exit: {}",
+        out.describe()
+    );
+    assert!(
+        out.stderr
+            .lines()
+            .any(|l| l.contains(&s(p)) && l.contains(why)),
+        "expected a line naming {} with {why:?}: {}",
+        p.display(),
+        out.describe()
+    );
+}
+
+fn pcc_event(mnt: &Path, ev: &str) -> u64 {
+    stat_value(mnt, &format!("tierfs_pcc_events_total{{event=\"{ev}\"}}"))
+}
+
+// ---------------------------------------------------------------------------------------------
+// File I/O
+// ---------------------------------------------------------------------------------------------
+
+/// Writes `data` at `off` of an existing file (no create, no truncate); fsync if asked.
+fn write_at(p: &Path, off: u64, data: &[u8], fsync: bool) {
+    let f = OpenOptions::new()
+        .write(true)
+        .open(p)
+        .unwrap_or_else(|e| panic!("open {} for writing: {e}", p.display()));
+    f.write_all_at(data, off)
+        .unwrap_or_else(|e| panic!("write {}: {e}", p.display()));
+    if fsync {
+        f.sync_all()
+            .unwrap_or_else(|e| panic!("fsync {}: {e}", p.display()));
+    }
+}
+
+#[track_caller]
+fn assert_reads(p: &Path, want: &[u8], what: &str) {
+    let got = read_all(p).unwrap_or_else(|e| panic!("{what}: read {}: {e}", p.display()));
+    assert_same_bytes(&got, want, 0, what);
+}
+
+fn total_usage(t: &TestFs) -> u64 {
+    t.total_target_usage()
+}
+
+fn size_of(p: &Path) -> u64 {
+    stat(p)
+        .unwrap_or_else(|e| panic!("stat {}: {e}", p.display()))
+        .st_size as u64
+}
+
+/// A page-aligned buffer for O_DIRECT.
+struct Aligned {
+    buf: Vec<u8>,
+    off: usize,
+    len: usize,
+}
+
+impl Aligned {
+    fn new(len: usize) -> Aligned {
+        let buf = vec![0u8; len + 4096];
+        let off = (4096 - (buf.as_ptr() as usize % 4096)) % 4096;
+        Aligned { buf, off, len }
+    }
+    fn get(&mut self) -> &mut [u8] {
+        &mut self.buf[self.off..self.off + self.len]
+    }
+}
+
+/// IOR's write phase for one task: create, write `size` bytes in `xfer` transfers (O_DIRECT
+/// if asked), fsync (`-e`), close.
+fn ior_write(p: &Path, seed: u64, size: usize, xfer: usize, direct: bool) -> Result<(), String> {
+    let f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o644)
+        .custom_flags(if direct { libc::O_DIRECT } else { 0 })
+        .open(p)
+        .map_err(|e| format!("create {}: {e}", p.display()))?;
+    let mut b = Aligned::new(xfer);
+    let mut off = 0;
+    while off < size {
+        fill_pattern(seed, off as u64, b.get());
+        f.write_all_at(b.get(), off as u64)
+            .map_err(|e| format!("write {} at {off}: {e}", p.display()))?;
+        off += xfer;
+    }
+    f.sync_all()
+        .map_err(|e| format!("fsync {}: {e}", p.display()))?;
+    Ok(())
+}
+
+/// IOR's read phase for one task: open, read and check every transfer.
+fn ior_read(p: &Path, seed: u64, size: usize, xfer: usize, direct: bool) -> Result<(), String> {
+    let f = OpenOptions::new()
+        .read(true)
+        .custom_flags(if direct { libc::O_DIRECT } else { 0 })
+        .open(p)
+        .map_err(|e| format!("open {}: {}", p.display(), errname(err_of(&e))))?;
+    let mut b = Aligned::new(xfer);
+    let mut off = 0;
+    while off < size {
+        let buf = b.get();
+        let mut done = 0;
+        while done < xfer {
+            let n = f
+                .read_at(&mut buf[done..], (off + done) as u64)
+                .map_err(|e| format!("read {} at {off}: {e}", p.display()))?;
+            if n == 0 {
+                return Err(format!(
+                    "{}: end of file at {} (want {size} bytes)",
+                    p.display(),
+                    off + done
+                ));
+            }
+            done += n;
+        }
+        let want = pattern(seed, off as u64, xfer);
+        if buf != &want[..] {
+            let i = (0..xfer).find(|&i| buf[i] != want[i]).unwrap();
+            let zeros = buf.iter().all(|&x| x == 0);
+            return Err(format!(
+                "{}: wrong data at offset {} (transfer at {off}{})",
+                p.display(),
+                off + i,
+                if zeros { ", all zeros" } else { "" }
+            ));
+        }
+        off += xfer;
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1, 2: RW-PCC and its recall
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn rw_attach_keeps_data_local_until_a_remote_open_recalls_it() {
+    let _g = serial();
+    let (t, _) = pcc_fs(&[("a", &[]), ("b", &[])], 120);
+    let (fa, fb) = (t.p(0, "f"), t.p(1, "f"));
+    fs::write(&fa, b"").unwrap();
+    pcc(&t, &["attach", "-w", &s(&fa)]).assert_ok();
+    let st = state(&t, &fa);
+    assert_eq!(st.typ, "readwrite", "after attach -w: {}", st.raw);
+    assert_eq!(st.lease_owner.as_deref(), Some("a"), "{}", st.raw);
+    assert!(!st.dirty(), "nothing written yet: {}", st.raw);
+    assert!(
+        Path::new(&st.cache_file).is_file(),
+        "cache file {} of {}",
+        st.cache_file,
+        st.raw
+    );
+    let gen1 = st.generation.expect("lease generation");
+
+    let before = total_usage(&t);
+    let data = pattern(1, 0, 3 * MIB + 123);
+    write_at(&fa, 0, &data, false);
+    let st = wait_dirty(&t, &fa);
+    assert_eq!(st.open_count, 0, "closed: {}", st.raw);
+    // the owner's own state is right, and nothing went to the capacity tier
+    assert_eq!(size_of(&fa), data.len() as u64);
+    thread::sleep(Duration::from_secs(1));
+    assert_eq!(
+        total_usage(&t),
+        before,
+        "the capacity tier grew while the RW-PCC file was dirty"
+    );
+
+    // name, size and mtime visible on b; b names the owner
+    after_ttl();
+    let (sa, sb) = (stat(&fa).unwrap(), stat(&fb).unwrap());
+    assert_eq!(sb.st_size as usize, data.len(), "size seen by b");
+    assert_eq!(mtime(&sb), mtime(&sa), "mtime seen by b vs the owner's");
+    let stb = state(&t, &fb);
+    assert_eq!(stb.typ, "none", "b caches nothing: {}", stb.raw);
+    assert_eq!(stb.lease_owner.as_deref(), Some("a"), "{}", stb.raw);
+    assert!(stb.lease_dirty, "b sees the lease dirty: {}", stb.raw);
+    assert_eq!(total_usage(&t), before, "still nothing written back");
+
+    // b's open recalls the lease: a writes back and keeps a read-only copy
+    let t0 = Instant::now();
+    assert_reads(&fb, &data, "b reads the RW-PCC file of a");
+    let took = t0.elapsed();
+    assert!(
+        total_usage(&t) >= before + data.len() as u64,
+        "the capacity tier does not hold the written-back data: {} -> {}",
+        before,
+        total_usage(&t)
+    );
+    let st = state(&t, &fa);
+    assert_eq!(
+        st.typ, "readonly",
+        "owner after the recall: {} ({took:?})",
+        st.raw
+    );
+    assert_eq!(st.lease_owner, None, "lease given up: {}", st.raw);
+    assert_reads(&fa, &data, "the former owner reads its read-only copy");
+
+    // a takes the lease again: a new generation
+    pcc(&t, &["attach", "-w", &s(&fa)]).assert_ok();
+    let st = state(&t, &fa);
+    assert_eq!(st.typ, "readwrite", "{}", st.raw);
+    assert!(
+        st.generation.unwrap_or(0) > gen1,
+        "generation {:?} after re-attach, was {gen1}: {}",
+        st.generation,
+        st.raw
+    );
+}
+
+#[test]
+fn rw_detach_writes_back_and_keep_leaves_a_readonly_copy() {
+    let _g = serial();
+    let (t, _) = pcc_fs(&[("a", &[]), ("b", &[])], 120);
+    for (name, keep) in [("plain", false), ("kept", true)] {
+        let (fa, fb) = (t.p(0, name), t.p(1, name));
+        fs::write(&fa, b"").unwrap();
+        pcc(&t, &["attach", "-w", &s(&fa)]).assert_ok();
+        let data = pattern(7, 0, 2 * MIB + 17);
+        let before = total_usage(&t);
+        write_at(&fa, 0, &data, false);
+        wait_dirty(&t, &fa);
+        let mut args = vec!["detach".to_string()];
+        if keep {
+            args.push("--keep".into());
+        }
+        args.push(s(&fa));
+        pcc(&t, &args).assert_ok();
+        let st = state(&t, &fa);
+        assert_eq!(
+            st.typ,
+            if keep { "readonly" } else { "none" },
+            "after detach (keep={keep}): {}",
+            st.raw
+        );
+        assert_eq!(st.lease_owner, None, "{}", st.raw);
+        assert!(
+            total_usage(&t) >= before + data.len() as u64,
+            "detach (keep={keep}) did not write back"
+        );
+        after_ttl();
+        assert_reads(&fb, &data, "b after detach");
+        assert_reads(&fa, &data, "a after detach");
+    }
+}
+
+#[test]
+fn rw_truncate_and_rewrite_of_a_cached_file() {
+    let _g = serial();
+    let (t, _) = pcc_fs(&[("a", &[]), ("b", &[])], 120);
+    let (fa, fb) = (t.p(0, "f"), t.p(1, "f"));
+    fs::write(&fa, pattern(3, 0, MIB)).unwrap();
+    pcc(&t, &["attach", "-w", &s(&fa)]).assert_ok();
+    // shell-style rewrite: O_TRUNC then a short write
+    let short = b"short new contents\n".to_vec();
+    fs::write(&fa, &short).unwrap();
+    assert_eq!(
+        size_of(&fa),
+        short.len() as u64,
+        "size on the owner after O_TRUNC + write of an RW-PCC file"
+    );
+    assert_reads(&fa, &short, "owner reads the rewritten RW-PCC file");
+    // truncate(2) to extend, then shrink
+    let f = OpenOptions::new().write(true).open(&fa).unwrap();
+    f.set_len(5000).unwrap();
+    drop(f);
+    let mut want = short.clone();
+    want.resize(5000, 0);
+    assert_reads(&fa, &want, "owner after extending truncate");
+    after_ttl();
+    assert_reads(&fb, &want, "b reads the truncated RW-PCC file");
+}
+
+/// Seed 000: IOR `-F -C -e --posix.odirect=1` with three clients, files under RW-PCC by rule.
+#[test]
+fn ior_c_three_clients_under_rw_rule() {
+    let _g = serial();
+    let (t, _) = pcc_fs(&[("a", &[]), ("b", &[]), ("c", &[])], 240);
+    let out = pcc(
+        &t,
+        &[
+            "rule",
+            "add",
+            "--mode",
+            "rw",
+            "fname={testFile.*}",
+            "--mount",
+            &s(t.mnt(0)),
+        ],
+    );
+    out.assert_ok();
+    // clients read rules at most every 2 s
+    thread::sleep(Duration::from_millis(2200));
+    const SIZE: usize = 8 * MIB;
+    const XFER: usize = MIB;
+    for (iter, direct) in [(0u64, true), (1, true), (2, false)] {
+        let before = total_usage(&t);
+        let barrier = Barrier::new(3);
+        let results: Vec<Result<(), String>> = thread::scope(|sc| {
+            let hs: Vec<_> = (0..3)
+                .map(|i| {
+                    let t = &t;
+                    let barrier = &barrier;
+                    sc.spawn(move || {
+                        let mine = t.p(i, &format!("testFile.{iter}.{i:08}"));
+                        let seed = 100 * iter + i as u64;
+                        let w = ior_write(&mine, seed, SIZE, XFER, direct);
+                        barrier.wait();
+                        w?;
+                        // -C: read the neighbour's file
+                        let j = (i + 1) % 3;
+                        let theirs = t.p(i, &format!("testFile.{iter}.{j:08}"));
+                        ior_read(&theirs, 100 * iter + j as u64, SIZE, XFER, direct)
+                    })
+                })
+                .collect();
+            hs.into_iter()
+                .map(|h| h.join().unwrap_or_else(|_| Err("task panicked".into())))
+                .collect()
+        });
+        let bad: Vec<String> = results
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| r.as_ref().err().map(|e| format!("task {i}: {e}")))
+            .collect();
+        assert!(
+            bad.is_empty(),
+            "IOR -C iteration {iter} (O_DIRECT {direct}) failed:\n{}",
+            bad.join("\n")
+        );
+        // every file was created under RW-PCC, and written back when read elsewhere
+        assert!(
+            total_usage(&t) >= before + 3 * SIZE as u64,
+            "iteration {iter}: the capacity tier holds {} new bytes, want {}",
+            total_usage(&t).saturating_sub(before),
+            3 * SIZE
+        );
+        for i in 0..3 {
+            let st = state(&t, &t.p(i, &format!("testFile.{iter}.{i:08}")));
+            assert_ne!(st.typ, "readwrite", "still RW after the recall: {}", st.raw);
+            assert!(!st.lease_dirty, "{}", st.raw);
+        }
+    }
+    let attaches: u64 = (0..3).map(|i| pcc_event(t.mnt(i), "attaches_rw")).sum();
+    assert!(
+        attaches >= 9,
+        "the rw rule attached only {attaches} of 9 files at create"
+    );
+}
+
+#[test]
+fn rw_rule_attaches_at_create() {
+    let _g = serial();
+    let (t, _) = pcc_fs(&[("a", &[]), ("b", &[])], 120);
+    pcc(
+        &t,
+        &[
+            "rule",
+            "add",
+            "--mode",
+            "rw",
+            "--client",
+            "a",
+            "fname={*.h5}",
+            "--mount",
+            &s(t.mnt(0)),
+        ],
+    )
+    .assert_ok();
+    thread::sleep(Duration::from_millis(2200));
+    let before = total_usage(&t);
+    let data = pattern(5, 0, 2 * MIB);
+    fs::write(t.p(0, "x.h5"), &data).unwrap();
+    fs::write(t.p(0, "x.txt"), &data).unwrap();
+    fs::write(t.p(1, "y.h5"), &data).unwrap();
+    let st = state(&t, &t.p(0, "x.h5"));
+    assert_eq!(st.typ, "readwrite", "x.h5 under the rw rule: {}", st.raw);
+    assert!(st.dirty(), "{}", st.raw);
+    assert_eq!(state(&t, &t.p(0, "x.txt")).typ, "none", "x.txt: no rule");
+    assert_eq!(
+        state(&t, &t.p(1, "y.h5")).typ,
+        "none",
+        "the rule is for client a only"
+    );
+    // x.txt and y.h5 went to the capacity tier, x.h5 did not
+    let grown = total_usage(&t) - before;
+    assert!(
+        (2 * data.len() as u64..3 * data.len() as u64).contains(&grown),
+        "capacity tier grew by {grown}, want 2 files' worth ({})",
+        2 * data.len()
+    );
+    after_ttl();
+    assert_reads(&t.p(1, "x.h5"), &data, "b reads a's RW-PCC file");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3: background write-back, owner down
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn background_writeback_keeps_the_lease() {
+    let _g = serial();
+    let (t, _) = pcc_fs(&[("a", &[("writeback_delay_secs", "1")]), ("b", &[])], 120);
+    let (fa, fb) = (t.p(0, "f"), t.p(1, "f"));
+    fs::write(&fa, b"").unwrap();
+    pcc(&t, &["attach", "-w", &s(&fa)]).assert_ok();
+    let before = total_usage(&t);
+    let data = pattern(11, 0, 2 * MIB + 5);
+    write_at(&fa, 0, &data, false);
+    let st = wait_written_back(&t, &fa, Duration::from_secs(15));
+    assert_eq!(st.typ, "readwrite", "stays attached: {}", st.raw);
+    assert_eq!(st.lease_owner.as_deref(), Some("a"), "{}", st.raw);
+    assert!(!st.lease_dirty, "the lease is clean: {}", st.raw);
+    assert!(
+        total_usage(&t) >= before + data.len() as u64,
+        "the capacity tier lacks the written-back data"
+    );
+    let wb = pcc_event(t.mnt(0), "writebacks");
+    assert!(wb >= 1, "writebacks counter {wb}");
+    // a remote open only takes the lease: no second write-back
+    after_ttl();
+    assert_reads(&fb, &data, "b after the background write-back");
+    assert_eq!(
+        pcc_event(t.mnt(0), "writebacks"),
+        wb,
+        "the recall of a clean file wrote it back again"
+    );
+}
+
+#[test]
+fn owner_down_clean_file_readable_once_its_session_expires() {
+    let _g = serial();
+    let extra: &[(&str, &str)] = &[("writeback_delay_secs", "1"), ("session_timeout_secs", "3")];
+    let (t, _) = pcc_fs(&[("a", extra), ("b", extra)], 120);
+    let (fa, fb) = (t.p(0, "f"), t.p(1, "f"));
+    fs::write(&fa, b"").unwrap();
+    pcc(&t, &["attach", "-w", &s(&fa)]).assert_ok();
+    let data = pattern(13, 0, 3 * MIB + 1);
+    write_at(&fa, 0, &data, false);
+    wait_written_back(&t, &fa, Duration::from_secs(15));
+    t.kill9(0);
+    let t0 = Instant::now();
+    assert_reads(&fb, &data, "b reads the clean file of a dead owner");
+    assert!(
+        t0.elapsed() < Duration::from_secs(20),
+        "the open took {:?}",
+        t0.elapsed()
+    );
+}
+
+#[test]
+fn owner_down_dirty_file_fails_clearly_then_is_written_back_on_return() {
+    let _g = serial();
+    let extra: &[(&str, &str)] = &[
+        ("writeback_delay_secs", "3600"),
+        ("session_timeout_secs", "3"),
+    ];
+    let (mut t, opts) = pcc_fs(&[("a", extra), ("b", extra)], 150);
+    let (fa, fb) = (t.p(0, "f"), t.p(1, "f"));
+    fs::write(&fa, b"old").unwrap();
+    pcc(&t, &["attach", "-w", &s(&fa)]).assert_ok();
+    let data = pattern(17, 0, 2 * MIB + 3);
+    write_at(&fa, 0, &data, true);
+    wait_dirty(&t, &fa);
+    t.kill9(0);
+    thread::sleep(Duration::from_secs(4));
+    after_ttl();
+    // size is known; data is not reachable: a clear errno, not zeros or the old bytes
+    assert_eq!(size_of(&fb), data.len() as u64, "size seen by b");
+    let t0 = Instant::now();
+    match fs::File::open(&fb) {
+        Ok(f) => {
+            let mut head = vec![0u8; 16];
+            let r = f.read_at(&mut head, 0);
+            panic!(
+                "open of a dirty file of a dead owner succeeded (after {:?}); read gives {r:?} \
+                 {head:?}",
+                t0.elapsed()
+            );
+        }
+        Err(e) => assert_eq!(
+            err_of(&e),
+            libc::EHOSTDOWN,
+            "open of a dirty file of a dead owner: {e}"
+        ),
+    }
+    let stb = state(&t, &fb);
+    assert_eq!(
+        stb.lease_owner.as_deref(),
+        Some("a"),
+        "state names the owner: {}",
+        stb.raw
+    );
+    assert!(stb.lease_dirty, "{}", stb.raw);
+    // the owner comes back with the same name and cache: its data is written back
+    let o = opts[0].clone();
+    t.remount_with(0, &o);
+    after_ttl();
+    assert_reads(&fb, &data, "b after the owner came back");
+    assert_reads(&fa, &data, "a after coming back");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4: RO-PCC
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn ro_copies_dropped_after_a_write_elsewhere() {
+    let _g = serial();
+    let (t, _) = pcc_fs(&[("a", &[]), ("b", &[]), ("c", &[])], 120);
+    let v1 = pattern(21, 0, 2 * MIB + 9);
+    fs::write(t.p(2, "f"), &v1).unwrap();
+    after_ttl();
+    for i in 0..2 {
+        pcc(&t, &["attach", "-r", &s(&t.p(i, "f"))]).assert_ok();
+        let st = state(&t, &t.p(i, "f"));
+        assert_eq!(st.typ, "readonly", "client {i}: {}", st.raw);
+        assert_eq!(st.lease_owner, None, "{}", st.raw);
+        assert_reads(&t.p(i, "f"), &v1, "RO copy");
+    }
+    // a write on the third client
+    let v2 = pattern(22, 0, 2 * MIB + 9);
+    write_at(&t.p(2, "f"), 0, &v2, false);
+    after_ttl();
+    for i in 0..2 {
+        assert_reads(&t.p(i, "f"), &v2, &format!("client {i} after c wrote"));
+        let st = state(&t, &t.p(i, "f"));
+        assert_eq!(st.typ, "none", "client {i} kept a stale copy: {}", st.raw);
+    }
+    // a write on one of the RO clients: the other drops its copy
+    for i in 0..2 {
+        pcc(&t, &["attach", "-r", &s(&t.p(i, "f"))]).assert_ok();
+    }
+    let v3 = pattern(23, 0, MIB);
+    write_at(&t.p(1, "f"), 4096, &v3, false);
+    let mut want = v2.clone();
+    want[4096..4096 + MIB].copy_from_slice(&v3);
+    after_ttl();
+    assert_reads(&t.p(0, "f"), &want, "a after b wrote");
+    assert_reads(&t.p(1, "f"), &want, "b after its own write");
+    assert_reads(&t.p(2, "f"), &want, "c after b wrote");
+    assert_eq!(state(&t, &t.p(0, "f")).typ, "none");
+}
+
+#[test]
+fn ro_rule_attaches_at_open() {
+    let _g = serial();
+    let (t, _) = pcc_fs(&[("a", &[]), ("b", &[])], 120);
+    pcc(
+        &t,
+        &[
+            "rule",
+            "add",
+            "--mode",
+            "ro",
+            "fname={*.dat}&size<{10M}",
+            "--mount",
+            &s(t.mnt(0)),
+        ],
+    )
+    .assert_ok();
+    thread::sleep(Duration::from_millis(2200));
+    let data = pattern(31, 0, MIB + 7);
+    fs::write(t.p(1, "in.dat"), &data).unwrap();
+    fs::write(t.p(1, "in.txt"), &data).unwrap();
+    after_ttl();
+    assert_eq!(state(&t, &t.p(0, "in.dat")).typ, "none", "before any open");
+    assert_reads(&t.p(0, "in.dat"), &data, "first read under the ro rule");
+    let st = state(&t, &t.p(0, "in.dat"));
+    assert_eq!(
+        st.typ, "readonly",
+        "after a read under the ro rule: {}",
+        st.raw
+    );
+    assert_reads(&t.p(0, "in.dat"), &data, "read from the RO copy");
+    assert_reads(&t.p(0, "in.txt"), &data, "no rule");
+    assert_eq!(state(&t, &t.p(0, "in.txt")).typ, "none");
+    assert!(pcc_event(t.mnt(0), "attaches_ro") >= 1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5: persistence
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn restart_keeps_valid_ro_copies_and_drops_stale_ones() {
+    let _g = serial();
+    let (mut t, opts) = pcc_fs(&[("a", &[]), ("b", &[])], 150);
+    for (round, kill) in [(0u64, false), (1, true)] {
+        let keep = format!("keep{round}");
+        let stale = format!("stale{round}");
+        let v1 = pattern(40 + round, 0, MIB + 1);
+        fs::write(t.p(1, &keep), &v1).unwrap();
+        fs::write(t.p(1, &stale), &v1).unwrap();
+        after_ttl();
+        for f in [&keep, &stale] {
+            pcc(&t, &["attach", "-r", &s(&t.p(0, f))]).assert_ok();
+        }
+        let cache_file = state(&t, &t.p(0, &keep)).cache_file;
+        if kill {
+            t.kill9(0);
+        } else {
+            t.umount(0);
+        }
+        let v2 = pattern(50 + round, 0, MIB + 1);
+        write_at(&t.p(1, &stale), 0, &v2, false);
+        let o = opts[0].clone();
+        t.remount_with(0, &o);
+        let st = state(&t, &t.p(0, &keep));
+        assert_eq!(
+            st.typ, "readonly",
+            "valid copy after restart (kill -9: {kill}): {}",
+            st.raw
+        );
+        assert_eq!(st.cache_file, cache_file, "same cache file");
+        let st = state(&t, &t.p(0, &stale));
+        assert_eq!(
+            st.typ, "none",
+            "stale copy after restart (kill -9: {kill}): {}",
+            st.raw
+        );
+        let hits = pcc_event(t.mnt(0), "hits");
+        assert_reads(&t.p(0, &keep), &v1, "kept copy");
+        assert!(
+            pcc_event(t.mnt(0), "hits") > hits,
+            "the kept copy did not serve the read"
+        );
+        assert_reads(&t.p(0, &stale), &v2, "the stale copy's file");
+    }
+}
+
+#[test]
+fn fsynced_rw_data_survives_kill9_and_dirty_data_survives_umount() {
+    let _g = serial();
+    let extra: &[(&str, &str)] = &[("writeback_delay_secs", "3600")];
+    let (mut t, opts) = pcc_fs(&[("a", extra), ("b", extra)], 150);
+    // kill -9 with the file still open, after fsync
+    let (fa, fb) = (t.p(0, "f"), t.p(1, "f"));
+    fs::write(&fa, b"").unwrap();
+    pcc(&t, &["attach", "-w", &s(&fa)]).assert_ok();
+    let before = total_usage(&t);
+    let data = pattern(61, 0, 3 * MIB + 11);
+    let h = OpenOptions::new().write(true).open(&fa).unwrap();
+    h.write_all_at(&data, 0).unwrap();
+    h.sync_all().unwrap();
+    assert_eq!(
+        total_usage(&t),
+        before,
+        "RW-PCC data went to the capacity tier"
+    );
+    t.kill9(0);
+    drop(h);
+    let o = opts[0].clone();
+    t.remount_with(0, &o);
+    assert_reads(&fa, &data, "owner after kill -9 and remount");
+    after_ttl();
+    assert_reads(&fb, &data, "b after the owner's kill -9 and remount");
+
+    // umount with dirty data, remount: the data is there on both clients
+    let (ga, gb) = (t.p(0, "g"), t.p(1, "g"));
+    fs::write(&ga, b"").unwrap();
+    pcc(&t, &["attach", "-w", &s(&ga)]).assert_ok();
+    let data2 = pattern(62, 0, 2 * MIB);
+    write_at(&ga, 0, &data2, false);
+    wait_dirty(&t, &ga);
+    t.umount(0);
+    t.remount_with(0, &o);
+    let st = state(&t, &ga);
+    assert!(!st.lease_dirty, "dirty after umount + mount: {}", st.raw);
+    assert_reads(&ga, &data2, "owner after umount + mount");
+    after_ttl();
+    assert_reads(&gb, &data2, "b after the owner's umount + mount");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 6: capacity
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn eviction_is_lru_and_skips_pinned_files() {
+    let _g = serial();
+    let mut t = TestFs::with(Opts {
+        clients: 0,
+        timeout: Duration::from_secs(120),
+        ..Opts::default()
+    });
+    let oa = pcc_opts(
+        &t,
+        "a",
+        "10M",
+        &[
+            ("cache_high_watermark", "0.9"),
+            ("cache_low_watermark", "0.7"),
+        ],
+    );
+    t.mount_with(&oa);
+    let ob = pcc_opts(&t, "b", "1G", &[]);
+    t.mount_with(&ob);
+    let names = ["f1", "f2", "f3", "f4", "f5"];
+    let data: Vec<Vec<u8>> = (0..5).map(|i| pattern(70 + i, 0, 2 * MIB)).collect();
+    for (n, d) in names.iter().zip(&data) {
+        fs::write(t.p(1, n), d).unwrap();
+    }
+    after_ttl();
+    // f1 (oldest, pinned), f2, f3, f4 cached: 8 MiB of a 10 MiB cache (high 9 MiB)
+    for n in &names[..4] {
+        pcc(&t, &["attach", "-r", &s(&t.p(0, n))]).assert_ok();
+        thread::sleep(Duration::from_millis(20));
+    }
+    pcc(&t, &["pin", &s(&t.p(0, "f1"))]).assert_ok();
+    assert!(state(&t, &t.p(0, "f1")).pinned());
+    // f2 used again: LRU order is now f3, f4, f2
+    assert_reads(&t.p(0, "f2"), &data[1], "f2");
+    thread::sleep(Duration::from_millis(20));
+    // f5 needs 2 MiB: above high, evict to low (7 MiB): f3 and f4 go
+    pcc(&t, &["attach", "-r", &s(&t.p(0, "f5"))]).assert_ok();
+    let typ = |n: &str| state(&t, &t.p(0, n)).typ;
+    let got: Vec<(String, String)> = names.iter().map(|n| (n.to_string(), typ(n))).collect();
+    let want: Vec<(String, String)> = [
+        ("f1", "readonly"),
+        ("f2", "readonly"),
+        ("f3", "none"),
+        ("f4", "none"),
+        ("f5", "readonly"),
+    ]
+    .iter()
+    .map(|(a, b)| (a.to_string(), b.to_string()))
+    .collect();
+    assert_eq!(got, want, "cache contents after eviction");
+    assert_eq!(pcc_event(t.mnt(0), "evictions"), 2, "evictions");
+    for (n, d) in names.iter().zip(&data) {
+        assert_reads(&t.p(0, n), d, &format!("{n} after eviction"));
+    }
+    let out = pcc(&t, &["stats", &s(t.mnt(0))]);
+    out.assert_ok();
+    assert!(
+        out.stdout.contains("evictions") && out.stdout.contains("cache_used"),
+        "pcc stats: {}",
+        out.stdout
+    );
+}
+
+#[test]
+fn full_cache_falls_back_to_uncached_io() {
+    let _g = serial();
+    let mut t = TestFs::with(Opts {
+        clients: 0,
+        timeout: Duration::from_secs(120),
+        ..Opts::default()
+    });
+    let oa = pcc_opts(
+        &t,
+        "a",
+        "4M",
+        &[
+            ("cache_high_watermark", "0.9"),
+            ("cache_low_watermark", "0.5"),
+        ],
+    );
+    t.mount_with(&oa);
+    let ob = pcc_opts(&t, "b", "1G", &[]);
+    t.mount_with(&ob);
+    let m0 = s(t.mnt(0));
+    pcc(
+        &t,
+        &[
+            "rule",
+            "add",
+            "--mode",
+            "ro",
+            "fname={*.ro}",
+            "--mount",
+            &m0,
+        ],
+    )
+    .assert_ok();
+    pcc(
+        &t,
+        &[
+            "rule",
+            "add",
+            "--mode",
+            "rw",
+            "fname={*.rw}",
+            "--mount",
+            &m0,
+        ],
+    )
+    .assert_ok();
+    thread::sleep(Duration::from_millis(2200));
+    // fill the cache past its size with a pinned RW file
+    let big = t.p(0, "big");
+    fs::write(&big, b"").unwrap();
+    pcc(&t, &["attach", "-w", &s(&big)]).assert_ok();
+    pcc(&t, &["pin", &s(&big)]).assert_ok();
+    let bigdata = pattern(80, 0, 5 * MIB);
+    write_at(&big, 0, &bigdata, false);
+    let d = pattern(81, 0, MIB);
+    fs::write(t.p(1, "h"), &d).unwrap();
+    fs::write(t.p(1, "x.ro"), &d).unwrap();
+    after_ttl();
+    // an explicit attach is refused, cleanly
+    let out = pcc(&t, &["attach", "-r", &s(&t.p(0, "h"))]);
+    assert_file_error(&out, &t.p(0, "h"), "full");
+    // an ro rule open reads uncached
+    assert_reads(&t.p(0, "x.ro"), &d, "ro-rule file with a full cache");
+    assert_eq!(state(&t, &t.p(0, "x.ro")).typ, "none");
+    // an rw rule create writes uncached
+    let before = total_usage(&t);
+    let d2 = pattern(82, 0, MIB + 3);
+    fs::write(t.p(0, "y.rw"), &d2).unwrap_or_else(|e| panic!("create under rw rule: {e}"));
+    assert_eq!(state(&t, &t.p(0, "y.rw")).typ, "none");
+    assert!(total_usage(&t) >= before + d2.len() as u64);
+    after_ttl();
+    assert_reads(&t.p(1, "y.rw"), &d2, "b reads the uncached rw-rule file");
+    // the pinned RW file is still there and correct
+    let st = state(&t, &big);
+    assert_eq!(st.typ, "readwrite", "{}", st.raw);
+    assert_reads(&big, &bigdata, "pinned RW file");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 7: passthrough first, daemon fallback
+// ---------------------------------------------------------------------------------------------
+
+fn cached_io_bypasses_or_uses_daemon(passthrough: bool) {
+    let _g = serial();
+    let pt = if passthrough { "true" } else { "false" };
+    let (t, _) = pcc_fs(&[("a", &[("pcc_passthrough", pt)]), ("b", &[])], 120);
+    let ma = t.mnt(0).to_path_buf();
+    // RO
+    let v = pattern(90, 0, 2 * MIB + 100);
+    fs::write(t.p(1, "r"), &v).unwrap();
+    after_ttl();
+    pcc(&t, &["attach", "-r", &s(&t.p(0, "r"))]).assert_ok();
+    let (r0, h0) = (fuse_ops(&ma, "read"), pcc_event(&ma, "hits"));
+    assert_reads(&t.p(0, "r"), &v, "RO-cached file");
+    let r1 = fuse_ops(&ma, "read");
+    assert!(pcc_event(&ma, "hits") > h0, "the open was not a cache hit");
+    if passthrough {
+        assert_eq!(r1, r0, "reads of an RO-cached file reached the daemon");
+    } else {
+        assert!(
+            r1 > r0,
+            "no daemon reads without passthrough ({r0} -> {r1})"
+        );
+    }
+    // RW
+    let w = t.p(0, "w");
+    fs::write(&w, b"").unwrap();
+    pcc(&t, &["attach", "-w", &s(&w)]).assert_ok();
+    let (r0, w0) = (fuse_ops(&ma, "read"), fuse_ops(&ma, "write"));
+    let d = pattern(91, 0, 2 * MIB + 4095);
+    let f = OpenOptions::new().read(true).write(true).open(&w).unwrap();
+    f.write_all_at(&d, 0).unwrap();
+    let back = pread_exact(&f, 0, d.len()).unwrap();
+    assert_same_bytes(&back, &d, 0, "read back through the same handle");
+    drop(f);
+    assert_reads(&w, &d, "RW-cached file reopened");
+    let (r1, w1) = (fuse_ops(&ma, "read"), fuse_ops(&ma, "write"));
+    if passthrough {
+        assert_eq!(
+            (r1, w1),
+            (r0, w0),
+            "I/O on an RW-cached file reached the daemon"
+        );
+    } else {
+        assert!(
+            r1 > r0 && w1 > w0,
+            "no daemon I/O without passthrough (reads {r0}->{r1}, writes {w0}->{w1})"
+        );
+    }
+    wait_dirty(&t, &w);
+    after_ttl();
+    assert_reads(&t.p(1, "w"), &d, "b reads the RW-cached file");
+    let out = pcc(&t, &["stats", &s(&ma)]);
+    out.assert_ok();
+    for k in ["hits", "attaches_rw", "attaches_ro", "writebacks"] {
+        assert!(
+            out.stdout.contains(k),
+            "pcc stats lacks {k}: {}",
+            out.stdout
+        );
+    }
+}
+
+#[test]
+fn passthrough_io_bypasses_the_daemon() {
+    cached_io_bypasses_or_uses_daemon(true);
+}
+
+#[test]
+fn without_passthrough_the_daemon_serves_cached_files() {
+    cached_io_bypasses_or_uses_daemon(false);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 8: security
+// ---------------------------------------------------------------------------------------------
+
+const UID: u32 = 4321;
+const GID: u32 = 4321;
+
+#[test]
+fn cache_directory_and_files_are_private() {
+    let _g = serial();
+    let (t, opts) = pcc_fs(&[("a", &[])], 120);
+    let r = t.p(0, "r");
+    let w = t.p(0, "w");
+    fs::write(&r, pattern(100, 0, 100_000)).unwrap();
+    fs::write(&w, b"").unwrap();
+    fs::set_permissions(&r, fs::Permissions::from_mode(0o644)).unwrap();
+    pcc(&t, &["attach", "-r", &s(&r)]).assert_ok();
+    pcc(&t, &["attach", "-w", &s(&w)]).assert_ok();
+    write_at(&w, 0, b"private bytes", false);
+    let dir = opts[0].cache_dir.clone().unwrap();
+    let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&dir), 0o700, "cache dir {}", dir.display());
+    let mut files: Vec<PathBuf> = Vec::new();
+    let mut stack = vec![dir.clone()];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                assert_eq!(
+                    mode(&p) & 0o077,
+                    0,
+                    "directory {} is open to others",
+                    p.display()
+                );
+                stack.push(p);
+            } else {
+                assert_eq!(
+                    mode(&p) & 0o077,
+                    0,
+                    "file {} is open to others",
+                    p.display()
+                );
+                files.push(p);
+            }
+        }
+    }
+    let cached: Vec<String> = [&r, &w].iter().map(|p| state(&t, p).cache_file).collect();
+    for c in &cached {
+        assert!(
+            files.iter().any(|f| s(f) == *c),
+            "cache file {c} not under {}",
+            dir.display()
+        );
+    }
+    as_user(&Cred::new(UID, GID), || {
+        for c in &cached {
+            let e = fs::read(c).expect_err("another user read a cache file");
+            assert_eq!(err_of(&e), libc::EACCES, "{c}: {e}");
+        }
+    });
+}
+
+#[test]
+fn attach_needs_read_or_write_permission() {
+    let _g = serial();
+    let (t, _) = pcc_fs(&[("a", &[])], 120);
+    let secret = t.p(0, "secret");
+    let public = t.p(0, "public");
+    let mine = t.p(0, "mine");
+    for p in [&secret, &public, &mine] {
+        fs::write(p, pattern(101, 0, 50_000)).unwrap();
+    }
+    fs::set_permissions(&secret, fs::Permissions::from_mode(0o600)).unwrap();
+    fs::set_permissions(&public, fs::Permissions::from_mode(0o644)).unwrap();
+    fs::set_permissions(&mine, fs::Permissions::from_mode(0o644)).unwrap();
+    std::os::unix::fs::chown(&mine, Some(UID), Some(GID)).unwrap();
+    after_ttl();
+    let user = |args: &[String]| {
+        let mut v = vec!["pcc".to_string()];
+        v.extend(args.iter().cloned());
+        tierfs_as(t.root(), &v, CMD_TIMEOUT, Some((UID, GID)))
+    };
+    // no read permission: no RO attach
+    let out = user(&["attach".into(), "-r".into(), s(&secret)]);
+    assert_file_error(&out, &secret, "permission denied");
+    assert_eq!(state(&t, &secret).typ, "none");
+    // read but no write permission: RO yes, RW no
+    user(&["attach".into(), "-r".into(), s(&public)]).assert_ok();
+    assert_eq!(state(&t, &public).typ, "readonly");
+    let out = user(&["attach".into(), "-w".into(), s(&public)]);
+    assert_file_error(&out, &public, "permission denied");
+    let st = state(&t, &public);
+    assert_eq!(st.typ, "readonly", "{}", st.raw);
+    assert_eq!(st.lease_owner, None, "{}", st.raw);
+    // own file: RW yes
+    user(&["attach".into(), "-w".into(), s(&mine)]).assert_ok();
+    assert_eq!(state(&t, &mine).typ, "readwrite");
+    // detach of a file the user cannot read is refused
+    pcc(&t, &["attach", "-r", &s(&secret)]).assert_ok();
+    let out = user(&["detach".into(), s(&secret)]);
+    assert_file_error(&out, &secret, "permission denied");
+    assert_eq!(
+        state(&t, &secret).typ,
+        "readonly",
+        "detached by a user without access"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rules through the CLI
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn rule_add_list_del_and_bad_rules() {
+    let _g = serial();
+    let t = TestFs::with(Opts {
+        clients: 1,
+        timeout: Duration::from_secs(120),
+        ..Opts::default()
+    });
+    let m = s(t.mnt(0));
+    let valid: &[(&str, &str, Option<&str>, &str)] = &[
+        (
+            "rw",
+            " projid = {500   1000} & fname = {*.h5} , uid = {1001} ",
+            None,
+            "projid={500 1000}&fname={*.h5},uid={1001}",
+        ),
+        ("ro", "size>{1024K}", Some("b"), "size>{1M}"),
+        ("ro", "size<{2048}", None, "size<{2G}"),
+        ("rw", "mtime>{7d}&gid<{100}", None, "mtime>{1w}&gid<{100}"),
+        ("ro", "mtime<{3600}", None, "mtime<{1h}"),
+    ];
+    let mut ids = Vec::new();
+    for (mode, rule, client, canon) in valid {
+        let mut args = vec!["rule", "add", "--mode", mode];
+        if let Some(c) = client {
+            args.extend(["--client", c]);
+        }
+        args.extend([rule, "--mount", &m]);
+        let out = pcc(&t, &args);
+        out.assert_ok();
+        let line = out.stdout.trim();
+        assert!(
+            line.starts_with("rule ") && line.contains(&format!(": {mode} {canon}")),
+            "add {rule:?}: {line}"
+        );
+        let id: u64 = line["rule ".len()..]
+            .split(':')
+            .next()
+            .and_then(|x| x.parse().ok())
+            .unwrap_or_else(|| panic!("no id in {line}"));
+        ids.push(id);
+    }
+    let list = pcc(&t, &["rule", "list", "--mount", &m]);
+    list.assert_ok();
+    for ((mode, _, client, canon), id) in valid.iter().zip(&ids) {
+        let row = list
+            .stdout
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(&id.to_string()))
+            .unwrap_or_else(|| panic!("rule {id} not listed:\n{}", list.stdout));
+        // id, mode, client, then the rule (which may hold spaces)
+        let mut rest = row.trim();
+        let mut cols: Vec<String> = Vec::new();
+        for _ in 0..3 {
+            let (c, r) = rest.split_once(char::is_whitespace).unwrap_or((rest, ""));
+            cols.push(c.to_string());
+            rest = r.trim_start();
+        }
+        cols.push(rest.trim_end().to_string());
+        assert_eq!(
+            cols,
+            vec![
+                id.to_string(),
+                mode.to_string(),
+                client.unwrap_or("*").to_string(),
+                canon.to_string()
+            ],
+            "listed row {row:?}"
+        );
+    }
+    let invalid: &[(&str, usize)] = &[
+        ("uid={1}&gid={2},foo={3}", 16),
+        ("uid<={1}", 3),
+        ("fname<{a}", 5),
+        ("mtime={1h}", 5),
+        ("uid={}", 4),
+        ("uid={1 2", 4),
+        ("size={1X}", 7),
+        ("uid={1},", 8),
+        ("", 0),
+    ];
+    for (rule, pos) in invalid {
+        let out = pcc(&t, &["rule", "add", "--mode", "rw", rule, "--mount", &m]);
+        out.assert_clean_error();
+        assert!(
+            out.stderr.contains(&format!("position {pos}")),
+            "{rule:?} should be rejected at position {pos}: {}",
+            out.describe()
+        );
+    }
+    let huge = "{".repeat(20_000) + &"uid={1}&".repeat(5_000);
+    pcc(&t, &["rule", "add", "--mode", "ro", &huge, "--mount", &m]).assert_clean_error();
+    pcc(
+        &t,
+        &["rule", "add", "--mode", "xx", "uid={1}", "--mount", &m],
+    )
+    .assert_clean_error();
+    // nothing invalid was stored
+    let after = pcc(&t, &["rule", "list", "--mount", &m]);
+    after.assert_ok();
+    assert_eq!(after.stdout, list.stdout, "the rule list changed");
+    // delete
+    pcc(&t, &["rule", "del", &ids[0].to_string(), "--mount", &m]).assert_ok();
+    let after = pcc(&t, &["rule", "list", "--mount", &m]);
+    assert!(
+        !after
+            .stdout
+            .lines()
+            .any(|l| l.split_whitespace().next() == Some(&ids[0].to_string())),
+        "rule {} still listed:\n{}",
+        ids[0],
+        after.stdout
+    );
+    pcc(&t, &["rule", "del", "9999", "--mount", &m]).assert_clean_error();
+    pcc(&t, &["rule", "list", "--meta", &t.meta_url()]).assert_ok();
+    // file commands on a mount without a cache: a clear error
+    let f = t.p(0, "f");
+    fs::write(&f, b"x").unwrap();
+    let out = pcc(&t, &["state", &s(&f)]);
+    assert_file_error(&out, &f, "no persistent cache");
+}
