@@ -303,7 +303,6 @@ pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Resul
                     }
                     ticks += 1;
                     if let Some(p) = &pcc {
-                        p.handle_recalls();
                         if ticks.is_multiple_of(4) {
                             p.tick();
                         }
@@ -341,6 +340,27 @@ pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Resul
             .map_err(|e| DaemonError::Other(e.to_string()))?
     };
 
+    // PCC recalls on a thread of their own: another client's open waits on them, and a long
+    // write-back must not hold up heartbeats.
+    let recalls = match &pcc {
+        Some(p) => {
+            let p = Arc::clone(p);
+            let stop = Arc::clone(&stop);
+            Some(
+                std::thread::Builder::new()
+                    .name("tierfs-pcc-recall".into())
+                    .spawn(move || {
+                        while !stop.load(Ordering::Relaxed) {
+                            p.handle_recalls();
+                            std::thread::sleep(Duration::from_millis(10));
+                        }
+                    })
+                    .map_err(|e| DaemonError::Other(e.to_string()))?,
+            )
+        }
+        None => None,
+    };
+
     // Signals: unmount cleanly.
     {
         let stop = Arc::clone(&stop);
@@ -368,6 +388,9 @@ pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Resul
     let result = fsession.run();
     stop.store(true, Ordering::Relaxed);
     let _ = bg.join();
+    if let Some(r) = recalls {
+        let _ = r.join();
+    }
     data.flush_all();
     if let Some(p) = &pcc {
         p.write_back_all();

@@ -492,7 +492,7 @@ impl Pcc {
                 return match self.store.get(ino) {
                     Some(e) if e.mode == Mode::Rw => {
                         let f = self.store.open_data(ino, true).map_err(Self::cache_err)?;
-                        let _ = self.store.update(ino, |en| en.last_access = now_nanos());
+                        self.store.touch(ino, |en| en.last_access = now_nanos());
                         self.opened(ino, write);
                         self.metrics.pcc("hits", 1);
                         Ok(Some(Served {
@@ -518,7 +518,7 @@ impl Pcc {
             if e.mode == Mode::Ro {
                 if !write && e.complete && e.version == attr.data_version {
                     let f = self.store.open_data(ino, false).map_err(Self::cache_err)?;
-                    let _ = self.store.update(ino, |en| en.last_access = now_nanos());
+                    self.store.touch(ino, |en| en.last_access = now_nanos());
                     self.opened(ino, false);
                     self.metrics.pcc("hits", 1);
                     return Ok(Some(Served {
@@ -697,6 +697,8 @@ impl Pcc {
             .unwrap_or(false)
         {
             self.report(ino, true)?;
+            self.store.sync_entry(ino).map_err(Self::cache_err)?;
+            self.meta.sync()?;
         }
         Ok(())
     }
