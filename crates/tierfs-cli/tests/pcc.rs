@@ -1358,3 +1358,231 @@ fn rule_add_list_del_and_bad_rules() {
     let out = pcc(&t, &["state", &s(&f)]);
     assert_file_error(&out, &f, "no persistent cache");
 }
+
+// ---------------------------------------------------------------------------------------------
+// More of 1, 2, 5, 6
+// ---------------------------------------------------------------------------------------------
+
+/// "size and mtime sent to the metadata engine at close, fsync, and periodically": a writer
+/// that keeps the file open is seen growing by other clients.
+#[test]
+fn rw_size_reported_periodically_while_open() {
+    let _g = serial();
+    let (t, _) = pcc_fs(&[("a", &[]), ("b", &[])], 120);
+    let (fa, fb) = (t.p(0, "f"), t.p(1, "f"));
+    fs::write(&fa, b"").unwrap();
+    pcc(&t, &["attach", "-w", &s(&fa)]).assert_ok();
+    let h = OpenOptions::new().write(true).open(&fa).unwrap();
+    h.write_all_at(&pattern(1, 0, MIB), 0).unwrap();
+    let t0 = Instant::now();
+    let seen = wait_until(Duration::from_secs(6), || {
+        stat(&fb).map(|st| st.st_size as usize).ok() == Some(MIB)
+    });
+    assert!(
+        seen,
+        "b still sees size {:?} {:?} after a's write of 1 MiB (file kept open)",
+        stat(&fb).map(|st| st.st_size).ok(),
+        t0.elapsed()
+    );
+    // fsync reports at once
+    h.write_all_at(&pattern(2, 0, 1000), 2 * MIB as u64)
+        .unwrap();
+    h.sync_all().unwrap();
+    after_ttl();
+    assert_eq!(
+        size_of(&fb),
+        2 * MIB as u64 + 1000,
+        "size seen by b after fsync"
+    );
+    drop(h);
+}
+
+/// A remote open while the owner still has the file open for writing waits for the owner's
+/// close, then reads everything written.
+#[test]
+fn remote_open_waits_for_the_owners_writer_to_close() {
+    let _g = serial();
+    let (t, _) = pcc_fs(&[("a", &[]), ("b", &[])], 120);
+    let (fa, fb) = (t.p(0, "f"), t.p(1, "f"));
+    fs::write(&fa, b"").unwrap();
+    pcc(&t, &["attach", "-w", &s(&fa)]).assert_ok();
+    let d1 = pattern(3, 0, 2 * MIB);
+    let h = OpenOptions::new().write(true).open(&fa).unwrap();
+    h.write_all_at(&d1, 0).unwrap();
+    let d2 = pattern(4, 0, MIB);
+    let reader = thread::scope(|sc| {
+        let r = sc.spawn(|| {
+            let t0 = Instant::now();
+            let got = read_all(&fb);
+            (got, t0.elapsed())
+        });
+        thread::sleep(Duration::from_secs(2));
+        // more writes while the reader waits, then close
+        h.write_all_at(&d2, 2 * MIB as u64).unwrap();
+        drop(h);
+        r.join().unwrap()
+    });
+    let mut want = d1.clone();
+    want.extend_from_slice(&d2);
+    let (got, took) = reader;
+    let got = got.unwrap_or_else(|e| panic!("b's open/read while a writes: {e} after {took:?}"));
+    assert_same_bytes(
+        &got,
+        &want,
+        0,
+        &format!("b's read, which waited for a's close ({took:?})"),
+    );
+    assert!(
+        took >= Duration::from_millis(1500),
+        "b's open did not wait for a's writer to close ({took:?}), yet read everything?"
+    );
+}
+
+/// "discards copies that are stale or fail verification": an RO copy damaged while the daemon
+/// was down (here: cut short) is not served after the restart.
+#[test]
+fn damaged_ro_copy_is_not_served_after_restart() {
+    let _g = serial();
+    let (mut t, opts) = pcc_fs(&[("a", &[]), ("b", &[])], 120);
+    let v = pattern(5, 0, 2 * MIB + 77);
+    fs::write(t.p(1, "f"), &v).unwrap();
+    fs::write(t.p(1, "g"), &v).unwrap();
+    after_ttl();
+    for n in ["f", "g"] {
+        pcc(&t, &["attach", "-r", &s(&t.p(0, n))]).assert_ok();
+    }
+    let cf = state(&t, &t.p(0, "f")).cache_file;
+    let cg = state(&t, &t.p(0, "g")).cache_file;
+    t.umount(0);
+    // f's copy cut short, g's copy overwritten in place (same size)
+    OpenOptions::new()
+        .write(true)
+        .open(&cf)
+        .unwrap()
+        .set_len(MIB as u64)
+        .unwrap();
+    OpenOptions::new()
+        .write(true)
+        .open(&cg)
+        .unwrap()
+        .write_all_at(&[0xAB; 4096], 8192)
+        .unwrap();
+    let o = opts[0].clone();
+    t.remount_with(0, &o);
+    let mut bad = Vec::new();
+    for (n, what) in [("f", "cut short"), ("g", "overwritten in place")] {
+        let p = t.p(0, n);
+        let st = state(&t, &p);
+        match read_all(&p) {
+            Ok(got) if got == v => {}
+            Ok(got) => {
+                let first = (0..got.len().min(v.len())).find(|&i| got[i] != v[i]);
+                bad.push(format!(
+                    "{n} (RO copy {what}): read {} bytes, want {}; first difference at {:?}; \
+                     state {}",
+                    got.len(),
+                    v.len(),
+                    first,
+                    st.raw
+                ))
+            }
+            Err(e) => bad.push(format!("{n} (RO copy {what}): {e}; state {}", st.raw)),
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "damaged RO copies served after a restart:\n{}",
+        bad.join("\n")
+    );
+}
+
+/// SIZE eviction takes the largest RO copies first; RW files come last and are written back
+/// before they are evicted.
+#[test]
+fn eviction_size_policy_and_rw_written_back_first() {
+    let _g = serial();
+    let mut t = TestFs::with(Opts {
+        clients: 0,
+        timeout: Duration::from_secs(150),
+        ..Opts::default()
+    });
+    let oa = pcc_opts(
+        &t,
+        "a",
+        "10M",
+        &[
+            ("cache_high_watermark", "0.9"),
+            ("cache_low_watermark", "0.8"),
+            ("cache_eviction", "\"size\""),
+            ("writeback_delay_secs", "3600"),
+        ],
+    );
+    t.mount_with(&oa);
+    let ob = pcc_opts(&t, "b", "1G", &[]);
+    t.mount_with(&ob);
+    // w: RW, 3 MiB dirty
+    let w = t.p(0, "w");
+    fs::write(&w, b"").unwrap();
+    pcc(&t, &["attach", "-w", &s(&w)]).assert_ok();
+    let wd = pattern(6, 0, 3 * MIB);
+    write_at(&w, 0, &wd, false);
+    wait_dirty(&t, &w);
+    let sizes = [
+        ("s1", MIB),
+        ("s2", 2 * MIB),
+        ("f3", 3 * MIB),
+        ("n", 2 * MIB),
+        ("m", 3 * MIB),
+    ];
+    let data: Vec<Vec<u8>> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, (_, n))| pattern(200 + i as u64, 0, *n))
+        .collect();
+    for ((n, _), d) in sizes.iter().zip(&data) {
+        fs::write(t.p(1, n), d).unwrap();
+    }
+    after_ttl();
+    // s1 (oldest), s2, f3: 9 MiB used of 10 (high 9, low 8)
+    for (n, _) in &sizes[..3] {
+        pcc(&t, &["attach", "-r", &s(&t.p(0, n))]).assert_ok();
+        thread::sleep(Duration::from_millis(20));
+    }
+    let typ = |n: &str| state(&t, &t.p(0, n)).typ;
+    let types = |names: &[&str]| -> Vec<String> { names.iter().map(|n| typ(n)).collect() };
+    assert_eq!(
+        types(&["w", "s1", "s2", "f3"]),
+        ["readwrite", "readonly", "readonly", "readonly"],
+        "before eviction"
+    );
+    // n needs 2 MiB: 11 > 9; down to 8: the largest RO copy (f3) goes, not the oldest (s1)
+    pcc(&t, &["attach", "-r", &s(&t.p(0, "n"))]).assert_ok();
+    assert_eq!(
+        types(&["w", "s1", "s2", "f3", "n"]),
+        ["readwrite", "readonly", "readonly", "none", "readonly"],
+        "after SIZE eviction"
+    );
+    // only the RW file may go now: m (3 MiB) makes it be written back and evicted
+    for n in ["s1", "s2", "n"] {
+        pcc(&t, &["pin", &s(&t.p(0, n))]).assert_ok();
+    }
+    let before = total_usage(&t);
+    pcc(&t, &["attach", "-r", &s(&t.p(0, "m"))]).assert_ok();
+    assert_eq!(
+        types(&["w", "s1", "s2", "n", "m"]),
+        ["none", "readonly", "readonly", "readonly", "readonly"],
+        "after evicting the RW file"
+    );
+    assert!(
+        total_usage(&t) >= before + wd.len() as u64,
+        "the evicted RW file was not written back"
+    );
+    let st = state(&t, &t.p(1, "w"));
+    assert_eq!(st.lease_owner, None, "lease after eviction: {}", st.raw);
+    after_ttl();
+    assert_reads(&t.p(1, "w"), &wd, "b reads the evicted RW file");
+    assert_reads(&w, &wd, "a reads the evicted RW file");
+    for ((n, _), d) in sizes.iter().zip(&data) {
+        assert_reads(&t.p(0, n), d, n);
+    }
+}
