@@ -60,6 +60,8 @@ pub struct Pcc {
     last_report: Mutex<HashMap<Ino, Instant>>,
     copying: Mutex<std::collections::HashSet<Ino>>,
     last_validate: Mutex<Option<Instant>>,
+    /// RO copies verified (or made) since this daemon started.
+    checked: Mutex<std::collections::HashSet<Ino>>,
 }
 
 /// A cached file to serve an open from.
@@ -91,6 +93,7 @@ impl Pcc {
             last_report: Mutex::new(HashMap::new()),
             copying: Mutex::new(Default::default()),
             last_validate: Mutex::new(None),
+            checked: Mutex::new(Default::default()),
         })
     }
 
@@ -218,10 +221,12 @@ impl Pcc {
         Ok(())
     }
 
-    /// Copies a file's current data from the capacity tier into the cache file.
-    fn copy_in(&self, ino: Ino, size: u64) -> Result<File> {
+    /// Copies a file's current data from the capacity tier into the cache file; returns the
+    /// CRC-32 of what it copied.
+    fn copy_in(&self, ino: Ino, size: u64) -> Result<u32> {
         use std::os::unix::fs::FileExt;
         let f = self.store.create_data(ino).map_err(Self::cache_err)?;
+        let mut crc = crc32fast::Hasher::new();
         let mut off = 0u64;
         while off < size {
             let n = (size - off).min(1 << 20) as u32;
@@ -231,12 +236,55 @@ impl Pcc {
             }
             f.write_all_at(&buf, off)
                 .map_err(|e| ClientError::Failed(format!("cache write: {e}"), libc::EIO))?;
+            crc.update(&buf);
             off += buf.len() as u64;
         }
         f.set_len(size)
             .map_err(|e| ClientError::Failed(format!("cache write: {e}"), libc::EIO))?;
+        if off < size {
+            crc.update(&vec![0u8; (size - off) as usize]);
+        }
         self.metrics.pcc("bytes_copied_in", size);
-        Ok(f)
+        Ok(crc.finalize())
+    }
+
+    /// Length and CRC-32 of a cached file as it is on disk now.
+    fn checksum(&self, ino: Ino) -> Result<(u64, u32)> {
+        let f = self.store.open_data(ino, false).map_err(Self::cache_err)?;
+        let mut crc = crc32fast::Hasher::new();
+        let mut off = 0u64;
+        loop {
+            let b = read_piece(&f, off, 1 << 20)
+                .map_err(|e| ClientError::Failed(format!("cache read: {e}"), libc::EIO))?;
+            if b.is_empty() {
+                break;
+            }
+            crc.update(&b);
+            off += b.len() as u64;
+        }
+        Ok((off, crc.finalize()))
+    }
+
+    /// Whether a read-only copy is intact: its length and CRC-32 are what was copied. Checked
+    /// once per copy after the daemon starts (a copy may have been damaged while it was down).
+    fn verified(&self, e: &Entry) -> bool {
+        if self.checked.lock().contains(&e.ino) {
+            return true;
+        }
+        let ok = match (e.crc, self.checksum(e.ino)) {
+            (Some(want), Ok((len, crc))) => len == e.size && crc == want,
+            _ => false,
+        };
+        if ok {
+            self.checked.lock().insert(e.ino);
+        } else {
+            tracing::warn!(
+                ino = e.ino,
+                "a read-only cached copy failed verification: dropped"
+            );
+            self.metrics.pcc("verification_failures", 1);
+        }
+        ok
     }
 
     fn new_entry(
@@ -259,6 +307,8 @@ impl Pcc {
             last_access: now,
             last_write: 0,
             rule,
+            size: 0,
+            crc: None,
         }
     }
 
@@ -286,7 +336,7 @@ impl Pcc {
         if !self.make_room(attr.size) {
             return Err(ClientError::Errno("the cache is full", libc::ENOSPC));
         }
-        self.copy_in(attr.ino, attr.size)?;
+        let crc = self.copy_in(attr.ino, attr.size)?;
         let now = self.meta.getattr(attr.ino)?;
         if now.data_version != attr.data_version {
             // Changed while copying: the copy may be torn.
@@ -296,9 +346,11 @@ impl Pcc {
                 libc::EAGAIN,
             ));
         }
-        self.store
-            .put(self.new_entry(attr.ino, Mode::Ro, attr.data_version, 0, rule))
-            .map_err(Self::cache_err)?;
+        let mut e = self.new_entry(attr.ino, Mode::Ro, attr.data_version, 0, rule);
+        e.size = attr.size;
+        e.crc = Some(crc);
+        self.store.put(e).map_err(Self::cache_err)?;
+        self.checked.lock().insert(attr.ino);
         self.metrics.pcc("attaches_ro", 1);
         Ok(())
     }
@@ -340,7 +392,12 @@ impl Pcc {
         let reuse = self
             .store
             .get(attr.ino)
-            .map(|e| e.mode == Mode::Ro && e.version == before.data_version && e.complete)
+            .map(|e| {
+                e.mode == Mode::Ro
+                    && e.version == before.data_version
+                    && e.complete
+                    && self.verified(&e)
+            })
             .unwrap_or(false);
         let attr = self.meta.getattr(attr.ino)?;
         if !reuse {
@@ -401,13 +458,17 @@ impl Pcc {
         }
         if keep {
             let a = self.meta.getattr(ino)?;
+            let (len, crc) = self.checksum(ino)?;
             self.store
                 .update(ino, |en| {
                     en.mode = Mode::Ro;
                     en.version = a.data_version;
                     en.dirty = false;
+                    en.size = len;
+                    en.crc = Some(crc);
                 })
                 .map_err(Self::cache_err)?;
+            self.checked.lock().insert(ino);
             self.data.invalidate(ino, Some(&a));
         } else {
             self.store.remove(ino);
@@ -516,7 +577,9 @@ impl Pcc {
         let attr = self.meta.getattr(ino)?;
         if let Some(e) = self.store.get(ino) {
             if e.mode == Mode::Ro {
-                if !write && e.complete && e.version == attr.data_version {
+                if !write && e.complete && e.version == attr.data_version && !self.verified(&e) {
+                    self.store.remove(ino);
+                } else if !write && e.complete && e.version == attr.data_version {
                     let f = self.store.open_data(ino, false).map_err(Self::cache_err)?;
                     self.store.touch(ino, |en| en.last_access = now_nanos());
                     self.opened(ino, false);
@@ -818,7 +881,13 @@ impl Pcc {
             };
             match e.mode {
                 Mode::Ro => {
-                    if attr.data_version != e.version || !e.complete {
+                    // Stale, incomplete, or cut short while the daemon was down (a full
+                    // checksum is verified at the copy's first open).
+                    if attr.data_version != e.version
+                        || !e.complete
+                        || self.store.size_of(e.ino) != e.size
+                        || e.crc.is_none()
+                    {
                         self.store.remove(e.ino);
                     }
                 }

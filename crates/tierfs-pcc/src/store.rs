@@ -73,6 +73,11 @@ pub struct Entry {
     pub last_write: i64,
     /// Rule id that attached it, for per-rule quotas.
     pub rule: Option<u64>,
+    /// RO: length and CRC-32 of the copy, checked before a copy is served after a restart.
+    #[serde(default)]
+    pub size: u64,
+    #[serde(default)]
+    pub crc: Option<u32>,
 }
 
 /// Eviction order.
@@ -342,6 +347,8 @@ mod tests {
             last_access,
             last_write: 0,
             rule: None,
+            size: 0,
+            crc: None,
         }
     }
 
