@@ -1,20 +1,21 @@
-//! Raw metadata-engine rates, without FUSE: `cargo run --release --example engine_rates -- DIR N`.
-//! Tells how much of a create/stat/unlink through a mount is the engine itself.
+//! Raw metadata-engine rates, without FUSE: `cargo run --release --example engine_rates -- DIR N`
+//! (SQLite in DIR/m.db), or `-- postgres://user@host/db N` (PostgreSQL; the database must exist
+//! and is formatted anew). Tells how much of a create/stat/unlink through a mount is the engine
+//! itself.
 
 use std::time::Instant;
 
+use tierfs_meta::postgres::PgEngine;
 use tierfs_meta::sqlite::SqliteEngine;
 use tierfs_meta::{FormatParams, Kind, Layout, MetaEngine, NewNode, ROOT_INO};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let dir = std::path::PathBuf::from(
-        args.get(1)
-            .map(String::as_str)
-            .unwrap_or("/tmp/engine-rates"),
-    );
+    let place = args
+        .get(1)
+        .map(String::as_str)
+        .unwrap_or("/tmp/engine-rates");
     let n: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(10_000);
-    std::fs::create_dir_all(&dir).expect("create dir");
     let p = FormatParams {
         name: "rates".into(),
         targets: vec![("file:///tmp/x".into(), 0)],
@@ -23,7 +24,14 @@ fn main() {
         inline_threshold: 65536,
         force: true,
     };
-    let e = SqliteEngine::format(&dir.join("m.db"), &p).expect("format");
+    let e: Box<dyn MetaEngine> =
+        if place.starts_with("postgres://") || place.starts_with("postgresql://") {
+            Box::new(PgEngine::format(place, &p).expect("format"))
+        } else {
+            let dir = std::path::PathBuf::from(place);
+            std::fs::create_dir_all(&dir).expect("create dir");
+            Box::new(SqliteEngine::format(&dir.join("m.db"), &p).expect("format"))
+        };
     let node = NewNode {
         kind: Kind::File,
         perm: 0o644,

@@ -502,15 +502,15 @@ fn trash_slices(c: &mut PgConn, ino: Ino, where_sql: &str, args: &[i64]) -> Resu
 
 /// Deletes an inode whose last name is gone, or marks it orphan while a client has it open.
 fn drop_inode(c: &mut PgConn, ino: Ino) -> Result<()> {
-    let open = c.exists(
-        "SELECT EXISTS (SELECT 1 FROM open_files WHERE ino = $1)",
-        &[&(ino as i64)],
-    )?;
-    if open {
-        c.exec(
-            "UPDATE inodes SET orphan = 1 WHERE ino = $1",
+    // Marks it orphan if some client has it open; no row back means nobody has.
+    let open = c
+        .opt(
+            "UPDATE inodes SET orphan = 1 WHERE ino = $1 \
+             AND EXISTS (SELECT 1 FROM open_files WHERE ino = $1) RETURNING ino",
             &[&(ino as i64)],
-        )?;
+        )?
+        .is_some();
+    if open {
         return Ok(());
     }
     purge_inode(c, ino)
@@ -518,16 +518,15 @@ fn drop_inode(c: &mut PgConn, ino: Ino) -> Result<()> {
 
 fn purge_inode(c: &mut PgConn, ino: Ino) -> Result<()> {
     trash_slices(c, ino, "TRUE", &[])?;
-    let i = ino as i64;
-    for sql in [
-        "DELETE FROM xattrs WHERE ino = $1",
-        "DELETE FROM locks WHERE ino = $1",
-        "DELETE FROM pcc_leases WHERE ino = $1",
-        "DELETE FROM pcc_revokes WHERE ino = $1",
-        "DELETE FROM inodes WHERE ino = $1",
-    ] {
-        c.exec(sql, &[&i])?;
-    }
+    // One round trip: data-modifying CTEs all run.
+    c.exec(
+        "WITH x AS (DELETE FROM xattrs WHERE ino = $1), \
+              l AS (DELETE FROM locks WHERE ino = $1), \
+              p AS (DELETE FROM pcc_leases WHERE ino = $1), \
+              r AS (DELETE FROM pcc_revokes WHERE ino = $1) \
+         DELETE FROM inodes WHERE ino = $1",
+        &[&(ino as i64)],
+    )?;
     Ok(())
 }
 
@@ -1187,23 +1186,42 @@ impl MetaEngine for PgEngine {
         open_by: Option<u64>,
     ) -> Result<Attr> {
         check_name(name)?;
+        let lock = format!(
+            "WITH l AS (SELECT ino FROM inodes WHERE ino = $1 FOR UPDATE) \
+             UPDATE inodes i SET ino = i.ino FROM l WHERE i.ino = l.ino \
+             RETURNING {}, EXISTS (SELECT 1 FROM dentries WHERE parent = $1 AND name = $2)",
+            ATTR_COLS
+                .split(", ")
+                .map(|x| format!("i.{x}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        // The inode, its name, the parent's times and link count, and the opener's open count,
+        // in one statement (the parent row is already locked by this transaction).
         let insert = format!(
-            "INSERT INTO inodes (kind, perm, uid, gid, nlink, size, rdev, atime, mtime, ctime, \
-             crtime, projid, projinherit, stripe_size, stripe_targets, parent, symlink) \
-             SELECT $1,$2,$3,$4,$5,$6,$7,$8,$8,$8,$8, \
-                    CASE WHEN p.projinherit <> 0 THEN p.projid ELSE 0 END, \
-                    CASE WHEN p.projinherit <> 0 AND $1::BIGINT = {} THEN 1 ELSE 0 END, \
-                    $9,$10,$11,$12 \
-             FROM inodes p WHERE p.ino = $11 RETURNING {ATTR_COLS}",
-            Kind::Dir as i64
+            "WITH n AS (INSERT INTO inodes (kind, perm, uid, gid, nlink, size, rdev, atime, mtime, \
+                 ctime, crtime, projid, projinherit, stripe_size, stripe_targets, parent, symlink) \
+               SELECT $1,$2,$3,$4,$5,$6,$7,$8,$8,$8,$8, \
+                      CASE WHEN p.projinherit <> 0 THEN p.projid ELSE 0 END, \
+                      CASE WHEN p.projinherit <> 0 AND $1::BIGINT = {dir} THEN 1 ELSE 0 END, \
+                      $9,$10,$11,$12 \
+               FROM inodes p WHERE p.ino = $11 RETURNING {ATTR_COLS}), \
+             d AS (INSERT INTO dentries (parent, name, ino, kind) \
+                   SELECT $11, $13, n.ino, $1 FROM n), \
+             t AS (UPDATE inodes SET mtime = $8, ctime = $8, nlink = nlink + $14 WHERE ino = $11), \
+             o AS (INSERT INTO open_files (session, ino, count) \
+                   SELECT $15::BIGINT, n.ino, 1 FROM n WHERE $15::BIGINT IS NOT NULL) \
+             SELECT * FROM n",
+            dir = Kind::Dir as i64
         );
         self.write(|c| {
-            let p = lock1(c, parent)?;
+            let row = c.one(&lock, &[&(parent as i64), &name])?;
+            let p = attr_from_row(&row);
             is_dir(&p)?;
             if p.nlink == 0 {
                 return Err(MetaError::NotFound);
             }
-            if find_dentry(c, parent, name)?.is_some() {
+            if row.get::<_, bool>(19) {
                 return Err(MetaError::Exists);
             }
             let now = now_nanos();
@@ -1221,6 +1239,8 @@ impl MetaEngine for PgEngine {
                 (Some(l), Kind::File) => (l.stripe_size as i64, l.encode_targets()),
                 _ => (0, String::new()),
             };
+            let parent_links: i64 = if node.kind == Kind::Dir { 1 } else { 0 };
+            let opener: Option<i64> = open_by.map(|s| s as i64);
             let row = c.one(
                 &insert,
                 &[
@@ -1236,23 +1256,12 @@ impl MetaEngine for PgEngine {
                     &st,
                     &(parent as i64),
                     &node.symlink.as_deref(),
-                ],
-            )?;
-            let a = attr_from_row(&row);
-            c.exec(
-                "INSERT INTO dentries (parent, name, ino, kind) VALUES ($1,$2,$3,$4)",
-                &[
-                    &(parent as i64),
                     &name,
-                    &(a.ino as i64),
-                    &(node.kind as i64),
+                    &parent_links,
+                    &opener,
                 ],
             )?;
-            touch_dir(c, parent, now, if node.kind == Kind::Dir { 1 } else { 0 })?;
-            if let Some(session) = open_by {
-                record_open(c, session, a.ino)?;
-            }
-            Ok(a)
+            Ok(attr_from_row(&row))
         })
     }
 
@@ -1306,14 +1315,14 @@ impl MetaEngine for PgEngine {
                 return Err(MetaError::IsDir);
             }
             let now = now_nanos();
-            c.exec("DELETE FROM dentries WHERE id = $1", &[&id])?;
             let nlink = c
                 .opt(
-                    "UPDATE inodes SET nlink = nlink - 1, ctime = $2 WHERE ino = $1 RETURNING nlink",
-                    &[&(ino as i64), &now],
+                    "WITH d AS (DELETE FROM dentries WHERE id = $3), \
+                          t AS (UPDATE inodes SET mtime = $2, ctime = $2 WHERE ino = $4) \
+                     UPDATE inodes SET nlink = nlink - 1, ctime = $2 WHERE ino = $1 RETURNING nlink",
+                    &[&(ino as i64), &now, &id, &(parent as i64)],
                 )?
                 .map(|r| r.get::<_, i64>(0));
-            touch_dir(c, parent, now, 0)?;
             if matches!(nlink, Some(n) if n <= 0) {
                 drop_inode(c, ino)?;
             }
