@@ -53,6 +53,10 @@ pub fn run_all(factory: &Factory<'_>) {
         ),
         ("pcc_leases_and_rules", pcc_leases_and_rules),
         (
+            "commit_to_a_vanished_file_trashes_its_objects",
+            commit_to_a_vanished_file_trashes_its_objects,
+        ),
+        (
             "rewrite_data_replaces_everything",
             rewrite_data_replaces_everything,
         ),
@@ -757,6 +761,20 @@ fn pcc_leases_and_rules(e: &dyn MetaEngine) {
     // unlink drops the lease
     e.unlink(ROOT_INO, b"f").unwrap();
     assert!(e.pcc_lease(f.ino).unwrap().is_none());
+}
+
+fn commit_to_a_vanished_file_trashes_its_objects(e: &dyn MetaEngine) {
+    let f = e
+        .create(ROOT_INO, b"f", &file(), Some(layout()), None)
+        .unwrap();
+    e.unlink(ROOT_INO, b"f").unwrap();
+    assert!(matches!(
+        e.commit_slices(f.ino, &[obj_slice(0, 0, 10, 77)], 10, 1),
+        Err(MetaError::NotFound)
+    ));
+    let t = e.trash(10).unwrap();
+    assert_eq!(t.len(), 1, "the uploaded object is not leaked");
+    assert_eq!(t[0].obj, 77);
 }
 
 fn rewrite_data_replaces_everything(e: &dyn MetaEngine) {

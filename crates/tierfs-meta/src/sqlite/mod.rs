@@ -1311,11 +1311,12 @@ impl MetaEngine for SqliteEngine {
         new_end: u64,
         mtime: Nanos,
     ) -> Result<Attr> {
-        self.write(|tx| {
+        // `None`: the file went away while its data was uploading. The trash records of its
+        // objects must commit, so the transaction succeeds and the error is returned after.
+        let r = self.write(|tx| {
             let a = match get_attr(tx, ino) {
                 Ok(a) => a,
                 Err(MetaError::NotFound) => {
-                    // The file went away while its data was uploading: the objects are garbage.
                     let objs = objects_of(slices);
                     account_objects(tx, &objs)?;
                     for (target, obj, size) in objs {
@@ -1324,7 +1325,7 @@ impl MetaEngine for SqliteEngine {
                             params![ino as i64, target as i64, obj as i64, size as i64],
                         )?;
                     }
-                    return Err(MetaError::NotFound);
+                    return Ok(None);
                 }
                 Err(e) => return Err(e),
             };
@@ -1338,8 +1339,9 @@ impl MetaEngine for SqliteEngine {
                  WHERE ino = ?1",
             )?
             .execute(params![ino as i64, size as i64, mtime])?;
-            get_attr(tx, ino)
-        })
+            get_attr(tx, ino).map(Some)
+        })?;
+        r.ok_or(MetaError::NotFound)
     }
 
     fn fallocate(
