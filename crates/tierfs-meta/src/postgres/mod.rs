@@ -50,6 +50,7 @@
 //! LISTEN are not replayed) and fall back to polling, then subscribe again, when
 //! [`RevokeSubscription::wait`] returns an error (connection lost).
 
+mod dump;
 mod pool;
 mod schema;
 
@@ -1027,6 +1028,19 @@ impl RevokeSubscription {
 }
 
 impl MetaEngine for PgEngine {
+    fn export_rows(&self, sink: &mut dyn FnMut(DumpRow) -> Result<()>) -> Result<()> {
+        let rows = self.write(dump::export)?;
+        for r in rows {
+            sink(r)?;
+        }
+        Ok(())
+    }
+
+    fn import_rows(&self, rows: &mut dyn Iterator<Item = Result<DumpRow>>) -> Result<u64> {
+        let rows: Vec<DumpRow> = rows.collect::<Result<_>>()?;
+        self.write(|c| dump::import(c, &rows))
+    }
+
     fn info(&self) -> Result<FsInfo> {
         self.read(|c| {
             let rows = c.query("SELECT key, value FROM meta_info", &[])?;

@@ -217,6 +217,7 @@ fn all_checks(server: &Server) {
     });
     eprintln!("conformance suite on PostgreSQL: {:?}", t.elapsed());
     schema_and_format(server);
+    dump_from_sqlite_loads_into_postgres_and_back(server);
     concurrent_creates_renames_and_commits(server);
     revoke_notifications(server);
     lost_connections_recover(server);
@@ -431,4 +432,97 @@ fn lost_connections_recover(server: &Server) {
     assert_eq!(code, 0, "{err}");
     e.create(ROOT_INO, b"h", &file(), None, None).unwrap();
     assert_eq!(e.readdir(ROOT_INO, 0, 100).unwrap().len(), 3);
+}
+
+/// The migration path: a filesystem made on SQLite, dumped, loaded into PostgreSQL, used there,
+/// dumped again and loaded back into SQLite.
+fn dump_from_sqlite_loads_into_postgres_and_back(server: &Server) {
+    use crate::sqlite::SqliteEngine;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let lite = SqliteEngine::format(&tmp.path().join("m.db"), &params()).expect("format sqlite");
+    let layout = Layout {
+        stripe_size: 1 << 20,
+        targets: vec![1],
+    };
+    let d = lite
+        .create(ROOT_INO, b"d", &dir(), None, None)
+        .expect("mkdir");
+    let f = lite
+        .create(d.ino, b"f", &file(), Some(layout), None)
+        .expect("create");
+    let inline = Slice {
+        seq: 0,
+        chunk: 0,
+        off: 0,
+        len: 3,
+        data: SliceData::Inline(b"abc".to_vec()),
+    };
+    let obj = Slice {
+        seq: 0,
+        chunk: 1,
+        off: 0,
+        len: 10,
+        data: SliceData::Object {
+            target: 1,
+            obj: 9,
+            obj_off: 0,
+            obj_size: 10,
+        },
+    };
+    lite.commit_slices(f.ino, &[inline, obj], (1 << 20) + 10, 5)
+        .expect("commit");
+    lite.setxattr(f.ino, b"user.k", b"v", 0).expect("xattr");
+    lite.pcc_rule_add("rw", Some("c1"), "uid={7}")
+        .expect("rule");
+    let mut rows = Vec::new();
+    lite.export_rows(&mut |r| {
+        rows.push(r);
+        Ok(())
+    })
+    .expect("export sqlite");
+
+    let db = server.fresh_db();
+    let pg = PgEngine::format(&db.url, &params()).expect("format pg");
+    let n = pg
+        .import_rows(&mut rows.clone().into_iter().map(Ok))
+        .expect("import into pg");
+    assert_eq!(n as usize, rows.len());
+    let g = pg.lookup(d.ino, b"f").expect("lookup after load");
+    assert_eq!((g.ino, g.size), (f.ino, (1 << 20) + 10));
+    assert_eq!(
+        pg.read_chunk(f.ino, 0).unwrap()[0].data,
+        SliceData::Inline(b"abc".to_vec())
+    );
+    assert_eq!(pg.read_chunk(f.ino, 1).unwrap()[0].len, 10);
+    assert_eq!(pg.getxattr(f.ino, b"user.k").unwrap(), b"v");
+    assert_eq!(pg.pcc_rules().unwrap()[0].client.as_deref(), Some("c1"));
+    assert_eq!(pg.info().unwrap().uuid, lite.info().unwrap().uuid);
+    // Sequences moved past the loaded ids: new inodes and rules do not collide.
+    let h = pg
+        .create(d.ino, b"h", &file(), None, None)
+        .expect("create after load");
+    assert!(h.ino > f.ino);
+    assert!(pg.pcc_rule_add("ro", None, "gid={1}").unwrap() > 1);
+    assert!(matches!(
+        pg.import_rows(&mut rows.into_iter().map(Ok)),
+        Err(MetaError::Invalid(_))
+    ));
+
+    // and back
+    let mut back = Vec::new();
+    pg.export_rows(&mut |r| {
+        back.push(r);
+        Ok(())
+    })
+    .expect("export pg");
+    let dir2 = tempfile::tempdir().expect("tempdir");
+    let lite2 = SqliteEngine::format(&dir2.path().join("m.db"), &params()).expect("format sqlite");
+    lite2
+        .import_rows(&mut back.into_iter().map(Ok))
+        .expect("import into sqlite");
+    assert_eq!(lite2.lookup(d.ino, b"h").unwrap().ino, h.ino);
+    assert_eq!(
+        lite2.read_chunk(f.ino, 0).unwrap()[0].data,
+        SliceData::Inline(b"abc".to_vec())
+    );
 }
