@@ -34,6 +34,16 @@ trap cleanup EXIT
 RAW=$OUT/raw.jsonl; : > "$RAW"
 
 dropcaches() { sync; echo 3 > /proc/sys/vm/drop_caches; }
+# Wait until tierfs has deleted the objects of removed files (its garbage collector runs in the
+# background and would otherwise compete with the next measurement, of either mode).
+quiesce() {
+  sync
+  for _ in $(seq 1 240); do
+    [ "$(sqlite3 "$W/meta.db" 'SELECT COUNT(*) FROM trash' 2>/dev/null)" = 0 ] && break
+    sleep 0.5
+  done
+  sync
+}
 
 # fio JOB DIR -> "bw_bytes iops" of the job's main direction
 fio_run() {
@@ -80,6 +90,7 @@ for rep in $(seq 1 "$REPS"); do
       record "$name" "$mode" iops "$iops"
     done
     rm -f "$dir/data.dat"
+    quiesce
     dropcaches
     md=$(python3 scripts/mdrate.py "$dir/md" "$FILES")
     echo "rep $rep $mode metadata: $md"
@@ -87,6 +98,7 @@ for rep in $(seq 1 "$REPS"); do
       v=$(python3 -c "import json,sys; print(json.loads(sys.argv[1])['$k'])" "$md")
       record "md-$k-$FILES" "$mode" ops "$v"
     done
+    quiesce
   done
 done
 
