@@ -60,6 +60,7 @@ pub struct Pcc {
     last_report: Mutex<HashMap<Ino, Instant>>,
     copying: Mutex<std::collections::HashSet<Ino>>,
     last_validate: Mutex<Option<Instant>>,
+    transitions: Mutex<HashMap<Ino, Arc<parking_lot::ReentrantMutex<()>>>>,
     /// RO copies verified (or made) since this daemon started.
     checked: Mutex<std::collections::HashSet<Ino>>,
 }
@@ -94,7 +95,18 @@ impl Pcc {
             copying: Mutex::new(Default::default()),
             last_validate: Mutex::new(None),
             checked: Mutex::new(Default::default()),
+            transitions: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// The lock that orders state changes of one cached file (attach, write-back, give-back,
+    /// detach, validation); re-entrant, as a give-back writes back.
+    fn ino_lock(&self, ino: Ino) -> Arc<parking_lot::ReentrantMutex<()>> {
+        let mut g = self.transitions.lock();
+        if g.len() > 4096 {
+            g.retain(|_, l| Arc::strong_count(l) > 1);
+        }
+        Arc::clone(g.entry(ino).or_default())
     }
 
     fn cache_err(e: tierfs_pcc::store::CacheError) -> ClientError {
@@ -212,6 +224,12 @@ impl Pcc {
     }
 
     fn evict(&self, e: &Entry) -> Result<()> {
+        // Never wait for a file another thread is changing (two attaches evicting each other's
+        // file would deadlock): skip it this time.
+        let lock = self.ino_lock(e.ino);
+        let Some(_held) = lock.try_lock() else {
+            return Ok(());
+        };
         if e.mode == Mode::Rw {
             self.give_back(e.ino, false)?;
         } else {
@@ -314,6 +332,8 @@ impl Pcc {
 
     /// RO-PCC attach: a read-only copy tied to the file's current data version.
     pub fn attach_ro(&self, attr: &Attr, rule: Option<u64>) -> Result<()> {
+        let lock = self.ino_lock(attr.ino);
+        let _held = lock.lock();
         if attr.kind != Kind::File {
             return Err(ClientError::Errno(
                 "only regular files can be cached",
@@ -357,6 +377,8 @@ impl Pcc {
 
     /// RW-PCC attach: take the lease and move the file's data into the cache.
     pub fn attach_rw(&self, attr: &Attr, rule: Option<u64>) -> Result<Entry> {
+        let lock = self.ino_lock(attr.ino);
+        let _held = lock.lock();
         if attr.kind != Kind::File {
             return Err(ClientError::Errno(
                 "only regular files can be cached",
@@ -422,6 +444,8 @@ impl Pcc {
 
     /// Writes an RW-cached file back to the capacity tier (the lease stays).
     pub fn write_back(&self, ino: Ino) -> Result<()> {
+        let lock = self.ino_lock(ino);
+        let _held = lock.lock();
         let Some(e) = self.store.get(ino) else {
             return Ok(());
         };
@@ -446,6 +470,8 @@ impl Pcc {
 
     /// Gives an RW lease back: write back if dirty, release, keep a read-only copy if asked.
     pub fn give_back(&self, ino: Ino, keep: bool) -> Result<()> {
+        let lock = self.ino_lock(ino);
+        let _held = lock.lock();
         let Some(e) = self.store.get(ino) else {
             let _ = self.meta.pcc_release(ino, &self.client);
             return Ok(());
@@ -478,6 +504,8 @@ impl Pcc {
 
     /// Detaches a file from this client's cache.
     pub fn detach(&self, ino: Ino, keep: bool) -> Result<()> {
+        let lock = self.ino_lock(ino);
+        let _held = lock.lock();
         match self.store.get(ino) {
             Some(e) if e.mode == Mode::Rw => self.give_back(ino, keep),
             Some(_) if !keep => {
@@ -836,6 +864,13 @@ impl Pcc {
             if self.busy(e.ino) {
                 continue;
             }
+            // Not while an attach, write-back or give-back of the file runs: look again with
+            // the file's transition lock held.
+            let lock = self.ino_lock(e.ino);
+            let _held = lock.lock();
+            let Some(e) = self.store.get(e.ino) else {
+                continue;
+            };
             match self.meta.getattr(e.ino) {
                 Err(MetaError::NotFound) => {
                     self.store.remove(e.ino);
