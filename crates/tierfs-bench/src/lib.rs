@@ -53,8 +53,8 @@ pub struct CommonArgs {
     #[arg(long, global = true, default_value_t = 3)]
     pub reps: u32,
     /// Modes to compare, comma separated: native, tierfs, tierfs+rw-pcc, tierfs+ro-pcc [default:
-    /// native,tierfs]. The PCC modes mount every client with a cache dir and attach files by
-    /// rule (RW at create, RO at open).
+    /// all four when this tierfs has `tierfs pcc`, else native,tierfs]. The PCC modes mount
+    /// every client with a cache dir and attach files by rule (RW at create, RO at open).
     #[arg(long, global = true, value_enum, value_delimiter = ',')]
     pub modes: Option<Vec<Mode>>,
     /// Parent of the work dir (native directory, tierfs database, targets, mount points).
@@ -179,7 +179,17 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
             .map_err(|e| BenchError::io("find the tierfs binary (current_exe)", e))?,
     };
     let pcc = fixture::pcc_available(&tierfs);
-    let default_modes = vec![Mode::Native, Mode::Tierfs];
+    // Every mode this tierfs has, side by side (the PCC ones once `tierfs pcc` exists).
+    let default_modes = if pcc {
+        vec![
+            Mode::Native,
+            Mode::Tierfs,
+            Mode::TierfsRwPcc,
+            Mode::TierfsRoPcc,
+        ]
+    } else {
+        vec![Mode::Native, Mode::Tierfs]
+    };
     let mut modes = Vec::new();
     for m in &c.modes.clone().unwrap_or(default_modes) {
         if !modes.contains(m) {
