@@ -248,7 +248,8 @@ pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Resul
     fs.notifier = Arc::clone(&notifier);
     fs.pcc = pcc.clone();
     fs.info_json = serde_json::json!({
-        "meta": req.meta_url,
+        // Readable by every user of the machine: never the database password.
+        "meta": tierfs_meta::postgres::without_password(&req.meta_url),
         "name": info.name,
         "client": client_name,
         "session": session,

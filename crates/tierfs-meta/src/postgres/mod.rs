@@ -184,6 +184,18 @@ impl std::fmt::Debug for PgUrl {
     }
 }
 
+/// `s` without its password (the user name, host and database stay), for places other users
+/// can read, such as a mount's info file; tools then take the password from `PGPASSWORD`.
+pub fn without_password(s: &str) -> String {
+    match url::Url::parse(s) {
+        Ok(mut u) if u.password().is_some() => {
+            let _ = u.set_password(None);
+            u.to_string()
+        }
+        _ => s.to_string(),
+    }
+}
+
 /// `s` with any password replaced by `***`.
 pub fn redact(s: &str) -> String {
     if let Ok(mut u) = url::Url::parse(s) {
@@ -2319,3 +2331,16 @@ impl MetaEngine for PgEngine {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod url_tests {
+    #[test]
+    fn passwords_never_leave_in_shared_places() {
+        assert_eq!(
+            super::without_password("postgres://u:secret@h:5/db"),
+            "postgres://u@h:5/db"
+        );
+        assert_eq!(super::without_password("sqlite:///x.db"), "sqlite:///x.db");
+        assert!(!super::redact("postgres://u:secret@h/db").contains("secret"));
+    }
+}
