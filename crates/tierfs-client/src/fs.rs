@@ -140,6 +140,17 @@ fn ino_errno(e: &ClientError) -> Errno {
     }
 }
 
+/// Mode bits after a write, truncate or chown that must drop privileges: setuid goes, setgid
+/// goes where it means "set group id on execution" (group-executable).
+fn kill_suid_sgid(perm: u32) -> u32 {
+    let sgid_exec = libc::S_ISGID | libc::S_IXGRP;
+    let mut p = perm & !libc::S_ISUID;
+    if perm & sgid_exec == sgid_exec {
+        p &= !libc::S_ISGID;
+    }
+    p
+}
+
 fn time_set(t: TimeOrNow) -> TimeSet {
     match t {
         TimeOrNow::Now => TimeSet::Now,
@@ -418,6 +429,9 @@ impl Filesystem for TierFs {
             InitFlags::FUSE_ASYNC_DIO,
             InitFlags::FUSE_PARALLEL_DIROPS,
             InitFlags::FUSE_CACHE_SYMLINKS,
+            // We clear setuid/setgid ourselves (writes, truncates, chown): without this the
+            // kernel asks for security.capability before every write, a round trip each.
+            InitFlags::FUSE_HANDLE_KILLPRIV_V2,
         ] {
             if config.add_capabilities(flag).is_err() {
                 tracing::info!("kernel lacks FUSE capability {flag:?}");
@@ -500,7 +514,7 @@ impl Filesystem for TierFs {
 
     fn setattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -518,6 +532,19 @@ impl Filesystem for TierFs {
     ) {
         let r = self.run("setattr", || {
             let mut size = size;
+            let mut mode = mode;
+            // The kernel leaves clearing setuid/setgid to us (FUSE_HANDLE_KILLPRIV_V2): a chown
+            // clears them (Linux does, for root too), and so does a truncate by anyone but root.
+            let chown = uid.is_some() || gid.is_some();
+            if mode.is_none() && (chown || (size.is_some() && req.uid() != 0)) {
+                let a = self.meta.getattr(ino.0)?;
+                if a.kind == Kind::File {
+                    let killed = kill_suid_sgid(a.perm);
+                    if killed != a.perm {
+                        mode = Some(killed);
+                    }
+                }
+            }
             if let Some(pcc) = &self.pcc {
                 if pcc.local_attr(ino.0).is_some() {
                     // RW-cached here: size and times belong to the cache file.
@@ -883,14 +910,10 @@ impl Filesystem for TierFs {
         };
         let r = self.run("write", || {
             if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
-                // An unprivileged write (the kernel says so for writes it does not route
-                // through its own page cache) drops setuid, and setgid on group-executables.
+                // An unprivileged write (the kernel says so: FUSE_HANDLE_KILLPRIV_V2) drops
+                // setuid, and setgid on group-executables.
                 let a = self.meta.getattr(ino.0)?;
-                let sgid_exec = libc::S_ISGID | libc::S_IXGRP;
-                let mut perm = a.perm & !libc::S_ISUID;
-                if a.perm & sgid_exec == sgid_exec {
-                    perm &= !libc::S_ISGID;
-                }
+                let perm = kill_suid_sgid(a.perm);
                 if perm != a.perm {
                     let set = SetAttr {
                         perm: Some(perm),
