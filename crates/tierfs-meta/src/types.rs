@@ -193,6 +193,24 @@ pub struct Slice {
     pub data: SliceData,
 }
 
+impl Slice {
+    /// A slice whose bytes are the whole of object `obj` (`len` bytes) on `target`.
+    pub fn whole_object(chunk: u64, off: u64, target: u32, obj: u64, len: u64) -> Slice {
+        Slice {
+            seq: 0,
+            chunk,
+            off,
+            len,
+            data: SliceData::Object {
+                target,
+                obj,
+                obj_off: 0,
+                obj_size: len,
+            },
+        }
+    }
+}
+
 /// An object no longer referenced by any slice, waiting to be deleted from its target.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TrashItem {

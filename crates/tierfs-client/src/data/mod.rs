@@ -422,18 +422,7 @@ impl DataPath {
                 Some((target, obj, handle)) => {
                     let len = p.sealed_len;
                     reserved.push((target, len));
-                    slices.push(Slice {
-                        seq: 0,
-                        chunk: p.chunk,
-                        off: p.off,
-                        len,
-                        data: SliceData::Object {
-                            target,
-                            obj,
-                            obj_off: 0,
-                            obj_size: len,
-                        },
-                    });
+                    slices.push(Slice::whole_object(p.chunk, p.off, target, obj, len));
                     waits.push(handle);
                 }
                 None if inline && p.chunk == 0 => {
@@ -601,18 +590,7 @@ impl DataPath {
                 if n > 0 {
                     let target = layout.target_of_chunk(chunk);
                     let obj = self.next_object_id()?;
-                    slices.push(Slice {
-                        seq: 0,
-                        chunk,
-                        off: 0,
-                        len: n,
-                        data: SliceData::Object {
-                            target,
-                            obj,
-                            obj_off: 0,
-                            obj_size: n,
-                        },
-                    });
+                    slices.push(Slice::whole_object(chunk, 0, target, obj, n));
                     waits.push(self.spawn_upload(target, obj, bytes));
                 }
                 chunk += 1;
@@ -813,18 +791,7 @@ impl DataPath {
                 self.rt
                     .block_on(self.spawn_upload(target, obj, bytes))
                     .map_err(|e| StoreError::Io(e.to_string()))??;
-                vec![Slice {
-                    seq: 0,
-                    chunk,
-                    off: 0,
-                    len: n,
-                    data: SliceData::Object {
-                        target,
-                        obj,
-                        obj_off: 0,
-                        obj_size: n,
-                    },
-                }]
+                vec![Slice::whole_object(chunk, 0, target, obj, n)]
             };
             if self.meta.replace_chunk(ino, chunk, upto, &merged)? {
                 done += 1;
