@@ -263,22 +263,25 @@ impl TierFs {
         r
     }
 
-    fn make_node(
-        &self,
-        req: &Request,
-        parent: Ino,
-        name: &OsStr,
-        node: NewNode,
-        open: bool,
-    ) -> Result<Attr> {
+    /// A new inode of `kind` owned by the caller (setgid-directory inheritance is the
+    /// engine's).
+    fn new_node(req: &Request, kind: Kind, perm: u32) -> NewNode {
+        NewNode {
+            kind,
+            perm,
+            uid: req.uid(),
+            gid: req.gid(),
+            rdev: 0,
+            symlink: None,
+        }
+    }
+
+    fn make_node(&self, parent: Ino, name: &OsStr, node: NewNode, open: bool) -> Result<Attr> {
         let layout = if node.kind == Kind::File {
             Some(self.data.choose_layout(parent)?)
         } else {
             None
         };
-        let mut node = node;
-        node.uid = req.uid();
-        node.gid = req.gid();
         let open_by = if open { Some(self.session) } else { None };
         Ok(self
             .meta
@@ -599,14 +602,10 @@ impl Filesystem for TierFs {
             let kind = Kind::from_mode(mode)
                 .ok_or(ClientError::Errno("unknown file type", libc::EINVAL))?;
             let node = NewNode {
-                kind,
-                perm: mode & 0o7777 & !umask,
-                uid: 0,
-                gid: 0,
                 rdev,
-                symlink: None,
+                ..Self::new_node(req, kind, mode & 0o7777 & !umask)
             };
-            self.make_node(req, parent.0, name, node, false)
+            self.make_node(parent.0, name, node, false)
         });
         match r {
             Ok(a) => reply.entry(&self.entry_ttl, &self.fattr(&a), Generation(0)),
@@ -624,15 +623,8 @@ impl Filesystem for TierFs {
         reply: ReplyEntry,
     ) {
         let r = self.run("mkdir", || {
-            let node = NewNode {
-                kind: Kind::Dir,
-                perm: mode & 0o7777 & !umask,
-                uid: 0,
-                gid: 0,
-                rdev: 0,
-                symlink: None,
-            };
-            self.make_node(req, parent.0, name, node, false)
+            let node = Self::new_node(req, Kind::Dir, mode & 0o7777 & !umask);
+            self.make_node(parent.0, name, node, false)
         });
         match r {
             Ok(a) => reply.entry(&self.entry_ttl, &self.fattr(&a), Generation(0)),
@@ -675,14 +667,10 @@ impl Filesystem for TierFs {
                 ));
             }
             let node = NewNode {
-                kind: Kind::Symlink,
-                perm: 0o777,
-                uid: 0,
-                gid: 0,
-                rdev: 0,
                 symlink: Some(t.to_vec()),
+                ..Self::new_node(req, Kind::Symlink, 0o777)
             };
-            self.make_node(req, parent.0, link_name, node, false)
+            self.make_node(parent.0, link_name, node, false)
         });
         match r {
             Ok(a) => reply.entry(&self.entry_ttl, &self.fattr(&a), Generation(0)),
@@ -793,15 +781,8 @@ impl Filesystem for TierFs {
     ) {
         let r = self.run("create", || {
             let kind = Kind::from_mode(mode).unwrap_or(Kind::File);
-            let node = NewNode {
-                kind,
-                perm: mode & 0o7777 & !umask,
-                uid: 0,
-                gid: 0,
-                rdev: 0,
-                symlink: None,
-            };
-            let a = self.make_node(req, parent.0, name, node, true)?;
+            let node = Self::new_node(req, kind, mode & 0o7777 & !umask);
+            let a = self.make_node(parent.0, name, node, true)?;
             if let Some(pcc) = &self.pcc {
                 self.remember_name(&a, name);
                 if let Some(served) = pcc.on_create(&a, name.as_bytes(), flags)? {
