@@ -333,11 +333,12 @@ fn print_status(engine: Arc<dyn MetaEngine>) -> Result<()> {
     );
     println!("targets:");
     for (id, url, cap, used, _avail) in target_space(engine.as_ref())? {
-        println!(
-            "  OST{id:04x}  {url}  used {} of {}",
-            human(used),
+        let of = if cap > 0 {
             human(cap)
-        );
+        } else {
+            "no set capacity".to_string()
+        };
+        println!("  OST{id:04x}  {url}  used {} of {of}", human(used));
     }
     let sessions = engine.sessions()?;
     println!("clients:    {} mounted", sessions.len());

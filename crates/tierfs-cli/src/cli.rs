@@ -18,6 +18,16 @@ pub struct Cli {
     /// Log level: error, warn, info, debug or trace (or a tracing filter such as tierfs_client=debug).
     #[arg(long, global = true, default_value = "warn", env = "TIERFS_LOG")]
     pub log_level: String,
+    /// S3 credentials file for s3:// targets: TOML with access_key_id and secret_access_key,
+    /// mode 0600. Without it: AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, then
+    /// /etc/tierfs/s3-credentials.toml. Never stored in the metadata database.
+    #[arg(
+        long,
+        global = true,
+        env = "TIERFS_S3_CREDENTIALS",
+        hide_env_values = true
+    )]
+    pub s3_credentials: Option<PathBuf>,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -66,12 +76,21 @@ pub struct UpArgs {
 
 #[derive(Debug, Args)]
 pub struct FormatArgs {
-    /// Metadata database URL, e.g. sqlite:///srv/tfs/meta.db
+    /// Metadata database URL, e.g. sqlite:///srv/tfs/meta.db or postgres://tierfs@db1/tierfs
+    /// (the password from PGPASSWORD).
     #[arg(long)]
     pub meta: String,
-    /// Storage target URL (repeat for several), e.g. file:///srv/ost0 or file:///srv/ost1?capacity=100G
+    /// Storage target URL (repeat for several), e.g. file:///srv/ost0,
+    /// file:///srv/ost1?capacity=100G or s3://bucket/ost0 (an existing bucket).
     #[arg(long = "target", required = true)]
     pub targets: Vec<String>,
+    /// Endpoint of an S3-compatible store for s3:// targets whose URL does not name one
+    /// (?endpoint=), e.g. http://10.0.0.5:3900; default: AWS. Recorded with the targets.
+    #[arg(long)]
+    pub s3_endpoint: Option<String>,
+    /// Region for s3:// targets whose URL does not name one (?region=); default us-east-1.
+    #[arg(long)]
+    pub s3_region: Option<String>,
     /// Default number of targets each file is striped over (-1: all).
     #[arg(long, short = 'c', default_value = "1", allow_hyphen_values = true)]
     pub stripe_count: i64,
@@ -84,6 +103,9 @@ pub struct FormatArgs {
     /// Filesystem name.
     #[arg(long, default_value = "tierfs")]
     pub name: String,
+    /// Filesystem name, as a positional argument (same as --name).
+    #[arg(value_name = "NAME", conflicts_with = "name")]
+    pub fs_name: Option<String>,
     /// Format even if the database or targets already hold a filesystem (destroys it).
     #[arg(long)]
     pub force: bool,

@@ -34,8 +34,11 @@ pub fn format(a: FormatArgs) -> Result<()> {
     let specs = a
         .targets
         .iter()
-        .map(|t| TargetSpec::parse(t))
+        .map(|t| {
+            TargetSpec::parse(t)?.with_s3_defaults(a.s3_endpoint.as_deref(), a.s3_region.as_deref())
+        })
         .collect::<std::result::Result<Vec<_>, _>>()?;
+    let name = a.fs_name.clone().unwrap_or_else(|| a.name.clone());
     let count = stripe_count(a.stripe_count, specs.len())?;
     let size = stripe_size(&a.stripe_size)?;
     let inline = parse_size(&a.inline_threshold)?;
@@ -44,15 +47,12 @@ pub fn format(a: FormatArgs) -> Result<()> {
             "inline threshold must be at most 1M".into(),
         ));
     }
-    if a.name.is_empty() || a.name.len() > 64 || a.name.contains(char::is_whitespace) {
-        return Err(CliError::Usage(format!(
-            "invalid filesystem name '{}'",
-            a.name
-        )));
+    if name.is_empty() || name.len() > 64 || name.contains(char::is_whitespace) {
+        return Err(CliError::Usage(format!("invalid filesystem name '{name}'")));
     }
     for s in &specs {
         s.check(true)?;
-        if s.has_objects() && !a.force {
+        if s.has_objects()? && !a.force {
             return Err(CliError::Usage(format!(
                 "storage target {} already holds tierfs data (use --force to destroy it)",
                 s.url
@@ -60,7 +60,7 @@ pub fn format(a: FormatArgs) -> Result<()> {
         }
     }
     let params = FormatParams {
-        name: a.name.clone(),
+        name,
         targets: specs.iter().map(|s| (s.full_url(), s.capacity)).collect(),
         stripe_count: count,
         stripe_size: size,

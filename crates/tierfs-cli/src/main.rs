@@ -72,6 +72,13 @@ fn main() {
         // SAFETY: setting a signal disposition before any other thread exists.
         unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     }
+    if let Some(p) = &cli.s3_credentials {
+        // The daemon (and anything else this process starts) finds the file through the
+        // environment; made absolute because the daemon leaves the working directory.
+        let p = std::path::absolute(p).unwrap_or_else(|_| p.clone());
+        // SAFETY: no other thread exists yet.
+        unsafe { std::env::set_var(tierfs_store::credentials::CREDENTIALS_ENV, p) };
+    }
     init_logging(&cli.log_level);
     if let Err(e) = run(cli) {
         let msg = e.to_string().replace('\n', " ");

@@ -240,6 +240,9 @@ pub fn up(a: UpArgs, log_level: &str) -> Result<()> {
                 stripe_size: "1M".into(),
                 inline_threshold: "64K".into(),
                 name: "demo".into(),
+                fs_name: None,
+                s3_endpoint: None,
+                s3_region: None,
                 force: false,
             })?;
         }

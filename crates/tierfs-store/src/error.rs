@@ -4,7 +4,7 @@ use thiserror::Error;
 
 #[derive(Debug, Error)]
 pub enum StoreError {
-    #[error("unsupported target URL '{0}' (expected file:///path/to/dir[?capacity=SIZE])")]
+    #[error("unsupported target URL '{0}' (expected file:///path/to/dir or s3://bucket[/prefix], with optional ?capacity=SIZE, and for s3 ?endpoint=URL&region=NAME)")]
     BadUrl(String),
     #[error("storage target {0} does not exist")]
     Missing(String),
@@ -16,6 +16,8 @@ pub enum StoreError {
     NoSpace(u32),
     #[error("unknown storage target {0}")]
     UnknownTarget(u32),
+    #[error("S3 credentials: {0}")]
+    Credentials(String),
     #[error("invalid size '{0}' (expected a number with an optional K, M, G or T suffix)")]
     BadSize(String),
     #[error("storage I/O error: {0}")]
@@ -27,6 +29,7 @@ impl StoreError {
         match self {
             StoreError::NoSpace(_) => libc::ENOSPC,
             StoreError::BadUrl(_) | StoreError::BadSize(_) => libc::EINVAL,
+            StoreError::Credentials(_) => libc::EACCES,
             _ => libc::EIO,
         }
     }

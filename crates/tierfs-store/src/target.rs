@@ -9,6 +9,7 @@ use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 
 use crate::error::{Result, StoreError};
 use crate::objects::object_path;
+use crate::s3::{self, S3Spec};
 use crate::size::parse_size;
 
 /// A parsed target URL.
@@ -24,6 +25,7 @@ pub struct TargetSpec {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TargetKind {
     Local(PathBuf),
+    S3(S3Spec),
 }
 
 impl TargetSpec {
@@ -33,10 +35,18 @@ impl TargetSpec {
             None => (s, None),
         };
         let mut capacity = 0;
+        let (mut endpoint, mut region) = (None, None);
         if let Some(q) = query {
             for kv in q.split('&') {
                 match kv.split_once('=') {
                     Some(("capacity", v)) => capacity = parse_size(v)?,
+                    Some(("endpoint", v)) if base.starts_with("s3://") => {
+                        S3Spec::check_endpoint(v)?;
+                        endpoint = Some(v.trim_end_matches('/').to_string());
+                    }
+                    Some(("region", v)) if base.starts_with("s3://") && !v.is_empty() => {
+                        region = Some(v.to_string())
+                    }
                     _ => return Err(StoreError::BadUrl(s.to_string())),
                 }
             }
@@ -46,14 +56,45 @@ impl TargetSpec {
                 return Err(StoreError::BadUrl(s.to_string()));
             }
             TargetKind::Local(PathBuf::from(p))
+        } else if let Some(rest) = base.strip_prefix("s3://") {
+            let mut spec = S3Spec::parse(rest, s)?;
+            spec.endpoint = endpoint;
+            spec.region = region;
+            TargetKind::S3(spec)
         } else {
             return Err(StoreError::BadUrl(s.to_string()));
         };
+        let url = match &kind {
+            TargetKind::S3(spec) => spec.url(),
+            TargetKind::Local(_) => base.to_string(),
+        };
         Ok(TargetSpec {
-            url: base.to_string(),
+            url,
             kind,
             capacity,
         })
+    }
+
+    /// Gives an S3 target without an endpoint (or region) in its URL this one
+    /// (`format --s3-endpoint`); local targets are left alone.
+    pub fn with_s3_defaults(
+        mut self,
+        endpoint: Option<&str>,
+        region: Option<&str>,
+    ) -> Result<Self> {
+        if let TargetKind::S3(spec) = &mut self.kind {
+            if spec.endpoint.is_none() {
+                if let Some(e) = endpoint {
+                    S3Spec::check_endpoint(e)?;
+                    spec.endpoint = Some(e.trim_end_matches('/').to_string());
+                }
+            }
+            if spec.region.is_none() {
+                spec.region = region.map(str::to_string);
+            }
+            self.url = spec.url();
+        }
+        Ok(self)
     }
 
     /// The URL with its capacity, as given to `format`.
@@ -87,13 +128,27 @@ impl TargetSpec {
                 let _ = std::fs::remove_file(&probe);
                 Ok(())
             }
+            TargetKind::S3(spec) => s3::probe(spec, &crate::credentials::resolve()?),
         }
     }
 
     /// Whether the target holds tierfs objects already.
-    pub fn has_objects(&self) -> bool {
+    pub fn has_objects(&self) -> Result<bool> {
         match &self.kind {
-            TargetKind::Local(dir) => dir.join("objects").exists(),
+            TargetKind::Local(dir) => Ok(dir.join("objects").exists()),
+            TargetKind::S3(spec) => {
+                use futures::StreamExt;
+                let creds = crate::credentials::resolve()?;
+                let store = spec.open_with(&creds)?;
+                s3::block_on(async {
+                    let prefix = object_store::path::Path::from("objects");
+                    match store.list(Some(&prefix)).next().await {
+                        None => Ok(false),
+                        Some(Ok(_)) => Ok(true),
+                        Some(Err(e)) => Err(s3::explain(spec, &creds.source, e)),
+                    }
+                })
+            }
         }
     }
 
@@ -106,6 +161,21 @@ impl TargetSpec {
                     std::fs::remove_dir_all(&o).map_err(|e| StoreError::Io(e.to_string()))?;
                 }
                 Ok(())
+            }
+            TargetKind::S3(spec) => {
+                use futures::{StreamExt, TryStreamExt};
+                let creds = crate::credentials::resolve()?;
+                let store = spec.open_with(&creds)?;
+                s3::block_on(async {
+                    let prefix = object_store::path::Path::from("objects");
+                    let locations = store.list(Some(&prefix)).map_ok(|m| m.location).boxed();
+                    store
+                        .delete_stream(locations)
+                        .try_collect::<Vec<_>>()
+                        .await
+                        .map_err(|e| s3::explain(spec, &creds.source, e))?;
+                    Ok(())
+                })
             }
         }
     }
@@ -142,6 +212,7 @@ impl Target {
                     .map_err(|e| StoreError::Io(e.to_string()))?
                     .with_automatic_cleanup(true),
             ),
+            TargetKind::S3(spec) => spec.open()?,
         };
         Ok(Target {
             id,
@@ -152,13 +223,19 @@ impl Target {
     }
 
     pub async fn put(&self, obj: u64, data: Bytes) -> Result<()> {
-        self.store
-            .put(&object_path(obj), PutPayload::from_bytes(data))
-            .await
-            .map_err(|e| match StoreError::from(e) {
-                StoreError::NoSpace(_) => StoreError::NoSpace(self.id),
-                other => other,
-            })?;
+        let r = match &self.spec.kind {
+            TargetKind::S3(_) => s3::put(self.store.as_ref(), &object_path(obj), data).await,
+            TargetKind::Local(_) => self
+                .store
+                .put(&object_path(obj), PutPayload::from_bytes(data))
+                .await
+                .map(|_| ())
+                .map_err(StoreError::from),
+        };
+        r.map_err(|e| match e {
+            StoreError::NoSpace(_) => StoreError::NoSpace(self.id),
+            other => other,
+        })?;
         Ok(())
     }
 
@@ -167,7 +244,9 @@ impl Target {
     /// bytes). `None` for targets that are not local.
     pub fn read_local(&self, obj: u64, start: u64, end: u64) -> Option<Result<Bytes>> {
         use std::os::unix::fs::FileExt;
-        let TargetKind::Local(dir) = &self.spec.kind;
+        let TargetKind::Local(dir) = &self.spec.kind else {
+            return None;
+        };
         let file = {
             let mut fds = self.fds.lock().unwrap_or_else(|p| p.into_inner());
             match fds.get(&obj) {
@@ -212,7 +291,12 @@ impl Target {
     }
 
     pub async fn get_range(&self, obj: u64, start: u64, end: u64) -> Result<Bytes> {
-        Ok(self.store.get_range(&object_path(obj), start..end).await?)
+        match &self.spec.kind {
+            TargetKind::S3(_) => {
+                s3::get_range(self.store.as_ref(), &object_path(obj), start, end).await
+            }
+            TargetKind::Local(_) => Ok(self.store.get_range(&object_path(obj), start..end).await?),
+        }
     }
 
     /// Makes written objects durable (fsync of each object file and its directory on a local
@@ -258,6 +342,8 @@ impl Target {
                 .await
                 .map_err(|e| StoreError::Io(e.to_string()))?
             }
+            // A PUT is acknowledged once the object is durable.
+            TargetKind::S3(_) => Ok(()),
         }
     }
 
@@ -273,6 +359,8 @@ impl Target {
     pub fn device_space(&self) -> DeviceSpace {
         match &self.spec.kind {
             TargetKind::Local(dir) => statvfs(dir).unwrap_or_default(),
+            // An object store has no device to ask: its `?capacity=` is its size.
+            TargetKind::S3(_) => DeviceSpace::default(),
         }
     }
 }
