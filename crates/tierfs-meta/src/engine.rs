@@ -1,10 +1,46 @@
 //! The `MetaEngine` trait: everything the client needs from the metadata database.
 //!
-//! Every method is one atomic transaction. Implementations: [`crate::sqlite::SqliteEngine`].
-//! The conformance suite in [`crate::conformance`] runs against every implementation.
+//! Every method is one atomic transaction. Implementations: [`crate::sqlite::SqliteEngine`],
+//! [`crate::postgres::PgEngine`]. The conformance suite in [`crate::conformance`] runs against
+//! every implementation.
+//!
+//! **Notifications.** An engine may push events to clients ([`MetaEngine::listen`]): today
+//! requests to give back an RW-PCC lease ([`Channel::PccRevoke`]). They only wake a client up
+//! sooner; the state they announce is always in the tables too, so an engine without them
+//! (SQLite) is polled, and a client that listens still reads the tables after subscribing and
+//! now and then (a notice sent while it was not listening is not replayed).
+
+use std::time::Duration;
 
 use crate::error::{MetaError, Result};
 use crate::types::*;
+
+/// A kind of event an engine can push to the clients that listen for it. More will come (HSM
+/// requests to a copytool); a listener names the ones it wants.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Channel {
+    /// Requests to give back RW-PCC leases the listening client holds
+    /// ([`MetaEngine::pcc_request_revoke`]).
+    PccRevoke,
+}
+
+/// One event received by a [`Listener`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Notice {
+    /// Someone asked the listening client to give back its lease of this file.
+    PccRevoke(Ino),
+}
+
+/// A live subscription to some [`Channel`]s, from [`MetaEngine::listen`].
+pub trait Listener: Send {
+    /// Waits up to `timeout` for notices and returns those that arrived (empty when none
+    /// came; once one arrived, only what is already there is added). An error means the
+    /// subscription is lost (the database went away): drop the listener, poll the tables,
+    /// and listen again later.
+    fn wait(&mut self, timeout: Duration) -> Result<Vec<Notice>>;
+}
 
 pub trait MetaEngine: Send + Sync {
     /// Filesystem-wide settings.
@@ -151,6 +187,14 @@ pub trait MetaEngine: Send + Sync {
     fn pcc_rule_add(&self, mode: &str, client: Option<&str>, rule: &str) -> Result<u64>;
     fn pcc_rules(&self) -> Result<Vec<PccRuleRow>>;
     fn pcc_rule_del(&self, id: u64) -> Result<()>;
+
+    // ---- notifications ----
+    /// Subscribes to events on `channels` addressed to `client` (see the module doc).
+    /// `Ok(None)`: this engine has no notifications, poll instead. An error: it has them but
+    /// cannot subscribe now (database unreachable); try again later.
+    fn listen(&self, _client: &str, _channels: &[Channel]) -> Result<Option<Box<dyn Listener>>> {
+        Ok(None)
+    }
 
     // ---- advisory locks (POSIX and flock), shared by every client ----
     /// Takes, changes or releases a lock; `WouldBlock` when another owner holds a conflicting one.

@@ -43,12 +43,13 @@
 //!
 //! **Notifications.** `pcc_request_revoke` sends `NOTIFY tierfs_pcc_revoke` (payload:
 //! `"<ino> <holder client>"`) in its transaction, delivered at commit.
-//! [`PgEngine::subscribe_revokes`] returns a [`RevokeSubscription`] that waits for them, so a
-//! lease holder learns of a revoke request at once instead of polling. Engines without
-//! notifications (SQLite) are polled instead: call [`MetaEngine::pcc_revokes_for`] every
-//! heartbeat. A subscriber should also call it once after subscribing (requests made before
-//! LISTEN are not replayed) and fall back to polling, then subscribe again, when
-//! [`RevokeSubscription::wait`] returns an error (connection lost).
+//! [`MetaEngine::listen`] opens a connection of its own outside the pool, `LISTEN`s on the
+//! channels asked for, and returns a [`PgListener`] that waits for them and keeps those
+//! addressed to its client, so a lease holder learns of a revoke request at once instead of
+//! polling. PostgreSQL does not queue notifications for a session that is not listening: a
+//! subscriber calls [`MetaEngine::pcc_revokes_for`] once after subscribing and now and then,
+//! and when [`Listener::wait`] fails (connection lost) falls back to polling and listens again
+//! later.
 
 mod dump;
 mod pool;
@@ -60,7 +61,7 @@ use std::time::{Duration, Instant};
 use postgres::error::SqlState;
 use postgres::Row;
 
-use crate::engine::MetaEngine;
+use crate::engine::{Channel, Listener, MetaEngine, Notice};
 use crate::error::{MetaError, Result};
 use crate::locks;
 use crate::types::*;
@@ -980,55 +981,65 @@ impl PgEngine {
         }
     }
 
-    /// Listens for revoke requests on leases held by `client` (see the module doc).
-    pub fn subscribe_revokes(&self, client: &str) -> Result<RevokeSubscription> {
-        let mut conn = self.pool.connect()?;
-        conn.batch_execute(&format!("LISTEN {REVOKE_CHANNEL}"))
-            .map_err(pg_err)?;
-        Ok(RevokeSubscription {
-            conn,
-            client: client.to_string(),
-        })
-    }
-
     /// Closes the idle pooled connections (the next calls connect anew).
     pub fn reset_connections(&self) {
         self.pool.clear();
     }
 }
 
-/// A LISTEN connection for revoke requests; see [`PgEngine::subscribe_revokes`].
-pub struct RevokeSubscription {
+/// The PostgreSQL channel a [`Channel`] is announced on.
+fn pg_channel(ch: Channel) -> &'static str {
+    match ch {
+        Channel::PccRevoke => REVOKE_CHANNEL,
+    }
+}
+
+/// A LISTEN connection; see [`MetaEngine::listen`] and the module doc.
+pub struct PgListener {
     conn: postgres::Client,
     client: String,
 }
 
-impl RevokeSubscription {
-    /// Waits up to `timeout` for revoke requests on leases of this client and returns their
-    /// inodes (empty when none came). An error means the connection is lost: poll
-    /// `pcc_revokes_for` and subscribe again.
-    pub fn wait(&mut self, timeout: Duration) -> Result<Vec<Ino>> {
+impl PgListener {
+    /// The notice a notification carries, if it is addressed to this listener's client.
+    fn notice(&self, n: &postgres::Notification) -> Option<Notice> {
+        if n.channel() == REVOKE_CHANNEL {
+            let (ino, holder) = n.payload().split_once(' ')?;
+            if holder == self.client {
+                return ino.parse::<u64>().ok().map(Notice::PccRevoke);
+            }
+        }
+        None
+    }
+}
+
+impl Listener for PgListener {
+    fn wait(&mut self, timeout: Duration) -> Result<Vec<Notice>> {
+        use postgres::fallible_iterator::FallibleIterator;
         let deadline = Instant::now() + timeout;
         let mut out = Vec::new();
-        let mut notes = self.conn.notifications();
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             // Once something arrived, only take what is already there.
             let wait = if out.is_empty() { left } else { Duration::ZERO };
-            let mut it = notes.timeout_iter(wait);
-            match postgres::fallible_iterator::FallibleIterator::next(&mut it) {
+            let next = self.conn.notifications().timeout_iter(wait).next();
+            match next {
                 Ok(Some(n)) => {
-                    if let Some((ino, holder)) = n.payload().split_once(' ') {
-                        if holder == self.client {
-                            if let Ok(i) = ino.parse::<u64>() {
-                                if !out.contains(&i) {
-                                    out.push(i);
-                                }
-                            }
+                    if let Some(x) = self.notice(&n) {
+                        if !out.contains(&x) {
+                            out.push(x);
                         }
                     }
                 }
                 Ok(None) => {
+                    // The iterator also ends, without an error, when the server closed the
+                    // connection: that must not look like "nothing happened".
+                    if self.conn.is_closed() {
+                        return Err(MetaError::Unavailable(
+                            "the PostgreSQL connection listening for notifications was closed"
+                                .into(),
+                        ));
+                    }
                     if !out.is_empty() || Instant::now() >= deadline {
                         return Ok(out);
                     }
@@ -1051,6 +1062,19 @@ impl MetaEngine for PgEngine {
     fn import_rows(&self, rows: &mut dyn Iterator<Item = Result<DumpRow>>) -> Result<u64> {
         let rows: Vec<DumpRow> = rows.collect::<Result<_>>()?;
         self.write(|c| dump::import(c, &rows))
+    }
+
+    fn listen(&self, client: &str, channels: &[Channel]) -> Result<Option<Box<dyn Listener>>> {
+        let mut conn = self.pool.connect()?;
+        let mut sql = String::new();
+        for ch in channels {
+            sql.push_str(&format!("LISTEN {};", pg_channel(*ch)));
+        }
+        conn.batch_execute(&sql).map_err(pg_err)?;
+        Ok(Some(Box::new(PgListener {
+            conn,
+            client: client.to_string(),
+        })))
     }
 
     fn info(&self) -> Result<FsInfo> {

@@ -379,16 +379,40 @@ fn revoke_notifications(server: &Server) {
     let g = e.create(ROOT_INO, b"g", &file(), None, None).unwrap().ino;
     e.pcc_acquire(f, "a").unwrap();
     e.pcc_acquire(g, "c").unwrap();
-    let mut sub = e.subscribe_revokes("a").unwrap();
+    let mut sub = e
+        .listen("a", &[Channel::PccRevoke])
+        .unwrap()
+        .expect("PostgreSQL has notifications");
     assert!(sub.wait(Duration::from_millis(50)).unwrap().is_empty());
     let t = Instant::now();
     e.pcc_request_revoke(g, "b").unwrap(); // someone else's lease
     e.pcc_request_revoke(f, "b").unwrap();
-    assert_eq!(sub.wait(Duration::from_secs(10)).unwrap(), vec![f]);
+    assert_eq!(
+        sub.wait(Duration::from_secs(10)).unwrap(),
+        vec![Notice::PccRevoke(f)]
+    );
     eprintln!("revoke notification arrived after {:?}", t.elapsed());
     // The polling fallback agrees.
     assert_eq!(e.pcc_revokes_for("a").unwrap(), vec![f]);
     assert!(sub.wait(Duration::from_millis(50)).unwrap().is_empty());
+    // Asking twice before the holder looks: one notice per file.
+    e.pcc_request_revoke(f, "d").unwrap();
+    e.pcc_request_revoke(f, "b").unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(
+        sub.wait(Duration::from_secs(10)).unwrap(),
+        vec![Notice::PccRevoke(f)]
+    );
+    // A listener for no channel hears nothing.
+    let mut deaf = e.listen("a", &[]).unwrap().unwrap();
+    e.pcc_request_revoke(f, "b").unwrap();
+    assert!(deaf.wait(Duration::from_millis(200)).unwrap().is_empty());
+    // Through the trait object, as a client holds the engine.
+    let dynamic: &dyn MetaEngine = &e;
+    assert!(dynamic
+        .listen("a", &[Channel::PccRevoke])
+        .unwrap()
+        .is_some());
 }
 
 fn lost_connections_recover(server: &Server) {
@@ -415,8 +439,24 @@ fn lost_connections_recover(server: &Server) {
         eprintln!("outage check skipped: the server is not ours (TIERFS_PG_URL)");
         return;
     };
+    let f = e.lookup(ROOT_INO, b"f").unwrap().ino;
+    e.pcc_acquire(f, "a").unwrap();
+    let mut sub = e.listen("a", &[Channel::PccRevoke]).unwrap().unwrap();
     let (code, _, err) = run_script(&["down", dir], Duration::from_secs(60));
     assert_eq!(code, 0, "{err}");
+    let t = Instant::now();
+    // The listener says its connection is gone (rather than "nothing happened", over and over).
+    match sub.wait(Duration::from_secs(30)) {
+        Err(MetaError::Unavailable(_)) => {}
+        other => {
+            panic!("expected Unavailable from a listener whose server went down, got {other:?}")
+        }
+    }
+    assert!(t.elapsed() < Duration::from_secs(20), "{:?}", t.elapsed());
+    assert!(matches!(
+        e.listen("a", &[Channel::PccRevoke]),
+        Err(MetaError::Unavailable(_))
+    ));
     let t = Instant::now();
     let r = e.create(ROOT_INO, b"h", &file(), None, None);
     match r {
@@ -432,6 +472,13 @@ fn lost_connections_recover(server: &Server) {
     assert_eq!(code, 0, "{err}");
     e.create(ROOT_INO, b"h", &file(), None, None).unwrap();
     assert_eq!(e.readdir(ROOT_INO, 0, 100).unwrap().len(), 3);
+    // Listening again works, and hears requests.
+    let mut sub = e.listen("a", &[Channel::PccRevoke]).unwrap().unwrap();
+    e.pcc_request_revoke(f, "b").unwrap();
+    assert_eq!(
+        sub.wait(Duration::from_secs(10)).unwrap(),
+        vec![Notice::PccRevoke(f)]
+    );
 }
 
 /// The migration path: a filesystem made on SQLite, dumped, loaded into PostgreSQL, used there,
