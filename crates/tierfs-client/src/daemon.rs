@@ -342,19 +342,18 @@ pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Resul
     };
 
     // PCC recalls on a thread of their own: another client's open waits on them, and a long
-    // write-back must not hold up heartbeats.
+    // write-back must not hold up heartbeats. Woken by the engine's notifications where it has
+    // them, polling otherwise (see recall.rs).
     let recalls = match &pcc {
         Some(p) => {
             let p = Arc::clone(p);
             let stop = Arc::clone(&stop);
+            let metrics = Arc::clone(&metrics);
             Some(
                 std::thread::Builder::new()
                     .name("tierfs-pcc-recall".into())
                     .spawn(move || {
-                        while !stop.load(Ordering::Relaxed) {
-                            p.handle_recalls();
-                            std::thread::sleep(Duration::from_millis(10));
-                        }
+                        crate::recall::run(&*p, &metrics, &stop, &crate::recall::Timing::default())
                     })
                     .map_err(|e| DaemonError::Other(e.to_string()))?,
             )

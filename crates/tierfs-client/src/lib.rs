@@ -6,6 +6,7 @@
 //! - [`config`]: the client's TOML configuration.
 //! - [`metrics`]: Prometheus metrics and the stats file.
 //! - [`pcc`]: the persistent client cache as this client runs it.
+//! - [`recall`]: the thread that gives RW-PCC leases back on request (notified or polling).
 
 pub mod config;
 pub mod daemon;
@@ -14,6 +15,7 @@ pub mod error;
 pub mod fs;
 pub mod metrics;
 pub mod pcc;
+pub mod recall;
 
 pub use config::ClientConfig;
 pub use daemon::{mount, MountRequest};

@@ -9,6 +9,7 @@ use std::time::Instant;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
@@ -27,6 +28,10 @@ pub struct Metrics {
     read_bytes: Family<Labels, Counter>,
     written_bytes: Family<Labels, Counter>,
     pcc: Family<Labels, Counter>,
+    recall_wakeups: Family<Labels, Counter>,
+    recall_given_back: Family<Labels, Counter>,
+    recall_subscriptions: Counter,
+    recall_listening: Gauge,
     handles: parking_lot::RwLock<std::collections::HashMap<&'static str, OpHandles>>,
 }
 
@@ -72,6 +77,34 @@ impl Metrics {
             "Persistent client cache: hits, misses, attaches, write-backs, evictions, recalls, bytes",
             pcc.clone(),
         );
+        let recall_wakeups = Family::<Labels, Counter>::default();
+        registry.register(
+            "pcc_recall_wakeups",
+            "Times the PCC recall thread looked for requests to give leases back, by what woke \
+             it: notification (from the metadata engine), poll (every 10 ms: no notifications, \
+             or a request waiting for writers to close), safety (the once-a-second check while \
+             listening)",
+            recall_wakeups.clone(),
+        );
+        let recall_given_back = Family::<Labels, Counter>::default();
+        registry.register(
+            "pcc_recall_given_back",
+            "RW-PCC leases given back on request, by what woke the recall thread that found the \
+             request",
+            recall_given_back.clone(),
+        );
+        let recall_subscriptions = Counter::default();
+        registry.register(
+            "pcc_recall_subscriptions",
+            "Times the PCC recall thread started listening for notifications (again)",
+            recall_subscriptions.clone(),
+        );
+        let recall_listening = Gauge::default();
+        registry.register(
+            "pcc_recall_listening",
+            "1 while the PCC recall thread listens for notifications, 0 while it polls",
+            recall_listening.clone(),
+        );
         Metrics {
             registry,
             ops,
@@ -80,6 +113,10 @@ impl Metrics {
             read_bytes,
             written_bytes,
             pcc,
+            recall_wakeups,
+            recall_given_back,
+            recall_subscriptions,
+            recall_listening,
             handles: Default::default(),
         }
     }
@@ -128,6 +165,24 @@ impl Metrics {
             .inc_by(n);
     }
 
+    /// One wake-up of the PCC recall thread (`source`: notification, poll, safety) and the
+    /// leases it gave back.
+    pub fn recall_wakeup(&self, source: &'static str, given_back: u64) {
+        let l = vec![("source".to_string(), source.to_string())];
+        self.recall_wakeups.get_or_create(&l).inc();
+        if given_back > 0 {
+            self.recall_given_back.get_or_create(&l).inc_by(given_back);
+        }
+    }
+
+    /// The PCC recall thread started (`true`) or stopped listening for notifications.
+    pub fn recall_listening(&self, on: bool) {
+        if on {
+            self.recall_subscriptions.inc();
+        }
+        self.recall_listening.set(on as i64);
+    }
+
     /// The metrics in the Prometheus text format.
     pub fn render(&self) -> String {
         let mut s = String::new();
@@ -174,5 +229,27 @@ mod tests {
             s.contains("tierfs_target_written_bytes_total{target=\"1\"} 4096"),
             "{s}"
         );
+    }
+
+    #[test]
+    fn renders_recall_wakeups_by_source() {
+        let m = Metrics::new();
+        m.recall_wakeup("poll", 0);
+        m.recall_wakeup("notification", 2);
+        m.recall_wakeup("notification", 0);
+        m.recall_listening(true);
+        m.recall_listening(false);
+        m.recall_listening(true);
+        let s = m.render();
+        for want in [
+            "tierfs_pcc_recall_wakeups_total{source=\"poll\"} 1",
+            "tierfs_pcc_recall_wakeups_total{source=\"notification\"} 2",
+            "tierfs_pcc_recall_given_back_total{source=\"notification\"} 2",
+            "tierfs_pcc_recall_subscriptions_total 2",
+            "tierfs_pcc_recall_listening 1",
+        ] {
+            assert!(s.contains(want), "{want} missing in {s}");
+        }
+        assert!(!s.contains("given_back_total{source=\"poll\"}"), "{s}");
     }
 }

@@ -11,13 +11,16 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use parking_lot::Mutex;
 
-use tierfs_meta::{now_nanos, Attr, Ino, Kind, MetaEngine, MetaError, PccLease, PccRuleRow};
+use tierfs_meta::{
+    now_nanos, Attr, Channel, Ino, Kind, Listener, MetaEngine, MetaError, PccLease, PccRuleRow,
+};
 use tierfs_pcc::rules::{FileFacts, Rule};
 use tierfs_pcc::store::{CacheStore, Entry, Eviction, Mode};
 
 use crate::data::DataPath;
 use crate::error::{ClientError, Result};
 use crate::metrics::Metrics;
+use crate::recall::{Pass, RecallWork};
 
 /// PCC settings of one client.
 #[derive(Clone, Debug)]
@@ -796,22 +799,24 @@ impl Pcc {
 
     // ------------------------------------------------------------------ background
 
-    /// Gives leases back that other clients asked for (called every 50 ms).
-    pub fn handle_recalls(&self) {
-        match self.meta.pcc_revokes_for(&self.client) {
-            Ok(list) => {
-                for ino in list {
-                    if self.writers(ino) > 0 {
-                        // Writers bypass the daemon (passthrough): wait for their close.
-                        continue;
-                    }
-                    if let Err(e) = self.give_back(ino, true) {
-                        tracing::warn!(ino, "giving an RW-PCC file back failed: {e}");
-                    }
-                }
+    /// Gives leases back that other clients asked for (the recall thread calls it, see
+    /// [`crate::recall`]). Files this client still has writers of are left for a later pass
+    /// (counted in [`Pass::waiting`]); a give-back that fails is logged and tried again at a
+    /// later pass. An error: the requests could not be read.
+    pub fn handle_recalls(&self) -> tierfs_meta::Result<Pass> {
+        let mut pass = Pass::default();
+        for ino in self.meta.pcc_revokes_for(&self.client)? {
+            if self.writers(ino) > 0 {
+                // Writers bypass the daemon (passthrough): wait for their close.
+                pass.waiting += 1;
+                continue;
             }
-            Err(e) => tracing::warn!("reading PCC recall requests failed: {e}"),
+            match self.give_back(ino, true) {
+                Ok(()) => pass.given_back += 1,
+                Err(e) => tracing::warn!(ino, "giving an RW-PCC file back failed: {e}"),
+            }
         }
+        Ok(pass)
     }
 
     /// Periodic work: write back dirty files after the delay, report sizes of files being
@@ -1013,6 +1018,16 @@ impl Pcc {
             self.cfg.capacity,
             self.store.entries().len(),
         )
+    }
+}
+
+impl RecallWork for Pcc {
+    fn listen(&self) -> tierfs_meta::Result<Option<Box<dyn Listener>>> {
+        self.meta.listen(&self.client, &[Channel::PccRevoke])
+    }
+
+    fn pass(&self) -> tierfs_meta::Result<Pass> {
+        self.handle_recalls()
     }
 }
 
