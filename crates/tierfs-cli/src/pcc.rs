@@ -306,7 +306,13 @@ fn stats(mount: &Path) -> Result<()> {
         .map_err(|e| CliError::Io(mount.display().to_string(), e))?;
     println!("client {} at {}", mi.client, mi.mountpoint);
     let mut any = false;
+    // How recall requests reach this client (printed after the rest, only with a cache).
+    let mut recall = Vec::new();
     for line in text.lines() {
+        if let Some(row) = recall_row(line) {
+            recall.push(row);
+            continue;
+        }
         if let Some(rest) = line.strip_prefix("tierfs_pcc_events_total{event=\"") {
             if let Some((ev, v)) = rest.split_once("\"} ") {
                 println!("{ev:<22} {v}");
@@ -330,5 +336,49 @@ fn stats(mount: &Path) -> Result<()> {
             mount.display()
         )));
     }
+    for (k, v) in recall {
+        println!("{k:<22} {v}");
+    }
     Ok(())
+}
+
+/// `tierfs_pcc_recall_wakeups_total{source="poll"} 12` -> ("recall_wakeups_poll", "12"),
+/// `tierfs_pcc_recall_listening 1` -> ("recall_listening", "1").
+fn recall_row(line: &str) -> Option<(String, String)> {
+    let rest = line.strip_prefix("tierfs_pcc_recall_")?;
+    let (key, v) = rest.rsplit_once(' ')?;
+    let (name, label) = match key.split_once('{') {
+        Some((n, l)) => (n, l.trim_end_matches('}').split_once('=').map(|x| x.1)),
+        None => (key, None),
+    };
+    let name = name.strip_suffix("_total").unwrap_or(name);
+    let shown = match label {
+        Some(l) => format!("recall_{name}_{}", l.trim_matches('"')),
+        None => format!("recall_{name}"),
+    };
+    Some((shown, v.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::recall_row;
+
+    #[test]
+    fn recall_rows_of_the_stats_file() {
+        let row = |l: &str| recall_row(l).map(|(k, v)| format!("{k} {v}"));
+        assert_eq!(
+            row("tierfs_pcc_recall_wakeups_total{source=\"notification\"} 3").as_deref(),
+            Some("recall_wakeups_notification 3")
+        );
+        assert_eq!(
+            row("tierfs_pcc_recall_given_back_total{source=\"poll\"} 1").as_deref(),
+            Some("recall_given_back_poll 1")
+        );
+        assert_eq!(
+            row("tierfs_pcc_recall_listening 1").as_deref(),
+            Some("recall_listening 1")
+        );
+        assert_eq!(row("tierfs_pcc_events_total{event=\"hits\"} 1"), None);
+        assert_eq!(row("# HELP tierfs_pcc_recall_listening 1 while ..."), None);
+    }
 }
