@@ -7,7 +7,10 @@
 #   scripts/postgres-test-server.sh down DIR   # stops it abruptly, keeping it (outage tests)
 #   scripts/postgres-test-server.sh up DIR     # starts it again on the same port
 #
-# `eval "$(scripts/postgres-test-server.sh start)"` sets both variables in a shell. The cluster
+# `eval "$(scripts/postgres-test-server.sh start)"` sets both variables in a shell.
+# PG_TEST_LISTEN=ADDR listens there instead of 127.0.0.1 (the cluster test's server host);
+# PG_TEST_REMOTE=CIDR with PG_TEST_PASSWORD=PW lets role tierfs in from CIDR with that password
+# (scram-sha-256), while loopback stays trusted. The cluster
 # runs with fsync off (it is thrown away; commits still write the WAL, so `down`, a crash of
 # the server but not of the machine, loses nothing); PG_TEST_DURABLE=1 keeps PostgreSQL's
 # defaults (for measurements). Exit status 3 means PostgreSQL is not installed and could not be.
@@ -54,8 +57,10 @@ as_owner() {
     fi
 }
 
+LISTEN=${PG_TEST_LISTEN:-127.0.0.1}
+
 port_free() {
-    ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+    ! (exec 3<>"/dev/tcp/$LISTEN/$1") 2>/dev/null
 }
 
 start() {
@@ -78,7 +83,11 @@ start() {
         cat "$dir/initdb.log" >&2
         exit 1
     }
-    local opts="-c listen_addresses=127.0.0.1 -k $dir -c max_connections=300 -c shared_buffers=64MB"
+    if [[ -n "${PG_TEST_REMOTE:-}" ]]; then
+        [[ -n "${PG_TEST_PASSWORD:-}" ]] || { log "PG_TEST_REMOTE needs PG_TEST_PASSWORD"; exit 2; }
+        echo "host all all $PG_TEST_REMOTE scram-sha-256" >>"$dir/data/pg_hba.conf"
+    fi
+    local opts="-c listen_addresses=$LISTEN -k $dir -c max_connections=300 -c shared_buffers=64MB"
     if [[ "${PG_TEST_DURABLE:-0}" != 1 ]]; then
         opts="$opts -c fsync=off -c full_page_writes=off"
     fi
@@ -101,7 +110,11 @@ start() {
     done
     echo "$bindir" >"$dir/bindir"
     echo "$opts -p $port" >"$dir/opts"
-    echo "TIERFS_PG_URL=postgres://tierfs@127.0.0.1:$port/postgres"
+    if [[ -n "${PG_TEST_PASSWORD:-}" ]]; then
+        as_owner "$bindir/psql" -h "$dir" -p "$port" -U tierfs -d postgres -q -v ON_ERROR_STOP=1 \
+            -c "SET password_encryption = 'scram-sha-256'; ALTER ROLE tierfs PASSWORD '$PG_TEST_PASSWORD'" >/dev/null
+    fi
+    echo "TIERFS_PG_URL=postgres://tierfs@$LISTEN:$port/postgres"
     echo "TIERFS_PG_DIR=$dir"
 }
 

@@ -53,6 +53,7 @@ g() {
 
 launch() {
     local dir=$1
+    LISTEN=$(cat "$dir/listen")
     # New session, so the caller's job control or a test harness's process group does not
     # take it down; its pid is kept for stop/down.
     setsid "$(cat "$dir/garage-bin")" -c "$dir/garage.toml" server \
@@ -95,6 +96,7 @@ start() {
         [[ $tries -lt 20 ]] || { log "no free ports"; rm -rf "$dir"; exit 1; }
     done
     echo "$port" >"$dir/port"
+    echo "$LISTEN" >"$dir/listen"
     umask 077
     cat >"$dir/garage.toml" <<EOF
 metadata_dir = "$dir/meta"

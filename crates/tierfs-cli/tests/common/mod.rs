@@ -6,6 +6,14 @@
 //! any `tierfs` daemon still serving it. A watchdog bounds every test: when it fires it tears
 //! the mounts down (so blocked FUSE calls fail with ENOTCONN instead of hanging) and, if the
 //! test is still stuck long after, aborts the test binary.
+//!
+//! **Cluster mode** (`scripts/cluster-test.sh` sets it up): with `TIERFS_IT_PG_ADMIN` (a
+//! PostgreSQL URL of a role that may create databases; password from `PGPASSWORD`) each
+//! filesystem gets a fresh database there, dropped at the end; with `TIERFS_IT_S3_ENDPOINT` and
+//! `TIERFS_IT_S3_BUCKET` (credentials from `TIERFS_S3_CREDENTIALS`) its targets are prefixes of
+//! that bucket; with `TIERFS_IT_NETNS=ns1,ns2,...` client `k` mounts from network namespace
+//! `ns[k % n]` (the daemon talks to the database and the store over that host's network, and
+//! the mount is visible here).
 #![allow(dead_code)]
 
 use std::ffi::CString;
@@ -117,6 +125,18 @@ pub fn tierfs_as<S: AsRef<str>>(
     timeout: Duration,
     cred: Option<(u32, u32)>,
 ) -> CmdOut {
+    tierfs_run(scratch, args, timeout, cred, None)
+}
+
+/// Like `tierfs_in`, in network namespace `netns` (`/run/netns/<netns>`) when given: only the
+/// network changes, so a mount made there is visible here.
+pub fn tierfs_run<S: AsRef<str>>(
+    scratch: &Path,
+    args: &[S],
+    timeout: Duration,
+    cred: Option<(u32, u32)>,
+    netns: Option<&str>,
+) -> CmdOut {
     use std::os::unix::process::CommandExt;
     let args: Vec<String> = args.iter().map(|s| s.as_ref().to_string()).collect();
     let seq = CMD_SEQ.fetch_add(1, Ordering::SeqCst);
@@ -129,7 +149,14 @@ pub fn tierfs_as<S: AsRef<str>>(
         fs::set_permissions(&out_path, fs::Permissions::from_mode(0o666)).unwrap();
         fs::set_permissions(&err_path, fs::Permissions::from_mode(0o666)).unwrap();
     }
-    let mut cmd = Command::new(BIN);
+    let mut cmd = match netns {
+        Some(ns) => {
+            let mut c = Command::new("nsenter");
+            c.arg(format!("--net=/run/netns/{ns}")).arg("--").arg(BIN);
+            c
+        }
+        None => Command::new(BIN),
+    };
     cmd.args(&args)
         .stdin(Stdio::null())
         .stdout(out_f)
@@ -395,12 +422,88 @@ impl Default for Opts {
     }
 }
 
+/// Where cluster-mode filesystems live (see the module doc); `None` outside cluster mode.
+#[derive(Clone, Debug, Default)]
+pub struct Cluster {
+    pub pg_admin: Option<String>,
+    pub s3_endpoint: Option<String>,
+    pub s3_bucket: Option<String>,
+    pub s3_region: Option<String>,
+    pub netns: Vec<String>,
+}
+
+impl Cluster {
+    pub fn from_env() -> Cluster {
+        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        Cluster {
+            pg_admin: var("TIERFS_IT_PG_ADMIN"),
+            s3_endpoint: var("TIERFS_IT_S3_ENDPOINT"),
+            s3_bucket: var("TIERFS_IT_S3_BUCKET"),
+            s3_region: var("TIERFS_IT_S3_REGION"),
+            netns: var("TIERFS_IT_NETNS")
+                .map(|v| v.split(',').map(str::to_string).collect())
+                .unwrap_or_default(),
+        }
+    }
+
+    /// Whether the filesystem keeps its data on local directories (tests that look at target
+    /// files directly need that).
+    pub fn local_targets(&self) -> bool {
+        self.s3_endpoint.is_none()
+    }
+}
+
+static DB_SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// A database for one test, created on the cluster's server and dropped at the end.
+struct TestDb {
+    admin: String,
+    name: String,
+    url: String,
+}
+
+impl TestDb {
+    fn create(admin: &str) -> TestDb {
+        let name = format!(
+            "tierfs_it_{}_{}",
+            std::process::id(),
+            DB_SEQ.fetch_add(1, Ordering::SeqCst)
+        );
+        let mut c = postgres::Client::connect(admin, postgres::NoTls)
+            .unwrap_or_else(|e| panic!("connect to TIERFS_IT_PG_ADMIN: {e}"));
+        c.batch_execute(&format!("CREATE DATABASE {name}"))
+            .unwrap_or_else(|e| panic!("CREATE DATABASE {name}: {e}"));
+        let mut u = url::Url::parse(admin).expect("TIERFS_IT_PG_ADMIN is a URL");
+        u.set_path(&format!("/{name}"));
+        // tierfs takes the password from PGPASSWORD, as a user would, not from its command line
+        let _ = u.set_password(None);
+        TestDb {
+            admin: admin.to_string(),
+            name,
+            url: u.to_string(),
+        }
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        if let Ok(mut c) = postgres::Client::connect(&self.admin, postgres::NoTls) {
+            let _ = c.batch_execute(&format!(
+                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+                self.name
+            ));
+        }
+    }
+}
+
 pub struct TestFs {
     // field order matters for drop: mounts are torn down in Drop::drop, the watchdog stops,
     // then the directory goes.
     pub opts: Opts,
     pub mnts: Vec<PathBuf>,
+    pub cluster: Cluster,
     _watchdog: Watchdog,
+    db: Option<TestDb>,
     dir: tempfile::TempDir,
 }
 
@@ -421,10 +524,14 @@ impl TestFs {
         fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
         let what = thread::current().name().unwrap_or("?").to_string();
         let watchdog = Watchdog::new(dir.path().to_path_buf(), opts.timeout, what);
+        let cluster = Cluster::from_env();
+        let db = cluster.pg_admin.as_deref().map(TestDb::create);
         let mut t = TestFs {
             opts: opts.clone(),
             mnts: Vec::new(),
+            cluster,
             _watchdog: watchdog,
+            db,
             dir,
         };
         if opts.format {
@@ -445,7 +552,10 @@ impl TestFs {
     }
 
     pub fn meta_url(&self) -> String {
-        format!("sqlite://{}", self.meta_path().display())
+        match &self.db {
+            Some(db) => db.url.clone(),
+            None => format!("sqlite://{}", self.meta_path().display()),
+        }
     }
 
     pub fn target_dir(&self, i: usize) -> PathBuf {
@@ -453,11 +563,42 @@ impl TestFs {
     }
 
     pub fn target_url(&self, i: usize) -> String {
-        let mut u = format!("file://{}", self.target_dir(i).display());
+        let mut q = Vec::new();
+        let mut u = match (&self.cluster.s3_endpoint, &self.cluster.s3_bucket) {
+            (Some(ep), Some(bucket)) => {
+                q.push(format!("endpoint={ep}"));
+                if let Some(r) = &self.cluster.s3_region {
+                    q.push(format!("region={r}"));
+                }
+                let test = self
+                    .root()
+                    .file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .to_string();
+                format!("s3://{bucket}/{}/ost{i}", test.to_lowercase())
+            }
+            _ => format!("file://{}", self.target_dir(i).display()),
+        };
         if let Some(c) = &self.opts.target_capacity {
-            u.push_str(&format!("?capacity={c}"));
+            q.push(format!("capacity={c}"));
+        }
+        if !q.is_empty() {
+            u.push('?');
+            u.push_str(&q.join("&"));
         }
         u
+    }
+
+    /// The network namespace client `idx` mounts from (cluster mode), if any.
+    pub fn netns_of(&self, idx: usize) -> Option<&str> {
+        let ns = &self.cluster.netns;
+        (!ns.is_empty()).then(|| ns[idx % ns.len()].as_str())
+    }
+
+    /// Runs `tierfs mount ARGS` for client `idx`, from its network namespace in cluster mode.
+    fn run_mount(&self, args: &[String], idx: usize) -> CmdOut {
+        tierfs_run(self.root(), args, CMD_TIMEOUT, None, self.netns_of(idx))
     }
 
     pub fn mnt(&self, i: usize) -> &Path {
@@ -530,7 +671,7 @@ impl TestFs {
     pub fn remount_with(&mut self, idx: usize, co: &ClientOpts) {
         let mnt = self.mnts[idx].clone();
         let args = self.mount_args(&mnt, co);
-        let out = self.tierfs(&args);
+        let out = self.run_mount(&args, idx);
         out.assert_ok();
         assert!(
             is_fuse_mounted(&mnt),
@@ -602,7 +743,7 @@ impl TestFs {
 
     fn finish_mount(&mut self, args: &[String], mnt: PathBuf) -> usize {
         let idx = self.mnts.len();
-        let out = self.tierfs(args);
+        let out = self.run_mount(args, idx);
         out.assert_ok();
         assert!(
             is_fuse_mounted(&mnt),
@@ -722,6 +863,8 @@ pub fn fuse_ops(mnt: &Path, op: &str) -> u64 {
 impl Drop for TestFs {
     fn drop(&mut self) {
         teardown_under(self.dir.path(), true);
+        // the database goes once no client uses it (TestDb's drop)
+        self.db.take();
     }
 }
 
