@@ -206,7 +206,8 @@ for via in "${CLIENTS[@]}"; do
             --min 5 | sed "s/^/  via $via: /"
     done
 done
-"$TIERFS" status --meta "$META" | grep -q "2 mounted"
+status=$("$TIERFS" status --meta "$META")
+grep -q "2 mounted" <<<"$status" || { echo "expected 2 mounted clients:"; echo "$status"; exit 1; }
 log "all acknowledged data survived: database restart, client kill -9, S3 restart"
 PHASE="teardown"
 echo "cluster test passed"

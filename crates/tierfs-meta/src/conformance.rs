@@ -42,6 +42,10 @@ pub fn run_all(factory: &Factory<'_>) {
         ("xattrs", xattrs),
         ("slices_and_commit_order", slices_and_commit_order),
         ("open_unlinked_file_survives", open_unlinked_file_survives),
+        (
+            "replaced_file_stays_openable_for_its_grace",
+            replaced_file_stays_openable_for_its_grace,
+        ),
         ("sessions_and_reaping", sessions_and_reaping),
         ("locks", locks),
         ("stripe_defaults_and_projects", stripe_defaults_and_projects),
@@ -259,6 +263,10 @@ fn rename_cases(e: &dyn MetaEngine) {
     // across directories, over an existing file
     e.rename(a.ino, b"f", b.ino, b"g", 0).unwrap();
     assert_eq!(e.lookup(b.ino, b"g").unwrap().ino, f.ino);
+    // the replaced file has no name, and is gone once its grace is over
+    // (replaced_file_stays_openable_for_its_grace checks the grace itself)
+    assert_eq!(e.getattr(g.ino).unwrap().nlink, 0);
+    e.purge_orphans(now_nanos() + 1).unwrap();
     assert!(matches!(e.getattr(g.ino), Err(MetaError::NotFound)));
     // NOREPLACE
     e.create(b.ino, b"h", &file(), None, None).unwrap();
@@ -455,6 +463,55 @@ fn open_unlinked_file_survives(e: &dyn MetaEngine) {
     e.trash_done(&[t[0].id]).unwrap();
     assert_eq!(e.targets().unwrap()[0].used, used - 10);
     assert!(e.trash(10).unwrap().is_empty());
+}
+
+fn replaced_file_stays_openable_for_its_grace(e: &dyn MetaEngine) {
+    let write = |name: &[u8], obj: u64| {
+        let f = e
+            .create(ROOT_INO, name, &file(), Some(layout()), None)
+            .unwrap();
+        e.commit_slices(f.ino, &[obj_slice(0, 0, 10, obj)], 10, 1)
+            .unwrap();
+        f
+    };
+    // "live" is replaced by a rename while nobody has it open
+    let old = write(b"live", 7);
+    let new = write(b"tmp", 8);
+    e.rename(ROOT_INO, b"tmp", ROOT_INO, b"live", 0).unwrap();
+    assert_eq!(e.lookup(ROOT_INO, b"live").unwrap().ino, new.ino);
+    // a client that looked "live" up just before still opens and reads the old version
+    let a = e
+        .getattr(old.ino)
+        .expect("in its grace, the old file is there");
+    assert_eq!((a.nlink, a.size), (0, 10));
+    assert!(e.trash(10).unwrap().is_empty(), "its data stays");
+    // purging now (grace not over) leaves it alone
+    assert_eq!(e.purge_orphans(now_nanos() - 3_600_000_000_000).unwrap(), 0);
+    e.open_file(1, old.ino).unwrap();
+    assert_eq!(e.read_chunk(old.ino, 0).unwrap().len(), 1);
+    // once opened it is an ordinary open orphan: the grace purge skips it, the last close frees it
+    assert_eq!(e.purge_orphans(now_nanos() + 1).unwrap(), 0);
+    assert!(e.getattr(old.ino).is_ok());
+    e.close_files(1, &[old.ino]).unwrap();
+    assert!(matches!(e.getattr(old.ino), Err(MetaError::NotFound)));
+    let t = e.trash(10).unwrap();
+    assert_eq!(t.iter().map(|x| x.obj).collect::<Vec<_>>(), [7]);
+    e.trash_done(&[t[0].id]).unwrap();
+
+    // replaced again, never opened: purged once its grace is over, objects to the trash
+    let newer = write(b"tmp2", 9);
+    e.rename(ROOT_INO, b"tmp2", ROOT_INO, b"live", 0).unwrap();
+    assert!(e.getattr(new.ino).is_ok());
+    assert!(e.pcc_lease(new.ino).unwrap().is_none());
+    assert_eq!(e.purge_orphans(now_nanos() + 1).unwrap(), 1);
+    assert!(matches!(e.getattr(new.ino), Err(MetaError::NotFound)));
+    assert!(matches!(e.open_file(1, new.ino), Err(MetaError::NotFound)));
+    let t = e.trash(10).unwrap();
+    assert_eq!(t.iter().map(|x| x.obj).collect::<Vec<_>>(), [8]);
+    assert_eq!(e.lookup(ROOT_INO, b"live").unwrap().ino, newer.ino);
+    // unlink keeps its immediate semantics
+    e.unlink(ROOT_INO, b"live").unwrap();
+    assert!(matches!(e.getattr(newer.ino), Err(MetaError::NotFound)));
 }
 
 fn sessions_and_reaping(e: &dyn MetaEngine) {

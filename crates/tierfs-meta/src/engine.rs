@@ -15,6 +15,14 @@ use std::time::Duration;
 use crate::error::{MetaError, Result};
 use crate::types::*;
 
+/// How long a file whose last name a rename replaced stays openable by inode. A client that
+/// looked the name up just before the rename (on another machine, or with the old entry in its
+/// kernel's cache) still opens what it found, a whole old version, instead of failing with
+/// ESTALE; that is what a reader of the "write a temporary file, rename it over the live name"
+/// pattern expects, and what Lustre's open-by-name gives. The grace is counted from the rename
+/// (the inode's ctime); [`MetaEngine::maintain`] purges files past it.
+pub const ORPHAN_GRACE: Duration = Duration::from_secs(10);
+
 /// A kind of event an engine can push to the clients that listen for it. More will come (HSM
 /// requests to a copytool); a listener names the ones it wants.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -122,9 +130,14 @@ pub trait MetaEngine: Send + Sync {
 
     /// Makes every committed transaction durable against power loss (fsync semantics).
     fn sync(&self) -> Result<()>;
-    /// Background housekeeping of the engine (SQLite: checkpoint the write-ahead log). Each
-    /// client calls it every second or so, off the application's path.
+    /// Background housekeeping of the engine (SQLite: checkpoint the write-ahead log; every
+    /// engine: purge files replaced more than [`ORPHAN_GRACE`] ago). Each client calls it every
+    /// second or so, off the application's path.
     fn maintain(&self) -> Result<()>;
+    /// Purges files a rename replaced before `replaced_before` (their grace is over) that no
+    /// client opened meanwhile; returns how many. An open during the grace makes such a file an
+    /// ordinary open orphan, purged at its last close.
+    fn purge_orphans(&self, replaced_before: Nanos) -> Result<u64>;
 
     /// Every row of the filesystem's persistent tables ([`DUMP_TABLES`]; not the sessions, open
     /// files, locks or recall requests of mounted clients), for `tierfs dump`.

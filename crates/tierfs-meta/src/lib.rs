@@ -15,7 +15,7 @@ pub mod sqlite;
 pub mod types;
 pub mod url;
 
-pub use engine::{Channel, Listener, MetaEngine, Notice};
+pub use engine::{Channel, Listener, MetaEngine, Notice, ORPHAN_GRACE};
 pub use error::{MetaError, Result};
 pub use types::*;
 pub use url::{format_engine, open_engine, MetaUrl};

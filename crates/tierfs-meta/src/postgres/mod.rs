@@ -530,6 +530,21 @@ fn drop_inode(c: &mut PgConn, ino: Ino) -> Result<()> {
     purge_inode(c, ino)
 }
 
+/// Retires a file whose last name a rename replaced: an open orphan if a client has it open,
+/// otherwise kept openable for [`crate::engine::ORPHAN_GRACE`] (`orphan = 2`).
+fn retire_inode(c: &mut PgConn, ino: Ino) -> Result<()> {
+    let ino_i = ino as i64;
+    c.exec(
+        "UPDATE inodes SET orphan = CASE WHEN EXISTS (SELECT 1 FROM open_files WHERE ino = $1) \
+         THEN 1 ELSE 2 END WHERE ino = $1",
+        &[&ino_i],
+    )?;
+    // Leases and recall requests go now, as on unlink.
+    c.exec("DELETE FROM pcc_leases WHERE ino = $1", &[&ino_i])?;
+    c.exec("DELETE FROM pcc_revokes WHERE ino = $1", &[&ino_i])?;
+    Ok(())
+}
+
 fn purge_inode(c: &mut PgConn, ino: Ino) -> Result<()> {
     trash_slices(c, ino, "TRUE", &[])?;
     // One round trip: data-modifying CTEs all run.
@@ -1549,7 +1564,7 @@ impl MetaEngine for PgEngine {
                         &[&(dino as i64), &now],
                     )?;
                     if nlink <= 0 {
-                        drop_inode(c, dino)?;
+                        retire_inode(c, dino)?;
                     }
                 }
             }
@@ -1952,6 +1967,7 @@ impl MetaEngine for PgEngine {
 
     fn maintain(&self) -> Result<()> {
         // Vacuuming is autovacuum's job.
+        self.purge_orphans(now_nanos() - crate::engine::ORPHAN_GRACE.as_nanos() as Nanos)?;
         Ok(())
     }
 
@@ -2031,7 +2047,45 @@ impl MetaEngine for PgEngine {
     fn open_file(&self, session: u64, ino: Ino) -> Result<()> {
         self.write(|c| {
             lock1(c, ino)?;
-            record_open(c, session, ino)
+            record_open(c, session, ino)?;
+            // A file in its grace period after a rename replaced it: now purged at last close.
+            c.exec(
+                "UPDATE inodes SET orphan = 1 WHERE ino = $1 AND orphan = 2",
+                &[&(ino as i64)],
+            )?;
+            Ok(())
+        })
+    }
+
+    fn purge_orphans(&self, replaced_before: Nanos) -> Result<u64> {
+        let due: Vec<i64> = self.read(|c| {
+            Ok(c.query(
+                "SELECT ino FROM inodes WHERE orphan = 2 AND ctime < $1 ORDER BY ino LIMIT 1000",
+                &[&replaced_before],
+            )?
+            .iter()
+            .map(|r| r.get::<_, i64>(0))
+            .collect())
+        })?;
+        if due.is_empty() {
+            return Ok(0);
+        }
+        self.write(|c| {
+            let inos: Vec<Ino> = due.iter().map(|i| *i as Ino).collect();
+            lock_inodes(c, &inos)?;
+            let mut n = 0;
+            for ino in inos {
+                // Still in grace and still not open (an open turns it into orphan = 1).
+                if c.exists(
+                    "SELECT EXISTS (SELECT 1 FROM inodes WHERE ino = $1 AND orphan = 2) \
+                     AND NOT EXISTS (SELECT 1 FROM open_files WHERE ino = $1)",
+                    &[&(ino as i64)],
+                )? {
+                    purge_inode(c, ino)?;
+                    n += 1;
+                }
+            }
+            Ok(n)
         })
     }
 

@@ -260,7 +260,7 @@ fn schema_and_format(server: &Server) {
     ));
     admin
         .batch_execute(
-            "DROP TABLE pcc_leases, pcc_revokes, pcc_rules; \
+            "DROP INDEX inodes_grace; DROP TABLE pcc_leases, pcc_revokes, pcc_rules; \
              DELETE FROM counters WHERE name = 'pcc_generation'; \
              UPDATE schema_version SET version = 1",
         )

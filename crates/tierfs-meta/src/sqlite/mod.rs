@@ -15,7 +15,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
-use crate::engine::MetaEngine;
+use crate::engine::{MetaEngine, ORPHAN_GRACE};
 use crate::error::{MetaError, Result};
 use crate::locks;
 use crate::types::*;
@@ -277,6 +277,27 @@ fn drop_inode(c: &Connection, ino: Ino) -> Result<()> {
         return Ok(());
     }
     purge_inode(c, ino)
+}
+
+/// Retires a file whose last name a rename replaced: as [`drop_inode`] if a client has it open,
+/// otherwise kept openable for [`ORPHAN_GRACE`] (`orphan = 2`) and purged by
+/// [`MetaEngine::purge_orphans`] after that.
+fn retire_inode(c: &Connection, ino: Ino) -> Result<()> {
+    c.prepare_cached("UPDATE inodes SET orphan = 2 WHERE ino = ?1")?
+        .execute([ino as i64])?;
+    let open: bool = c
+        .prepare_cached("SELECT EXISTS (SELECT 1 FROM open_files WHERE ino = ?1)")?
+        .query_row([ino as i64], |r| r.get(0))?;
+    if open {
+        c.prepare_cached("UPDATE inodes SET orphan = 1 WHERE ino = ?1")?
+            .execute([ino as i64])?;
+    }
+    // Leases and recall requests go now, as on unlink.
+    c.prepare_cached("DELETE FROM pcc_leases WHERE ino = ?1")?
+        .execute([ino as i64])?;
+    c.prepare_cached("DELETE FROM pcc_revokes WHERE ino = ?1")?
+        .execute([ino as i64])?;
+    Ok(())
 }
 
 fn purge_inode(c: &Connection, ino: Ino) -> Result<()> {
@@ -1050,7 +1071,7 @@ impl MetaEngine for SqliteEngine {
                         |r| r.get(0),
                     )?;
                     if nlink <= 0 {
-                        drop_inode(tx, dino)?;
+                        retire_inode(tx, dino)?;
                     }
                 }
             }
@@ -1434,7 +1455,9 @@ impl MetaEngine for SqliteEngine {
         self.read(|c| {
             c.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))?;
             Ok(())
-        })
+        })?;
+        self.purge_orphans(now_nanos() - ORPHAN_GRACE.as_nanos() as Nanos)?;
+        Ok(())
     }
 
     fn export_rows(&self, sink: &mut dyn FnMut(DumpRow) -> Result<()>) -> Result<()> {
@@ -1602,7 +1625,41 @@ impl MetaEngine for SqliteEngine {
     fn open_file(&self, session: u64, ino: Ino) -> Result<()> {
         self.write(|tx| {
             get_attr(tx, ino)?;
-            record_open(tx, session, ino)
+            record_open(tx, session, ino)?;
+            // A file in its grace period after a rename replaced it: now purged at last close.
+            tx.prepare_cached("UPDATE inodes SET orphan = 1 WHERE ino = ?1 AND orphan = 2")?
+                .execute([ino as i64])?;
+            Ok(())
+        })
+    }
+
+    fn purge_orphans(&self, replaced_before: Nanos) -> Result<u64> {
+        let due: Vec<i64> = self.read(|c| {
+            let mut st = c.prepare_cached(
+                "SELECT ino FROM inodes WHERE orphan = 2 AND ctime < ?1 LIMIT 1000",
+            )?;
+            let rows = st.query_map([replaced_before], |r| r.get(0))?;
+            Ok(rows.collect::<rusqlite::Result<Vec<i64>>>()?)
+        })?;
+        if due.is_empty() {
+            return Ok(0);
+        }
+        self.write(|tx| {
+            let mut n = 0;
+            for ino in &due {
+                // Still in grace and still not open (an open turns it into orphan = 1).
+                let still: bool = tx
+                    .prepare_cached(
+                        "SELECT EXISTS (SELECT 1 FROM inodes WHERE ino = ?1 AND orphan = 2) \
+                         AND NOT EXISTS (SELECT 1 FROM open_files WHERE ino = ?1)",
+                    )?
+                    .query_row([ino], |r| r.get(0))?;
+                if still {
+                    purge_inode(tx, *ino as Ino)?;
+                    n += 1;
+                }
+            }
+            Ok(n)
         })
     }
 

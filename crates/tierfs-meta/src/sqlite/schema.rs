@@ -2,10 +2,17 @@
 //! it one step. The same tables serve every SQL engine (types are plain INTEGER/TEXT/BLOB).
 
 /// Schema version this build writes and understands.
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// `MIGRATIONS[i]` moves the schema from version `i` to `i + 1`.
-pub const MIGRATIONS: &[&str] = &[V1, V2];
+pub const MIGRATIONS: &[&str] = &[V1, V2, V3];
+
+/// Version 3: files replaced by a rename stay openable for a grace period (`orphan = 2`, since
+/// their `ctime`), so that another client which looked the name up just before can still open
+/// what it found; this index finds the ones whose grace is over.
+const V3: &str = r#"
+CREATE INDEX inodes_grace ON inodes(ctime) WHERE orphan = 2;
+"#;
 
 /// Version 2: the persistent client cache. RW-PCC leases (one owner client per file, with a
 /// generation), requests to give a lease back, and attach rules.
