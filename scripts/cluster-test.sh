@@ -140,10 +140,17 @@ META="${PG_URL%/*}/$DB"
 "$TIERFS" format --meta "$META" --target s3://tierfs-a/cluster/ost0 \
     --target s3://tierfs-b/cluster/ost1 --s3-endpoint "$S3_ENDPOINT" --s3-region garage \
     --stripe-count 2 cluster
+# The first client takes the database password from PGPASSWORD, the second from a password
+# file (~/.pgpass format, mode 0600), as deployments do.
+pg_hostport=${PG_URL#*@}
+pg_hostport=${pg_hostport%%/*}
+(umask 077 && echo "${pg_hostport%:*}:${pg_hostport#*:}:$DB:tierfs:$PGPASSWORD" >"$WORK/pgpass")
 mount_client() { # mount_client INDEX
     local c=${CLIENTS[$1]}
+    local auth=(env)
+    [[ $1 -eq 1 ]] && auth=(env -u PGPASSWORD PGPASSFILE="$WORK/pgpass")
     mkdir "$WORK/mnt-$c" 2>/dev/null || true # (a dead mount point after a kill cannot be stat-ed)
-    in_ns "$c" "$TIERFS" mount --meta "$META" "$WORK/mnt-$c" --client-name "$c" \
+    in_ns "$c" "${auth[@]}" "$TIERFS" mount --meta "$META" "$WORK/mnt-$c" --client-name "$c" \
         --attr-ttl 0.5 --log-file "$WORK/$c-daemon.log"
 }
 mount_client 0

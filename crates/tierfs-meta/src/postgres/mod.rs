@@ -52,6 +52,7 @@
 //! later.
 
 mod dump;
+pub mod pgpass;
 mod pool;
 mod schema;
 
@@ -147,7 +148,7 @@ impl PgUrl {
 
     /// Connection settings: the URL's, with defaults for what it leaves out (a connect
     /// timeout, TCP keepalives and a user timeout so a vanished server is noticed, the password
-    /// from `PGPASSWORD`).
+    /// from `PGPASSWORD`, else from the password file, `PGPASSFILE` or `~/.pgpass`).
     pub fn config(&self) -> Result<postgres::Config> {
         let mut cfg: postgres::Config = self
             .0
@@ -167,6 +168,17 @@ impl PgUrl {
         if cfg.get_password().is_none() {
             if let Ok(p) = std::env::var("PGPASSWORD") {
                 cfg.password(p);
+            } else if let Some(file) = pgpass::default_path() {
+                let host = match cfg.get_hosts().first() {
+                    Some(postgres::config::Host::Tcp(h)) => h.clone(),
+                    _ => "localhost".to_string(),
+                };
+                let port = cfg.get_ports().first().copied().unwrap_or(5432);
+                let db = cfg.get_dbname().unwrap_or_default().to_string();
+                let user = cfg.get_user().unwrap_or_default().to_string();
+                if let Some(p) = pgpass::lookup(&file, &host, port, &db, &user) {
+                    cfg.password(p);
+                }
             }
         }
         Ok(cfg)
