@@ -102,6 +102,138 @@ pub struct EnvConfig {
     pub keep: bool,
     /// Mount clients with a persistent client cache and install the PCC modes' attach rules.
     pub pcc: bool,
+    /// Metadata database to format (with `--force`) instead of SQLite in the work dir, e.g.
+    /// `postgres://tierfs@127.0.0.1:5432/bench` (the password from PGPASSWORD).
+    pub meta: Option<String>,
+    /// Storage target URLs instead of `targets` local directories in the work dir. Each run
+    /// uses its own sub-directory or sub-prefix of each (see [`run_target_url`]).
+    pub target_urls: Vec<String>,
+}
+
+/// What the tierfs under test is made of, for the reports.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FsUnderTest {
+    /// Metadata engine: `sqlite` or `postgresql`.
+    pub engine: String,
+    /// The metadata URL, without a password.
+    pub meta: String,
+    /// Kind of the storage targets: `local`, `s3` or `mixed`.
+    pub target_kind: String,
+    /// The storage target URLs as formatted (this run's sub-directory or sub-prefix included).
+    pub targets: Vec<String>,
+    /// Default stripe count (-1: all targets).
+    pub stripe_count: i64,
+}
+
+impl FsUnderTest {
+    /// One line: "sqlite metadata, 2 local targets, stripe count 1".
+    pub fn summary(&self) -> String {
+        if self.engine.is_empty() {
+            return "unknown".into();
+        }
+        format!(
+            "{} metadata, {} {} target{}, stripe count {}",
+            self.engine,
+            self.targets.len(),
+            self.target_kind,
+            if self.targets.len() == 1 { "" } else { "s" },
+            self.stripe_count
+        )
+    }
+}
+
+/// Checks a `--meta` URL: `sqlite:///PATH`, `postgres://...` or `postgresql://...`.
+pub fn check_meta_url(url: &str) -> Result<(), BenchError> {
+    let ok = match url.strip_prefix("sqlite://") {
+        Some(rest) => rest.starts_with('/'),
+        None => url
+            .strip_prefix("postgres://")
+            .or_else(|| url.strip_prefix("postgresql://"))
+            .is_some_and(|rest| !rest.is_empty()),
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(BenchError::Args(format!(
+            "--meta {}: expected sqlite:///PATH or postgres://USER@HOST[:PORT]/DB",
+            redact_url(url)
+        )))
+    }
+}
+
+/// The metadata engine a URL names: `sqlite` or `postgresql`.
+pub fn engine_name(url: &str) -> &'static str {
+    if url.starts_with("sqlite://") {
+        "sqlite"
+    } else {
+        "postgresql"
+    }
+}
+
+/// Checks a `--target-url`: `file:///DIR` or `s3://BUCKET[/PREFIX][?endpoint=URL&region=NAME]`.
+pub fn check_target_url(url: &str) -> Result<(), BenchError> {
+    let (base, _) = url.split_once('?').unwrap_or((url, ""));
+    let ok = if let Some(p) = base.strip_prefix("file://") {
+        p.starts_with('/') && !url.contains('?')
+    } else if let Some(rest) = base.strip_prefix("s3://") {
+        let bucket = rest.split('/').next().unwrap_or("");
+        !bucket.is_empty()
+    } else {
+        false
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(BenchError::Args(format!(
+            "--target-url {url}: expected file:///DIR or s3://BUCKET[/PREFIX][?endpoint=URL&region=NAME]"
+        )))
+    }
+}
+
+/// A target URL with this run's own sub-directory (file://) or key sub-prefix (s3://)
+/// appended to its path, before any query: `s3://b/p?endpoint=E` becomes `s3://b/p/RUN?endpoint=E`.
+/// Reruns never see each other's objects, and a directory or prefix that already holds data
+/// is never formatted over.
+pub fn run_target_url(url: &str, run: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (url, None),
+    };
+    let base = base.trim_end_matches('/');
+    let mut out = format!("{base}/{run}");
+    if let Some(q) = query {
+        out.push('?');
+        out.push_str(q);
+    }
+    out
+}
+
+/// The kind of a set of target URLs: `local`, `s3` or `mixed`.
+pub fn target_kind(urls: &[String]) -> &'static str {
+    let s3 = urls.iter().filter(|u| u.starts_with("s3://")).count();
+    match s3 {
+        0 => "local",
+        n if n == urls.len() => "s3",
+        _ => "mixed",
+    }
+}
+
+/// A URL without the password of its user (`postgres://u:secret@h/db` becomes
+/// `postgres://u:***@h/db`); anything else unchanged. Also used on every word of the
+/// recorded command line.
+pub fn redact_url(s: &str) -> String {
+    let Some((scheme, rest)) = s.split_once("://") else {
+        return s.to_string();
+    };
+    let auth_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(auth_end);
+    let Some((userinfo, host)) = authority.rsplit_once('@') else {
+        return s.to_string();
+    };
+    match userinfo.split_once(':') {
+        Some((user, _password)) => format!("{scheme}://{user}:***@{host}{tail}"),
+        None => s.to_string(),
+    }
 }
 
 /// Project id whose files the RW-PCC mode's rule attaches at create.
@@ -116,6 +248,10 @@ pub struct Env {
     pub dir: PathBuf,
     pub native: PathBuf,
     meta_url: String,
+    /// The targets' URLs as formatted.
+    target_urls: Vec<String>,
+    /// Local directories made for this run outside the work dir (removed at teardown).
+    extra_dirs: Vec<PathBuf>,
     formatted: bool,
     mounts: Vec<PathBuf>,
     torn_down: bool,
@@ -136,12 +272,43 @@ impl Env {
         let native = dir.join("native");
         std::fs::create_dir_all(&native)
             .map_err(|e| BenchError::io(format!("create {}", native.display()), e))?;
-        let meta_url = format!("sqlite://{}", dir.join("meta.db").display());
+        let meta_url = match &cfg.meta {
+            Some(u) => u.clone(),
+            None => format!("sqlite://{}", dir.join("meta.db").display()),
+        };
+        let (target_urls, extra_dirs) = if cfg.target_urls.is_empty() {
+            let urls = (0..cfg.targets.max(1))
+                .map(|i| format!("file://{}", dir.join(format!("ost{i}")).display()))
+                .collect();
+            (urls, Vec::new())
+        } else {
+            let run = dir
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "tierfs-bench".into());
+            // Two URLs naming the same place would give two targets one directory.
+            let mut urls: Vec<String> = Vec::new();
+            for (i, u) in cfg.target_urls.iter().enumerate() {
+                let sub = if cfg.target_urls[..i].contains(u) {
+                    format!("{run}-{i}")
+                } else {
+                    run.clone()
+                };
+                urls.push(run_target_url(u, &sub));
+            }
+            let dirs = urls
+                .iter()
+                .filter_map(|u| u.strip_prefix("file://").map(PathBuf::from))
+                .collect();
+            (urls, dirs)
+        };
         Ok(Env {
             cfg,
             dir,
             native,
             meta_url,
+            target_urls,
+            extra_dirs,
             formatted: false,
             mounts: Vec::new(),
             torn_down: false,
@@ -152,17 +319,29 @@ impl Env {
         Command::new(&self.cfg.tierfs)
     }
 
+    /// What the tierfs under test is made of.
+    pub fn fs_under_test(&self) -> FsUnderTest {
+        FsUnderTest {
+            engine: engine_name(&self.meta_url).into(),
+            meta: redact_url(&self.meta_url),
+            target_kind: target_kind(&self.target_urls).into(),
+            targets: self.target_urls.clone(),
+            stripe_count: self.cfg.stripe_count,
+        }
+    }
+
     fn format(&mut self) -> Result<(), BenchError> {
         if self.formatted {
             return Ok(());
         }
         let mut cmd = self.tierfs();
         cmd.arg("format").arg("--meta").arg(&self.meta_url);
-        for i in 0..self.cfg.targets.max(1) {
-            cmd.arg("--target").arg(format!(
-                "file://{}",
-                self.dir.join(format!("ost{i}")).display()
-            ));
+        if self.cfg.meta.is_some() {
+            // A database given by URL is reused from run to run: it is formatted over.
+            cmd.arg("--force");
+        }
+        for t in &self.target_urls {
+            cmd.arg("--target").arg(t);
         }
         cmd.arg("--stripe-count")
             .arg(self.cfg.stripe_count.to_string())
@@ -298,6 +477,12 @@ impl Env {
         if !self.cfg.keep && mounts_under(&self.dir).is_empty() {
             std::fs::remove_dir_all(&self.dir)
                 .map_err(|e| BenchError::io(format!("remove {}", self.dir.display()), e))?;
+            for d in &self.extra_dirs {
+                if d.exists() {
+                    std::fs::remove_dir_all(d)
+                        .map_err(|e| BenchError::io(format!("remove {}", d.display()), e))?;
+                }
+            }
         }
         Ok(())
     }
@@ -370,5 +555,151 @@ pub fn force_unmount(tierfs: &Path, mounts: &[PathBuf]) {
         if is_mounted(m) {
             let _ = Command::new("umount").arg("-l").arg(m).status();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_target_url_appends_before_the_query() {
+        let run = "tierfs-bench-42-17";
+        assert_eq!(
+            run_target_url(
+                "s3://tierfs-a/bench?endpoint=http://127.0.0.1:3900&region=garage",
+                run
+            ),
+            "s3://tierfs-a/bench/tierfs-bench-42-17?endpoint=http://127.0.0.1:3900&region=garage"
+        );
+        assert_eq!(
+            run_target_url("s3://tierfs-a", run),
+            "s3://tierfs-a/tierfs-bench-42-17"
+        );
+        assert_eq!(
+            run_target_url("s3://tierfs-a/p/?region=garage", run),
+            "s3://tierfs-a/p/tierfs-bench-42-17?region=garage"
+        );
+        assert_eq!(
+            run_target_url("file:///srv/ost0/", run),
+            "file:///srv/ost0/tierfs-bench-42-17"
+        );
+    }
+
+    #[test]
+    fn checks_urls_and_names_their_kind() {
+        for ok in [
+            "sqlite:///var/tmp/m.db",
+            "postgres://tierfs@127.0.0.1:5432/b1",
+            "postgresql://tierfs:pw@db/b1",
+        ] {
+            assert!(check_meta_url(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "sqlite://",
+            "sqlite://rel.db",
+            "postgres://",
+            "mysql://x/y",
+            "",
+        ] {
+            assert!(check_meta_url(bad).is_err(), "{bad}");
+        }
+        assert_eq!(engine_name("sqlite:///m.db"), "sqlite");
+        assert_eq!(engine_name("postgresql://u@h/d"), "postgresql");
+        for ok in [
+            "file:///srv/ost0",
+            "s3://b/p?endpoint=http://h:1&region=r",
+            "s3://b",
+        ] {
+            assert!(check_target_url(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "file://rel",
+            "file:///d?capacity=1G",
+            "s3://",
+            "/srv/ost0",
+            "gs://b",
+        ] {
+            assert!(check_target_url(bad).is_err(), "{bad}");
+        }
+        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        assert_eq!(target_kind(&s(&["file:///a", "file:///b"])), "local");
+        assert_eq!(target_kind(&s(&["s3://a/x", "s3://b/x"])), "s3");
+        assert_eq!(target_kind(&s(&["s3://a/x", "file:///b"])), "mixed");
+    }
+
+    #[test]
+    fn passwords_never_show() {
+        assert_eq!(
+            redact_url("postgres://tierfs:s3cret@127.0.0.1:5432/db?sslmode=disable"),
+            "postgres://tierfs:***@127.0.0.1:5432/db?sslmode=disable"
+        );
+        assert_eq!(
+            redact_url("postgres://tierfs@127.0.0.1/db"),
+            "postgres://tierfs@127.0.0.1/db"
+        );
+        assert_eq!(redact_url("--meta"), "--meta");
+        assert_eq!(
+            redact_url("s3://b/p?endpoint=http://h:1"),
+            "s3://b/p?endpoint=http://h:1"
+        );
+        let err = check_meta_url("mysql://u:hunter2@h/db")
+            .unwrap_err()
+            .to_string();
+        assert!(!err.contains("hunter2"), "{err}");
+    }
+
+    #[test]
+    fn env_formats_given_targets_in_a_sub_prefix_per_run() {
+        let tmp = std::env::temp_dir().join(format!("tierfs-bench-unit-{}", std::process::id()));
+        let cfg = EnvConfig {
+            tierfs: PathBuf::from("/nonexistent/tierfs"),
+            workdir: tmp.clone(),
+            targets: 2,
+            stripe_count: 1,
+            keep: false,
+            pcc: false,
+            meta: Some("postgres://tierfs:pw@127.0.0.1:5432/b1".into()),
+            target_urls: vec![
+                "s3://tierfs-a/bench?endpoint=http://127.0.0.1:3900&region=garage".into(),
+                "s3://tierfs-a/bench?endpoint=http://127.0.0.1:3900&region=garage".into(),
+            ],
+        };
+        let mut env = Env::create(cfg).unwrap();
+        let run = env.dir.file_name().unwrap().to_string_lossy().into_owned();
+        let fs = env.fs_under_test();
+        assert_eq!(fs.engine, "postgresql");
+        assert_eq!(fs.meta, "postgres://tierfs:***@127.0.0.1:5432/b1");
+        assert_eq!(fs.target_kind, "s3");
+        assert_eq!(
+            fs.targets,
+            vec![
+                format!("s3://tierfs-a/bench/{run}?endpoint=http://127.0.0.1:3900&region=garage"),
+                format!("s3://tierfs-a/bench/{run}-1?endpoint=http://127.0.0.1:3900&region=garage"),
+            ]
+        );
+        assert_eq!(
+            fs.summary(),
+            "postgresql metadata, 2 s3 targets, stripe count 1"
+        );
+        env.teardown().unwrap();
+        let default = Env::create(EnvConfig {
+            meta: None,
+            target_urls: vec![],
+            ..env.cfg.clone()
+        })
+        .unwrap();
+        let fs = default.fs_under_test();
+        assert_eq!(fs.engine, "sqlite");
+        assert_eq!(fs.target_kind, "local");
+        assert_eq!(
+            fs.targets,
+            vec![
+                format!("file://{}", default.dir.join("ost0").display()),
+                format!("file://{}", default.dir.join("ost1").display()),
+            ]
+        );
+        drop(default);
+        let _ = std::fs::remove_dir_all(&tmp);
     }
 }

@@ -72,6 +72,17 @@ pub struct CommonArgs {
     /// Default stripe count of the tierfs under test (-1: all targets).
     #[arg(long, global = true, default_value_t = 1, allow_hyphen_values = true)]
     pub stripe_count: i64,
+    /// Metadata database of the tierfs under test, formatted with --force (whatever it holds is
+    /// destroyed), e.g. postgres://tierfs@127.0.0.1:5432/bench1 (password from PGPASSWORD,
+    /// never printed) [default: SQLite in the work dir].
+    #[arg(long = "meta", global = true, value_name = "URL")]
+    pub meta: Option<String>,
+    /// Storage target of the tierfs under test (repeat for several), instead of --targets local
+    /// directories in the work dir: file:///DIR or s3://BUCKET/PREFIX?endpoint=URL&region=NAME
+    /// (credentials from TIERFS_S3_CREDENTIALS). Each run formats its own sub-directory or
+    /// key sub-prefix, named after its work dir, so reruns never collide.
+    #[arg(long = "target-url", global = true, value_name = "URL")]
+    pub target_urls: Vec<String>,
     /// Keep the work dir afterwards (clients are unmounted all the same).
     #[arg(long, global = true)]
     pub keep: bool,
@@ -119,6 +130,7 @@ pub fn execute(workloads: &[Box<dyn Workload>], s: &Session) -> Result<Report, B
     let date = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
     let mut env = fixture::Env::create(s.env.clone())?;
     let machine = report::Machine::detect(&env.dir);
+    let fs = env.fs_under_test();
     let progress = runner::Progress::new(s.progress);
     let mut results = Vec::new();
     for w in workloads {
@@ -142,6 +154,7 @@ pub fn execute(workloads: &[Box<dyn Workload>], s: &Session) -> Result<Report, B
         date,
         duration_s: started.elapsed().as_secs_f64(),
         machine,
+        fs,
         modes,
         reps: s.run.reps,
         drop_caches: s.run.drop_caches,
@@ -172,6 +185,15 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
     }
     if c.targets == 0 || c.targets > 64 {
         return Err(BenchError::Args("--targets must be 1 to 64".into()));
+    }
+    if let Some(m) = &c.meta {
+        fixture::check_meta_url(m)?;
+    }
+    if c.target_urls.len() > 64 {
+        return Err(BenchError::Args("at most 64 --target-url".into()));
+    }
+    for t in &c.target_urls {
+        fixture::check_target_url(t)?;
     }
     let tierfs = match &c.tierfs_bin {
         Some(p) => p.clone(),
@@ -240,6 +262,8 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
             stripe_count: c.stripe_count,
             keep: c.keep,
             pcc: want_pcc && pcc,
+            meta: c.meta.clone(),
+            target_urls: c.target_urls.clone(),
         },
         run: runner::RunOptions {
             modes,
@@ -274,9 +298,10 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
     Ok(())
 }
 
-/// The command line as typed (arguments quoted when needed).
+/// The command line as typed (arguments quoted when needed, URL passwords hidden).
 pub fn command_line() -> String {
     std::env::args()
+        .map(|a| fixture::redact_url(&a))
         .map(|a| {
             if a.is_empty() || a.contains(|c: char| c.is_whitespace() || "'\"$`\\".contains(c)) {
                 format!("'{}'", a.replace('\'', "'\\''"))

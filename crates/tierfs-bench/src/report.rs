@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::error::BenchError;
-use crate::fixture::Mode;
+use crate::fixture::{FsUnderTest, Mode};
 use crate::runner::{Outcome, Unit, WorkloadResult};
 use crate::stats::{summarize, Summary};
 
@@ -162,6 +162,10 @@ pub struct Report {
     pub date: String,
     pub duration_s: f64,
     pub machine: Machine,
+    /// The tierfs under test: metadata engine and storage targets (empty in reports written
+    /// before this field existed).
+    #[serde(default)]
+    pub fs: FsUnderTest,
     pub modes: Vec<Mode>,
     pub reps: u32,
     pub drop_caches: bool,
@@ -360,6 +364,10 @@ impl Report {
     pub fn table(&self) -> String {
         let h = header(self);
         let rows = table_rows(self);
+        let mut out = String::new();
+        if !self.fs.engine.is_empty() {
+            out.push_str(&format!("tierfs under test: {}\n", self.fs.summary()));
+        }
         let mut widths: Vec<usize> = h.iter().map(|c| c.chars().count()).collect();
         for r in &rows {
             for (i, c) in r.iter().enumerate() {
@@ -380,7 +388,7 @@ impl Report {
                 .collect::<Vec<_>>()
                 .join("  ")
         };
-        let mut out = line(&h);
+        out.push_str(&line(&h));
         out.push('\n');
         out.push_str(
             &widths
@@ -459,6 +467,20 @@ impl Report {
             m.disk.mount_point,
             m.disk.path.display()
         );
+        if !self.fs.engine.is_empty() {
+            let _ = writeln!(
+                s,
+                "| tierfs under test | {}: metadata `{}`; targets {} |",
+                self.fs.summary(),
+                self.fs.meta,
+                self.fs
+                    .targets
+                    .iter()
+                    .map(|t| format!("`{t}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
         let _ = writeln!(
             s,
             "| modes | {} (interleaved per repetition) |",

@@ -1,6 +1,7 @@
 //! Report generation: JSON, CSV, markdown and PNG files exist and parse; aggregation over
 //! repetitions and clients follows IOR's summary; failures never show as rates.
 
+use tierfs_bench::fixture::FsUnderTest;
 use tierfs_bench::report::{build_rows, Disk, Machine, Report};
 use tierfs_bench::runner::{Measurement, Outcome, Sample, Unit, WorkloadResult};
 use tierfs_bench::stats::{aggregate, TaskTiming};
@@ -99,6 +100,13 @@ fn synthetic() -> Report {
             cores: 2,
             memory_bytes: 1 << 34,
             disk: Disk::detect(std::path::Path::new("/var/tmp")),
+        },
+        fs: FsUnderTest {
+            engine: "postgresql".into(),
+            meta: "postgres://tierfs@127.0.0.1:5432/bench".into(),
+            target_kind: "s3".into(),
+            targets: vec!["s3://tierfs-a/bench/run1?region=garage".into()],
+            stripe_count: 1,
         },
         modes,
         reps: 3,
@@ -212,9 +220,19 @@ fn json_csv_markdown_and_png_files_are_written_and_parse() {
         "| write | bw (MiB/s) |",
         "![ior-bw.png](ior-bw.png)",
         "FAILED",
+        "| tierfs under test | postgresql metadata, 1 s3 target, stripe count 1:",
     ] {
         assert!(md.contains(want), "{want} not in report.md");
     }
+    assert!(r
+        .table()
+        .starts_with("tierfs under test: postgresql metadata, 1 s3 target"));
+    // a results.json written before the field existed still reads
+    let mut v: serde_json::Value = serde_json::to_value(&r).unwrap();
+    v.as_object_mut().unwrap().remove("fs");
+    let old: Report = serde_json::from_value(v).unwrap();
+    assert_eq!(old.fs, FsUnderTest::default());
+    assert!(!old.markdown(&[]).contains("tierfs under test"));
     // PNG: signature, and the IHDR dimensions are sane
     for f in files
         .iter()

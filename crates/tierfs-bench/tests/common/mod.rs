@@ -76,6 +76,8 @@ pub fn run_modes(
             stripe_count: 1,
             keep: false,
             pcc: false,
+            meta: None,
+            target_urls: vec![],
         },
         run: RunOptions {
             modes,
