@@ -65,6 +65,12 @@ pub enum Command {
     /// The persistent client cache: attach, detach, state, pin, rules, stats.
     #[command(subcommand)]
     Pcc(crate::pcc::PccCmd),
+    /// Mount as mount(8) asks a helper to: SOURCE MOUNTPOINT -o OPTS (/etc/fstab lines of type
+    /// fuse.tierfs; also run as mount.fuse.tierfs, or as `tierfs SOURCE MOUNTPOINT -o OPTS`).
+    MountHelper(crate::helper::MountHelperArgs),
+    /// Make /sbin/mount.fuse.tierfs (a symlink to this binary), for /etc/fstab lines of type
+    /// fuse.tierfs.
+    InstallHelper(crate::helper::InstallHelperArgs),
 }
 
 #[derive(Debug, Args)]

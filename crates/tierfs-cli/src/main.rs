@@ -6,6 +6,7 @@ mod cli;
 mod dump;
 mod error;
 mod format;
+mod helper;
 mod locate;
 mod mount;
 mod pcc;
@@ -42,11 +43,19 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::Pcc(c) => pcc::run(c),
         Command::Dump(a) => dump::dump(a),
         Command::Load(a) => dump::load(a),
+        Command::MountHelper(a) => helper::mount_helper(a, &cli.log_level),
+        Command::InstallHelper(a) => helper::install_helper(a),
     }
 }
 
 fn main() {
-    let cli = match Cli::try_parse() {
+    // As mount.fuse.tierfs, or `tierfs SOURCE DIR -o ...` from fuse3's mount.fuse: the
+    // mount helper.
+    let args = helper::rewrite_args(std::env::args_os().collect());
+    // mount(8) passes a helper's exit status on: 1 for bad usage, 32 for a failed mount.
+    let helper = args.get(1).is_some_and(|a| a == "mount-helper");
+    let usage_code = if helper { 1 } else { 2 };
+    let cli = match Cli::try_parse_from(args) {
         Ok(c) => c,
         Err(e) => {
             use clap::error::ErrorKind;
@@ -63,10 +72,13 @@ fn main() {
             let first = text.lines().next().unwrap_or("invalid arguments");
             let first = first.strip_prefix("error: ").unwrap_or(first);
             eprintln!("tierfs: {first} (see tierfs --help)");
-            std::process::exit(2);
+            std::process::exit(usage_code);
         }
     };
-    if !matches!(cli.command, Command::Mount(_) | Command::Up(_)) {
+    if !matches!(
+        cli.command,
+        Command::Mount(_) | Command::Up(_) | Command::MountHelper(_)
+    ) {
         // Short-lived commands die quietly on a closed pipe (`tierfs stats M | head`), as
         // other Unix tools do. The daemon keeps Rust's default of ignoring SIGPIPE.
         // SAFETY: setting a signal disposition before any other thread exists.
@@ -83,6 +95,11 @@ fn main() {
     if let Err(e) = run(cli) {
         let msg = e.to_string().replace('\n', " ");
         eprintln!("tierfs: {msg}");
-        std::process::exit(1);
+        let code = match e {
+            CliError::Usage(_) => 1,
+            _ if helper => 32,
+            _ => 1,
+        };
+        std::process::exit(code);
     }
 }

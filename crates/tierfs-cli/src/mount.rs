@@ -20,7 +20,7 @@ use crate::locate;
 
 const READY_ENV: &str = "TIERFS_READY_PIPE";
 
-fn load_config(a: &MountArgs) -> Result<ClientConfig> {
+pub(crate) fn load_config(a: &MountArgs) -> Result<ClientConfig> {
     let mut cfg = match &a.config {
         Some(p) => {
             let text =
