@@ -25,7 +25,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
-TIERFS=$ROOT/target/debug/tierfs
+TIERFS=${CARGO_TARGET_DIR:-$ROOT/target}/debug/tierfs
 
 [[ $(id -u) -eq 0 ]] || { echo "cluster-test: must run as root (network namespaces, FUSE)"; exit 1; }
 command -v ip >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 >/dev/null; }

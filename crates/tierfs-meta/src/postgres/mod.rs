@@ -20,8 +20,8 @@
 //! then fails with a serialization failure and is retried with a fresh snapshot. Names looked
 //! up before the locks are taken stay valid because any change to a directory's entries also
 //! updates the directory's row. Serialization failures (SQLSTATE 40001) and deadlocks (40P01)
-//! are retried with bounded exponential backoff and jitter; after [`MAX_RETRIES`] the caller
-//! gets `Busy` (EAGAIN).
+//! are retried with bounded exponential backoff and jitter; after [`MAX_RETRIES`] tries or
+//! [`RETRY_BUDGET`], whichever comes first, the caller gets `Busy` (EAGAIN).
 //!
 //! `slices.seq` is a BIGSERIAL. Sequence values are handed out at insert time, not commit
 //! time, but `commit_slices` inserts while holding its inode row, so the slices of one file get
@@ -70,7 +70,11 @@ use pool::{PgConn, Pool, P};
 pub use schema::SCHEMA_VERSION;
 
 /// Attempts of one transaction before giving up with `Busy`.
-pub const MAX_RETRIES: u32 = 12;
+pub const MAX_RETRIES: u32 = 40;
+/// How long one write may keep retrying conflicts before the caller gets `Busy` (a row that
+/// others update all the time, such as a file opened in a tight loop by another client, can
+/// make one transaction lose many times in a row).
+pub const RETRY_BUDGET: Duration = Duration::from_secs(10);
 /// Connections one engine keeps open at most.
 pub const POOL_MAX: usize = 16;
 const MAX_LINKS: i64 = 65000;
@@ -965,7 +969,9 @@ impl PgEngine {
                     }
                     tracing::debug!("metadata connection was closed, connecting again");
                 }
-                Err(TxFail::Error(MetaError::Busy(_))) if attempt < MAX_RETRIES => {
+                Err(TxFail::Error(MetaError::Busy(_)))
+                    if attempt < MAX_RETRIES && started.elapsed() < RETRY_BUDGET =>
+                {
                     attempt += 1;
                     drop(c);
                     let d = backoff(attempt);
