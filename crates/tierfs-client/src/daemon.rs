@@ -16,6 +16,7 @@ use tierfs_store::{StoreError, TargetSet};
 use crate::config::ClientConfig;
 use crate::data::{DataConfig, DataPath};
 use crate::fs::TierFs;
+use crate::lease::Recaller;
 use crate::metrics::Metrics;
 use crate::pcc::{Pcc, PccConfig};
 
@@ -206,6 +207,15 @@ pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Resul
             upload_parallelism: cfg.upload_parallelism,
         },
     ));
+    // Every client recalls other clients' RW-PCC leases before it opens or truncates a file.
+    let recaller = Arc::new(Recaller::new(
+        meta.clone(),
+        Arc::clone(&metrics),
+        client_name.clone(),
+        cfg.cache_dir.is_some(),
+        Duration::from_secs(cfg.pcc_recall_timeout_secs),
+        Duration::from_secs(cfg.session_timeout_secs),
+    ));
     let pcc = match &cfg.cache_dir {
         Some(dir) => {
             let pc = PccConfig {
@@ -216,8 +226,6 @@ pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Resul
                 eviction: cfg.eviction().map_err(DaemonError::Other)?,
                 writeback_delay: Duration::from_secs(cfg.writeback_delay_secs),
                 passthrough: cfg.pcc_passthrough,
-                recall_timeout: Duration::from_secs(cfg.pcc_recall_timeout_secs),
-                session_timeout: Duration::from_secs(cfg.session_timeout_secs),
                 background_copy: 64 << 20,
             };
             let p = Pcc::new(
@@ -226,6 +234,7 @@ pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Resul
                 meta.clone(),
                 Arc::clone(&data),
                 Arc::clone(&metrics),
+                Arc::clone(&recaller),
                 client_name.clone(),
             )
             .map_err(|e| DaemonError::Other(format!("persistent client cache: {e}")))?;
@@ -244,6 +253,7 @@ pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Resul
         session,
         Duration::from_secs_f64(cfg.attr_ttl),
         Duration::from_secs_f64(cfg.entry_ttl),
+        recaller,
     );
     fs.notifier = Arc::clone(&notifier);
     fs.pcc = pcc.clone();

@@ -23,6 +23,7 @@ use tierfs_meta::{
 
 use crate::data::DataPath;
 use crate::error::{ClientError, Result};
+use crate::lease::{Lease, Recaller};
 use crate::metrics::Metrics;
 use crate::pcc::{Pcc, Served};
 
@@ -91,6 +92,9 @@ pub struct TierFs {
     locked: Mutex<std::collections::HashSet<Ino>>,
     /// The persistent client cache, when this client has one.
     pub pcc: Option<Arc<Pcc>>,
+    /// Recalls another client's RW-PCC lease before this client opens or truncates the file
+    /// (with or without a cache of its own).
+    recaller: Arc<Recaller>,
     /// Whether the kernel accepted FUSE passthrough at init.
     passthrough: AtomicBool,
     /// One passthrough backing file per inode, shared by its open handles.
@@ -166,6 +170,7 @@ impl TierFs {
         session: u64,
         attr_ttl: Duration,
         entry_ttl: Duration,
+        recaller: Arc<Recaller>,
     ) -> TierFs {
         TierFs {
             meta,
@@ -180,6 +185,7 @@ impl TierFs {
             info_json: String::new(),
             locked: Mutex::new(Default::default()),
             pcc: None,
+            recaller,
             passthrough: AtomicBool::new(false),
             backing: Mutex::new(HashMap::new()),
             names: Mutex::new(HashMap::new()),
@@ -502,6 +508,7 @@ impl Filesystem for TierFs {
 
     fn forget(&self, _req: &Request, ino: INodeNo, _nlookup: u64) {
         self.data.forget(ino.0);
+        self.recaller.forget(ino.0);
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
@@ -548,11 +555,20 @@ impl Filesystem for TierFs {
                     }
                 }
             }
-            if let Some(pcc) = &self.pcc {
-                if pcc.local_attr(ino.0).is_some() {
-                    // RW-cached here: size and times belong to the cache file.
-                    pcc.set_local(ino.0, size, atime.map(time_set), mtime.map(time_set))?;
-                    size = None;
+            let local = self
+                .pcc
+                .as_ref()
+                .map(|p| p.local_attr(ino.0).is_some())
+                .unwrap_or(false);
+            if let (true, Some(pcc)) = (local, &self.pcc) {
+                // RW-cached here: size and times belong to the cache file.
+                pcc.set_local(ino.0, size, atime.map(time_set), mtime.map(time_set))?;
+                size = None;
+            } else if size.is_some() {
+                // Another client's RW-PCC file is given back before its size changes here.
+                if let Lease::Ours(l) = self.recaller.check_ino(ino.0)? {
+                    // Leased to this client, but not RW-cached here: its data is not here.
+                    self.recaller.ours_without_data(&l)?;
                 }
             }
             if size.is_some() || mtime.is_some() || atime.is_some() {
@@ -748,16 +764,20 @@ impl Filesystem for TierFs {
             if a.kind == Kind::Dir {
                 return Err(ClientError::Meta(MetaError::IsDir));
             }
+            // Every client, with a cache or not, has another client's RW-PCC file given back
+            // before it opens it: the data is only in the owner's cache until then.
+            let (a, own) = match self.recaller.check(&a)? {
+                Lease::Free => (a, None),
+                // The owner wrote the file back: open what is there now.
+                Lease::Recalled => (self.meta.getattr(ino.0)?, None),
+                Lease::Ours(l) => (a, Some(l)),
+            };
             if let Some(pcc) = &self.pcc {
                 let name = self.names.lock().get(&ino.0).cloned();
-                if let Some(served) = pcc.on_open(&a, name.as_deref(), flags.0)? {
+                if let Some(served) = pcc.on_open(&a, own.as_ref(), name.as_deref(), flags.0)? {
                     let (fh, backing) = self.open_cached(&reply, &a, flags.0, served, false)?;
                     return Ok((fh, FopenFlags::empty(), backing));
                 }
-                // A recall may have changed the file: open what is there now.
-                let a = self.meta.getattr(ino.0)?;
-                let (fh, fl) = self.open_file(&a, flags.0, false)?;
-                return Ok((fh, fl, None));
             }
             let (fh, fl) = self.open_file(&a, flags.0, false)?;
             Ok((fh, fl, None))

@@ -6,6 +6,8 @@
 //! - [`config`]: the client's TOML configuration.
 //! - [`metrics`]: Prometheus metrics and the stats file.
 //! - [`pcc`]: the persistent client cache as this client runs it.
+//! - [`lease`]: recalling another client's RW-PCC lease before an open or truncate (every
+//!   client, with a cache or not).
 //! - [`recall`]: the thread that gives RW-PCC leases back on request (notified or polling).
 
 pub mod config;
@@ -13,6 +15,7 @@ pub mod daemon;
 pub mod data;
 pub mod error;
 pub mod fs;
+pub mod lease;
 pub mod metrics;
 pub mod pcc;
 pub mod recall;

@@ -19,6 +19,7 @@ use tierfs_pcc::store::{CacheStore, Entry, Eviction, Mode};
 
 use crate::data::DataPath;
 use crate::error::{ClientError, Result};
+use crate::lease::{Lease, Recaller};
 use crate::metrics::Metrics;
 use crate::recall::{Pass, RecallWork};
 
@@ -32,18 +33,8 @@ pub struct PccConfig {
     pub eviction: Eviction,
     pub writeback_delay: Duration,
     pub passthrough: bool,
-    pub recall_timeout: Duration,
-    pub session_timeout: Duration,
     /// Files larger than this are copied in the background on an RO attach at open.
     pub background_copy: u64,
-}
-
-/// Why an open must fail rather than read stale or missing data.
-fn owner_down() -> ClientError {
-    ClientError::Errno(
-        "the RW-PCC owner of this file is down and holds data not yet written back",
-        libc::EHOSTDOWN,
-    )
 }
 
 /// A stored rule and its parsed form.
@@ -55,6 +46,8 @@ pub struct Pcc {
     meta: Arc<dyn MetaEngine>,
     data: Arc<DataPath>,
     metrics: Arc<Metrics>,
+    /// Recalls of other clients' leases (shared with the clients' uncached opens).
+    recaller: Arc<Recaller>,
     pub client: String,
     /// When the rules were read, and the rules that apply to this client.
     rules: Mutex<(Option<Instant>, Vec<RuleEntry>)>,
@@ -81,6 +74,7 @@ impl Pcc {
         meta: Arc<dyn MetaEngine>,
         data: Arc<DataPath>,
         metrics: Arc<Metrics>,
+        recaller: Arc<Recaller>,
         client: String,
     ) -> Result<Pcc> {
         let store = CacheStore::open(&cfg.cache_dir, fs_uuid, cfg.capacity)
@@ -91,6 +85,7 @@ impl Pcc {
             meta,
             data,
             metrics,
+            recaller,
             client,
             rules: Mutex::new((None, Vec::new())),
             opens: Mutex::new(HashMap::new()),
@@ -348,12 +343,8 @@ impl Pcc {
                 return Ok(());
             }
         }
-        if let Some(l) = self.meta.pcc_lease(attr.ino)? {
-            if l.client != self.client {
-                self.recall(&l)?;
-            } else {
-                return Ok(());
-            }
+        if let Lease::Ours(_) = self.recaller.check_ino(attr.ino)? {
+            return Ok(());
         }
         let attr = self.meta.getattr(attr.ino)?;
         if !self.make_room(attr.size) {
@@ -393,11 +384,7 @@ impl Pcc {
                 return Ok(e);
             }
         }
-        if let Some(l) = self.meta.pcc_lease(attr.ino)? {
-            if l.client != self.client {
-                self.recall(&l)?;
-            }
-        }
+        self.recaller.check_ino(attr.ino)?;
         let before = self.meta.getattr(attr.ino)?;
         if !self.make_room(before.size) {
             return Err(ClientError::Errno("the cache is full", libc::ENOSPC));
@@ -528,84 +515,37 @@ impl Pcc {
         }
     }
 
-    /// Waits until another client gives an RW lease back. A dead owner's clean lease is broken;
-    /// a dead owner's dirty data cannot be read (EHOSTDOWN).
-    fn recall(&self, lease: &PccLease) -> Result<()> {
-        let start = Instant::now();
-        let timeout = self.session_timeout_ns();
-        let mut asked = false;
-        self.metrics.pcc("recalls", 1);
-        loop {
-            let Some(l) = self.meta.pcc_lease(lease.ino)? else {
-                return Ok(());
-            };
-            if l.client == self.client {
-                return Ok(());
-            }
-            if !self.meta.client_alive(&l.client, timeout)? {
-                if l.dirty {
-                    return Err(owner_down());
-                }
-                tracing::info!(ino = l.ino, owner = %l.client, "breaking the clean RW-PCC lease of a dead client");
-                self.meta.pcc_release(l.ino, &l.client)?;
-                return Ok(());
-            }
-            if !asked {
-                self.meta.pcc_request_revoke(l.ino, &self.client)?;
-                asked = true;
-            }
-            if start.elapsed() > self.cfg.recall_timeout {
-                return Err(ClientError::Errno(
-                    "the RW-PCC owner did not give the file back in time",
-                    libc::ETIMEDOUT,
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    fn session_timeout_ns(&self) -> i64 {
-        self.cfg.session_timeout.as_nanos() as i64
-    }
-
     // ------------------------------------------------------------------ open / create / close
 
-    /// At open: a cached file to serve, if any. Recalls another client's RW lease first.
+    /// At open: a cached file to serve, if any. Another client's RW lease was recalled before
+    /// (see [`Recaller::check`]), `attr` read after that; `own` is this client's lease of the
+    /// file, if it holds one.
     pub fn on_open(
         self: &Arc<Self>,
         attr: &Attr,
+        own: Option<&PccLease>,
         name: Option<&[u8]>,
         flags: i32,
     ) -> Result<Option<Served>> {
         let ino = attr.ino;
         let write = flags & libc::O_ACCMODE != libc::O_RDONLY;
-        if let Some(l) = self.meta.pcc_lease(ino)? {
-            if l.client == self.client {
-                return match self.store.get(ino) {
-                    Some(e) if e.mode == Mode::Rw => {
-                        let f = self.store.open_data(ino, true).map_err(Self::cache_err)?;
-                        self.store.touch(ino, |en| en.last_access = now_nanos());
-                        self.opened(ino, write);
-                        self.metrics.pcc("hits", 1);
-                        Ok(Some(Served {
-                            file: Arc::new(f),
-                            rw: true,
-                        }))
-                    }
-                    _ if !l.dirty => {
-                        // The lease survived but the cached data did not: give it up.
-                        self.meta.pcc_release(ino, &self.client)?;
-                        Ok(None)
-                    }
-                    _ => Err(ClientError::Errno(
-                        "this client's cached data of the file is lost",
-                        libc::EIO,
-                    )),
-                };
-            }
-            self.recall(&l)?;
+        if let Some(l) = own {
+            return match self.store.get(ino) {
+                Some(e) if e.mode == Mode::Rw => {
+                    let f = self.store.open_data(ino, true).map_err(Self::cache_err)?;
+                    self.store.touch(ino, |en| en.last_access = now_nanos());
+                    self.opened(ino, write);
+                    self.metrics.pcc("hits", 1);
+                    Ok(Some(Served {
+                        file: Arc::new(f),
+                        rw: true,
+                    }))
+                }
+                // The lease survived but the cached data did not: given up if clean, EIO if
+                // dirty.
+                _ => self.recaller.ours_without_data(l).map(|()| None),
+            };
         }
-        let attr = self.meta.getattr(ino)?;
         if let Some(e) = self.store.get(ino) {
             if e.mode == Mode::Ro {
                 if !write && e.complete && e.version == attr.data_version && !self.verified(&e) {
@@ -631,14 +571,14 @@ impl Pcc {
             return Ok(None);
         }
         let Some(name) = name else { return Ok(None) };
-        let Some(rule) = self.matching_rule("ro", &attr, name) else {
+        let Some(rule) = self.matching_rule("ro", attr, name) else {
             return Ok(None);
         };
         if attr.size > self.cfg.background_copy {
             self.spawn_background_copy(attr.clone(), rule);
             return Ok(None);
         }
-        match self.attach_ro(&attr, Some(rule)) {
+        match self.attach_ro(attr, Some(rule)) {
             Ok(()) => {
                 let f = self.store.open_data(ino, false).map_err(Self::cache_err)?;
                 self.opened(ino, false);

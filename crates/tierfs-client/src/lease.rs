@@ -1,0 +1,188 @@
+//! RW-PCC leases as every client meets them, with or without a cache of its own: before a
+//! client opens a file or changes its size, a file another client holds read-write in its cache
+//! is recalled — the owner is asked to write it back and give the lease up
+//! ([`MetaEngine::pcc_request_revoke`]), and the client waits until it did. The owner's side of
+//! a recall is [`crate::recall`].
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use tierfs_meta::{Attr, Ino, Kind, MetaEngine, PccLease};
+
+use crate::error::{ClientError, Result};
+use crate::metrics::Metrics;
+
+/// Files remembered as found without a lease (bounded; cleared when full).
+const UNLEASED_MAX: usize = 100_000;
+
+/// Why an open or truncate must fail rather than use stale or missing data.
+fn owner_down() -> ClientError {
+    ClientError::Errno(
+        "the RW-PCC owner of this file is down and holds data not yet written back",
+        libc::EHOSTDOWN,
+    )
+}
+
+/// What [`Recaller::check`] found.
+#[derive(Debug)]
+pub enum Lease {
+    /// No client holds the file: the attributes the check was given are still good.
+    Free,
+    /// A lease was there and is gone now (given back, or a dead owner's clean lease broken):
+    /// the file's data and attributes may have changed, read them again.
+    Recalled,
+    /// This client holds the lease (only for a client with a cache, which serves the file).
+    Ours(PccLease),
+}
+
+/// Recalls RW-PCC leases other clients hold, for this client's opens and truncates.
+pub struct Recaller {
+    meta: Arc<dyn MetaEngine>,
+    metrics: Arc<Metrics>,
+    client: String,
+    /// Whether this client has a cache (leases in its name are then its cache's).
+    cached: bool,
+    /// How long to wait for an owner to give a file back (`pcc_recall_timeout_secs`).
+    recall_timeout: Duration,
+    /// An owner silent this long is down (`session_timeout_secs`).
+    session_timeout: Duration,
+    /// Files found without a lease, with their data version at the time. Taking a lease moves
+    /// the file's data version in the same transaction ([`MetaEngine::pcc_acquire`]), so while
+    /// the version an open reads is still this one, nobody took a lease since: the open needs
+    /// no lease query.
+    unleased: Mutex<HashMap<Ino, u64>>,
+}
+
+impl Recaller {
+    pub fn new(
+        meta: Arc<dyn MetaEngine>,
+        metrics: Arc<Metrics>,
+        client: String,
+        cached: bool,
+        recall_timeout: Duration,
+        session_timeout: Duration,
+    ) -> Recaller {
+        Recaller {
+            meta,
+            metrics,
+            client,
+            cached,
+            recall_timeout,
+            session_timeout,
+            unleased: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Before an open of `attr`'s file (read just now): recalls another client's lease, waiting
+    /// until it is given back. Costs no metadata query when this client already found the file
+    /// without a lease at its current data version, one otherwise.
+    pub fn check(&self, attr: &Attr) -> Result<Lease> {
+        if attr.kind != Kind::File {
+            return Ok(Lease::Free);
+        }
+        if self.unleased.lock().get(&attr.ino) == Some(&attr.data_version) {
+            return Ok(Lease::Free);
+        }
+        let lease = self.meta.pcc_lease(attr.ino)?;
+        self.settle(attr.ino, lease, Some(attr.data_version))
+    }
+
+    /// [`Recaller::check`] for a request that has not read the file's attributes (a
+    /// truncate): one lease query.
+    pub fn check_ino(&self, ino: Ino) -> Result<Lease> {
+        let lease = self.meta.pcc_lease(ino)?;
+        self.settle(ino, lease, None)
+    }
+
+    fn settle(&self, ino: Ino, lease: Option<PccLease>, version: Option<u64>) -> Result<Lease> {
+        match lease {
+            None => {
+                if let Some(v) = version {
+                    let mut g = self.unleased.lock();
+                    if g.len() >= UNLEASED_MAX {
+                        g.clear();
+                    }
+                    g.insert(ino, v);
+                }
+                Ok(Lease::Free)
+            }
+            Some(l) if l.client == self.client => {
+                if self.cached {
+                    return Ok(Lease::Ours(l));
+                }
+                self.ours_without_data(&l)?;
+                Ok(Lease::Recalled)
+            }
+            Some(l) => {
+                self.recall(&l)?;
+                Ok(Lease::Recalled)
+            }
+        }
+    }
+
+    /// A lease in this client's name whose data this client does not have (its cache file is
+    /// gone, or this mount has no cache while a mount of the same name with one took the
+    /// lease): a clean lease is released; dirty data cannot be read.
+    pub fn ours_without_data(&self, l: &PccLease) -> Result<()> {
+        if !l.dirty {
+            self.meta.pcc_release(l.ino, &self.client)?;
+            return Ok(());
+        }
+        if self.cached {
+            Err(ClientError::Errno(
+                "this client's cached data of the file is lost",
+                libc::EIO,
+            ))
+        } else {
+            Err(ClientError::Errno(
+                "the file's data is in the cache of a mount of this client name with --cache-dir",
+                libc::EHOSTDOWN,
+            ))
+        }
+    }
+
+    /// Waits until another client gives an RW lease back (asking it to, once). A dead owner's
+    /// clean lease is broken; a dead owner's dirty data cannot be read (EHOSTDOWN); an owner
+    /// that does not give the file back within the recall timeout gives ETIMEDOUT.
+    pub fn recall(&self, lease: &PccLease) -> Result<()> {
+        let start = Instant::now();
+        let timeout = self.session_timeout.as_nanos() as i64;
+        let mut asked = false;
+        self.metrics.pcc("recalls", 1);
+        loop {
+            let Some(l) = self.meta.pcc_lease(lease.ino)? else {
+                return Ok(());
+            };
+            if l.client == self.client {
+                return Ok(());
+            }
+            if !self.meta.client_alive(&l.client, timeout)? {
+                if l.dirty {
+                    return Err(owner_down());
+                }
+                tracing::info!(ino = l.ino, owner = %l.client, "breaking the clean RW-PCC lease of a dead client");
+                self.meta.pcc_release(l.ino, &l.client)?;
+                return Ok(());
+            }
+            if !asked {
+                self.meta.pcc_request_revoke(l.ino, &self.client)?;
+                asked = true;
+            }
+            if start.elapsed() > self.recall_timeout {
+                return Err(ClientError::Errno(
+                    "the RW-PCC owner did not give the file back in time",
+                    libc::ETIMEDOUT,
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// The kernel forgot the inode: so may we.
+    pub fn forget(&self, ino: Ino) {
+        self.unleased.lock().remove(&ino);
+    }
+}
