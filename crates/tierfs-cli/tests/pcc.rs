@@ -1586,3 +1586,208 @@ fn eviction_size_policy_and_rw_written_back_first() {
         assert_reads(&t.p(0, n), d, n);
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Clients without a cache recall too
+// ---------------------------------------------------------------------------------------------
+
+/// Options of a client named `name` without a cache (same short timings as the PCC clients).
+fn plain_opts(name: &str, extra: &[(&str, &str)]) -> ClientOpts {
+    ClientOpts {
+        name: name.to_string(),
+        attr_ttl: None,
+        cache_dir: None,
+        cache_size: None,
+        config: Some(config(extra)),
+        log_file: None,
+    }
+}
+
+/// Client 0 ("a") with a 1 GiB cache, client 1 ("b") without one.
+fn cached_and_plain(a: &[(&str, &str)], b: &[(&str, &str)], limit_secs: u64) -> TestFs {
+    let mut t = TestFs::with(Opts {
+        clients: 0,
+        timeout: Duration::from_secs(limit_secs),
+        ..Opts::default()
+    });
+    let oa = pcc_opts(&t, "a", "1G", a);
+    t.mount_with(&oa);
+    t.mount_with(&plain_opts("b", b));
+    t
+}
+
+/// truncate(2) by path (no open on this client).
+fn truncate_path(p: &Path, len: u64) -> std::io::Result<()> {
+    let c = cstr(p);
+    io_res(unsafe { libc::truncate(c.as_ptr(), len as libc::off_t) })
+}
+
+/// A client mounted without `--cache-dir` opens another client's dirty RW-PCC file: it recalls
+/// the file first and reads the owner's new bytes, not the capacity tier's old ones; and again
+/// after the owner attached the file anew (the file's data version moved since b last looked).
+#[test]
+fn client_without_cache_recalls_before_reading() {
+    let _g = serial();
+    let t = cached_and_plain(&[("writeback_delay_secs", "3600")], &[], 120);
+    let (fa, fb) = (t.p(0, "f"), t.p(1, "f"));
+    let old = pattern(40, 0, MIB + 7);
+    fs::write(&fa, &old).unwrap();
+    pcc(&t, &["attach", "-w", &s(&fa)]).assert_ok();
+    let data = pattern(41, 0, 3 * MIB + 5);
+    write_at(&fa, 0, &data, false);
+    wait_dirty(&t, &fa);
+    after_ttl();
+    assert_eq!(size_of(&fb), data.len() as u64, "size seen by b");
+    let before = total_usage(&t);
+    let t0 = Instant::now();
+    assert_reads(&fb, &data, "b (no cache) reads a's dirty RW-PCC file");
+    let took = t0.elapsed();
+    assert!(took < Duration::from_secs(10), "b's open took {took:?}");
+    assert!(
+        total_usage(&t) >= before + data.len() as u64,
+        "b's open did not make a write the file back"
+    );
+    let st = state(&t, &fa);
+    assert_eq!(st.lease_owner, None, "lease after b's open: {}", st.raw);
+    assert_eq!(st.typ, "readonly", "a keeps a read-only copy: {}", st.raw);
+    assert_reads(&fb, &data, "b opens the file again");
+
+    // a takes the file back and changes part of it: b's next open recalls again
+    pcc(&t, &["attach", "-w", &s(&fa)]).assert_ok();
+    let part = pattern(42, 0, MIB + 1);
+    write_at(&fa, MIB as u64, &part, false);
+    wait_dirty(&t, &fa);
+    let mut want = data.clone();
+    want[MIB..2 * MIB + 1].copy_from_slice(&part);
+    after_ttl();
+    assert_reads(&fb, &want, "b after a's second attach and write");
+    assert_reads(&fa, &want, "a after b's second recall");
+}
+
+/// b (no cache) truncates, overwrites in place, and rewrites (O_TRUNC) files a holds dirty
+/// under RW-PCC: each result is what POSIX says, with all of a's bytes that should survive.
+#[test]
+fn client_without_cache_truncates_and_overwrites_an_rw_file() {
+    let _g = serial();
+    let t = cached_and_plain(&[("writeback_delay_secs", "3600")], &[], 150);
+    let mut datas = Vec::new();
+    for (i, name) in ["trunc", "over", "rewrite"].iter().enumerate() {
+        let fa = t.p(0, name);
+        fs::write(&fa, b"old bytes").unwrap();
+        pcc(&t, &["attach", "-w", &s(&fa)]).assert_ok();
+        let d = pattern(50 + i as u64, 0, 3 * MIB + 11);
+        write_at(&fa, 0, &d, false);
+        wait_dirty(&t, &fa);
+        datas.push(d);
+    }
+    after_ttl();
+
+    // truncate(2) by path, without opening the file on b
+    let keep = MIB + 5;
+    truncate_path(&t.p(1, "trunc"), keep as u64).expect("b truncates a's RW-PCC file");
+    let want_trunc = datas[0][..keep].to_vec();
+    assert_reads(&t.p(1, "trunc"), &want_trunc, "b after its truncate");
+
+    // open for writing without O_TRUNC, overwrite one range
+    let x = pattern(60, 0, 4096 + 3);
+    write_at(&t.p(1, "over"), MIB as u64 + 100, &x, false);
+    let mut want_over = datas[1].clone();
+    want_over[MIB + 100..MIB + 100 + x.len()].copy_from_slice(&x);
+    assert_reads(&t.p(1, "over"), &want_over, "b after its overwrite");
+
+    // O_TRUNC and a short write
+    let short = b"b's new contents\n".to_vec();
+    fs::write(t.p(1, "rewrite"), &short).unwrap();
+    assert_reads(&t.p(1, "rewrite"), &short, "b after its rewrite");
+
+    for name in ["trunc", "over", "rewrite"] {
+        let st = state(&t, &t.p(0, name));
+        assert_eq!(
+            st.lease_owner, None,
+            "{name}: lease after b's change: {}",
+            st.raw
+        );
+    }
+    after_ttl();
+    for (name, want) in [
+        ("trunc", &want_trunc),
+        ("over", &want_over),
+        ("rewrite", &short),
+    ] {
+        assert_reads(
+            &t.p(0, name),
+            want,
+            &format!("a reads {name} after b's change"),
+        );
+    }
+    // nothing of a's comes back later (an unmount writes back whatever a still holds dirty)
+    pcc(&t, &["detach", &s(&t.p(0, "over"))]).assert_ok();
+    after_ttl();
+    assert_reads(&t.p(1, "over"), &want_over, "b after a's detach");
+}
+
+/// The owner of a dirty RW-PCC file is down: b (no cache) gets EHOSTDOWN at open and at
+/// truncate rather than stale data, reads the owner's clean files once its session expired,
+/// and reads the dirty one once the owner is back.
+#[test]
+fn client_without_cache_gets_ehostdown_from_a_dead_owners_dirty_file() {
+    let _g = serial();
+    let a: &[(&str, &str)] = &[
+        ("writeback_delay_secs", "3600"),
+        ("session_timeout_secs", "3"),
+    ];
+    let b: &[(&str, &str)] = &[("session_timeout_secs", "3")];
+    let mut t = cached_and_plain(a, b, 150);
+    let (fa, fb) = (t.p(0, "dirty"), t.p(1, "dirty"));
+    fs::write(&fa, b"old").unwrap();
+    pcc(&t, &["attach", "-w", &s(&fa)]).assert_ok();
+    let data = pattern(70, 0, 2 * MIB + 3);
+    write_at(&fa, 0, &data, true);
+    wait_dirty(&t, &fa);
+    let (ga, gb) = (t.p(0, "clean"), t.p(1, "clean"));
+    let clean = pattern(71, 0, MIB + 9);
+    fs::write(&ga, &clean).unwrap();
+    pcc(&t, &["attach", "-w", &s(&ga)]).assert_ok();
+    assert!(!state(&t, &ga).lease_dirty, "attached, not written");
+
+    t.kill9(0);
+    thread::sleep(Duration::from_secs(4));
+    after_ttl();
+    assert_eq!(size_of(&fb), data.len() as u64, "size seen by b");
+    for write in [false, true] {
+        let t0 = Instant::now();
+        match OpenOptions::new().read(!write).write(write).open(&fb) {
+            Ok(f) => {
+                let mut head = vec![0u8; 16];
+                let r = f.read_at(&mut head, 0);
+                panic!(
+                    "b's open (write={write}) of a dead owner's dirty file succeeded after {:?}; \
+                     read gives {r:?} {head:?}",
+                    t0.elapsed()
+                );
+            }
+            Err(e) => assert_eq!(
+                err_of(&e),
+                libc::EHOSTDOWN,
+                "b's open (write={write}) of a dead owner's dirty file: {e}"
+            ),
+        }
+        assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    }
+    assert_errno(
+        truncate_path(&fb, 1),
+        libc::EHOSTDOWN,
+        "b's truncate of a dead owner's dirty file",
+    );
+    assert_eq!(
+        size_of(&fb),
+        data.len() as u64,
+        "size after the refused truncate"
+    );
+    assert_reads(&gb, &clean, "b reads the dead owner's clean file");
+
+    let oa = pcc_opts(&t, "a", "1G", a);
+    t.remount_with(0, &oa);
+    after_ttl();
+    assert_reads(&fb, &data, "b after the owner came back");
+}
