@@ -3,7 +3,10 @@
 #
 #   1. mdtest create/stat/read/remove with 1, 2 and 4 clients, metadata on PostgreSQL vs SQLite
 #      (everything else the same: two local file:// targets in the work dir), in a shared
-#      directory and in one directory per client (mdtest -u);
+#      directory, in one directory per client (mdtest -u), and with 2 and 4 clients each
+#      working on another client's files after the create (mdtest -u -N);
+#      plus the 1- and 4-client unique-directory runs on a second PostgreSQL with fsync=off, to
+#      show what the commit flush costs;
 #   2. sequential throughput (IOR file per process, 1 MiB transfers, write with fsync then read
 #      back, verified) on S3 targets (two Garage buckets) vs local-directory targets, metadata
 #      on SQLite.
@@ -68,13 +71,17 @@ TIERFS=$ROOT/target/release/tierfs
 [[ -x $TIERFS ]] || { log "$TIERFS is missing (build it, or drop --no-build)"; exit 2; }
 
 PG_DIR=
+PG2_DIR=
 S3_DIR=
 cleanup() {
     local rc=$?
     trap - EXIT INT TERM
-    if [[ -n $PG_DIR ]]; then
-        scripts/postgres-test-server.sh stop "$PG_DIR" || true
-    fi
+    local d
+    for d in "$PG_DIR" "$PG2_DIR"; do
+        if [[ -n $d ]]; then
+            scripts/postgres-test-server.sh stop "$d" || true
+        fi
+    done
     if [[ -n $S3_DIR ]]; then
         scripts/s3-test-server.sh stop "$S3_DIR" || true
     fi
@@ -114,7 +121,6 @@ read_vars "$(PG_TEST_DURABLE=1 scripts/postgres-test-server.sh start)"
 PG_DIR=$TIERFS_PG_DIR
 read_vars "$(scripts/s3-test-server.sh start)"
 S3_DIR=$TIERFS_S3_DIR
-PG_BASE=${TIERFS_PG_URL%/*}
 
 {
     echo "postgresql: $(psql "$TIERFS_PG_URL" -Atc 'SELECT version()')"
@@ -167,15 +173,23 @@ run() {
 }
 
 # mdtest: both engines at each client count, their order alternating so that noise hits both.
+# new_db URL NAME: creates database bench_NAME on the server of URL; prints its URL.
 new_db() {
-    local db="bench_$1"
-    echo "+ psql \"\$TIERFS_PG_URL\" -c \"CREATE DATABASE $db\"" >>"$OUT/commands.txt"
-    psql -q "$TIERFS_PG_URL" -c "CREATE DATABASE $db" >&2
-    echo "$PG_BASE/$db"
+    local db="bench_$2"
+    echo "+ psql \"${1%/*}/postgres\" -c \"CREATE DATABASE $db\"" >>"$OUT/commands.txt"
+    psql -q "$1" -c "CREATE DATABASE $db" >&2
+    echo "${1%/*}/$db"
 }
+# Layouts: shared (one directory), unique (mdtest -u: one per client) and remote (-u -N: each
+# client stats, reads and removes the files another client created, so no client's kernel
+# cache holds them; with 2 and 4 clients).
 flip=0
-for layout in shared unique; do
-    for c in 1 2 4; do
+for layout in shared unique remote; do
+    counts=(1 2 4)
+    if [[ $layout == remote ]]; then
+        counts=(2 4)
+    fi
+    for c in "${counts[@]}"; do
         engines=(sqlite postgresql)
         if [[ $flip == 1 ]]; then
             engines=(postgresql sqlite)
@@ -184,11 +198,12 @@ for layout in shared unique; do
         for e in "${engines[@]}"; do
             name=mdtest-$layout-c$c-$e
             extra=()
-            if [[ $layout == unique ]]; then
-                extra=(-u)
-            fi
+            case $layout in
+                unique) extra=(-u) ;;
+                remote) extra=(-u -N) ;;
+            esac
             if [[ $e == postgresql ]]; then
-                run "$name" --meta "$(new_db "${layout}_c$c")" \
+                run "$name" --meta "$(new_db "$TIERFS_PG_URL" "${layout}_c$c")" \
                     mdtest --clients "$c" --tasks 1 -n "$ITEMS" "${extra[@]}"
             else
                 run "$name" mdtest --clients "$c" --tasks 1 -n "$ITEMS" "${extra[@]}"
@@ -197,11 +212,29 @@ for layout in shared unique; do
     done
 done
 
+# What durability costs PostgreSQL: the same runs on a second server with fsync=off (the test
+# servers' default: commits still write the WAL but do not wait for the disk).
+out2=$(scripts/postgres-test-server.sh start)
+PG2_DIR=$(sed -n 's/^TIERFS_PG_DIR=//p' <<<"$out2")
+PG2_URL=$(sed -n 's/^TIERFS_PG_URL=//p' <<<"$out2")
+echo "postgresql, fsync-off server: $(psql "$PG2_URL" -Atc "SELECT string_agg(name || '=' || current_setting(name), ', ' ORDER BY name) FROM pg_settings WHERE name IN ('fsync','synchronous_commit','full_page_writes')")" >>"$ENVF"
+for c in 1 4; do
+    run "mdtest-unique-c$c-postgresql-nofsync" --meta "$(new_db "$PG2_URL" "nofsync_c$c")" \
+        mdtest --clients "$c" --tasks 1 -n "$ITEMS" -u
+done
+scripts/postgres-test-server.sh stop "$PG2_DIR"
+PG2_DIR=
+
 # Sequential throughput: the same two targets' worth of data, local directories vs S3 buckets.
 Q="endpoint=$TIERFS_S3_ENDPOINT&region=$TIERFS_S3_REGION"
 IOR=(ior --clients "$IOR_CLIENTS" --tasks 1 -t 1m -b "$IOR_BLOCK" -F -e)
 run ior-local --targets 2 "${IOR[@]}"
+# CPU time Garage uses during the S3 run (utime + stime of its process, in clock ticks).
+garage_cpu() { awk '{print $14 + $15}' "/proc/$(cat "$S3_DIR/pid")/stat" 2>/dev/null || echo 0; }
+g0=$(garage_cpu)
+t0=$SECONDS
 run ior-s3 --target-url "s3://tierfs-a/bench?$Q" --target-url "s3://tierfs-b/bench?$Q" "${IOR[@]}"
+echo "garage: $(((($(garage_cpu) - g0) + 50) / 100)) CPU-s (of $(nproc) cores) during ior-s3, which took $((SECONDS - t0)) s including its native runs" >>"$ENVF"
 
 {
     echo "load after: $(uptime)"
@@ -244,11 +277,24 @@ env = open(os.path.join(out, "environment.txt")).read()
 print("# Cluster mode (issue 5): results\n")
 print("```\n" + env.strip() + "\n```\n")
 problems = []
-for layout, title in [("shared", "one shared directory"), ("unique", "one directory per client (mdtest -u)")]:
+def completed(r):
+    """Figures of the tierfs runs that completed, per rep (for a mode that failed in some rep)."""
+    out = []
+    for w in r["workloads"]:
+        for smp in w["samples"]:
+            if smp["mode"] == "tierfs" and smp["status"] == "ok":
+                out.append("rep %d: %s" % (smp["rep"] + 1, ", ".join(
+                    "%s %s" % (m["test"], num(m["value"])) for m in smp["measurements"])))
+    return "; ".join(out) or "none"
+
+for layout, title, counts in [
+        ("shared", "one shared directory", (1, 2, 4)),
+        ("unique", "one directory per client (mdtest -u)", (1, 2, 4)),
+        ("remote", "one directory per client, stat/read/remove of another client's files (mdtest -u -N)", (2, 4))]:
     print("## mdtest, empty files, %s\n" % title)
     print("| clients | phase | SQLite ops/s | PostgreSQL ops/s | PostgreSQL/SQLite | tierfs/native, SQLite | tierfs/native, PostgreSQL |")
     print("|---:|---|---:|---:|---:|---:|---:|")
-    for c in (1, 2, 4):
+    for c in counts:
         rs = {e: load("mdtest-%s-c%d-%s" % (layout, c, e)) for e in ("sqlite", "postgresql")}
         for e, r in rs.items():
             if r is not None:
@@ -260,10 +306,24 @@ for layout, title in [("shared", "one shared directory"), ("unique", "one direct
             sn, _ = fig(rs["sqlite"], "native", phase, "ops")
             pn, _ = fig(rs["postgresql"], "native", phase, "ops")
             for name, err in (("sqlite", se), ("postgresql", pe)):
-                if err:
-                    problems.append("mdtest-%s-c%d-%s %s: %s" % (layout, c, name, phase, err))
+                if err and phase == "create":
+                    problems.append("mdtest-%s-c%d-%s: %s (tierfs runs that completed: %s)" % (
+                        layout, c, name, err, completed(rs[name]) if rs[name] else "none"))
             print("| %d | %s | %s | %s | %s | %s | %s |" % (c, phase, num(s), num(p), ratio(p, s), ratio(s, sn), ratio(p, pn)))
     print()
+
+print("## What durability costs: PostgreSQL with fsync on (above) and off, one directory per client\n")
+print("| clients | phase | fsync on ops/s | fsync off ops/s | on/off |")
+print("|---:|---|---:|---:|---:|")
+for c in (1, 4):
+    on, off = load("mdtest-unique-c%d-postgresql" % c), load("mdtest-unique-c%d-postgresql-nofsync" % c)
+    for phase in ("create", "stat", "read", "remove"):
+        a, _ = fig(on, "tierfs", phase, "ops")
+        b, be = fig(off, "tierfs", phase, "ops")
+        if be and phase == "create":
+            problems.append("mdtest-unique-c%d-postgresql-nofsync: %s" % (c, be))
+        print("| %d | %s | %s | %s | %s |" % (c, phase, num(a), num(b), ratio(a, b)))
+print()
 
 print("## Sequential, IOR file per process, 1 MiB transfers, write (with fsync) then read\n")
 print("| phase | local targets MiB/s | S3 targets MiB/s | S3/local | tierfs/native, local | tierfs/native, S3 | native MiB/s (local run / S3 run) |")
