@@ -297,7 +297,7 @@ impl TierFs {
     /// A new handle on `attr`'s file; `recorded` when the open is already in the metadata
     /// engine (create + open in one transaction).
     fn open_file(&self, attr: &Attr, flags: i32, recorded: bool) -> Result<(u64, FopenFlags)> {
-        if !recorded {
+        if !recorded && !self.data.cancel_queued_close(attr.ino) {
             self.meta.open_file(self.session, attr.ino)?;
         }
         let keep = self.data.open(attr);
