@@ -145,13 +145,16 @@ META="${PG_URL%/*}/$DB"
 pg_hostport=${PG_URL#*@}
 pg_hostport=${pg_hostport%%/*}
 (umask 077 && echo "${pg_hostport%:*}:${pg_hostport#*:}:$DB:tierfs:$PGPASSWORD" >"$WORK/pgpass")
+# Short sessions, so that the database outage below outlasts them: no client may take another
+# for dead because nobody could heartbeat while the database was away.
+printf 'heartbeat_secs = 1\nsession_timeout_secs = 4\n' >"$WORK/client.toml"
 mount_client() { # mount_client INDEX
     local c=${CLIENTS[$1]}
     local auth=(env)
     [[ $1 -eq 1 ]] && auth=(env -u PGPASSWORD PGPASSFILE="$WORK/pgpass")
     mkdir "$WORK/mnt-$c" 2>/dev/null || true # (a dead mount point after a kill cannot be stat-ed)
     in_ns "$c" "${auth[@]}" "$TIERFS" mount --meta "$META" "$WORK/mnt-$c" --client-name "$c" \
-        --attr-ttl 0.5 --log-file "$WORK/$c-daemon.log"
+        --attr-ttl 0.5 --log-file "$WORK/$c-daemon.log" --config "$WORK/client.toml"
 }
 mount_client 0
 mount_client 1
@@ -175,12 +178,18 @@ for c in "${CLIENTS[@]}"; do
 done
 sleep 4
 PHASE="fault scenario: database killed and restarted"
-log "killing PostgreSQL"
+log "killing PostgreSQL for longer than a client session lasts"
 "$ROOT/scripts/postgres-test-server.sh" down "$PG_DIR"
-sleep 3
+sleep 7
 in_ns "$SRV" "$ROOT/scripts/postgres-test-server.sh" up "$PG_DIR"
 log "PostgreSQL is back"
-sleep 4
+sleep 6
+status=$("$TIERFS" status --meta "$META")
+grep -q "2 mounted" <<<"$status" || {
+    echo "after the outage both clients must still have their sessions:"
+    echo "$status"
+    exit 1
+}
 PHASE="fault scenario: client killed and mounted again"
 pid=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["pid"])' "$WORK/mnt-${CLIENTS[0]}/.tierfs-info")
 log "kill -9 of ${CLIENTS[0]}'s daemon (pid $pid)"

@@ -305,6 +305,8 @@ pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Resul
             .spawn(move || {
                 let tick = Duration::from_millis(50);
                 let mut since_hb = Duration::ZERO;
+                // Since when heartbeats have succeeded without a break (mounting counts as one).
+                let mut healthy_since = std::time::Instant::now();
                 let mut since_gc = Duration::ZERO;
                 let mut ticks = 0u64;
                 while !stop.load(Ordering::Relaxed) {
@@ -322,14 +324,24 @@ pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Resul
                     since_gc += tick;
                     if since_hb >= Duration::from_secs(cfg.heartbeat_secs) {
                         since_hb = Duration::ZERO;
-                        if let Err(e) = meta.heartbeat(session) {
-                            tracing::warn!("heartbeat failed: {e}");
-                        }
                         let timeout = Duration::from_secs(cfg.session_timeout_secs);
-                        match meta.reap_sessions(timeout.as_nanos() as i64) {
-                            Ok(0) => {}
-                            Ok(n) => tracing::info!("reaped {n} dead client session(s)"),
-                            Err(e) => tracing::warn!("reaping sessions failed: {e}"),
+                        match meta.heartbeat(session) {
+                            Ok(()) => {}
+                            Err(e) => {
+                                tracing::warn!("heartbeat failed: {e}");
+                                healthy_since = std::time::Instant::now();
+                            }
+                        }
+                        // Reap only after this client has itself been heartbeating for a whole
+                        // session timeout: after a database outage nobody could heartbeat, and
+                        // the first client back must not take the others for dead before they
+                        // had the chance to heartbeat again.
+                        if healthy_since.elapsed() >= timeout {
+                            match meta.reap_sessions(timeout.as_nanos() as i64) {
+                                Ok(0) => {}
+                                Ok(n) => tracing::info!("reaped {n} dead client session(s)"),
+                                Err(e) => tracing::warn!("reaping sessions failed: {e}"),
+                            }
                         }
                     }
                     if since_gc >= Duration::from_secs(cfg.gc_interval_secs) {
