@@ -19,7 +19,7 @@
 #
 # Defaults: --out docs/bench-results/cluster, --reps 3, --items 1000 (files per client, one
 # task per client), --ior-block 256m (per client), --ior-clients 2, --workdir /var/tmp. About
-# 8 minutes on the 2-core development machine, plus the release build.
+# 7 to 8 minutes on the 2-core development machine, plus the release build.
 #
 # Servers: a private PostgreSQL started with PG_TEST_DURABLE=1 (PostgreSQL's defaults: fsync on,
 # synchronous_commit on, full_page_writes on, so every commit waits for its WAL flush, as in a
@@ -130,6 +130,13 @@ S3_DIR=$TIERFS_S3_DIR
     echo "garage data: $S3_DIR, endpoint $TIERFS_S3_ENDPOINT (loopback)"
     echo "sqlite: WAL, synchronous=NORMAL (tierfs-meta), a sync of the WAL at fsync"
 } >>"$ENVF"
+
+# What one PostgreSQL round trip costs here: a prepared SELECT 1 from one connection, 3 s.
+sel=$(mktemp)
+echo 'SELECT 1;' >"$sel"
+echo "postgresql round trip: $("$(cat "$PG_DIR/bindir")/pgbench" -n -M prepared -c 1 -T 3 -f "$sel" "$TIERFS_PG_URL" 2>&1 |
+    sed -n 's/^latency average = \(.*\)/\1 per prepared SELECT 1 from one connection (pgbench -M prepared -c 1 -T 3)/p')" >>"$ENVF"
+rm -f "$sel"
 
 # What one commit costs the disk: 8 KiB write + fdatasync, 2 s, in the work dir's file system.
 python3 - "$WORKDIR" >>"$ENVF" <<'EOF'
