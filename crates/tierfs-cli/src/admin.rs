@@ -37,7 +37,11 @@ fn target_space(engine: &dyn MetaEngine) -> Result<Vec<TargetRow>> {
         let (cap, avail) = if t.capacity > 0 {
             let left = t.capacity.saturating_sub(t.used);
             // An object store has no device to ask (total 0): its capacity alone counts.
-            let left = if dev.total > 0 { left.min(dev.avail) } else { left };
+            let left = if dev.total > 0 {
+                left.min(dev.avail)
+            } else {
+                left
+            };
             (t.capacity, left)
         } else {
             (dev.total, dev.avail)
