@@ -104,7 +104,9 @@ fn errno_text(path: &Path, e: std::io::Error) -> CliError {
         Some(libc::EOPNOTSUPP) => {
             "this mount has no persistent cache (mount with --cache-dir)".to_string()
         }
-        Some(libc::EBUSY) => "another client holds the file's RW-PCC lease".to_string(),
+        Some(libc::EBUSY) => {
+            "another client holds the file's RW-PCC lease, or has the file open".to_string()
+        }
         Some(libc::ENOSPC) => "the cache is full".to_string(),
         Some(libc::EACCES) | Some(libc::EPERM) => "permission denied".to_string(),
         Some(libc::EHOSTDOWN) => {

@@ -1791,3 +1791,40 @@ fn client_without_cache_gets_ehostdown_from_a_dead_owners_dirty_file() {
     after_ttl();
     assert_reads(&fb, &data, "b after the owner came back");
 }
+
+/// An RW attach is refused while another client has the file open: that client's writes go to
+/// the capacity tier through its open handle, and the owner's next write-back would overwrite
+/// them. Once it has closed the file, the attach goes through, and the writes b made through
+/// its handle are in the file a caches.
+#[test]
+fn rw_attach_refused_while_open_on_another_client() {
+    let _g = serial();
+    let t = cached_and_plain(&[("writeback_delay_secs", "3600")], &[], 120);
+    let (fa, fb) = (t.p(0, "f"), t.p(1, "f"));
+    fs::write(&fa, pattern(50, 0, MIB)).unwrap();
+    after_ttl();
+    let h = OpenOptions::new().read(true).write(true).open(&fb).unwrap();
+    let out = pcc(&t, &["attach", "-w", &s(&fa)]);
+    assert_file_error(&out, &fa, "has the file open");
+    let st = state(&t, &fa);
+    assert_eq!(
+        st.lease_owner, None,
+        "no lease while b has it open: {}",
+        st.raw
+    );
+    // b writes through its handle and closes
+    let mine = pattern(51, 0, 4096);
+    h.write_all_at(&mine, 8192).unwrap();
+    h.sync_all().unwrap();
+    drop(h);
+    // b's close reaches the metadata engine in its next batch
+    let ok = wait_until(Duration::from_secs(10), || {
+        pcc(&t, &["attach", "-w", &s(&fa)]).ok()
+    });
+    assert!(ok, "attach still refused 10 s after b closed the file");
+    let st = state(&t, &fa);
+    assert_eq!(st.lease_owner.as_deref(), Some("a"), "{}", st.raw);
+    let mut want = pattern(50, 0, MIB).to_vec();
+    want[8192..8192 + 4096].copy_from_slice(&mine);
+    assert_reads(&fa, &want, "a's cached file holds b's write");
+}

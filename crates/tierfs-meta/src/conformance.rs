@@ -57,6 +57,10 @@ pub fn run_all(factory: &Factory<'_>) {
         ),
         ("pcc_leases_and_rules", pcc_leases_and_rules),
         (
+            "rw_lease_refused_while_open_on_another_client",
+            rw_lease_refused_while_open_on_another_client,
+        ),
+        (
             "commit_to_a_vanished_file_trashes_its_objects",
             commit_to_a_vanished_file_trashes_its_objects,
         ),
@@ -748,6 +752,42 @@ fn shared_objects_freed_with_last_slice(e: &dyn MetaEngine) {
     let t = e.trash(10).unwrap();
     assert_eq!(t.len(), 1);
     assert_eq!((t[0].obj, t[0].len), (42, 8));
+}
+
+fn rw_lease_refused_while_open_on_another_client(e: &dyn MetaEngine) {
+    let session = |name: &str| {
+        e.register_session(&SessionInfo {
+            id: 0,
+            client_name: name.into(),
+            host: "h".into(),
+            pid: 1,
+            mountpoint: "/mnt".into(),
+            version: "0".into(),
+            started: 0,
+            heartbeat: 0,
+        })
+        .unwrap()
+    };
+    let (a, b) = (session("a"), session("b"));
+    let f = e
+        .create(ROOT_INO, b"f", &file(), Some(layout()), None)
+        .unwrap();
+    // b has it open: a may not take it into its RW cache
+    e.open_file(b, f.ino).unwrap();
+    assert!(matches!(e.pcc_acquire(f.ino, "a"), Err(MetaError::InUse)));
+    assert!(e.pcc_lease(f.ino).unwrap().is_none());
+    // the holder's own opens do not count
+    e.open_file(a, f.ino).unwrap();
+    e.close_files(b, &[f.ino]).unwrap();
+    let l = e.pcc_acquire(f.ino, "a").unwrap();
+    assert_eq!(l.client, "a");
+    e.close_files(a, &[f.ino]).unwrap();
+    // a file created open by b (open_by) counts too
+    let g = e
+        .create(ROOT_INO, b"g", &file(), Some(layout()), Some(b))
+        .unwrap();
+    assert!(matches!(e.pcc_acquire(g.ino, "a"), Err(MetaError::InUse)));
+    assert_eq!(e.pcc_acquire(g.ino, "b").unwrap().client, "b");
 }
 
 fn pcc_leases_and_rules(e: &dyn MetaEngine) {

@@ -175,7 +175,9 @@ pub trait MetaEngine: Send + Sync {
     fn pcc_lease(&self, ino: Ino) -> Result<Option<PccLease>>;
     /// Takes the RW-PCC lease of a file for `client` (a new generation; the file's data version
     /// moves so read-only copies elsewhere are dropped). `WouldBlock` while another client
-    /// holds it; taking it again as the holder returns the held lease.
+    /// holds it; `InUse` while a session of another client has the file open (its handles
+    /// would go on writing to the capacity tier, and the owner's write-back would then lose
+    /// those writes); taking it again as the holder returns the held lease.
     fn pcc_acquire(&self, ino: Ino, client: &str) -> Result<PccLease>;
     /// The owner reports its cached file: dirty or clean, and its size and mtime, which every
     /// client then sees.

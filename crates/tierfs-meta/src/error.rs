@@ -27,6 +27,10 @@ pub enum MetaError {
     WouldBlock,
     #[error("too many links")]
     TooManyLinks,
+    /// The file is open on another client (an RW-PCC lease cannot be taken: writes through
+    /// that client's handles would be lost at the owner's next write-back).
+    #[error("file is open on another client")]
+    InUse,
     #[error("no space left on target")]
     NoSpace,
     #[error("filesystem is not formatted: {0}")]
@@ -62,6 +66,7 @@ impl MetaError {
             MetaError::NotPermitted => libc::EPERM,
             MetaError::WouldBlock => libc::EAGAIN,
             MetaError::TooManyLinks => libc::EMLINK,
+            MetaError::InUse => libc::EBUSY,
             MetaError::NoSpace => libc::ENOSPC,
             MetaError::Busy(_) => libc::EAGAIN,
             MetaError::NotFormatted(_)

@@ -2207,6 +2207,14 @@ impl MetaEngine for PgEngine {
                 }
                 return Err(MetaError::WouldBlock);
             }
+            // Opens are recorded under the inode's row lock, held here.
+            if c.exists(
+                "SELECT EXISTS (SELECT 1 FROM open_files o JOIN sessions s ON s.id = o.session \
+                 WHERE o.ino = $1 AND s.client_name <> $2)",
+                &[&(ino as i64), &client],
+            )? {
+                return Err(MetaError::InUse);
+            }
             c.exec(
                 "UPDATE inodes SET data_version = data_version + 1 WHERE ino = $1",
                 &[&(ino as i64)],

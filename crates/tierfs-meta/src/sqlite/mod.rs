@@ -1753,6 +1753,15 @@ impl MetaEngine for SqliteEngine {
                 }
                 return Err(MetaError::WouldBlock);
             }
+            let open_elsewhere: bool = tx
+                .prepare_cached(
+                    "SELECT EXISTS (SELECT 1 FROM open_files o JOIN sessions s ON s.id = o.session \
+                     WHERE o.ino = ?1 AND s.client_name != ?2)",
+                )?
+                .query_row(params![ino as i64, client], |r| r.get(0))?;
+            if open_elsewhere {
+                return Err(MetaError::InUse);
+            }
             let generation: i64 = tx
                 .prepare_cached(
                     "UPDATE counters SET value = value + 1 WHERE name = 'pcc_generation' RETURNING value",
