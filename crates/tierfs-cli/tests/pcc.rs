@@ -1817,7 +1817,7 @@ fn rw_attach_refused_while_open_on_another_client() {
     h.write_all_at(&mine, 8192).unwrap();
     h.sync_all().unwrap();
     drop(h);
-    // b's close reaches the metadata engine in its next batch
+    // b's close reaches the metadata engine in its next batch (attach waits up to 2 s for it)
     let ok = wait_until(Duration::from_secs(10), || {
         pcc(&t, &["attach", "-w", &s(&fa)]).ok()
     });

@@ -23,6 +23,10 @@ use crate::lease::{Lease, Recaller};
 use crate::metrics::Metrics;
 use crate::recall::{Pass, RecallWork};
 
+/// How long an RW attach waits for another client's open of the file to go away (its close
+/// may still be in that client's 50 ms batch) before giving up with EBUSY.
+const IN_USE_WAIT: Duration = Duration::from_secs(2);
+
 /// PCC settings of one client.
 #[derive(Clone, Debug)]
 pub struct PccConfig {
@@ -391,7 +395,18 @@ impl Pcc {
         }
         // Flush what this client buffered for the file, then take the lease.
         self.data.flush(attr.ino)?;
-        let lease = match self.meta.pcc_acquire(attr.ino, &self.client) {
+        // Another client that just closed the file may not have told the engine yet (closes go
+        // in batches every 50 ms): while it is open elsewhere, try again for a moment.
+        let deadline = Instant::now() + IN_USE_WAIT;
+        let acquired = loop {
+            match self.meta.pcc_acquire(attr.ino, &self.client) {
+                Err(MetaError::InUse) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                other => break other,
+            }
+        };
+        let lease = match acquired {
             Ok(l) => l,
             Err(MetaError::WouldBlock) => {
                 return Err(ClientError::Errno(
