@@ -18,7 +18,6 @@
 
 use std::ffi::{CString, OsString};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use clap::Args;
@@ -278,17 +277,7 @@ pub fn parse_options(lists: &[String], sloppy: bool) -> Result<HelperOptions> {
 /// a regular file no other user can read; values never appear in errors.
 pub fn read_env_file(path: &Path) -> Result<Vec<(String, String)>> {
     let bad = |why: String| CliError::Usage(format!("env_file {}: {why}", path.display()));
-    let md = std::fs::metadata(path).map_err(|e| bad(e.to_string()))?;
-    if !md.is_file() {
-        return Err(bad("not a regular file".into()));
-    }
-    if md.mode() & 0o077 != 0 {
-        return Err(bad(format!(
-            "mode {:04o} lets other users read it; chmod 600 it",
-            md.mode() & 0o7777
-        )));
-    }
-    let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
+    let text = tierfs_store::credentials::read_private_file(path).map_err(bad)?;
     let mut out = Vec::new();
     for (i, line) in text.lines().enumerate() {
         let l = line.trim();

@@ -52,25 +52,32 @@ struct FileFormat {
     session_token: Option<String>,
 }
 
-/// Reads a credentials file, refusing one that others could read.
-pub fn from_file(path: &Path) -> Result<Credentials> {
-    let bad = |why: String| StoreError::Credentials(format!("{}: {why}", path.display()));
-    let md = std::fs::metadata(path).map_err(|e| bad(e.to_string()))?;
+/// Reads a file that holds secrets: it must be a regular file that no other user can read
+/// (no group or other permission bits) and, unless the caller is root, owned by the caller.
+/// The error says why in words, never with the file's contents.
+pub fn read_private_file(path: &Path) -> std::result::Result<String, String> {
+    let md = std::fs::metadata(path).map_err(|e| e.to_string())?;
     if !md.is_file() {
-        return Err(bad("not a regular file".into()));
+        return Err("not a regular file".into());
     }
     if md.mode() & 0o077 != 0 {
-        return Err(bad(format!(
+        return Err(format!(
             "mode {:04o} lets other users read it; chmod 600 it",
             md.mode() & 0o7777
-        )));
+        ));
     }
     // SAFETY: geteuid has no preconditions.
     let me = unsafe { libc::geteuid() };
     if md.uid() != me && me != 0 {
-        return Err(bad(format!("owned by uid {}, not by you", md.uid())));
+        return Err(format!("owned by uid {}, not by you", md.uid()));
     }
-    let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
+    std::fs::read_to_string(path).map_err(|e| e.to_string())
+}
+
+/// Reads a credentials file, refusing one that others could read.
+pub fn from_file(path: &Path) -> Result<Credentials> {
+    let bad = |why: String| StoreError::Credentials(format!("{}: {why}", path.display()));
+    let text = read_private_file(path).map_err(bad)?;
     // The TOML error may quote the line it failed on, which may hold the secret: keep only
     // the position.
     let parsed: FileFormat = toml::from_str(&text).map_err(|e| {

@@ -266,32 +266,33 @@ fn trash_slices(c: &Connection, ino: Ino, where_sql: &str, args: &[i64]) -> Resu
     Ok(())
 }
 
+/// Whether some client has `ino` open.
+fn is_open(c: &Connection, ino: Ino) -> Result<bool> {
+    Ok(
+        c.prepare_cached("SELECT EXISTS (SELECT 1 FROM open_files WHERE ino = ?1)")?
+            .query_row([ino as i64], |r| r.get(0))?,
+    )
+}
+
+fn set_orphan(c: &Connection, ino: Ino, orphan: i64) -> Result<()> {
+    c.prepare_cached("UPDATE inodes SET orphan = ?2 WHERE ino = ?1")?
+        .execute(params![ino as i64, orphan])?;
+    Ok(())
+}
+
 /// Deletes an inode whose last name is gone, or marks it orphan while a client has it open.
 fn drop_inode(c: &Connection, ino: Ino) -> Result<()> {
-    let open: bool = c
-        .prepare_cached("SELECT EXISTS (SELECT 1 FROM open_files WHERE ino = ?1)")?
-        .query_row([ino as i64], |r| r.get(0))?;
-    if open {
-        c.prepare_cached("UPDATE inodes SET orphan = 1 WHERE ino = ?1")?
-            .execute([ino as i64])?;
-        return Ok(());
+    if is_open(c, ino)? {
+        return set_orphan(c, ino, 1);
     }
     purge_inode(c, ino)
 }
 
-/// Retires a file whose last name a rename replaced: as [`drop_inode`] if a client has it open,
-/// otherwise kept openable for [`ORPHAN_GRACE`] (`orphan = 2`) and purged by
+/// Retires a file whose last name a rename replaced: an open orphan (`orphan = 1`) if a client
+/// has it open, otherwise kept openable for [`ORPHAN_GRACE`] (`orphan = 2`) and purged by
 /// [`MetaEngine::purge_orphans`] after that.
 fn retire_inode(c: &Connection, ino: Ino) -> Result<()> {
-    c.prepare_cached("UPDATE inodes SET orphan = 2 WHERE ino = ?1")?
-        .execute([ino as i64])?;
-    let open: bool = c
-        .prepare_cached("SELECT EXISTS (SELECT 1 FROM open_files WHERE ino = ?1)")?
-        .query_row([ino as i64], |r| r.get(0))?;
-    if open {
-        c.prepare_cached("UPDATE inodes SET orphan = 1 WHERE ino = ?1")?
-            .execute([ino as i64])?;
-    }
+    set_orphan(c, ino, if is_open(c, ino)? { 1 } else { 2 })?;
     // Leases and recall requests go now, as on unlink.
     c.prepare_cached("DELETE FROM pcc_leases WHERE ino = ?1")?
         .execute([ino as i64])?;
@@ -1990,13 +1991,8 @@ fn purge_if_orphan(c: &Connection, ino: Ino) -> Result<()> {
         .prepare_cached("SELECT orphan FROM inodes WHERE ino = ?1")?
         .query_row([ino as i64], |r| r.get(0))
         .optional()?;
-    if orphan == Some(1) {
-        let open: bool = c
-            .prepare_cached("SELECT EXISTS (SELECT 1 FROM open_files WHERE ino = ?1)")?
-            .query_row([ino as i64], |r| r.get(0))?;
-        if !open {
-            purge_inode(c, ino)?;
-        }
+    if orphan == Some(1) && !is_open(c, ino)? {
+        purge_inode(c, ino)?;
     }
     Ok(())
 }
