@@ -194,7 +194,7 @@ impl TierFs {
 
     fn fattr(&self, a: &Attr) -> FileAttr {
         let mut size = if a.kind == Kind::File {
-            self.data.local_size(a.ino, a.size)
+            self.data.local_size(a)
         } else {
             a.size
         };

@@ -73,6 +73,10 @@ struct Pending {
 #[derive(Default)]
 struct FileInner {
     attr: Option<Attr>,
+    /// (data version, size) of this client's last commit of buffered writes: an attribute read
+    /// from the engine before that commit (older version) must not show the size from before
+    /// it, once the buffered writes no longer count in `pending_end`.
+    last_commit: Option<(u64, u64)>,
     /// The data version the kernel's page cache of this file reflects.
     seen_version: Option<u64>,
     chunk_slices: HashMap<u64, Arc<Vec<Slice>>>,
@@ -280,14 +284,21 @@ impl DataPath {
         keep
     }
 
-    /// The size a stat on this client should show: buffered writes extend the stored size.
-    pub fn local_size(&self, ino: Ino, stored: u64) -> u64 {
-        match self.existing(ino) {
+    /// The size a stat on this client should show for `a` (read from the engine): buffered
+    /// writes extend it, and so does this client's last commit when `a` was read before it.
+    pub fn local_size(&self, a: &Attr) -> u64 {
+        match self.existing(a.ino) {
             Some(st) => {
                 let inner = st.inner.lock();
-                stored.max(inner.pending_end)
+                let mut size = a.size.max(inner.pending_end);
+                if let Some((version, committed)) = inner.last_commit {
+                    if a.data_version < version {
+                        size = size.max(committed);
+                    }
+                }
+                size
             }
-            None => stored,
+            None => a.size,
         }
     }
 
@@ -536,6 +547,7 @@ impl DataPath {
                 }
                 inner.chunk_slices.clear();
                 inner.seen_version = Some(a.data_version);
+                inner.last_commit = Some((a.data_version, a.size));
                 let size = a.size;
                 let mut a2 = a.clone();
                 a2.size = size.max(inner.pending_end);
@@ -634,6 +646,7 @@ impl DataPath {
                 inner.seen_version = Some(a.data_version);
             }
             inner.attr = attr.cloned();
+            inner.last_commit = None;
         }
     }
 
