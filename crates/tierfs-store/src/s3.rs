@@ -241,7 +241,11 @@ where
 /// Writes and removes one small object: reaches the endpoint, finds the bucket and proves the
 /// credentials may write (a missing bucket is never created).
 pub fn probe(spec: &S3Spec, creds: &Credentials) -> Result<()> {
-    let store = spec.open_with(creds)?;
+    probe_store(spec, &spec.open_with(creds)?, creds)
+}
+
+/// [`probe`] through a store already opened with `creds`.
+pub fn probe_store(spec: &S3Spec, store: &Arc<dyn ObjectStore>, creds: &Credentials) -> Result<()> {
     let probe = Path::from(format!(".tierfs-probe-{}", std::process::id()));
     block_on(async {
         store

@@ -205,14 +205,22 @@ const FD_CACHE: usize = 4096;
 
 impl Target {
     pub fn open(id: u32, spec: TargetSpec) -> Result<Target> {
-        spec.check(false)?;
         let store: Arc<dyn ObjectStore> = match &spec.kind {
-            TargetKind::Local(dir) => Arc::new(
-                LocalFileSystem::new_with_prefix(dir)
-                    .map_err(|e| StoreError::Io(e.to_string()))?
-                    .with_automatic_cleanup(true),
-            ),
-            TargetKind::S3(spec) => spec.open()?,
+            TargetKind::Local(dir) => {
+                spec.check(false)?;
+                Arc::new(
+                    LocalFileSystem::new_with_prefix(dir)
+                        .map_err(|e| StoreError::Io(e.to_string()))?
+                        .with_automatic_cleanup(true),
+                )
+            }
+            // The check of `TargetSpec::check`, through the client the target keeps.
+            TargetKind::S3(s3spec) => {
+                let creds = crate::credentials::resolve()?;
+                let store = s3spec.open_with(&creds)?;
+                s3::probe_store(s3spec, &store, &creds)?;
+                store
+            }
         };
         Ok(Target {
             id,
