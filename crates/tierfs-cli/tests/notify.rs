@@ -182,16 +182,7 @@ fn mount(t: &mut TestFs, meta: &str, name: &str) -> usize {
         "--log-file".into(),
         s(&log_of(t, name)),
     ];
-    let out = t.tierfs(&args);
-    out.assert_ok();
-    assert!(
-        is_fuse_mounted(&mnt),
-        "`tierfs mount` returned 0 but {} is not a FUSE mount: {}",
-        mnt.display(),
-        out.describe()
-    );
-    t.mnts.push(mnt);
-    t.mnts.len() - 1
+    t.finish_mount(&args, mnt)
 }
 
 fn s(p: &Path) -> String {

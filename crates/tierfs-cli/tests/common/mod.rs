@@ -741,7 +741,9 @@ impl TestFs {
             .join(format!("{base}-{name}.log"))
     }
 
-    fn finish_mount(&mut self, args: &[String], mnt: PathBuf) -> usize {
+    /// Runs `tierfs mount ARGS` for one more client at `mnt`, asserting that it mounted;
+    /// returns its index.
+    pub fn finish_mount(&mut self, args: &[String], mnt: PathBuf) -> usize {
         let idx = self.mnts.len();
         let out = self.run_mount(args, idx);
         out.assert_ok();
