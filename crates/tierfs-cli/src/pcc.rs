@@ -78,7 +78,21 @@ pub enum RuleCmd {
         /// Only for this client (default: every client).
         #[arg(long)]
         client: Option<String>,
+        /// Cache isolation: the most the files this rule attaches may take in each client's
+        /// cache (e.g. 50G; K/M/G/T suffixes). Past it, the rule's own least recently used
+        /// files are evicted (down to the cache's low watermark of the quota); when none can
+        /// be, files this rule would attach stay uncached. Default: no quota.
+        #[arg(long, value_name = "SIZE")]
+        quota: Option<String>,
         rule: String,
+        #[command(flatten)]
+        target: Target,
+    },
+    /// Set or clear (`none`) the quota of a rule; mounted clients apply it within 2 s.
+    Quota {
+        id: u64,
+        /// e.g. 50G, or `none`.
+        size: String,
         #[command(flatten)]
         target: Target,
     },
@@ -260,33 +274,65 @@ pub fn run(cmd: PccCmd) -> Result<()> {
     Ok(())
 }
 
+/// A rule quota from the command line: a size, or `none`.
+fn quota_arg(s: &str) -> Result<Option<u64>> {
+    if s.eq_ignore_ascii_case("none") {
+        return Ok(None);
+    }
+    match tierfs_store::size::parse_size(s) {
+        Ok(0) | Err(_) => Err(CliError::Usage(format!(
+            "invalid quota '{s}': expected a size above zero such as 500M or 50G, or none"
+        ))),
+        Ok(n) => Ok(Some(n)),
+    }
+}
+
 fn rule(r: RuleCmd) -> Result<()> {
     match r {
         RuleCmd::Add {
             mode,
             client,
+            quota,
             rule,
             target,
         } => {
             let parsed = Rule::parse(&rule)
                 .map_err(|e| CliError::Usage(format!("invalid rule '{rule}': {e}")))?;
+            let quota = quota.as_deref().map(quota_arg).transpose()?.flatten();
             let e = engine_for(&target)?;
-            let id = e.pcc_rule_add(&mode, client.as_deref(), &parsed.text())?;
+            let id = e.pcc_rule_add(&mode, client.as_deref(), &parsed.text(), quota)?;
             println!(
-                "rule {id}: {mode} {}{}",
+                "rule {id}: {mode} {}{}{}",
                 parsed.text(),
-                client.map(|c| format!(" (client {c})")).unwrap_or_default()
+                client.map(|c| format!(" (client {c})")).unwrap_or_default(),
+                quota
+                    .map(|q| format!(" (quota {})", tierfs_store::size::human(q)))
+                    .unwrap_or_default()
             );
+        }
+        RuleCmd::Quota { id, size, target } => {
+            let quota = quota_arg(&size)?;
+            let e = engine_for(&target)?;
+            e.pcc_rule_set_quota(id, quota).map_err(|err| match err {
+                tierfs_meta::MetaError::NotFound => CliError::Usage(format!("no rule {id}")),
+                other => other.into(),
+            })?;
         }
         RuleCmd::List { target } => {
             let e = engine_for(&target)?;
-            println!("{:>4}  {:<4}  {:<12}  rule", "id", "mode", "client");
+            println!(
+                "{:>4}  {:<4}  {:<12}  {:>8}  rule",
+                "id", "mode", "client", "quota"
+            );
             for r in e.pcc_rules()? {
                 println!(
-                    "{:>4}  {:<4}  {:<12}  {}",
+                    "{:>4}  {:<4}  {:<12}  {:>8}  {}",
                     r.id,
                     r.mode,
                     r.client.unwrap_or_else(|| "*".into()),
+                    r.quota
+                        .map(tierfs_store::size::human)
+                        .unwrap_or_else(|| "-".into()),
                     r.rule
                 );
             }
@@ -310,9 +356,15 @@ fn stats(mount: &Path) -> Result<()> {
     let mut any = false;
     // How recall requests reach this client (printed after the rest, only with a cache).
     let mut recall = Vec::new();
+    // Use and quota per attach rule.
+    let mut rules = Vec::new();
     for line in text.lines() {
         if let Some(row) = recall_row(line) {
             recall.push(row);
+            continue;
+        }
+        if let Some(row) = rule_row(line) {
+            rules.push(row);
             continue;
         }
         if let Some(rest) = line.strip_prefix("tierfs_pcc_events_total{event=\"") {
@@ -338,10 +390,24 @@ fn stats(mount: &Path) -> Result<()> {
             mount.display()
         )));
     }
-    for (k, v) in recall {
+    for (k, v) in rules.into_iter().chain(recall) {
         println!("{k:<22} {v}");
     }
     Ok(())
+}
+
+/// `tierfs_pcc_rule_used_bytes{rule="3"} 1048576` -> ("rule_3_used_bytes", "1M"),
+/// `tierfs_pcc_rule_files{rule="3"} 2` -> ("rule_3_files", "2").
+fn rule_row(line: &str) -> Option<(String, String)> {
+    let rest = line.strip_prefix("tierfs_pcc_rule_")?;
+    let (name, rest) = rest.split_once("{rule=\"")?;
+    let (id, v) = rest.split_once("\"} ")?;
+    let shown = if name.ends_with("bytes") {
+        tierfs_store::size::human(v.parse().ok()?)
+    } else {
+        v.to_string()
+    };
+    Some((format!("rule_{id}_{name}"), shown))
 }
 
 /// `tierfs_pcc_recall_wakeups_total{source="poll"} 12` -> ("recall_wakeups_poll", "12"),
@@ -363,7 +429,31 @@ fn recall_row(line: &str) -> Option<(String, String)> {
 
 #[cfg(test)]
 mod tests {
-    use super::recall_row;
+    use super::{quota_arg, recall_row, rule_row};
+
+    #[test]
+    fn rule_rows_of_the_stats_file() {
+        let row = |l: &str| rule_row(l).map(|(k, v)| format!("{k} {v}"));
+        assert_eq!(
+            row("tierfs_pcc_rule_used_bytes{rule=\"3\"} 1048576").as_deref(),
+            Some("rule_3_used_bytes 1.0M")
+        );
+        assert_eq!(
+            row("tierfs_pcc_rule_files{rule=\"12\"} 2").as_deref(),
+            Some("rule_12_files 2")
+        );
+        assert_eq!(row("tierfs_pcc_cache_files 2"), None);
+        assert_eq!(row("tierfs_pcc_rule_used_bytes{rule=\"3\"} x"), None);
+    }
+
+    #[test]
+    fn quotas_on_the_command_line() {
+        assert_eq!(quota_arg("50G").unwrap(), Some(50 << 30));
+        assert_eq!(quota_arg("None").unwrap(), None);
+        assert!(quota_arg("0").is_err());
+        assert!(quota_arg("-1G").is_err());
+        assert!(quota_arg("lots").is_err());
+    }
 
     #[test]
     fn recall_rows_of_the_stats_file() {

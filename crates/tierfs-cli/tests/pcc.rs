@@ -1050,6 +1050,227 @@ fn full_cache_falls_back_to_uncached_io() {
     assert_reads(&big, &bigdata, "pinned RW file");
 }
 
+/// Adds a rule through the CLI and returns its id.
+fn add_rule(t: &TestFs, args: &[&str]) -> u64 {
+    let mut all = vec!["rule", "add"];
+    all.extend(args);
+    let out = pcc(t, &all);
+    out.assert_ok();
+    let line = out.stdout.trim();
+    line.strip_prefix("rule ")
+        .and_then(|r| r.split(':').next())
+        .and_then(|x| x.parse().ok())
+        .unwrap_or_else(|| panic!("no rule id in {line:?}"))
+}
+
+/// "Optional per-rule quota (cache isolation)": files attached by a rule with a quota take at
+/// most that much of a client's cache. Past it that rule's own files are evicted (LRU, never
+/// pinned ones, RW ones written back first), other rules' files stay, and when nothing can go
+/// the rule's files stay uncached with correct data.
+#[test]
+fn rule_quota_isolates_cache_use() {
+    let _g = serial();
+    let mut t = TestFs::with(Opts {
+        clients: 0,
+        timeout: Duration::from_secs(150),
+        ..Opts::default()
+    });
+    let oa = pcc_opts(
+        &t,
+        "a",
+        "1G",
+        &[
+            ("cache_high_watermark", "0.95"),
+            ("cache_low_watermark", "0.9"),
+        ],
+    );
+    t.mount_with(&oa);
+    let ob = pcc_opts(&t, "b", "1G", &[]);
+    t.mount_with(&ob);
+    let m0 = s(t.mnt(0));
+    let dat = add_rule(
+        &t,
+        &[
+            "--mode",
+            "ro",
+            "--client",
+            "a",
+            "--quota",
+            "5M",
+            "fname={*.dat}",
+            "--mount",
+            &m0,
+        ],
+    );
+    let out = add_rule(
+        &t,
+        &[
+            "--mode",
+            "rw",
+            "--quota",
+            "3M",
+            "fname={*.out}",
+            "--mount",
+            &m0,
+        ],
+    );
+    let big = add_rule(&t, &["--mode", "ro", "fname={*.big}", "--mount", &m0]);
+    let list = pcc(&t, &["rule", "list", "--mount", &m0]);
+    list.assert_ok();
+    let row = |id: u64| -> Vec<String> {
+        list.stdout
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(&id.to_string()))
+            .unwrap_or_else(|| panic!("rule {id} not listed:\n{}", list.stdout))
+            .split_whitespace()
+            .map(str::to_string)
+            .collect()
+    };
+    assert_eq!(row(dat)[3], "5.0M", "quota column: {}", list.stdout);
+    assert_eq!(row(out)[3], "3.0M", "quota column: {}", list.stdout);
+    assert_eq!(row(big)[3], "-", "quota column: {}", list.stdout);
+    thread::sleep(Duration::from_millis(2200));
+
+    let names = ["f1.dat", "f2.dat", "f3.dat", "f4.dat"];
+    let data: Vec<Vec<u8>> = (0..4).map(|i| pattern(90 + i, 0, 2 * MIB)).collect();
+    for (n, d) in names.iter().zip(&data) {
+        fs::write(t.p(1, n), d).unwrap();
+    }
+    let gdata = pattern(95, 0, 3 * MIB);
+    fs::write(t.p(1, "g.big"), &gdata).unwrap();
+    after_ttl();
+    let typ = |n: &str| state(&t, &t.p(0, n)).typ;
+    assert_reads(&t.p(0, "g.big"), &gdata, "g.big");
+    assert_reads(&t.p(0, "f1.dat"), &data[0], "f1");
+    thread::sleep(Duration::from_millis(20));
+    assert_reads(&t.p(0, "f2.dat"), &data[1], "f2");
+    thread::sleep(Duration::from_millis(20));
+    assert_eq!(
+        (typ("f1.dat"), typ("f2.dat")),
+        ("readonly".into(), "readonly".into())
+    );
+    // f3 would make 6 MiB of a 5 MiB quota: the rule's least recently used file goes (down
+    // to 0.9 x 5 MiB), the other rule's file stays
+    assert_reads(&t.p(0, "f3.dat"), &data[2], "f3");
+    let got: Vec<String> = ["f1.dat", "f2.dat", "f3.dat", "g.big"]
+        .iter()
+        .map(|n| typ(n))
+        .collect();
+    assert_eq!(
+        got,
+        ["none", "readonly", "readonly", "readonly"],
+        "after f3"
+    );
+    // a pinned file is never evicted for the quota
+    pcc(&t, &["pin", &s(&t.p(0, "f2.dat"))]).assert_ok();
+    thread::sleep(Duration::from_millis(20));
+    assert_reads(&t.p(0, "f4.dat"), &data[3], "f4");
+    let got: Vec<String> = names.iter().map(|n| typ(n)).collect();
+    assert_eq!(got, ["none", "readonly", "none", "readonly"], "after f4");
+    assert_eq!(pcc_event(t.mnt(0), "evictions"), 2, "evictions");
+    let stats = pcc(&t, &["stats", &m0]);
+    stats.assert_ok();
+    for want in [
+        format!("rule_{dat}_files"),
+        format!("rule_{dat}_used_bytes"),
+        format!("rule_{dat}_quota_bytes"),
+    ] {
+        assert!(
+            stats.stdout.contains(&want),
+            "{want} in pcc stats:\n{}",
+            stats.stdout
+        );
+    }
+    assert_eq!(
+        stat_value(
+            t.mnt(0),
+            &format!("tierfs_pcc_rule_files{{rule=\"{dat}\"}}")
+        ),
+        2
+    );
+    assert_eq!(
+        stat_value(
+            t.mnt(0),
+            &format!("tierfs_pcc_rule_quota_bytes{{rule=\"{dat}\"}}")
+        ),
+        5 * MIB as u64
+    );
+
+    // Lowered while mounted: the background pass evicts what it can (f4), the pinned file
+    // stays, and a file larger than the quota is read uncached, correctly.
+    pcc(
+        &t,
+        &["rule", "quota", &dat.to_string(), "1M", "--mount", &m0],
+    )
+    .assert_ok();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while typ("f4.dat") != "none" {
+        assert!(
+            Instant::now() < deadline,
+            "f4 still cached under a 1 MiB quota"
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(typ("f2.dat"), "readonly", "pinned");
+    assert_reads(&t.p(0, "f1.dat"), &data[0], "f1 over the quota");
+    assert_eq!(typ("f1.dat"), "none");
+    assert!(pcc_event(t.mnt(0), "quota_refusals") >= 1);
+    assert_eq!(
+        typ("g.big"),
+        "readonly",
+        "the rule without a quota kept its file"
+    );
+
+    // RW files grow past their rule's quota through passthrough writes: the background pass
+    // writes the least recently used one back and releases it; its data is intact elsewhere.
+    let x1 = pattern(96, 0, 2 * MIB);
+    let x2 = pattern(97, 0, 2 * MIB);
+    fs::write(t.p(0, "x1.out"), &x1).unwrap();
+    thread::sleep(Duration::from_millis(20));
+    fs::write(t.p(0, "x2.out"), &x2).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while typ("x1.out") != "none" {
+        assert!(
+            Instant::now() < deadline,
+            "x1.out still cached past its rule's quota"
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(typ("x2.out"), "readwrite");
+    after_ttl();
+    assert_reads(
+        &t.p(1, "x1.out"),
+        &x1,
+        "x1 written back before its eviction",
+    );
+    assert_reads(&t.p(1, "x2.out"), &x2, "x2 recalled from a");
+
+    // bad quotas are refused, nothing is stored
+    for bad in ["0", "lots", "-5M"] {
+        pcc(
+            &t,
+            &[
+                "rule", "add", "--mode", "ro", "--quota", bad, "uid={1}", "--mount", &m0,
+            ],
+        )
+        .assert_clean_error();
+        pcc(
+            &t,
+            &["rule", "quota", &dat.to_string(), bad, "--mount", &m0],
+        )
+        .assert_clean_error();
+    }
+    pcc(&t, &["rule", "quota", "9999", "1G", "--mount", &m0]).assert_clean_error();
+    pcc(
+        &t,
+        &["rule", "quota", &dat.to_string(), "none", "--mount", &m0],
+    )
+    .assert_ok();
+    let after = pcc(&t, &["rule", "list", "--mount", &m0]);
+    assert_eq!(after.stdout.lines().count(), 4, "{}", after.stdout);
+    assert!(after.stdout.lines().all(|l| !l.contains("uid={1}")));
+}
+
 // ---------------------------------------------------------------------------------------------
 // 7: passthrough first, daemon fallback
 // ---------------------------------------------------------------------------------------------
@@ -1287,10 +1508,10 @@ fn rule_add_list_del_and_bad_rules() {
             .lines()
             .find(|l| l.split_whitespace().next() == Some(&id.to_string()))
             .unwrap_or_else(|| panic!("rule {id} not listed:\n{}", list.stdout));
-        // id, mode, client, then the rule (which may hold spaces)
+        // id, mode, client, quota, then the rule (which may hold spaces)
         let mut rest = row.trim();
         let mut cols: Vec<String> = Vec::new();
-        for _ in 0..3 {
+        for _ in 0..4 {
             let (c, r) = rest.split_once(char::is_whitespace).unwrap_or((rest, ""));
             cols.push(c.to_string());
             rest = r.trim_start();
@@ -1302,6 +1523,7 @@ fn rule_add_list_del_and_bad_rules() {
                 id.to_string(),
                 mode.to_string(),
                 client.unwrap_or("*").to_string(),
+                "-".to_string(),
                 canon.to_string()
             ],
             "listed row {row:?}"

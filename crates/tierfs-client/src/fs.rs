@@ -743,6 +743,16 @@ impl Filesystem for TierFs {
                 text.push_str(&format!(
                     "tierfs_pcc_cache_used_bytes {used}\ntierfs_pcc_cache_capacity_bytes {cap}\ntierfs_pcc_cache_files {files}\n"
                 ));
+                for (rule, used, files, quota) in p.rule_usage() {
+                    text.push_str(&format!(
+                        "tierfs_pcc_rule_used_bytes{{rule=\"{rule}\"}} {used}\ntierfs_pcc_rule_files{{rule=\"{rule}\"}} {files}\n"
+                    ));
+                    if let Some(q) = quota {
+                        text.push_str(&format!(
+                            "tierfs_pcc_rule_quota_bytes{{rule=\"{rule}\"}} {q}\n"
+                        ));
+                    }
+                }
             }
             let text = text.into_bytes();
             let text = if ino.0 == INFO_INO {

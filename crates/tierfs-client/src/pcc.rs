@@ -207,22 +207,80 @@ impl Pcc {
             return false;
         }
         let limit = (cap as f64 * self.cfg.high_watermark) as u64;
-        if self.store.used() + need <= limit {
+        let used = self.store.used();
+        if used + need <= limit {
             return true;
         }
         let target = (cap as f64 * self.cfg.low_watermark) as u64;
-        for e in self
+        let candidates = self
+            .store
+            .eviction_order(self.cfg.eviction, &|i| self.busy(i));
+        self.evict_down(candidates, used, need, target) <= limit
+    }
+
+    /// A rule's quota, as last read from the metadata engine (None: no quota, or no such rule).
+    fn quota_of(&self, rule: u64) -> Option<u64> {
+        self.rules()
+            .into_iter()
+            .find(|(r, _)| r.id == rule)
+            .and_then(|(r, _)| r.quota)
+    }
+
+    /// Makes room for `need` more bytes under the quota of the rule attaching a file (a rule
+    /// without a quota, or an attach by hand, always has room): evicts that rule's files by
+    /// policy down to the low watermark of the quota; false when they cannot fit.
+    fn make_room_in_quota(&self, rule: Option<u64>, need: u64) -> bool {
+        let Some((rule, quota)) = rule.and_then(|r| Some((r, self.quota_of(r)?))) else {
+            return true;
+        };
+        if need > quota {
+            return false;
+        }
+        let used = self.store.used_by_rule(rule).0;
+        if used + need <= quota {
+            return true;
+        }
+        let target = (quota as f64 * self.cfg.low_watermark) as u64;
+        let candidates = self
             .store
             .eviction_order(self.cfg.eviction, &|i| self.busy(i))
-        {
-            if self.store.used() + need <= target {
+            .into_iter()
+            .filter(|e| e.rule == Some(rule))
+            .collect();
+        self.evict_down(candidates, used, need, target) <= quota
+    }
+
+    /// Evicts `candidates` in order until `used + need` is at most `target`; returns what is
+    /// used then (files that could not be evicted still count).
+    fn evict_down(&self, candidates: Vec<Entry>, mut used: u64, need: u64, target: u64) -> u64 {
+        for e in candidates {
+            if used + need <= target {
                 break;
             }
-            if let Err(err) = self.evict(&e) {
-                tracing::warn!(ino = e.ino, "eviction failed: {err}");
+            let bytes = self.store.disk_bytes(e.ino);
+            match self.evict(&e) {
+                Ok(()) if self.store.get(e.ino).is_none() => used = used.saturating_sub(bytes),
+                Ok(()) => {}
+                Err(err) => tracing::warn!(ino = e.ino, "eviction failed: {err}"),
             }
         }
-        self.store.used() + need <= limit
+        used + need
+    }
+
+    /// Room for a file of `size` bytes attached by `rule`: under the rule's quota, then in the
+    /// cache; ENOSPC when either is full of files that cannot be evicted.
+    fn room_for(&self, rule: Option<u64>, size: u64) -> Result<()> {
+        if !self.make_room_in_quota(rule, size) {
+            self.metrics.pcc("quota_refusals", 1);
+            return Err(ClientError::Errno(
+                "the rule's cache quota is full",
+                libc::ENOSPC,
+            ));
+        }
+        if !self.make_room(size) {
+            return Err(ClientError::Errno("the cache is full", libc::ENOSPC));
+        }
+        Ok(())
     }
 
     fn evict(&self, e: &Entry) -> Result<()> {
@@ -351,9 +409,7 @@ impl Pcc {
             return Ok(());
         }
         let attr = self.meta.getattr(attr.ino)?;
-        if !self.make_room(attr.size) {
-            return Err(ClientError::Errno("the cache is full", libc::ENOSPC));
-        }
+        self.room_for(rule, attr.size)?;
         let crc = self.copy_in(attr.ino, attr.size)?;
         let now = self.meta.getattr(attr.ino)?;
         if now.data_version != attr.data_version {
@@ -390,9 +446,7 @@ impl Pcc {
         }
         self.recaller.check_ino(attr.ino)?;
         let before = self.meta.getattr(attr.ino)?;
-        if !self.make_room(before.size) {
-            return Err(ClientError::Errno("the cache is full", libc::ENOSPC));
-        }
+        self.room_for(rule, before.size)?;
         // Flush what this client buffered for the file, then take the lease.
         self.data.flush(attr.ino)?;
         // Another client that just closed the file may not have told the engine yet (closes go
@@ -802,6 +856,16 @@ impl Pcc {
         if self.store.used() > high {
             self.make_room(0);
         }
+        // Files of a rule grow past its quota through writes the daemon does not see. (Only
+        // while files attached by rules are cached: an idle cache reads no rules.)
+        let by_rule = self.store.entries().iter().any(|e| e.rule.is_some());
+        for (row, _) in if by_rule { self.rules() } else { Vec::new() } {
+            if let Some(quota) = row.quota {
+                if self.store.used_by_rule(row.id).0 > quota {
+                    self.make_room_in_quota(Some(row.id), 0);
+                }
+            }
+        }
         let due = {
             let mut g = self.last_validate.lock();
             let due = g
@@ -967,6 +1031,30 @@ impl Pcc {
     }
 
     /// Cache use for the stats file.
+    /// Per rule with a quota or with files in this cache: (rule, bytes used, files, quota).
+    pub fn rule_usage(&self) -> Vec<(u64, u64, usize, Option<u64>)> {
+        let mut ids: Vec<u64> = self.store.entries().iter().filter_map(|e| e.rule).collect();
+        let rules = self.rules();
+        ids.extend(
+            rules
+                .iter()
+                .filter(|(r, _)| r.quota.is_some())
+                .map(|(r, _)| r.id),
+        );
+        ids.sort_unstable();
+        ids.dedup();
+        ids.into_iter()
+            .map(|id| {
+                let (used, files) = self.store.used_by_rule(id);
+                let quota = rules
+                    .iter()
+                    .find(|(r, _)| r.id == id)
+                    .and_then(|(r, _)| r.quota);
+                (id, used, files, quota)
+            })
+            .collect()
+    }
+
     pub fn usage(&self) -> (u64, u64, usize) {
         (
             self.store.used(),

@@ -829,15 +829,28 @@ fn pcc_leases_and_rules(e: &dyn MetaEngine) {
         Err(MetaError::Invalid(_))
     ));
     // rules
-    let r1 = e.pcc_rule_add("rw", None, "projid={500}").unwrap();
-    let r2 = e.pcc_rule_add("ro", Some("c1"), "fname={*.h5}").unwrap();
+    let r1 = e.pcc_rule_add("rw", None, "projid={500}", None).unwrap();
+    let big = 5u64 << 40; // past 32 bits: stored whole
+    let r2 = e
+        .pcc_rule_add("ro", Some("c1"), "fname={*.h5}", Some(big))
+        .unwrap();
     assert!(matches!(
-        e.pcc_rule_add("xx", None, "uid={1}"),
+        e.pcc_rule_add("xx", None, "uid={1}", None),
         Err(MetaError::Invalid(_))
     ));
     let rules = e.pcc_rules().unwrap();
     assert_eq!(rules.len(), 2);
     assert_eq!(rules[1].client.as_deref(), Some("c1"));
+    assert_eq!((rules[0].quota, rules[1].quota), (None, Some(big)));
+    // quotas are editable, and cleared with None
+    e.pcc_rule_set_quota(r1, Some(1 << 20)).unwrap();
+    e.pcc_rule_set_quota(r2, None).unwrap();
+    let rules = e.pcc_rules().unwrap();
+    assert_eq!((rules[0].quota, rules[1].quota), (Some(1 << 20), None));
+    assert!(matches!(
+        e.pcc_rule_set_quota(r2 + 100, Some(1)),
+        Err(MetaError::NotFound)
+    ));
     e.pcc_rule_del(r1).unwrap();
     assert!(matches!(e.pcc_rule_del(r1), Err(MetaError::NotFound)));
     assert_eq!(e.pcc_rules().unwrap()[0].id, r2);

@@ -199,7 +199,15 @@ pub trait MetaEngine: Send + Sync {
     fn pcc_leases_of(&self, client: &str) -> Result<Vec<PccLease>>;
     /// Whether a client with this name has a session whose heartbeat is newer than `timeout_ns`.
     fn client_alive(&self, client: &str, timeout_ns: i64) -> Result<bool>;
-    fn pcc_rule_add(&self, mode: &str, client: Option<&str>, rule: &str) -> Result<u64>;
+    fn pcc_rule_add(
+        &self,
+        mode: &str,
+        client: Option<&str>,
+        rule: &str,
+        quota: Option<u64>,
+    ) -> Result<u64>;
+    /// Sets or clears (None) a rule's quota; NotFound when there is no such rule.
+    fn pcc_rule_set_quota(&self, id: u64, quota: Option<u64>) -> Result<()>;
     fn pcc_rules(&self) -> Result<Vec<PccRuleRow>>;
     fn pcc_rule_del(&self, id: u64) -> Result<()>;
 

@@ -316,6 +316,9 @@ pub struct PccRuleRow {
     /// Only for this client (None: every client).
     pub client: Option<String>,
     pub rule: String,
+    /// The most bytes the files this rule attached may take in each client's cache (None: no
+    /// limit beyond the cache's size).
+    pub quota: Option<u64>,
 }
 
 /// One column value of a portable dump (`tierfs dump` / `tierfs load`).

@@ -298,13 +298,29 @@ impl CacheStore {
 
     /// Bytes of cached data (allocated blocks, so sparse copies count what they use).
     pub fn used(&self) -> u64 {
-        use std::os::unix::fs::MetadataExt;
-        self.entries
+        let inos: Vec<Ino> = self.entries.lock().keys().copied().collect();
+        inos.into_iter().map(|ino| self.disk_bytes(ino)).sum()
+    }
+
+    /// Bytes the cache files attached by `rule` take on disk, and how many files they are.
+    pub fn used_by_rule(&self, rule: u64) -> (u64, usize) {
+        let inos: Vec<Ino> = self
+            .entries
             .lock()
-            .keys()
-            .filter_map(|ino| fs::metadata(self.data_path(*ino)).ok())
+            .values()
+            .filter(|e| e.rule == Some(rule))
+            .map(|e| e.ino)
+            .collect();
+        let n = inos.len();
+        (inos.into_iter().map(|ino| self.disk_bytes(ino)).sum(), n)
+    }
+
+    /// Bytes one cache file takes on disk (allocated blocks: a sparse file counts what it holds).
+    pub fn disk_bytes(&self, ino: Ino) -> u64 {
+        use std::os::unix::fs::MetadataExt;
+        fs::metadata(self.data_path(ino))
             .map(|m| m.blocks() * 512)
-            .sum()
+            .unwrap_or(0)
     }
 
     pub fn size_of(&self, ino: Ino) -> u64 {
@@ -422,6 +438,32 @@ mod tests {
             .map(|e| e.ino)
             .collect();
         assert_eq!(size, vec![2, 1, 3]);
+    }
+
+    #[test]
+    fn use_is_counted_per_rule() {
+        let d = tempfile::tempdir().unwrap();
+        let s = CacheStore::open(d.path(), "fs", 1 << 30).unwrap();
+        for (ino, rule, len) in [(1, Some(7), 8192), (2, Some(7), 4096), (3, None, 4096)] {
+            s.create_data(ino)
+                .unwrap()
+                .write_all(&vec![1u8; len])
+                .unwrap();
+            let mut e = entry(ino, Mode::Ro, 0);
+            e.rule = rule;
+            s.put(e).unwrap();
+        }
+        let (bytes, files) = s.used_by_rule(7);
+        assert_eq!(files, 2);
+        // allocated blocks: at least the bytes written, and part of the whole cache's use
+        assert!(
+            bytes >= 12288 && bytes < s.used(),
+            "{bytes} of {}",
+            s.used()
+        );
+        assert_eq!(s.used_by_rule(8), (0, 0));
+        s.remove(1);
+        assert_eq!(s.used_by_rule(7).1, 1);
     }
 
     #[test]

@@ -2325,7 +2325,13 @@ impl MetaEngine for PgEngine {
         })
     }
 
-    fn pcc_rule_add(&self, mode: &str, client: Option<&str>, rule: &str) -> Result<u64> {
+    fn pcc_rule_add(
+        &self,
+        mode: &str,
+        client: Option<&str>,
+        rule: &str,
+        quota: Option<u64>,
+    ) -> Result<u64> {
         if mode != "rw" && mode != "ro" {
             return Err(MetaError::Invalid(format!(
                 "PCC mode '{mode}' (expected rw or ro)"
@@ -2333,9 +2339,15 @@ impl MetaEngine for PgEngine {
         }
         self.write(|c| {
             Ok(c.i64(
-                "INSERT INTO pcc_rules (mode, client, rule, created) VALUES ($1, $2, $3, $4) \
-                 RETURNING id",
-                &[&mode, &client, &rule, &now_nanos()],
+                "INSERT INTO pcc_rules (mode, client, rule, created, quota) \
+                 VALUES ($1, $2, $3, $4, $5) RETURNING id",
+                &[
+                    &mode,
+                    &client,
+                    &rule,
+                    &now_nanos(),
+                    &quota.map(|q| q as i64),
+                ],
             )? as u64)
         })
     }
@@ -2343,7 +2355,7 @@ impl MetaEngine for PgEngine {
     fn pcc_rules(&self) -> Result<Vec<PccRuleRow>> {
         self.read(|c| {
             Ok(c.query(
-                "SELECT id, mode, client, rule FROM pcc_rules ORDER BY id",
+                "SELECT id, mode, client, rule, quota FROM pcc_rules ORDER BY id",
                 &[],
             )?
             .iter()
@@ -2352,8 +2364,22 @@ impl MetaEngine for PgEngine {
                 mode: r.get(1),
                 client: r.get(2),
                 rule: r.get(3),
+                quota: r.get::<_, Option<i64>>(4).map(|q| q as u64),
             })
             .collect())
+        })
+    }
+
+    fn pcc_rule_set_quota(&self, id: u64, quota: Option<u64>) -> Result<()> {
+        self.write(|c| {
+            let n = c.exec(
+                "UPDATE pcc_rules SET quota = $2 WHERE id = $1",
+                &[&(id as i64), &quota.map(|q| q as i64)],
+            )?;
+            if n == 0 {
+                return Err(MetaError::NotFound);
+            }
+            Ok(())
         })
     }
 

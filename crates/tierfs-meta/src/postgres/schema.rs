@@ -10,7 +10,7 @@
 pub const SCHEMA_VERSION: i64 = crate::sqlite::SCHEMA_VERSION;
 
 /// `MIGRATIONS[i]` moves the schema from version `i` to `i + 1`.
-pub const MIGRATIONS: &[&str] = &[V1, V2, V3];
+pub const MIGRATIONS: &[&str] = &[V1, V2, V3, V4];
 
 // A new SQLite migration needs its PostgreSQL twin: the build fails until it has one.
 const _: () = assert!(MIGRATIONS.len() as i64 == SCHEMA_VERSION);
@@ -44,6 +44,11 @@ pub const TABLES: &[&str] = &[
 
 /// Version 2: the persistent client cache. RW-PCC leases (one owner client per file, with a
 /// generation), requests to give a lease back, and attach rules.
+/// Version 4: see the SQLite twin (a quota per PCC rule).
+const V4: &str = r#"
+ALTER TABLE pcc_rules ADD COLUMN quota BIGINT;
+"#;
+
 /// Version 3: see the SQLite twin (files in their grace period after a rename replaced them).
 const V3: &str = r#"
 CREATE INDEX inodes_grace ON inodes(ctime) WHERE orphan = 2;

@@ -519,7 +519,7 @@ fn dump_from_sqlite_loads_into_postgres_and_back(server: &Server) {
     lite.commit_slices(f.ino, &[inline, obj], (1 << 20) + 10, 5)
         .expect("commit");
     lite.setxattr(f.ino, b"user.k", b"v", 0).expect("xattr");
-    lite.pcc_rule_add("rw", Some("c1"), "uid={7}")
+    lite.pcc_rule_add("rw", Some("c1"), "uid={7}", Some(3 << 30))
         .expect("rule");
     let mut rows = Vec::new();
     lite.export_rows(&mut |r| {
@@ -543,13 +543,14 @@ fn dump_from_sqlite_loads_into_postgres_and_back(server: &Server) {
     assert_eq!(pg.read_chunk(f.ino, 1).unwrap()[0].len, 10);
     assert_eq!(pg.getxattr(f.ino, b"user.k").unwrap(), b"v");
     assert_eq!(pg.pcc_rules().unwrap()[0].client.as_deref(), Some("c1"));
+    assert_eq!(pg.pcc_rules().unwrap()[0].quota, Some(3 << 30));
     assert_eq!(pg.info().unwrap().uuid, lite.info().unwrap().uuid);
     // Sequences moved past the loaded ids: new inodes and rules do not collide.
     let h = pg
         .create(d.ino, b"h", &file(), None, None)
         .expect("create after load");
     assert!(h.ino > f.ino);
-    assert!(pg.pcc_rule_add("ro", None, "gid={1}").unwrap() > 1);
+    assert!(pg.pcc_rule_add("ro", None, "gid={1}", None).unwrap() > 1);
     assert!(matches!(
         pg.import_rows(&mut rows.into_iter().map(Ok)),
         Err(MetaError::Invalid(_))

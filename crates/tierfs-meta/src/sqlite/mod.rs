@@ -1855,7 +1855,13 @@ impl MetaEngine for SqliteEngine {
         })
     }
 
-    fn pcc_rule_add(&self, mode: &str, client: Option<&str>, rule: &str) -> Result<u64> {
+    fn pcc_rule_add(
+        &self,
+        mode: &str,
+        client: Option<&str>,
+        rule: &str,
+        quota: Option<u64>,
+    ) -> Result<u64> {
         if mode != "rw" && mode != "ro" {
             return Err(MetaError::Invalid(format!(
                 "PCC mode '{mode}' (expected rw or ro)"
@@ -1863,8 +1869,9 @@ impl MetaEngine for SqliteEngine {
         }
         self.write(|tx| {
             tx.execute(
-                "INSERT INTO pcc_rules (mode, client, rule, created) VALUES (?1, ?2, ?3, ?4)",
-                params![mode, client, rule, now_nanos()],
+                "INSERT INTO pcc_rules (mode, client, rule, created, quota) \
+                 VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![mode, client, rule, now_nanos(), quota.map(|q| q as i64)],
             )?;
             Ok(tx.last_insert_rowid() as u64)
         })
@@ -1872,17 +1879,32 @@ impl MetaEngine for SqliteEngine {
 
     fn pcc_rules(&self) -> Result<Vec<PccRuleRow>> {
         self.read(|c| {
-            let mut st =
-                c.prepare_cached("SELECT id, mode, client, rule FROM pcc_rules ORDER BY id")?;
+            let mut st = c.prepare_cached(
+                "SELECT id, mode, client, rule, quota FROM pcc_rules ORDER BY id",
+            )?;
             let rows = st.query_map([], |r| {
                 Ok(PccRuleRow {
                     id: r.get::<_, i64>(0)? as u64,
                     mode: r.get(1)?,
                     client: r.get(2)?,
                     rule: r.get(3)?,
+                    quota: r.get::<_, Option<i64>>(4)?.map(|q| q as u64),
                 })
             })?;
             Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+        })
+    }
+
+    fn pcc_rule_set_quota(&self, id: u64, quota: Option<u64>) -> Result<()> {
+        self.write(|tx| {
+            let n = tx.execute(
+                "UPDATE pcc_rules SET quota = ?2 WHERE id = ?1",
+                params![id as i64, quota.map(|q| q as i64)],
+            )?;
+            if n == 0 {
+                return Err(MetaError::NotFound);
+            }
+            Ok(())
         })
     }
 
@@ -2049,6 +2071,31 @@ mod tests {
     }
 
     #[test]
+    fn a_version_3_filesystem_gains_rule_quotas_when_opened() {
+        let (d, e) = fresh();
+        let r = e.pcc_rule_add("rw", None, "uid={7}", None).unwrap();
+        drop(e);
+        // Turn it back into what a version-3 build wrote.
+        let path = d.path().join("m.db");
+        {
+            let c = Connection::open(&path).unwrap();
+            c.execute_batch("ALTER TABLE pcc_rules DROP COLUMN quota; PRAGMA user_version = 3;")
+                .unwrap();
+        }
+        let e = SqliteEngine::open(&path).unwrap();
+        let rules = e.pcc_rules().unwrap();
+        assert_eq!((rules[0].id, rules[0].quota), (r, None));
+        e.pcc_rule_set_quota(r, Some(1 << 30)).unwrap();
+        assert_eq!(e.pcc_rules().unwrap()[0].quota, Some(1 << 30));
+        let v: i64 = e
+            .writer
+            .lock()
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .unwrap();
+        assert_eq!(v, SCHEMA_VERSION);
+    }
+
+    #[test]
     fn open_refuses_unformatted_and_missing() {
         let d = tempfile::tempdir().unwrap();
         assert!(matches!(
@@ -2095,7 +2142,7 @@ mod tests {
         };
         a.commit_slices(f.ino, &[inline], 3, 5).unwrap();
         a.setxattr(f.ino, b"user.k", b"v", 0).unwrap();
-        a.pcc_rule_add("ro", None, "uid={7}").unwrap();
+        a.pcc_rule_add("ro", None, "uid={7}", None).unwrap();
         let mut rows = Vec::new();
         a.export_rows(&mut |r| {
             rows.push(r);

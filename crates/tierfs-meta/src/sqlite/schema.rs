@@ -2,10 +2,16 @@
 //! it one step. The same tables serve every SQL engine (types are plain INTEGER/TEXT/BLOB).
 
 /// Schema version this build writes and understands.
-pub const SCHEMA_VERSION: i64 = 3;
+pub const SCHEMA_VERSION: i64 = 4;
 
 /// `MIGRATIONS[i]` moves the schema from version `i` to `i + 1`.
-pub const MIGRATIONS: &[&str] = &[V1, V2, V3];
+pub const MIGRATIONS: &[&str] = &[V1, V2, V3, V4];
+
+/// Version 4: a PCC rule may carry a quota, the most bytes the files it attached may take in
+/// each client's cache (cache isolation); NULL: no limit beyond the cache's own size.
+const V4: &str = r#"
+ALTER TABLE pcc_rules ADD COLUMN quota INTEGER;
+"#;
 
 /// Version 3: files replaced by a rename stay openable for a grace period (`orphan = 2`, since
 /// their `ctime`), so that another client which looked the name up just before can still open
