@@ -2066,3 +2066,152 @@ fn o_direct_write_and_read() {
     );
     assert_same_bytes(&read_all(&t.p(1, "direct")).unwrap(), &data, 0, "c1");
 }
+
+/// Linux AIO (what fio's libaio engine uses), by raw system calls: the kernel's `struct iocb`
+/// and `struct io_event` on a little-endian 64-bit machine.
+#[repr(C)]
+#[derive(Default)]
+struct Iocb {
+    data: u64,
+    key: u32,
+    rw_flags: i32,
+    opcode: u16,
+    reqprio: i16,
+    fildes: u32,
+    buf: u64,
+    nbytes: u64,
+    offset: i64,
+    reserved2: u64,
+    flags: u32,
+    resfd: u32,
+}
+
+#[repr(C)]
+#[derive(Default, Clone, Copy)]
+struct IoEvent {
+    data: u64,
+    obj: u64,
+    res: i64,
+    res2: i64,
+}
+
+/// Writes `bufs` (each aligned for O_DIRECT) at their offsets as asynchronous writes all in
+/// flight at once, with `rw_flags` (e.g. RWF_DSYNC), and waits for every completion.
+fn aio_write_all(fd: i32, bufs: &[(u64, &[u8])], rw_flags: i32) {
+    let mut ctx: u64 = 0;
+    let r = unsafe { libc::syscall(libc::SYS_io_setup, bufs.len() as i64, &mut ctx) };
+    assert_eq!(r, 0, "io_setup: {}", io::Error::last_os_error());
+    let mut cbs: Vec<Iocb> = bufs
+        .iter()
+        .enumerate()
+        .map(|(i, (off, b))| Iocb {
+            data: i as u64,
+            rw_flags,
+            opcode: 1, // IOCB_CMD_PWRITE
+            fildes: fd as u32,
+            buf: b.as_ptr() as u64,
+            nbytes: b.len() as u64,
+            offset: *off as i64,
+            ..Default::default()
+        })
+        .collect();
+    let mut ptrs: Vec<*mut Iocb> = cbs.iter_mut().map(|c| c as *mut Iocb).collect();
+    let n = unsafe {
+        libc::syscall(
+            libc::SYS_io_submit,
+            ctx,
+            ptrs.len() as i64,
+            ptrs.as_mut_ptr(),
+        )
+    };
+    assert_eq!(
+        n,
+        bufs.len() as i64,
+        "io_submit: {}",
+        io::Error::last_os_error()
+    );
+    let mut events = vec![IoEvent::default(); bufs.len()];
+    let mut done = 0usize;
+    while done < bufs.len() {
+        let timeout = libc::timespec {
+            tv_sec: 30,
+            tv_nsec: 0,
+        };
+        let got = unsafe {
+            libc::syscall(
+                libc::SYS_io_getevents,
+                ctx,
+                1i64,
+                (bufs.len() - done) as i64,
+                events[done..].as_mut_ptr(),
+                &timeout,
+            )
+        };
+        assert!(
+            got > 0,
+            "io_getevents: {got} {}",
+            io::Error::last_os_error()
+        );
+        done += got as usize;
+    }
+    unsafe { libc::syscall(libc::SYS_io_destroy, ctx) };
+    for e in &events {
+        let want = bufs[e.data as usize].1.len() as i64;
+        assert_eq!(
+            e.res, want,
+            "asynchronous write {} completed with {}",
+            e.data, e.res
+        );
+    }
+}
+
+/// O_DSYNC (of the open) and RWF_DSYNC (of one write) on asynchronous direct I/O: the kernel
+/// sends no fsync after such writes (only its synchronous path does), so the daemon must make
+/// each one durable before it completes. Observable from another client: with the writer's
+/// file still open (no fsync, no close), the data is already committed and readable there.
+#[test]
+fn dsync_async_direct_writes_are_committed_when_they_complete() {
+    // c1 has never looked the files up: it reads what the engine holds
+    let t = TestFs::new(2);
+    let piece = 64 << 10;
+    let layout = std::alloc::Layout::from_size_align(4 * piece, 4096).unwrap();
+    let buf = unsafe { std::alloc::alloc(layout) };
+    assert!(!buf.is_null());
+    for (name, open_flag, rw_flag, seed) in [
+        ("o_dsync", libc::O_DSYNC, 0, 41u64),
+        ("rwf_dsync", 0, libc::RWF_DSYNC, 42u64),
+    ] {
+        let data = pattern(seed, 0, 4 * piece);
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), buf, data.len()) };
+        let all = unsafe { std::slice::from_raw_parts(buf, data.len()) };
+        let c = cstr(&t.p(0, name));
+        let fd = unsafe {
+            libc::open(
+                c.as_ptr(),
+                libc::O_CREAT | libc::O_RDWR | libc::O_DIRECT | libc::O_CLOEXEC | open_flag,
+                0o644,
+            )
+        };
+        assert!(fd >= 0, "open {name}: {}", io::Error::last_os_error());
+        // The kernel runs writes that extend a file synchronously (and then sends an fsync
+        // itself): size it first, so that the writes below are really asynchronous.
+        let r = unsafe { libc::ftruncate(fd, data.len() as i64) };
+        assert_eq!(r, 0, "ftruncate {name}: {}", io::Error::last_os_error());
+        // four writes in flight at once, as fio --iodepth=4
+        let pieces: Vec<(u64, &[u8])> = (0..4)
+            .map(|i| ((i * piece) as u64, &all[i * piece..(i + 1) * piece]))
+            .collect();
+        aio_write_all(fd, &pieces, rw_flag);
+        let seen = read_all(&t.p(1, name)).unwrap();
+        unsafe { libc::close(fd) };
+        assert_eq!(
+            seen.len(),
+            data.len(),
+            "{name}: c1 sees {} of the {} bytes whose writes completed",
+            seen.len(),
+            data.len()
+        );
+        assert_same_bytes(&seen, &data, 0, name);
+    }
+    unsafe { std::alloc::dealloc(buf, layout) };
+}

@@ -911,7 +911,7 @@ impl Filesystem for TierFs {
         offset: u64,
         data: &[u8],
         write_flags: WriteFlags,
-        _flags: OpenFlags,
+        flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
@@ -919,6 +919,11 @@ impl Filesystem for TierFs {
             reply.error(Errno::EBADF);
             return;
         };
+        // O_SYNC / O_DSYNC (of the open, or RWF_DSYNC of this write: the kernel passes both in
+        // the write's flags): the data is on stable storage before the reply. The kernel sends
+        // an fsync after such a write only on its synchronous path; asynchronous direct I/O
+        // (libaio, io_uring) gets none, so the daemon does it here.
+        let dsync = flags.0 & libc::O_DSYNC != 0;
         let r = self.run("write", || {
             if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
                 // An unprivileged write (the kernel says so: FUSE_HANDLE_KILLPRIV_V2) drops
@@ -938,9 +943,15 @@ impl Filesystem for TierFs {
                 if !c.write {
                     return Err(ClientError::Errno("read-only cached copy", libc::EBADF));
                 }
-                return c.file.write_all_at(data, offset).map_err(|e| {
+                let io = |e: std::io::Error| {
                     ClientError::Failed(e.to_string(), e.raw_os_error().unwrap_or(libc::EIO))
-                });
+                };
+                c.file.write_all_at(data, offset).map_err(io)?;
+                if dsync {
+                    // as the kernel does for the same write through passthrough
+                    c.file.sync_data().map_err(io)?;
+                }
+                return Ok(());
             }
             let off = if h.append {
                 // Append at the end the filesystem knows, including our buffered writes.
@@ -951,7 +962,11 @@ impl Filesystem for TierFs {
             } else {
                 offset
             };
-            self.data.write(ino.0, off, data)
+            self.data.write(ino.0, off, data)?;
+            if dsync {
+                self.data.fsync(ino.0)?;
+            }
+            Ok(())
         });
         match r {
             Ok(()) => reply.written(data.len() as u32),

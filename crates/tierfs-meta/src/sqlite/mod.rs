@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::engine::{MetaEngine, ORPHAN_GRACE};
 use crate::error::{MetaError, Result};
@@ -46,6 +47,9 @@ pub struct SqliteEngine {
     path: PathBuf,
     writer: Mutex<Connection>,
     readers: Mutex<Vec<Connection>>,
+    /// This process committed since its last [`MetaEngine::sync`] (which then has nothing to
+    /// do: an fsync of a clean write-ahead log still costs a disk cache flush).
+    unsynced: AtomicBool,
 }
 
 const ATTR_COLS: &str =
@@ -453,6 +457,7 @@ impl SqliteEngine {
             path: path.to_path_buf(),
             writer: Mutex::new(writer),
             readers: Mutex::new(Vec::new()),
+            unsynced: AtomicBool::new(true),
         })
     }
 
@@ -567,6 +572,7 @@ impl SqliteEngine {
     /// Runs `f` in a write transaction, retrying with backoff while the database is busy.
     fn write<T>(&self, f: impl Fn(&Connection) -> Result<T>) -> Result<T> {
         let c = self.writer.lock();
+        self.unsynced.store(true, Ordering::Relaxed);
         let mut attempt = 0u32;
         loop {
             // BEGIN/COMMIT as cached statements: parsing them anew each time cost as much as
@@ -1438,16 +1444,24 @@ impl MetaEngine for SqliteEngine {
         // Commits run with synchronous=NORMAL: they survive a crash of the process but may be
         // lost with power. Syncing the write-ahead log makes every committed transaction durable,
         // exactly what synchronous=FULL would do at each commit.
+        // Writers wait meanwhile, so nothing commits between the check and the fsync.
         let _w = self.writer.lock();
+        if !self.unsynced.swap(false, Ordering::Relaxed) {
+            return Ok(());
+        }
         let mut wal = self.path.as_os_str().to_owned();
         wal.push("-wal");
-        match std::fs::File::open(PathBuf::from(&wal)) {
+        let r = match std::fs::File::open(PathBuf::from(&wal)) {
             Ok(f) => f
                 .sync_all()
                 .map_err(|e| MetaError::Db(format!("fsync of the WAL: {e}"))),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(MetaError::Db(format!("open of the WAL: {e}"))),
+        };
+        if r.is_err() {
+            self.unsynced.store(true, Ordering::Relaxed);
         }
+        r
     }
 
     fn maintain(&self) -> Result<()> {
@@ -1494,6 +1508,7 @@ impl MetaEngine for SqliteEngine {
     fn import_rows(&self, rows: &mut dyn Iterator<Item = Result<DumpRow>>) -> Result<u64> {
         use rusqlite::types::Value;
         let c = self.writer.lock();
+        self.unsynced.store(true, Ordering::Relaxed);
         c.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
         let r = (|| {
             let files: i64 = c.query_row("SELECT COUNT(*) FROM inodes", [], |r| r.get(0))?;
