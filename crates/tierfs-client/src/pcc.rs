@@ -27,6 +27,9 @@ use crate::recall::{Pass, RecallWork};
 /// may still be in that client's 50 ms batch) before giving up with EBUSY.
 const IN_USE_WAIT: Duration = Duration::from_secs(2);
 
+/// Read-only copies a validation pass (every 5 s) checks for deleted files, at most.
+const VALIDATE_RO_PER_PASS: usize = 256;
+
 /// PCC settings of one client.
 #[derive(Clone, Debug)]
 pub struct PccConfig {
@@ -60,6 +63,8 @@ pub struct Pcc {
     last_report: Mutex<HashMap<Ino, Instant>>,
     copying: Mutex<std::collections::HashSet<Ino>>,
     last_validate: Mutex<Option<Instant>>,
+    /// The highest inode whose RO copy the last validation pass looked at.
+    validate_cursor: Mutex<Ino>,
     transitions: Mutex<HashMap<Ino, Arc<parking_lot::ReentrantMutex<()>>>>,
     /// RO copies verified (or made) since this daemon started.
     checked: Mutex<std::collections::HashSet<Ino>>,
@@ -96,6 +101,7 @@ impl Pcc {
             last_report: Mutex::new(HashMap::new()),
             copying: Mutex::new(Default::default()),
             last_validate: Mutex::new(None),
+            validate_cursor: Mutex::new(0),
             checked: Mutex::new(Default::default()),
             transitions: Mutex::new(HashMap::new()),
         })
@@ -174,6 +180,33 @@ impl Pcc {
             .unwrap_or(false)
     }
 
+    /// Measures again the files open for writing here (they grow through writes the daemon
+    /// does not see), so that the cache's use counts them as they are now.
+    fn measure_writing(&self) {
+        let writing: Vec<Ino> = self
+            .opens
+            .lock()
+            .iter()
+            .filter(|(_, (_, w))| *w > 0)
+            .map(|(i, _)| *i)
+            .collect();
+        for ino in writing {
+            self.store.note_size(ino);
+        }
+    }
+
+    /// Bytes the cache uses now.
+    fn used(&self) -> u64 {
+        self.measure_writing();
+        self.store.used()
+    }
+
+    /// Bytes and files the files attached by `rule` use now.
+    fn used_by_rule(&self, rule: u64) -> (u64, usize) {
+        self.measure_writing();
+        self.store.used_by_rule(rule)
+    }
+
     fn writers(&self, ino: Ino) -> u32 {
         self.opens.lock().get(&ino).map(|(_, w)| *w).unwrap_or(0)
     }
@@ -207,7 +240,7 @@ impl Pcc {
             return false;
         }
         let limit = (cap as f64 * self.cfg.high_watermark) as u64;
-        let used = self.store.used();
+        let used = self.used();
         if used + need <= limit {
             return true;
         }
@@ -236,7 +269,7 @@ impl Pcc {
         if need > quota {
             return false;
         }
-        let used = self.store.used_by_rule(rule).0;
+        let used = self.used_by_rule(rule).0;
         if used + need <= quota {
             return true;
         }
@@ -738,6 +771,7 @@ impl Pcc {
         let io = |e: std::io::Error| ClientError::Failed(format!("cache file: {e}"), libc::EIO);
         if let Some(n) = size {
             f.set_len(n).map_err(io)?;
+            self.store.note_size(ino);
         }
         let to_time = |t: tierfs_meta::TimeSet| match t {
             tierfs_meta::TimeSet::Now => std::time::SystemTime::now(),
@@ -781,6 +815,9 @@ impl Pcc {
                     g.remove(&ino);
                 }
             }
+        }
+        if wrote {
+            self.store.note_size(ino);
         }
         match reported {
             // The lease went meanwhile (given back on request): nothing left to report.
@@ -853,7 +890,7 @@ impl Pcc {
             }
         }
         let high = (self.cfg.capacity as f64 * self.cfg.high_watermark) as u64;
-        if self.store.used() > high {
+        if self.used() > high {
             self.make_room(0);
         }
         // Files of a rule grow past its quota through writes the daemon does not see. (Only
@@ -861,7 +898,7 @@ impl Pcc {
         let by_rule = self.store.entries().iter().any(|e| e.rule.is_some());
         for (row, _) in if by_rule { self.rules() } else { Vec::new() } {
             if let Some(quota) = row.quota {
-                if self.store.used_by_rule(row.id).0 > quota {
+                if self.used_by_rule(row.id).0 > quota {
                     self.make_room_in_quota(Some(row.id), 0);
                 }
             }
@@ -884,40 +921,77 @@ impl Pcc {
     /// Drops entries of deleted files, and RW entries whose lease is no longer this client's
     /// (broken while this client looked dead): clean ones go, dirty ones are quarantined.
     fn validate(&self) {
-        for e in self.store.entries() {
-            if self.busy(e.ino) {
-                continue;
-            }
-            // Not while an attach, write-back or give-back of the file runs: look again with
-            // the file's transition lock held.
-            let lock = self.ino_lock(e.ino);
-            let _held = lock.lock();
-            let Some(e) = self.store.get(e.ino) else {
-                continue;
-            };
-            match self.meta.getattr(e.ino) {
-                Err(MetaError::NotFound) => {
-                    self.store.remove(e.ino);
-                    continue;
+        // RW entries: one query for every lease this client holds; only entries missing from
+        // it (lease broken or file deleted) are looked at one by one. RO copies: a slice of
+        // them per pass (a copy of a deleted file only takes space until it is found or
+        // evicted), so a pass costs a bounded number of queries however large the cache.
+        let ours: Option<std::collections::HashSet<Ino>> =
+            match self.meta.pcc_leases_of(&self.client) {
+                Ok(v) => Some(v.into_iter().map(|l| l.ino).collect()),
+                Err(e) => {
+                    tracing::debug!("cache validation: reading this client's leases: {e}");
+                    None
                 }
-                Err(_) => continue,
-                Ok(_) => {}
+            };
+        let mut entries = self.store.entries();
+        entries.sort_unstable_by_key(|e| e.ino);
+        let after = *self.validate_cursor.lock();
+        let ro: Vec<Ino> = entries
+            .iter()
+            .filter(|e| e.mode == Mode::Ro)
+            .map(|e| e.ino)
+            .collect();
+        let start = ro.partition_point(|i| *i <= after);
+        let slice: Vec<Ino> = ro[start..]
+            .iter()
+            .chain(&ro[..start])
+            .take(VALIDATE_RO_PER_PASS)
+            .copied()
+            .collect();
+        *self.validate_cursor.lock() = slice.last().copied().unwrap_or(0);
+        let slice: std::collections::HashSet<Ino> = slice.into_iter().collect();
+        for e in entries {
+            let due = match e.mode {
+                Mode::Rw => ours.as_ref().map(|o| !o.contains(&e.ino)).unwrap_or(false),
+                Mode::Ro => slice.contains(&e.ino),
+            };
+            if due && !self.busy(e.ino) {
+                self.validate_entry(e.ino);
             }
-            if e.mode == Mode::Rw {
-                let ours =
-                    matches!(self.meta.pcc_lease(e.ino), Ok(Some(l)) if l.client == self.client);
-                if !ours {
-                    if e.dirty {
-                        let q = self.store.quarantine(e.ino);
-                        tracing::error!(
-                            ino = e.ino,
-                            "the RW-PCC lease of a dirty cached file was broken: quarantined at {}",
-                            q.display()
-                        );
-                        self.metrics.pcc("quarantined", 1);
-                    } else {
-                        self.store.remove(e.ino);
-                    }
+        }
+    }
+
+    /// Drops an entry whose file was deleted, or an RW entry whose lease is no longer this
+    /// client's (clean: dropped; dirty: quarantined).
+    fn validate_entry(&self, ino: Ino) {
+        // Not while an attach, write-back or give-back of the file runs: look again with the
+        // file's transition lock held.
+        let lock = self.ino_lock(ino);
+        let _held = lock.lock();
+        let Some(e) = self.store.get(ino) else {
+            return;
+        };
+        match self.meta.getattr(e.ino) {
+            Err(MetaError::NotFound) => {
+                self.store.remove(e.ino);
+                return;
+            }
+            Err(_) => return,
+            Ok(_) => {}
+        }
+        if e.mode == Mode::Rw {
+            let ours = matches!(self.meta.pcc_lease(e.ino), Ok(Some(l)) if l.client == self.client);
+            if !ours {
+                if e.dirty {
+                    let q = self.store.quarantine(e.ino);
+                    tracing::error!(
+                        ino = e.ino,
+                        "the RW-PCC lease of a dirty cached file was broken: quarantined at {}",
+                        q.display()
+                    );
+                    self.metrics.pcc("quarantined", 1);
+                } else {
+                    self.store.remove(e.ino);
                 }
             }
         }
@@ -1045,7 +1119,7 @@ impl Pcc {
         ids.dedup();
         ids.into_iter()
             .map(|id| {
-                let (used, files) = self.store.used_by_rule(id);
+                let (used, files) = self.used_by_rule(id);
                 let quota = rules
                     .iter()
                     .find(|(r, _)| r.id == id)
@@ -1056,11 +1130,7 @@ impl Pcc {
     }
 
     pub fn usage(&self) -> (u64, u64, usize) {
-        (
-            self.store.used(),
-            self.cfg.capacity,
-            self.store.entries().len(),
-        )
+        (self.used(), self.cfg.capacity, self.store.entries().len())
     }
 }
 

@@ -94,6 +94,11 @@ pub struct CacheStore {
     root: PathBuf,
     pub capacity: u64,
     entries: Mutex<HashMap<Ino, Entry>>,
+    /// Bytes each cached file takes on disk, as last measured: at load, when an entry is
+    /// recorded, and whenever the owner calls [`CacheStore::note_size`] (a file changes size
+    /// only through writes, which the daemon sees end: at close). Summing these costs no
+    /// system call, where measuring every file at every attach cost one per cached file.
+    sizes: Mutex<HashMap<Ino, u64>>,
 }
 
 fn io(p: &Path, e: std::io::Error) -> CacheError {
@@ -122,8 +127,13 @@ impl CacheStore {
             root,
             capacity,
             entries: Mutex::new(HashMap::new()),
+            sizes: Mutex::new(HashMap::new()),
         };
         store.load()?;
+        let inos: Vec<Ino> = store.entries.lock().keys().copied().collect();
+        for ino in inos {
+            store.note_size(ino);
+        }
         Ok(store)
     }
 
@@ -239,7 +249,9 @@ impl CacheStore {
     /// Records (and persists) an entry.
     pub fn put(&self, e: Entry) -> Result<()> {
         self.persist(&e)?;
-        self.entries.lock().insert(e.ino, e);
+        let ino = e.ino;
+        self.entries.lock().insert(ino, e);
+        self.note_size(ino);
         Ok(())
     }
 
@@ -280,6 +292,7 @@ impl CacheStore {
     /// Drops a cached file.
     pub fn remove(&self, ino: Ino) {
         self.entries.lock().remove(&ino);
+        self.sizes.lock().remove(&ino);
         let _ = fs::remove_file(self.meta_path(ino));
         let _ = fs::remove_file(self.data_path(ino));
     }
@@ -292,17 +305,19 @@ impl CacheStore {
             .join(format!("{ino}-{}", tierfs_meta::now_nanos()));
         let _ = fs::rename(self.data_path(ino), &dst);
         self.entries.lock().remove(&ino);
+        self.sizes.lock().remove(&ino);
         let _ = fs::remove_file(self.meta_path(ino));
         dst
     }
 
-    /// Bytes of cached data (allocated blocks, so sparse copies count what they use).
+    /// Bytes of cached data (allocated blocks, so sparse copies count what they use), as last
+    /// measured (see `sizes`).
     pub fn used(&self) -> u64 {
-        let inos: Vec<Ino> = self.entries.lock().keys().copied().collect();
-        inos.into_iter().map(|ino| self.disk_bytes(ino)).sum()
+        self.sizes.lock().values().sum()
     }
 
-    /// Bytes the cache files attached by `rule` take on disk, and how many files they are.
+    /// Bytes the cache files attached by `rule` take on disk, as last measured, and how many
+    /// files they are.
     pub fn used_by_rule(&self, rule: u64) -> (u64, usize) {
         let inos: Vec<Ino> = self
             .entries
@@ -311,8 +326,20 @@ impl CacheStore {
             .filter(|e| e.rule == Some(rule))
             .map(|e| e.ino)
             .collect();
-        let n = inos.len();
-        (inos.into_iter().map(|ino| self.disk_bytes(ino)).sum(), n)
+        let sizes = self.sizes.lock();
+        let bytes = inos.iter().filter_map(|i| sizes.get(i)).sum();
+        (bytes, inos.len())
+    }
+
+    /// Measures again what a cached file takes on disk (after writes to it ended, or while
+    /// they go on).
+    pub fn note_size(&self, ino: Ino) {
+        let bytes = self.disk_bytes(ino);
+        // (entries, then sizes: the one lock order) so a concurrent removal leaves no size
+        let entries = self.entries.lock();
+        if entries.contains_key(&ino) {
+            self.sizes.lock().insert(ino, bytes);
+        }
     }
 
     /// Bytes one cache file takes on disk (allocated blocks: a sparse file counts what it holds).
@@ -442,6 +469,7 @@ mod tests {
 
     #[test]
     fn use_is_counted_per_rule() {
+        use std::os::unix::fs::FileExt;
         let d = tempfile::tempdir().unwrap();
         let s = CacheStore::open(d.path(), "fs", 1 << 30).unwrap();
         for (ino, rule, len) in [(1, Some(7), 8192), (2, Some(7), 4096), (3, None, 4096)] {
@@ -464,6 +492,20 @@ mod tests {
         assert_eq!(s.used_by_rule(8), (0, 0));
         s.remove(1);
         assert_eq!(s.used_by_rule(7).1, 1);
+        // growth through writes the store does not see counts once it is measured again
+        let before = s.used();
+        s.open_data(2, true)
+            .unwrap()
+            .write_all_at(&vec![2u8; 1 << 20], 4096)
+            .unwrap();
+        assert_eq!(s.used(), before, "not measured yet");
+        s.note_size(2);
+        assert!(s.used() >= before + (1 << 20), "{} after growth", s.used());
+        // a removed file's size is forgotten, and noting it again does not bring it back
+        s.remove(2);
+        s.note_size(2);
+        assert_eq!(s.used_by_rule(7), (0, 0));
+        assert_eq!(s.used(), s.disk_bytes(3));
     }
 
     #[test]
