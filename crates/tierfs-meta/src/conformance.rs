@@ -493,14 +493,45 @@ fn replaced_file_stays_openable_for_its_grace(e: &dyn MetaEngine) {
     assert_eq!(e.purge_orphans(now_nanos() - 3_600_000_000_000).unwrap(), 0);
     e.open_file(1, old.ino).unwrap();
     assert_eq!(e.read_chunk(old.ino, 0).unwrap().len(), 1);
-    // once opened it is an ordinary open orphan: the grace purge skips it, the last close frees it
+    // while open, even past its grace, it stays; its last close leaves it to the rest of its
+    // grace (another reader may have looked the name up just before the rename too)
     assert_eq!(e.purge_orphans(now_nanos() + 1).unwrap(), 0);
     assert!(e.getattr(old.ino).is_ok());
     e.close_files(1, &[old.ino]).unwrap();
+    assert!(
+        e.getattr(old.ino).is_ok(),
+        "closed within its grace: still there"
+    );
+    e.open_file(2, old.ino)
+        .expect("a second reader within the grace");
+    e.close_files(2, &[old.ino]).unwrap();
+    assert_eq!(e.purge_orphans(now_nanos() - 3_600_000_000_000).unwrap(), 0);
+    assert_eq!(e.purge_orphans(now_nanos() + 1).unwrap(), 1);
     assert!(matches!(e.getattr(old.ino), Err(MetaError::NotFound)));
     let t = e.trash(10).unwrap();
     assert_eq!(t.iter().map(|x| x.obj).collect::<Vec<_>>(), [7]);
     e.trash_done(&[t[0].id]).unwrap();
+
+    // replaced while its writer's close is still on the way (closes go in batches): it gets
+    // the grace all the same, and is purged after it once closed
+    let cur = e.lookup(ROOT_INO, b"live").unwrap();
+    e.open_file(1, cur.ino).unwrap();
+    let next = write(b"tmp1", 10);
+    e.rename(ROOT_INO, b"tmp1", ROOT_INO, b"live", 0).unwrap();
+    e.close_files(1, &[cur.ino]).unwrap();
+    assert!(
+        e.getattr(cur.ino).is_ok(),
+        "the writer's close did not end the grace"
+    );
+    e.open_file(2, cur.ino)
+        .expect("a reader that looked the name up before the rename");
+    e.close_files(2, &[cur.ino]).unwrap();
+    assert_eq!(e.purge_orphans(now_nanos() + 1).unwrap(), 1);
+    assert!(matches!(e.getattr(cur.ino), Err(MetaError::NotFound)));
+    let t = e.trash(10).unwrap();
+    assert_eq!(t.iter().map(|x| x.obj).collect::<Vec<_>>(), [8]);
+    e.trash_done(&[t[0].id]).unwrap();
+    let new = next;
 
     // replaced again, never opened: purged once its grace is over, objects to the trash
     let newer = write(b"tmp2", 9);
@@ -511,7 +542,7 @@ fn replaced_file_stays_openable_for_its_grace(e: &dyn MetaEngine) {
     assert!(matches!(e.getattr(new.ino), Err(MetaError::NotFound)));
     assert!(matches!(e.open_file(1, new.ino), Err(MetaError::NotFound)));
     let t = e.trash(10).unwrap();
-    assert_eq!(t.iter().map(|x| x.obj).collect::<Vec<_>>(), [8]);
+    assert_eq!(t.iter().map(|x| x.obj).collect::<Vec<_>>(), [10]);
     assert_eq!(e.lookup(ROOT_INO, b"live").unwrap().ino, newer.ino);
     // unlink keeps its immediate semantics
     e.unlink(ROOT_INO, b"live").unwrap();

@@ -135,8 +135,8 @@ pub trait MetaEngine: Send + Sync {
     /// second or so, off the application's path.
     fn maintain(&self) -> Result<()>;
     /// Purges files a rename replaced before `replaced_before` (their grace is over) that no
-    /// client opened meanwhile; returns how many. An open during the grace makes such a file an
-    /// ordinary open orphan, purged at its last close.
+    /// client has open; returns how many. One still open is left for a pass after its last
+    /// close.
     fn purge_orphans(&self, replaced_before: Nanos) -> Result<u64>;
 
     /// Every row of the filesystem's persistent tables ([`DUMP_TABLES`]; not the sessions, open

@@ -546,15 +546,12 @@ fn drop_inode(c: &mut PgConn, ino: Ino) -> Result<()> {
     purge_inode(c, ino)
 }
 
-/// Retires a file whose last name a rename replaced: an open orphan if a client has it open,
-/// otherwise kept openable for [`crate::engine::ORPHAN_GRACE`] (`orphan = 2`).
+/// Retires a file whose last name a rename replaced: kept openable for
+/// [`crate::engine::ORPHAN_GRACE`] (`orphan = 2`) whether or not a client has it open now (see
+/// the SQLite twin), purged by `purge_orphans` once the grace is over and nobody has it open.
 fn retire_inode(c: &mut PgConn, ino: Ino) -> Result<()> {
     let ino_i = ino as i64;
-    c.exec(
-        "UPDATE inodes SET orphan = CASE WHEN EXISTS (SELECT 1 FROM open_files WHERE ino = $1) \
-         THEN 1 ELSE 2 END WHERE ino = $1",
-        &[&ino_i],
-    )?;
+    c.exec("UPDATE inodes SET orphan = 2 WHERE ino = $1", &[&ino_i])?;
     // Leases and recall requests go now, as on unlink.
     c.exec("DELETE FROM pcc_leases WHERE ino = $1", &[&ino_i])?;
     c.exec("DELETE FROM pcc_revokes WHERE ino = $1", &[&ino_i])?;
@@ -2066,11 +2063,6 @@ impl MetaEngine for PgEngine {
         self.write(|c| {
             lock1(c, ino)?;
             record_open(c, session, ino)?;
-            // A file in its grace period after a rename replaced it: now purged at last close.
-            c.exec(
-                "UPDATE inodes SET orphan = 1 WHERE ino = $1 AND orphan = 2",
-                &[&(ino as i64)],
-            )?;
             Ok(())
         })
     }
@@ -2093,7 +2085,8 @@ impl MetaEngine for PgEngine {
             lock_inodes(c, &inos)?;
             let mut n = 0;
             for ino in inos {
-                // Still in grace and still not open (an open turns it into orphan = 1).
+                // Still a replaced file, and not open (the purge after its last close waits for
+                // a later pass).
                 if c.exists(
                     "SELECT EXISTS (SELECT 1 FROM inodes WHERE ino = $1 AND orphan = 2) \
                      AND NOT EXISTS (SELECT 1 FROM open_files WHERE ino = $1)",

@@ -292,11 +292,14 @@ fn drop_inode(c: &Connection, ino: Ino) -> Result<()> {
     purge_inode(c, ino)
 }
 
-/// Retires a file whose last name a rename replaced: an open orphan (`orphan = 1`) if a client
-/// has it open, otherwise kept openable for [`ORPHAN_GRACE`] (`orphan = 2`) and purged by
-/// [`MetaEngine::purge_orphans`] after that.
+/// Retires a file whose last name a rename replaced: kept openable for [`ORPHAN_GRACE`]
+/// (`orphan = 2`), whether or not a client has it open now, and purged by
+/// [`MetaEngine::purge_orphans`] once the grace is over and nobody has it open. (Marking it an
+/// open orphan when open, purged at the last close, took the grace away from exactly the files
+/// of the "write a temporary file, rename it over the live name" loop: the writer's close of
+/// the previous version is still in its batch when the next rename replaces it.)
 fn retire_inode(c: &Connection, ino: Ino) -> Result<()> {
-    set_orphan(c, ino, if is_open(c, ino)? { 1 } else { 2 })?;
+    set_orphan(c, ino, 2)?;
     // Leases and recall requests go now, as on unlink.
     c.prepare_cached("DELETE FROM pcc_leases WHERE ino = ?1")?
         .execute([ino as i64])?;
@@ -1642,9 +1645,6 @@ impl MetaEngine for SqliteEngine {
         self.write(|tx| {
             get_attr(tx, ino)?;
             record_open(tx, session, ino)?;
-            // A file in its grace period after a rename replaced it: now purged at last close.
-            tx.prepare_cached("UPDATE inodes SET orphan = 1 WHERE ino = ?1 AND orphan = 2")?
-                .execute([ino as i64])?;
             Ok(())
         })
     }
@@ -1663,7 +1663,8 @@ impl MetaEngine for SqliteEngine {
         self.write(|tx| {
             let mut n = 0;
             for ino in &due {
-                // Still in grace and still not open (an open turns it into orphan = 1).
+                // Still a replaced file, and not open (the purge after its last close waits for
+                // a later pass).
                 let still: bool = tx
                     .prepare_cached(
                         "SELECT EXISTS (SELECT 1 FROM inodes WHERE ino = ?1 AND orphan = 2) \
