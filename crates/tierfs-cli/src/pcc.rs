@@ -79,11 +79,13 @@ pub enum RuleCmd {
         #[arg(long)]
         client: Option<String>,
         /// Cache isolation: the most the files this rule attaches may take in each client's
-        /// cache (e.g. 50G; K/M/G/T suffixes). Past it, the rule's own least recently used
-        /// files are evicted (down to the cache's low watermark of the quota); when none can
-        /// be, files this rule would attach stay uncached. Default: no quota.
+        /// cache (e.g. 50G; K/M/G/T suffixes). Past it, the rule's own files are evicted in
+        /// the cache's eviction order (`cache_eviction`, LRU by default) down to the cache's
+        /// low watermark of the quota; when none can be, files this rule would attach stay
+        /// uncached. Default: no quota.
         #[arg(long, value_name = "SIZE")]
         quota: Option<String>,
+        /// The rule: fields uid, gid, projid, fname, size, mtime; `&` AND, `,` OR (docs/pcc.md).
         rule: String,
         #[command(flatten)]
         target: Target,
