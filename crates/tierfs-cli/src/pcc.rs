@@ -276,6 +276,14 @@ pub fn run(cmd: PccCmd) -> Result<()> {
     Ok(())
 }
 
+/// An engine error about rule `id`: "no rule" when there is none.
+fn rule_error(id: u64, err: tierfs_meta::MetaError) -> CliError {
+    match err {
+        tierfs_meta::MetaError::NotFound => CliError::Usage(format!("no rule {id}")),
+        other => other.into(),
+    }
+}
+
 /// A rule quota from the command line: a size, or `none`.
 fn quota_arg(s: &str) -> Result<Option<u64>> {
     if s.eq_ignore_ascii_case("none") {
@@ -315,10 +323,8 @@ fn rule(r: RuleCmd) -> Result<()> {
         RuleCmd::Quota { id, size, target } => {
             let quota = quota_arg(&size)?;
             let e = engine_for(&target)?;
-            e.pcc_rule_set_quota(id, quota).map_err(|err| match err {
-                tierfs_meta::MetaError::NotFound => CliError::Usage(format!("no rule {id}")),
-                other => other.into(),
-            })?;
+            e.pcc_rule_set_quota(id, quota)
+                .map_err(|err| rule_error(id, err))?;
         }
         RuleCmd::List { target } => {
             let e = engine_for(&target)?;
@@ -341,10 +347,7 @@ fn rule(r: RuleCmd) -> Result<()> {
         }
         RuleCmd::Del { id, target } => {
             let e = engine_for(&target)?;
-            e.pcc_rule_del(id).map_err(|err| match err {
-                tierfs_meta::MetaError::NotFound => CliError::Usage(format!("no rule {id}")),
-                other => other.into(),
-            })?;
+            e.pcc_rule_del(id).map_err(|err| rule_error(id, err))?;
         }
     }
     Ok(())

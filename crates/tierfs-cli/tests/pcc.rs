@@ -1056,7 +1056,11 @@ fn add_rule(t: &TestFs, args: &[&str]) -> u64 {
     all.extend(args);
     let out = pcc(t, &all);
     out.assert_ok();
-    let line = out.stdout.trim();
+    rule_id(out.stdout.trim())
+}
+
+/// The id in what `rule add` prints: `rule 3: rw ...`.
+fn rule_id(line: &str) -> u64 {
     line.strip_prefix("rule ")
         .and_then(|r| r.split(':').next())
         .and_then(|x| x.parse().ok())
@@ -1070,23 +1074,11 @@ fn add_rule(t: &TestFs, args: &[&str]) -> u64 {
 #[test]
 fn rule_quota_isolates_cache_use() {
     let _g = serial();
-    let mut t = TestFs::with(Opts {
-        clients: 0,
-        timeout: Duration::from_secs(150),
-        ..Opts::default()
-    });
-    let oa = pcc_opts(
-        &t,
-        "a",
-        "1G",
-        &[
-            ("cache_high_watermark", "0.95"),
-            ("cache_low_watermark", "0.9"),
-        ],
-    );
-    t.mount_with(&oa);
-    let ob = pcc_opts(&t, "b", "1G", &[]);
-    t.mount_with(&ob);
+    let watermarks: &[(&str, &str)] = &[
+        ("cache_high_watermark", "0.95"),
+        ("cache_low_watermark", "0.9"),
+    ];
+    let (t, _) = pcc_fs(&[("a", watermarks), ("b", &[])], 150);
     let m0 = s(t.mnt(0));
     let dat = add_rule(
         &t,
@@ -1493,12 +1485,7 @@ fn rule_add_list_del_and_bad_rules() {
             line.starts_with("rule ") && line.contains(&format!(": {mode} {canon}")),
             "add {rule:?}: {line}"
         );
-        let id: u64 = line["rule ".len()..]
-            .split(':')
-            .next()
-            .and_then(|x| x.parse().ok())
-            .unwrap_or_else(|| panic!("no id in {line}"));
-        ids.push(id);
+        ids.push(rule_id(line));
     }
     let list = pcc(&t, &["rule", "list", "--mount", &m]);
     list.assert_ok();

@@ -982,18 +982,20 @@ impl Pcc {
         if e.mode == Mode::Rw {
             let ours = matches!(self.meta.pcc_lease(e.ino), Ok(Some(l)) if l.client == self.client);
             if !ours {
-                if e.dirty {
-                    let q = self.store.quarantine(e.ino);
-                    tracing::error!(
-                        ino = e.ino,
-                        "the RW-PCC lease of a dirty cached file was broken: quarantined at {}",
-                        q.display()
-                    );
-                    self.metrics.pcc("quarantined", 1);
-                } else {
-                    self.store.remove(e.ino);
-                }
+                self.drop_lost_rw(&e, "the RW-PCC lease of a dirty cached file was broken");
             }
+        }
+    }
+
+    /// Drops an RW entry whose lease is no longer this client's: a clean one goes, a dirty one
+    /// (the only copy of its writes) is quarantined and reported with `why`.
+    fn drop_lost_rw(&self, e: &Entry, why: &str) {
+        if e.dirty {
+            let q = self.store.quarantine(e.ino);
+            tracing::error!(ino = e.ino, "{why}: quarantined at {}", q.display());
+            self.metrics.pcc("quarantined", 1);
+        } else {
+            self.store.remove(e.ino);
         }
     }
 
@@ -1043,16 +1045,9 @@ impl Pcc {
                                 }
                             }
                         }
-                        _ if e.dirty => {
-                            let q = self.store.quarantine(e.ino);
-                            tracing::error!(
-                                ino = e.ino,
-                                "dirty cached data whose lease is no longer ours: quarantined at {}",
-                                q.display()
-                            );
-                            self.metrics.pcc("quarantined", 1);
+                        _ => {
+                            self.drop_lost_rw(&e, "dirty cached data whose lease is no longer ours")
                         }
-                        _ => self.store.remove(e.ino),
                     }
                 }
             }
