@@ -7,6 +7,7 @@
 //! entry_ttl = 1.0              # seconds the kernel caches names
 //! fuse_threads = 8             # threads serving FUSE requests
 //! dirty_limit_mb = 64          # commit buffered writes of a file past this
+//! buffer_limit_mb = 256        # buffered writes of all files together, at most (writers wait)
 //! readahead_chunks = 4         # chunks fetched ahead of a sequential reader
 //! cache_chunks = 128           # chunks kept in the read cache
 //! upload_parallelism = 16      # object uploads at once
@@ -36,6 +37,7 @@ pub struct ClientConfig {
     pub entry_ttl: f64,
     pub fuse_threads: usize,
     pub dirty_limit_mb: usize,
+    pub buffer_limit_mb: usize,
     pub readahead_chunks: u64,
     pub cache_chunks: usize,
     pub upload_parallelism: usize,
@@ -62,6 +64,7 @@ impl Default for ClientConfig {
             entry_ttl: 1.0,
             fuse_threads: 8,
             dirty_limit_mb: 64,
+            buffer_limit_mb: 256,
             readahead_chunks: 4,
             cache_chunks: 128,
             upload_parallelism: 16,
@@ -111,6 +114,9 @@ impl ClientConfig {
         }
         if self.dirty_limit_mb == 0 {
             return Err("dirty_limit_mb must be at least 1".into());
+        }
+        if self.buffer_limit_mb == 0 {
+            return Err("buffer_limit_mb must be at least 1".into());
         }
         if self.heartbeat_secs == 0 || self.session_timeout_secs <= self.heartbeat_secs {
             return Err("session_timeout_secs must exceed heartbeat_secs (> 0)".into());

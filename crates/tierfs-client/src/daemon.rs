@@ -205,6 +205,7 @@ pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Resul
             readahead_chunks: cfg.readahead_chunks,
             cache_chunks: cfg.cache_chunks,
             upload_parallelism: cfg.upload_parallelism,
+            buffer_limit: cfg.buffer_limit_mb << 20,
         },
     ));
     // Every client recalls other clients' RW-PCC leases before it opens or truncates a file.
@@ -346,6 +347,9 @@ pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Resul
                     }
                     if since_gc >= Duration::from_secs(cfg.gc_interval_secs) {
                         since_gc = Duration::ZERO;
+                        if let Err(e) = data.sync_forgotten() {
+                            tracing::warn!("syncing objects of forgotten files failed: {e}");
+                        }
                         if let Err(e) = data.collect_garbage() {
                             tracing::warn!("garbage collection failed: {e}");
                         }

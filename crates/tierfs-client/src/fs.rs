@@ -1027,6 +1027,10 @@ impl Filesystem for TierFs {
             return;
         }
         let r = self.run("release", || {
+            // Every step runs whatever the others gave, and the close is recorded in any case:
+            // a lost close would leave the file open here for every client (its trash never
+            // freed, its rename grace never over) until this client's session ends.
+            let mut closed = Ok(());
             if let (Some(pcc), Some(c)) = (&self.pcc, h.as_ref().and_then(|h| h.cache.as_ref())) {
                 if c.passthrough {
                     let mut g = self.backing.lock();
@@ -1037,17 +1041,21 @@ impl Filesystem for TierFs {
                         }
                     }
                 }
-                pcc.on_close(ino.0, c.write)?;
+                closed = pcc.on_close(ino.0, c.write);
             }
-            let flushed = self.data.flush(ino.0);
+            let flushed = self.data.flush(ino.0).map(|_| ());
+            let mut unlocked = Ok(());
             if let Some(o) = lock_owner {
                 if self.locked.lock().contains(&ino.0) {
-                    self.meta.release_locks(ino.0, self.session, o.0, false)?;
+                    unlocked = self
+                        .meta
+                        .release_locks(ino.0, self.session, o.0, false)
+                        .map_err(ClientError::from);
                 }
             }
             // Closes reach the metadata engine in batches (see DataPath::queue_close).
             self.data.queue_close(ino.0);
-            flushed.map(|_| ())
+            closed.and(flushed).and(unlocked)
         });
         match r {
             Ok(()) => reply.ok(),

@@ -32,6 +32,10 @@ pub struct Metrics {
     recall_given_back: Family<Labels, Counter>,
     recall_subscriptions: Counter,
     recall_listening: Gauge,
+    /// In-memory states of files (data/mod.rs `FileState`), set where they come and go.
+    pub file_states: Gauge,
+    /// Bytes buffered by writers and not yet committed, over all files.
+    pub buffered_bytes: Gauge,
     handles: parking_lot::RwLock<std::collections::HashMap<&'static str, OpHandles>>,
 }
 
@@ -105,8 +109,24 @@ impl Metrics {
             "1 while the PCC recall thread listens for notifications, 0 while it polls",
             recall_listening.clone(),
         );
+        let file_states = Gauge::default();
+        registry.register(
+            "file_states",
+            "Files the data path keeps an in-memory state for (open, or with writes not yet \
+             committed)",
+            file_states.clone(),
+        );
+        let buffered_bytes = Gauge::default();
+        registry.register(
+            "buffered_bytes",
+            "Bytes written by applications and not yet committed, over all files (bounded by \
+             buffer_limit_mb)",
+            buffered_bytes.clone(),
+        );
         Metrics {
             registry,
+            file_states,
+            buffered_bytes,
             ops,
             errors,
             latency,

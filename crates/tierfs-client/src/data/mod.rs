@@ -7,10 +7,12 @@ pub mod segments;
 pub mod space;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 
@@ -43,6 +45,9 @@ pub struct DataConfig {
     pub cache_chunks: usize,
     /// Uploads running at once.
     pub upload_parallelism: usize,
+    /// Bytes buffered (written, not yet committed) over all files, at most: past it a writer
+    /// commits buffered files, largest first, or waits for commits under way.
+    pub buffer_limit: usize,
 }
 
 impl Default for DataConfig {
@@ -52,6 +57,7 @@ impl Default for DataConfig {
             readahead_chunks: 4,
             cache_chunks: 128,
             upload_parallelism: 16,
+            buffer_limit: 256 << 20,
         }
     }
 }
@@ -108,6 +114,15 @@ pub struct DataPath {
     cache: ChunkCache,
     uploads: Arc<Semaphore>,
     files: Mutex<HashMap<Ino, Arc<FileState>>>,
+    /// Bytes written and not yet committed, over all files (uploads under way included).
+    buffered: AtomicUsize,
+    /// Signalled when a commit ends (writers waiting for `buffered` to fall below the limit).
+    buffered_fell: (Mutex<()>, Condvar),
+    /// Objects of forgotten files committed but not yet made durable: synced in the
+    /// background ([`DataPath::sync_forgotten`]) or by the file's next fsync.
+    forgotten_unsynced: Mutex<HashMap<Ino, Vec<(u32, u64)>>>,
+    /// Held while forgotten objects are being synced (an fsync of the file waits for it).
+    forgotten_sync: Mutex<()>,
     closes: Mutex<Vec<Ino>>,
     /// Chunks that got new slices: compaction looks at them in the background.
     compact_candidates: Mutex<std::collections::HashSet<(Ino, u64)>>,
@@ -147,6 +162,10 @@ impl DataPath {
             inline_threshold,
             ids: Mutex::new((0, 0)),
             files: Mutex::new(HashMap::new()),
+            buffered: AtomicUsize::new(0),
+            buffered_fell: (Mutex::new(()), Condvar::new()),
+            forgotten_unsynced: Mutex::new(HashMap::new()),
+            forgotten_sync: Mutex::new(()),
             closes: Mutex::new(Vec::new()),
             compact_candidates: Mutex::new(Default::default()),
             info_cache: Mutex::new(None),
@@ -159,26 +178,144 @@ impl DataPath {
     }
 
     fn state(&self, ino: Ino) -> Arc<FileState> {
-        Arc::clone(self.files.lock().entry(ino).or_default())
+        let mut files = self.files.lock();
+        let st = files.entry(ino).or_insert_with(|| {
+            self.metrics.file_states.inc();
+            Arc::default()
+        });
+        Arc::clone(st)
     }
 
     fn existing(&self, ino: Ino) -> Option<Arc<FileState>> {
         self.files.lock().get(&ino).cloned()
     }
 
-    /// Drops the state of a file the kernel forgot, unless it still holds unflushed data.
+    /// Drops the state of a file the kernel forgot, unless it still holds unflushed data or
+    /// an error to report. Objects committed but not yet fsynced move to a small list that the
+    /// background loop syncs (and that an fsync of the file, reopened, takes over).
     pub fn forget(&self, ino: Ino) {
         let mut files = self.files.lock();
         if let Some(st) = files.get(&ino) {
-            let inner = st.inner.lock();
-            if inner.pending.is_empty()
-                && inner.deferred_error.is_none()
-                && inner.unsynced.is_empty()
-            {
+            let mut inner = st.inner.lock();
+            if inner.pending.is_empty() && inner.deferred_error.is_none() {
+                let unsynced = std::mem::take(&mut inner.unsynced);
                 drop(inner);
                 files.remove(&ino);
+                self.metrics.file_states.dec();
+                drop(files);
+                if !unsynced.is_empty() {
+                    self.forgotten_unsynced
+                        .lock()
+                        .entry(ino)
+                        .or_default()
+                        .extend(unsynced);
+                }
             }
         }
+    }
+
+    /// Makes the objects of forgotten files durable (the background loop calls this);
+    /// returns how many objects it synced.
+    pub fn sync_forgotten(&self) -> Result<usize> {
+        let _syncing = self.forgotten_sync.lock();
+        let all = std::mem::take(&mut *self.forgotten_unsynced.lock());
+        if all.is_empty() {
+            return Ok(0);
+        }
+        let objs: Vec<(u32, u64)> = all.values().flatten().copied().collect();
+        let n = objs.len();
+        if let Err(e) = self.sync_objects(objs) {
+            // try again next round
+            let mut g = self.forgotten_unsynced.lock();
+            for (ino, v) in all {
+                g.entry(ino).or_default().extend(v);
+            }
+            return Err(e);
+        }
+        Ok(n)
+    }
+
+    fn sync_objects(&self, objs: Vec<(u32, u64)>) -> Result<()> {
+        let mut by_target: HashMap<u32, Vec<u64>> = HashMap::new();
+        for (t, o) in objs {
+            by_target.entry(t).or_default().push(o);
+        }
+        for list in by_target.values_mut() {
+            list.sort_unstable();
+            list.dedup();
+        }
+        let mut futs = Vec::new();
+        for (t, list) in by_target {
+            let target = Arc::clone(self.targets.get(t)?);
+            futs.push(async move { target.sync(list).await });
+        }
+        for r in self.rt.block_on(futures::future::join_all(futs)) {
+            r?;
+        }
+        Ok(())
+    }
+
+    /// Counts `n` more buffered bytes.
+    fn buffer(&self, n: usize) {
+        let now = self.buffered.fetch_add(n, Ordering::Relaxed) + n;
+        self.metrics.buffered_bytes.set(now as i64);
+    }
+
+    /// `n` buffered bytes were committed (or dropped with a failed commit).
+    fn unbuffer(&self, n: usize) {
+        if n == 0 {
+            return;
+        }
+        let now = self.buffered.fetch_sub(n, Ordering::Relaxed) - n;
+        self.metrics.buffered_bytes.set(now as i64);
+        let _g = self.buffered_fell.0.lock();
+        self.buffered_fell.1.notify_all();
+    }
+
+    /// Bytes buffered over all files.
+    pub fn buffered_bytes(&self) -> usize {
+        self.buffered.load(Ordering::Relaxed)
+    }
+
+    /// Keeps the bytes buffered over all files within the limit: commits the file with the
+    /// most buffered bytes (the caller's or another's) until under it, and waits for commits
+    /// under way when nothing is left to commit. A failed commit of another file is kept for
+    /// that file's writer (its next write, flush or fsync), as a background upload's would be.
+    fn keep_within_limit(&self, ino: Ino) -> Result<()> {
+        while self.buffered.load(Ordering::Relaxed) > self.cfg.buffer_limit {
+            let largest = {
+                let files = self.files.lock();
+                files
+                    .iter()
+                    .map(|(i, st)| (*i, st.inner.lock().pending_bytes))
+                    .filter(|(_, n)| *n > 0)
+                    .max_by_key(|(_, n)| *n)
+                    .map(|(i, _)| i)
+            };
+            match largest {
+                Some(i) if i == ino => {
+                    self.flush(ino)?;
+                }
+                Some(i) => {
+                    if let Err(e) = self.flush(i) {
+                        tracing::warn!(ino = i, "commit to stay within buffer_limit_mb: {e}");
+                        if let Some(st) = self.existing(i) {
+                            st.inner.lock().deferred_error.get_or_insert(e.errno());
+                        }
+                    }
+                }
+                None => {
+                    // Only commits under way hold the bytes: wait for one to end.
+                    let mut g = self.buffered_fell.0.lock();
+                    if self.buffered.load(Ordering::Relaxed) > self.cfg.buffer_limit {
+                        self.buffered_fell
+                            .1
+                            .wait_for(&mut g, Duration::from_millis(20));
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 
     fn next_object_id(&self) -> Result<u64> {
@@ -268,10 +405,11 @@ impl DataPath {
         let st = self.state(attr.ino);
         let mut inner = st.inner.lock();
         let keep = inner.seen_version == Some(attr.data_version);
-        let changed = inner.attr.as_ref().map(|a| a.data_version) != Some(attr.data_version);
-        if changed {
-            inner.chunk_slices.clear();
-        }
+        // Slice lists are read again after every open, even when the data did not change:
+        // another client's compaction rewrites slices without a new data version, and once the
+        // file was closed everywhere its garbage collection may have deleted the objects the
+        // old lists point to (an open keeps them: trash waits for the file's open rows).
+        inner.chunk_slices.clear();
         if inner.pending.is_empty() {
             inner.attr = Some(attr.clone());
         } else if let Some(a) = inner.attr.as_mut() {
@@ -389,13 +527,14 @@ impl DataPath {
                 }
             }
             inner.pending_bytes += data.len();
+            self.buffer(data.len());
             inner.pending_end = inner.pending_end.max(end);
             over_limit = inner.pending_bytes >= self.cfg.dirty_limit;
         }
         if over_limit {
             self.flush(ino)?;
         }
-        Ok(())
+        self.keep_within_limit(ino)
     }
 
     fn spawn_upload(&self, target: u32, obj: u64, bytes: Bytes) -> Upload {
@@ -421,15 +560,25 @@ impl DataPath {
             return Ok(None);
         };
         let _order = st.flush_lock.lock();
-        let (pending, end, deferred) = {
+        let (pending, end, taken) = {
             let mut inner = st.inner.lock();
+            if let Some(e) = inner.deferred_error.take() {
+                // (what is buffered now stays for the next commit)
+                return Err(ClientError::Errno("earlier background upload failed", e));
+            }
             let p = std::mem::take(&mut inner.pending);
-            inner.pending_bytes = 0;
-            (p, inner.pending_end, inner.deferred_error.take())
+            let taken = std::mem::take(&mut inner.pending_bytes);
+            (p, inner.pending_end, taken)
         };
-        if let Some(e) = deferred {
-            return Err(ClientError::Errno("earlier background upload failed", e));
+        // The bytes stop counting against buffer_limit once this commit is over, whatever
+        // its outcome (a failure is reported to the caller; the bytes are gone either way).
+        struct Unbuffer<'a>(&'a DataPath, usize);
+        impl Drop for Unbuffer<'_> {
+            fn drop(&mut self) {
+                self.0.unbuffer(self.1);
+            }
         }
+        let _unbuffer = Unbuffer(self, taken);
         if pending.is_empty() {
             return Ok(None);
         }
@@ -562,26 +711,19 @@ impl DataPath {
     /// fsync: commits buffered writes, then makes this file's objects and the metadata durable.
     pub fn fsync(&self, ino: Ino) -> Result<()> {
         self.flush(ino)?;
-        let Some(st) = self.existing(ino) else {
-            return Ok(());
+        let mut objs = match self.existing(ino) {
+            Some(st) => std::mem::take(&mut st.inner.lock().unsynced),
+            None => Vec::new(),
         };
-        let objs = std::mem::take(&mut st.inner.lock().unsynced);
-        let mut by_target: HashMap<u32, Vec<u64>> = HashMap::new();
-        for (t, o) in objs {
-            by_target.entry(t).or_default().push(o);
+        {
+            // objects committed before the kernel last forgot the file (a background sync of
+            // them under way finishes first)
+            let _syncing = self.forgotten_sync.lock();
+            if let Some(v) = self.forgotten_unsynced.lock().remove(&ino) {
+                objs.extend(v);
+            }
         }
-        for list in by_target.values_mut() {
-            list.sort_unstable();
-            list.dedup();
-        }
-        let mut futs = Vec::new();
-        for (t, list) in by_target {
-            let target = Arc::clone(self.targets.get(t)?);
-            futs.push(async move { target.sync(list).await });
-        }
-        for r in self.rt.block_on(futures::future::join_all(futs)) {
-            r?;
-        }
+        self.sync_objects(objs)?;
         self.meta.sync()?;
         Ok(())
     }
@@ -664,6 +806,22 @@ impl DataPath {
     /// Reads up to `size` bytes at `off`. Sequential readers get whole chunks through the read
     /// cache, with the next chunks fetched ahead in parallel.
     pub fn read(&self, ino: Ino, off: u64, size: u32, sequential: bool) -> Result<Vec<u8>> {
+        match self.read_once(ino, off, size, sequential) {
+            Err(ClientError::Store(StoreError::NotFound(obj))) => {
+                // A slice list read before another client compacted the chunk: read the
+                // lists again, once.
+                tracing::debug!(ino, "object {obj} gone: reading the slice lists again");
+                if let Some(st) = self.existing(ino) {
+                    st.inner.lock().chunk_slices.clear();
+                }
+                self.cache.remove_file(ino);
+                self.read_once(ino, off, size, sequential)
+            }
+            r => r,
+        }
+    }
+
+    fn read_once(&self, ino: Ino, off: u64, size: u32, sequential: bool) -> Result<Vec<u8>> {
         let st = self.state(ino);
         if !st.inner.lock().pending.is_empty() {
             self.flush(ino)?;
