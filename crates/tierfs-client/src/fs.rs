@@ -1055,6 +1055,10 @@ impl Filesystem for TierFs {
             }
             // Closes reach the metadata engine in batches (see DataPath::queue_close).
             self.data.queue_close(ino.0);
+            if h.as_ref().is_some_and(|h| h.cache.is_none()) {
+                // a handle of the data path (DataPath::open): the file's state may go
+                self.data.release(ino.0);
+            }
             closed.and(flushed).and(unlocked)
         });
         match r {

@@ -29,6 +29,8 @@ use space::SpaceGuard;
 const COMPACT_SLICES: usize = 16;
 /// Chunks waiting for a compaction check, at most.
 const COMPACT_QUEUE: usize = 65_536;
+/// Files whose last seen data version is remembered after their state went, at most.
+const SEEN_MAX: usize = 1 << 18;
 
 /// Reads up to this size that are not sequential are served on the FUSE thread when the data
 /// is on local targets.
@@ -93,6 +95,8 @@ struct FileInner {
     deferred_error: Option<i32>,
     /// Objects committed but not yet made durable (for fsync).
     unsynced: Vec<(u32, u64)>,
+    /// Handles of this client open on the file through the data path.
+    opens: u32,
 }
 
 #[derive(Default)]
@@ -123,6 +127,10 @@ pub struct DataPath {
     forgotten_unsynced: Mutex<HashMap<Ino, Vec<(u32, u64)>>>,
     /// Held while forgotten objects are being synced (an fsync of the file waits for it).
     forgotten_sync: Mutex<()>,
+    /// The data version the page cache of a file reflects, for files whose state went at their
+    /// last close (so a reopen of an unchanged file keeps the kernel's cache): 16 bytes a
+    /// file, emptied past [`SEEN_MAX`] entries.
+    seen: Mutex<HashMap<Ino, u64>>,
     closes: Mutex<Vec<Ino>>,
     /// Chunks that got new slices: compaction looks at them in the background.
     compact_candidates: Mutex<std::collections::HashSet<(Ino, u64)>>,
@@ -166,6 +174,7 @@ impl DataPath {
             buffered_fell: (Mutex::new(()), Condvar::new()),
             forgotten_unsynced: Mutex::new(HashMap::new()),
             forgotten_sync: Mutex::new(()),
+            seen: Mutex::new(HashMap::new()),
             closes: Mutex::new(Vec::new()),
             compact_candidates: Mutex::new(Default::default()),
             info_cache: Mutex::new(None),
@@ -191,26 +200,59 @@ impl DataPath {
     }
 
     /// Drops the state of a file the kernel forgot, unless it still holds unflushed data or
-    /// an error to report. Objects committed but not yet fsynced move to a small list that the
-    /// background loop syncs (and that an fsync of the file, reopened, takes over).
+    /// an error to report.
     pub fn forget(&self, ino: Ino) {
+        self.drop_state(ino, false);
+    }
+
+    /// A handle opened by [`DataPath::open`] was released (after its flush): the file's state
+    /// goes with its last handle unless it still holds unflushed data or an error to report.
+    /// (The kernel forgets inodes only under memory pressure: an untar of a million files
+    /// would otherwise keep a million states.)
+    pub fn release(&self, ino: Ino) {
+        self.drop_state(ino, true);
+    }
+
+    /// Objects committed but not yet fsynced move to a small list that the session thread
+    /// syncs (and that an fsync of the file, opened again, takes over).
+    fn drop_state(&self, ino: Ino, release: bool) {
         let mut files = self.files.lock();
-        if let Some(st) = files.get(&ino) {
-            let mut inner = st.inner.lock();
-            if inner.pending.is_empty() && inner.deferred_error.is_none() {
-                let unsynced = std::mem::take(&mut inner.unsynced);
-                drop(inner);
-                files.remove(&ino);
-                self.metrics.file_states.dec();
-                drop(files);
-                if !unsynced.is_empty() {
-                    self.forgotten_unsynced
-                        .lock()
-                        .entry(ino)
-                        .or_default()
-                        .extend(unsynced);
-                }
+        let Some(st) = files.get(&ino).cloned() else {
+            return;
+        };
+        // a commit under way (another writer keeping within buffer_limit) still updates it
+        let Some(_order) = st.flush_lock.try_lock() else {
+            return;
+        };
+        let mut inner = st.inner.lock();
+        if release {
+            inner.opens = inner.opens.saturating_sub(1);
+            if inner.opens > 0 {
+                return;
             }
+        }
+        if !inner.pending.is_empty() || inner.deferred_error.is_some() {
+            return;
+        }
+        let unsynced = std::mem::take(&mut inner.unsynced);
+        let seen = inner.seen_version;
+        drop(inner);
+        files.remove(&ino);
+        self.metrics.file_states.dec();
+        drop(files);
+        if let Some(v) = seen {
+            let mut g = self.seen.lock();
+            if g.len() >= SEEN_MAX {
+                g.clear();
+            }
+            g.insert(ino, v);
+        }
+        if !unsynced.is_empty() {
+            self.forgotten_unsynced
+                .lock()
+                .entry(ino)
+                .or_default()
+                .extend(unsynced);
         }
     }
 
@@ -404,7 +446,12 @@ impl DataPath {
     pub fn open(&self, attr: &Attr) -> bool {
         let st = self.state(attr.ino);
         let mut inner = st.inner.lock();
-        let keep = inner.seen_version == Some(attr.data_version);
+        inner.opens += 1;
+        let seen = match inner.seen_version {
+            Some(v) => Some(v),
+            None => self.seen.lock().remove(&attr.ino),
+        };
+        let keep = seen == Some(attr.data_version);
         // Slice lists are read again after every open, even when the data did not change:
         // another client's compaction rewrites slices without a new data version, and once the
         // file was closed everywhere its garbage collection may have deleted the objects the
