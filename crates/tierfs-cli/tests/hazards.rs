@@ -215,7 +215,11 @@ fn file_state_goes_after_close() {
         fs::write(t.p(0, &format!("d/{i}")), pattern(i, 0, 100_000)).unwrap();
     }
     // (closes are recorded in the background, states go at once)
-    assert_eq!(states(), 1, "file states after {n} files written and closed, one kept open");
+    assert_eq!(
+        states(),
+        1,
+        "file states after {n} files written and closed, one kept open"
+    );
     drop(kept);
     assert!(
         wait_until(Duration::from_secs(5), || states() == 0),

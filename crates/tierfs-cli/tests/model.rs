@@ -40,7 +40,10 @@ const MAX_OFF: u64 = 3 << 20;
 #[derive(Clone, Debug)]
 enum Op {
     /// open(O_CREAT|O_TRUNC) then close.
-    Create { c: usize, f: usize },
+    Create {
+        c: usize,
+        f: usize,
+    },
     /// pwrite on this client's handle (opened O_RDWR|O_CREAT if there is none).
     Write {
         c: usize,
@@ -57,18 +60,54 @@ enum Op {
         len: usize,
     },
     /// ftruncate on the handle, or truncate(2) of the path.
-    Truncate { c: usize, f: usize, size: u64 },
-    Fsync { c: usize, f: usize },
-    Close { c: usize, f: usize },
+    Truncate {
+        c: usize,
+        f: usize,
+        size: u64,
+    },
+    Fsync {
+        c: usize,
+        f: usize,
+    },
+    Close {
+        c: usize,
+        f: usize,
+    },
     /// Close, then open again (and keep the handle).
-    Reopen { c: usize, f: usize },
-    Stat { c: usize, f: usize },
-    Unlink { c: usize, f: usize },
-    RenameFile { c: usize, from: usize, to: usize },
-    Mkdir { c: usize, d: usize },
-    Rmdir { c: usize, d: usize },
-    RenameDir { c: usize, from: usize, to: usize },
-    Readdir { c: usize, d: Option<usize> },
+    Reopen {
+        c: usize,
+        f: usize,
+    },
+    Stat {
+        c: usize,
+        f: usize,
+    },
+    Unlink {
+        c: usize,
+        f: usize,
+    },
+    RenameFile {
+        c: usize,
+        from: usize,
+        to: usize,
+    },
+    Mkdir {
+        c: usize,
+        d: usize,
+    },
+    Rmdir {
+        c: usize,
+        d: usize,
+    },
+    RenameDir {
+        c: usize,
+        from: usize,
+        to: usize,
+    },
+    Readdir {
+        c: usize,
+        d: Option<usize>,
+    },
 }
 
 fn offset() -> impl Strategy<Value = u64> {
@@ -187,8 +226,9 @@ impl Driver {
     /// under it.
     fn close(&mut self, c: Option<usize>, rel: &str) {
         let pre = format!("{rel}/");
-        self.handles
-            .retain(|(hc, p), _| !(c.is_none_or(|c| c == *hc) && (p == rel || p.starts_with(&pre))));
+        self.handles.retain(|(hc, p), _| {
+            !(c.is_none_or(|c| c == *hc) && (p == rel || p.starts_with(&pre)))
+        });
     }
 
     fn handle(&mut self, c: usize, rel: &str, create: bool) -> io::Result<&fs::File> {
@@ -366,11 +406,11 @@ impl Driver {
                 let rel = FILES[*f];
                 self.close(None, rel);
                 let got = fs::remove_file(self.path(*c, rel));
-                let want = m.file(rel).map(drop).or_else(|e| {
+                let want = m.file(rel).map(drop).map_err(|e| {
                     if e == libc::ENOENT && m.dirs.contains(rel) {
-                        Err(libc::EISDIR)
+                        libc::EISDIR
                     } else {
-                        Err(e)
+                        e
                     }
                 });
                 if want.is_ok() {
@@ -555,10 +595,7 @@ fn two_clients_follow_the_model() {
         ..Config::default()
     });
     let result = runner.run(&prop::collection::vec(op(), 1..60), |ops| {
-        driver
-            .borrow_mut()
-            .run(&ops)
-            .map_err(TestCaseError::fail)
+        driver.borrow_mut().run(&ops).map_err(TestCaseError::fail)
     });
     let d = driver.borrow();
     eprintln!(

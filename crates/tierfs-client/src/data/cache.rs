@@ -143,10 +143,15 @@ mod tests {
     async fn a_failed_read_is_not_kept() {
         let c = ChunkCache::new(8);
         let cell = c.insert((1, 1, 0), || async {
-            Err(ClientError::Store(StoreError::Io("target unreachable".into())))
+            Err(ClientError::Store(StoreError::Io(
+                "target unreachable".into(),
+            )))
         });
         assert!(cell.get().await.is_err());
-        assert!(c.get(&(1, 1, 0)).is_none(), "the failed read left the cache");
+        assert!(
+            c.get(&(1, 1, 0)).is_none(),
+            "the failed read left the cache"
+        );
         // the next read tries again and succeeds
         let cell = c.insert((1, 1, 0), || async { Ok(Bytes::from_static(b"ok")) });
         assert_eq!(&cell.get().await.unwrap()[..], b"ok");
