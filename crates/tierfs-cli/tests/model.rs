@@ -52,6 +52,15 @@ enum Op {
         len: usize,
         seed: u64,
     },
+    /// 20 small writes at scattered offsets of one chunk, through the handle: at the commit a
+    /// chunk of more than 16 slices, which the writer's compaction rewrites in the background
+    /// (while later steps, on either client, read it).
+    Scribble {
+        c: usize,
+        f: usize,
+        chunk: u64,
+        seed: u64,
+    },
     /// pread on the handle, or open/pread/close.
     Read {
         c: usize,
@@ -132,6 +141,8 @@ fn op() -> impl Strategy<Value = Op> {
         4 => (c.clone(), f.clone()).prop_map(|(c, f)| Op::Create { c, f }),
         8 => (c.clone(), f.clone(), offset(), length(), any::<u64>())
             .prop_map(|(c, f, off, len, seed)| Op::Write { c, f, off, len, seed }),
+        2 => (c.clone(), f.clone(), 0..3u64, any::<u64>())
+            .prop_map(|(c, f, chunk, seed)| Op::Scribble { c, f, chunk, seed }),
         8 => (c.clone(), f.clone(), offset(), length())
             .prop_map(|(c, f, off, len)| Op::Read { c, f, off, len }),
         3 => (c.clone(), f.clone(), prop_oneof![0..8192u64, 0..MAX_OFF])
@@ -309,6 +320,24 @@ impl Driver {
                     write_into(m.files.entry(rel.to_string()).or_default(), *off, &data);
                 }
                 cmp_err("write", got, want)
+            }
+            Op::Scribble { c, f, chunk, seed } => {
+                let rel = FILES[*f];
+                let want = m.parent_ok(rel);
+                let mut got = self.handle(*c, rel, true).map(drop);
+                for i in 0..20u64 {
+                    let r = splitmix64(seed ^ i);
+                    let off = (chunk << 20) + (r % ((1 << 20) - 2000));
+                    let len = 1 + (r >> 40) as usize % 2000;
+                    let data = pattern(seed ^ i, off, len);
+                    if got.is_ok() {
+                        got = self.handles[&(*c, rel.to_string())].write_all_at(&data, off);
+                    }
+                    if want.is_ok() {
+                        write_into(m.files.entry(rel.to_string()).or_default(), off, &data);
+                    }
+                }
+                cmp_err("scribble", got, want)
             }
             Op::Read { c, f, off, len } => {
                 let rel = FILES[*f];
