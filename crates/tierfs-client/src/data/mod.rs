@@ -220,18 +220,23 @@ impl DataPath {
         let Some(st) = files.get(&ino).cloned() else {
             return;
         };
-        // a commit under way (another writer keeping within buffer_limit) still updates it
-        let Some(_order) = st.flush_lock.try_lock() else {
-            return;
-        };
-        let mut inner = st.inner.lock();
         if release {
+            let mut inner = st.inner.lock();
             inner.opens = inner.opens.saturating_sub(1);
             if inner.opens > 0 {
                 return;
             }
         }
-        if !inner.pending.is_empty() || inner.deferred_error.is_some() {
+        // a commit under way (another writer keeping within buffer_limit) still updates it:
+        // the state then stays until the kernel forgets the file
+        let Some(_order) = st.flush_lock.try_lock() else {
+            return;
+        };
+        let mut inner = st.inner.lock();
+        if (release && inner.opens > 0)
+            || !inner.pending.is_empty()
+            || inner.deferred_error.is_some()
+        {
             return;
         }
         let unsynced = std::mem::take(&mut inner.unsynced);
@@ -312,11 +317,6 @@ impl DataPath {
         self.metrics.buffered_bytes.set(now as i64);
         let _g = self.buffered_fell.0.lock();
         self.buffered_fell.1.notify_all();
-    }
-
-    /// Bytes buffered over all files.
-    pub fn buffered_bytes(&self) -> usize {
-        self.buffered.load(Ordering::Relaxed)
     }
 
     /// Keeps the bytes buffered over all files within the limit: commits the file with the
