@@ -476,6 +476,18 @@ impl Target {
         }
     }
 
+    /// Whether object `obj` exists on the target now.
+    pub fn exists(&self, obj: u64) -> Result<bool> {
+        let store = Arc::clone(&self.store);
+        s3::block_on(async move {
+            match store.head(&object_path(obj)).await {
+                Ok(_) => Ok(true),
+                Err(object_store::Error::NotFound { .. }) => Ok(false),
+                Err(e) => Err(e.into()),
+            }
+        })
+    }
+
     /// Removes one entry [`Target::list_objects`] found (an object, or a staging file).
     pub fn remove_listed(&self, l: &ListedObject) -> Result<()> {
         match (&self.spec.kind, &l.staged) {
