@@ -213,6 +213,10 @@ pub struct Target {
     pub spec: TargetSpec,
     store: Arc<dyn ObjectStore>,
     fds: std::sync::Mutex<std::collections::HashMap<u64, Arc<std::fs::File>>>,
+    /// Local targets: object directories (`objects/<n>`) whose own entry was made durable.
+    synced_dirs: Arc<std::sync::Mutex<std::collections::HashSet<u64>>>,
+    /// Fault injection for tests: every sync fails with EIO while set.
+    fail_syncs: std::sync::atomic::AtomicBool,
 }
 
 /// Above this many objects, fsync of a local target is one syncfs(2).
@@ -245,6 +249,8 @@ impl Target {
             spec,
             store,
             fds: Default::default(),
+            synced_dirs: Default::default(),
+            fail_syncs: Default::default(),
         })
     }
 
@@ -327,10 +333,20 @@ impl Target {
 
     /// Makes written objects durable (fsync of each object file and its directory on a local
     /// target; object stores acknowledge a put only once it is durable, so nothing to do there).
+    ///
+    /// An object that is not there is an error: the caller is about to commit metadata that
+    /// refers to it.
     pub async fn sync(&self, objs: Vec<u64>) -> Result<()> {
+        if self.fail_syncs.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(StoreError::Io(format!(
+                "target {}: sync failed (injected fault)",
+                self.id
+            )));
+        }
         match &self.spec.kind {
             TargetKind::Local(dir) => {
                 let dir = dir.clone();
+                let synced_dirs = Arc::clone(&self.synced_dirs);
                 tokio::task::spawn_blocking(move || {
                     if objs.len() > SYNCFS_OBJECTS {
                         // Many objects: one syncfs(2) of the target's filesystem costs less than
@@ -346,21 +362,36 @@ impl Target {
                         }
                         return Ok(());
                     }
+                    let io = |p: &std::path::Path, e: std::io::Error| {
+                        StoreError::Io(format!("sync of {}: {e}", p.display()))
+                    };
+                    let fsync = |p: &std::path::Path| {
+                        std::fs::File::open(p)
+                            .and_then(|f| f.sync_all())
+                            .map_err(|e| io(p, e))
+                    };
                     let mut dirs = std::collections::BTreeSet::new();
                     for obj in objs {
                         let p = dir.join(object_path(obj).as_ref());
-                        match std::fs::File::open(&p) {
-                            Ok(f) => f.sync_all().map_err(|e| StoreError::Io(e.to_string()))?,
-                            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-                            Err(e) => return Err(StoreError::Io(e.to_string())),
-                        }
-                        if let Some(parent) = p.parent() {
-                            dirs.insert(parent.to_path_buf());
-                        }
+                        fsync(&p)?;
+                        dirs.insert(obj >> 16);
                     }
-                    for d in dirs {
-                        if let Ok(f) = std::fs::File::open(&d) {
-                            f.sync_all().map_err(|e| StoreError::Io(e.to_string()))?;
+                    for hi in dirs {
+                        let d = dir.join("objects").join(hi.to_string());
+                        fsync(&d)?;
+                        // The first object of a directory: make the directory's own entry
+                        // (and that of objects/) durable too.
+                        let new = !synced_dirs
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .contains(&hi);
+                        if new {
+                            fsync(&dir.join("objects"))?;
+                            fsync(&dir)?;
+                            synced_dirs
+                                .lock()
+                                .unwrap_or_else(|p| p.into_inner())
+                                .insert(hi);
                         }
                     }
                     Ok(())
@@ -371,6 +402,13 @@ impl Target {
             // A PUT is acknowledged once the object is durable.
             TargetKind::S3(_) => Ok(()),
         }
+    }
+
+    /// Fault injection for tests: while `on`, every [`Target::sync`] fails with an I/O error.
+    #[doc(hidden)]
+    pub fn inject_sync_failure(&self, on: bool) {
+        self.fail_syncs
+            .store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
     pub async fn delete(&self, obj: u64) -> Result<()> {

@@ -3,6 +3,8 @@
 //! metadata transaction at flush, fsync, close, or when the buffer fills.
 
 pub mod cache;
+#[cfg(test)]
+mod durability_tests;
 pub mod segments;
 pub mod space;
 
@@ -85,8 +87,6 @@ struct FileInner {
     pending_end: u64,
     /// An error of a background upload, reported at the next write, flush or fsync.
     deferred_error: Option<i32>,
-    /// Objects committed but not yet made durable (for fsync).
-    unsynced: Vec<(u32, u64)>,
 }
 
 #[derive(Default)]
@@ -171,10 +171,7 @@ impl DataPath {
         let mut files = self.files.lock();
         if let Some(st) = files.get(&ino) {
             let inner = st.inner.lock();
-            if inner.pending.is_empty()
-                && inner.deferred_error.is_none()
-                && inner.unsynced.is_empty()
-            {
+            if inner.pending.is_empty() && inner.deferred_error.is_none() {
                 drop(inner);
                 files.remove(&ino);
             }
@@ -398,6 +395,11 @@ impl DataPath {
         Ok(())
     }
 
+    /// Uploads one object and makes it durable (fsync of the file and its directory on a local
+    /// target; a PUT to an object store is durable once acknowledged). Durability order: the
+    /// metadata that refers to an object is committed only after its upload (and so its sync)
+    /// succeeded, on every path (flush, fsync, close, compaction, RW-PCC write-back), so no
+    /// committed slice can point to an object that a power loss takes away.
     fn spawn_upload(&self, target: u32, obj: u64, bytes: Bytes) -> Upload {
         let t = self.targets.get(target).cloned();
         let sem = Arc::clone(&self.uploads);
@@ -410,6 +412,7 @@ impl DataPath {
                 .map_err(|e| StoreError::Io(e.to_string()))?;
             let n = bytes.len() as u64;
             t.put(obj, bytes).await?;
+            t.sync(vec![obj]).await?;
             metrics.target_written(target, n);
             Ok(())
         })
@@ -538,13 +541,6 @@ impl DataPath {
                         }
                     }
                 }
-                for sl in &slices {
-                    if let SliceData::Object { target, obj, .. } = sl.data {
-                        if inner.unsynced.last() != Some(&(target, obj)) {
-                            inner.unsynced.push((target, obj));
-                        }
-                    }
-                }
                 inner.chunk_slices.clear();
                 inner.seen_version = Some(a.data_version);
                 inner.last_commit = Some((a.data_version, a.size));
@@ -559,29 +555,12 @@ impl DataPath {
         }
     }
 
-    /// fsync: commits buffered writes, then makes this file's objects and the metadata durable.
+    /// fsync: commits buffered writes, then makes the metadata durable. The objects of every
+    /// commit were made durable before it (see [`DataPath::spawn_upload`]), so the sync of the
+    /// metadata, which also makes other files' earlier commits durable, never makes a slice
+    /// durable whose object is not.
     pub fn fsync(&self, ino: Ino) -> Result<()> {
         self.flush(ino)?;
-        let Some(st) = self.existing(ino) else {
-            return Ok(());
-        };
-        let objs = std::mem::take(&mut st.inner.lock().unsynced);
-        let mut by_target: HashMap<u32, Vec<u64>> = HashMap::new();
-        for (t, o) in objs {
-            by_target.entry(t).or_default().push(o);
-        }
-        for list in by_target.values_mut() {
-            list.sort_unstable();
-            list.dedup();
-        }
-        let mut futs = Vec::new();
-        for (t, list) in by_target {
-            let target = Arc::clone(self.targets.get(t)?);
-            futs.push(async move { target.sync(list).await });
-        }
-        for r in self.rt.block_on(futures::future::join_all(futs)) {
-            r?;
-        }
         self.meta.sync()?;
         Ok(())
     }
