@@ -14,8 +14,8 @@
 #   4. the checker client reads every file of the round: the last acknowledged version of each,
 #      whole; for a file whose operation was cut short, the bytes that operation left alone.
 # After the rounds (no client mounted): `tierfs fsck` must find no missing object, and
-# `tierfs gc --grace 0` must reclaim what the killed uploads left behind (fsck then finds no
-# orphan).
+# `tierfs gc --grace 0` must reclaim what the killed uploads left behind; after
+# `tierfs fsck --repair` (the killed sessions' open files), fsck must find nothing.
 #
 # CRASH_ROUNDS (default 50), CRASH_SEED (default: random, printed), TIERFS (the binary; default
 # $CARGO_TARGET_DIR/debug/tierfs), CRASH_KEEP=1 keeps the work directory. Run as root (FUSE).
@@ -50,6 +50,7 @@ trap 'echo "crash-test: over ${LIMIT}s, giving up" >&2; exit 1' TERM
 trap 'kill $WATCHDOG 2>/dev/null; cleanup' EXIT
 
 mkdir -p "$W/mnt0" "$W/mnt1"
+: >"$LOG"
 "$TIERFS" format --meta "$META" --target "file://$W/ost0" --target "file://$W/ost1" \
   --stripe-size 1M --inline-threshold 64K crash >/dev/null
 mount_writer() {
@@ -72,9 +73,11 @@ for ((r = 1; r <= ROUNDS; r++)); do
   WRITER_PID=$WR_PID
   exec {wout}<&"${WR[0]}"
   killed=
+  # Wait until the writer runs (its directory made), so every kill hits its operations.
+  IFS= read -r -t 20 -u "$wout" line || true
   if ((mode < 4)); then
     # A random delay: anywhere in a write, an fsync, a close, or between them.
-    sleep "0.$((RANDOM % 10))$((RANDOM % 10))"
+    sleep "$((RANDOM % 2)).$((RANDOM % 10))$((RANDOM % 10))"
     how="after a random delay"
     at_delay=$((at_delay + 1))
   else
@@ -139,6 +142,8 @@ if [[ $leaked != "$removed" ]]; then
   echo "crash-test: gc removed $removed of $leaked leaked objects"
   failed=$((failed + 1))
 fi
+# The killed sessions' rows (open files, locks) are repaired; then everything is clean.
+"$TIERFS" fsck --meta "$META" --grace 0 --repair >/dev/null 2>&1 || true
 set +e
 after=$("$TIERFS" fsck --meta "$META" --grace 0 2>&1); after_rc=$?
 set -e

@@ -10,7 +10,7 @@ before it). Before an operation it appends `B path keep sha256` to LOG: the firs
 of the file's last acknowledged version that the operation leaves alone (the whole file for an
 append, the bytes before the offset for an overwrite, none for a rewrite). Only after close
 (and fsync) returned does it append `A path length sha256` of the file's whole new content. On
-stdout it announces `F path` just before fsync and `C path` just before close, so the test can
+stdout it announces `S` once started, `W path` before writing, `F path` just before fsync and `C path` just before close, so the test can
 kill the daemon exactly then. The first error ends it (the daemon under it was killed).
 
 `verify` checks, under ROOT (a mount of another client), every path of LOG (starting with
@@ -43,7 +43,12 @@ def size_class(rng):
 
 def write(d, log_path, seed):
     rng = random.Random(seed)
-    os.makedirs(d, exist_ok=True)
+    try:
+        os.makedirs(d, exist_ok=True)
+    except OSError as e:
+        print(f"E {d}: {e}", flush=True)
+        return
+    print("S", flush=True)
     # LOG names files relative to DIR's parent (the mount), so another mount can check them.
     base, sub = os.path.split(os.path.normpath(d))
     files = {}  # path -> acknowledged content
@@ -90,6 +95,7 @@ def write(d, log_path, seed):
         note(f"B {rel} {keep} {sha(old[:keep])}")
         try:
             fd = os.open(name, flags, 0o644)
+            print(f"W {rel}", flush=True)
             view = memoryview(data)
             pos = at
             while view:
