@@ -58,6 +58,14 @@ pub enum Command {
     Stats(StatsArgs),
     /// Benchmarks: IOR, mdtest, fio, filebench and untar on the local disk and on tierfs, side by side.
     Bench(tierfs_bench::BenchArgs),
+    /// Remove objects left on the targets by uploads that never committed (clients killed
+    /// mid-write), after a grace period; prints what it scanned, kept and removed.
+    Gc(crate::check::GcArgs),
+    /// Check the metadata against the objects on the targets and report in one table; exit 0
+    /// when clean, 1 when problems were found (repaired or not), 2 on error. Safe while
+    /// clients are mounted: it only reads, and --repair changes only what is re-checked in its
+    /// own transaction (see docs/fsck.md).
+    Fsck(crate::check::FsckArgs),
     /// Write the metadata of a filesystem to a portable file (to move it to another engine).
     Dump(crate::dump::DumpArgs),
     /// Load a `tierfs dump` file into a freshly formatted, empty filesystem.

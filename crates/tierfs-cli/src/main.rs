@@ -2,6 +2,7 @@
 //! stats, up). Every failure is one line on stderr and a non-zero exit.
 
 mod admin;
+mod check;
 mod cli;
 mod dump;
 mod error;
@@ -42,6 +43,14 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::Bench(a) => tierfs_bench::run(a).map_err(|e| CliError::Other(e.to_string())),
         Command::Pcc(c) => pcc::run(c),
         Command::Dump(a) => dump::dump(a),
+        Command::Gc(a) => check::gc(a),
+        Command::Fsck(a) => {
+            let code = check::fsck(a)?;
+            if code != 0 {
+                std::process::exit(code);
+            }
+            Ok(())
+        }
         Command::Load(a) => dump::load(a),
         Command::MountHelper(a) => helper::mount_helper(a, &cli.log_level),
         Command::InstallHelper(a) => helper::install_helper(a),
@@ -92,12 +101,15 @@ fn main() {
         unsafe { std::env::set_var(tierfs_store::credentials::CREDENTIALS_ENV, p) };
     }
     init_logging(&cli.log_level);
+    // fsck: 1 means problems found, so its own failures exit 2.
+    let fsck = matches!(cli.command, Command::Fsck(_));
     if let Err(e) = run(cli) {
         let msg = e.to_string().replace('\n', " ");
         eprintln!("tierfs: {msg}");
         let code = match e {
             CliError::Usage(_) => 1,
             _ if helper => 32,
+            _ if fsck => 2,
             _ => 1,
         };
         std::process::exit(code);

@@ -347,9 +347,6 @@ pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Resul
                     }
                     if since_gc >= Duration::from_secs(cfg.gc_interval_secs) {
                         since_gc = Duration::ZERO;
-                        if let Err(e) = data.sync_forgotten() {
-                            tracing::warn!("syncing objects of forgotten files failed: {e}");
-                        }
                         if let Err(e) = data.collect_garbage() {
                             tracing::warn!("garbage collection failed: {e}");
                         }

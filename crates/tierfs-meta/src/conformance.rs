@@ -47,6 +47,7 @@ pub fn run_all(factory: &Factory<'_>) {
             replaced_file_stays_openable_for_its_grace,
         ),
         ("sessions_and_reaping", sessions_and_reaping),
+        ("fsck_queries_and_repairs", fsck_queries_and_repairs),
         ("locks", locks),
         ("stripe_defaults_and_projects", stripe_defaults_and_projects),
         ("setgid_inheritance", setgid_inheritance),
@@ -586,6 +587,137 @@ fn sessions_and_reaping(e: &dyn MetaEngine) {
     e.unregister_session(a).unwrap();
     assert!(e.sessions().unwrap().is_empty());
     assert!(matches!(e.heartbeat(a), Err(MetaError::NotFound)));
+}
+
+/// What `tierfs fsck` and `tierfs gc` ask of an engine: object references, the id counter,
+/// metadata issues of dead sessions, their repair, and paths.
+fn fsck_queries_and_repairs(e: &dyn MetaEngine) {
+    assert!(e.meta_issues(10_000_000_000).unwrap().is_empty());
+    let first = e.alloc_object_ids(1024).unwrap();
+    assert_eq!(e.object_id_counter().unwrap(), first + 1024);
+    let d = e.create(ROOT_INO, b"d", &dir(), None, None).unwrap();
+    let f = e
+        .create(d.ino, b"f", &file(), Some(layout()), None)
+        .unwrap();
+    assert_eq!(e.path_of(f.ino).unwrap().unwrap(), b"/d/f".to_vec());
+    assert_eq!(e.path_of(ROOT_INO).unwrap().unwrap(), b"/".to_vec());
+    let mut sl = obj_slice(0, 0, 100, first);
+    if let SliceData::Object { obj_off, .. } = &mut sl.data {
+        *obj_off = 10;
+    }
+    e.commit_slices(f.ino, &[sl], 100, now_nanos()).unwrap();
+    let g = e
+        .create(ROOT_INO, b"g", &file(), Some(layout()), None)
+        .unwrap();
+    e.commit_slices(g.ino, &[obj_slice(0, 0, 50, first + 1)], 50, now_nanos())
+        .unwrap();
+    e.unlink(ROOT_INO, b"g").unwrap();
+    let mut refs = e.object_refs().unwrap();
+    refs.sort_by_key(|r| r.obj);
+    assert_eq!(refs.len(), 2, "{refs:?}");
+    assert_eq!((refs[0].obj, refs[0].ino, refs[0].end), (first, f.ino, 110));
+    assert_eq!(refs[0].trash, None);
+    assert_eq!((refs[1].obj, refs[1].end), (first + 1, 50));
+    assert!(refs[1].trash.is_some());
+    assert_eq!(e.path_of(g.ino).unwrap(), None);
+
+    // A session that dies with a file open (unlinked meanwhile) and a lock; a client with no
+    // session left holds a clean and a dirty RW-PCC lease.
+    let s = e
+        .register_session(&SessionInfo {
+            id: 0,
+            client_name: "dead".into(),
+            host: "h".into(),
+            pid: 1,
+            mountpoint: "/mnt".into(),
+            version: "0".into(),
+            started: 0,
+            heartbeat: 0,
+        })
+        .unwrap();
+    let h = e
+        .create(ROOT_INO, b"h", &file(), Some(layout()), None)
+        .unwrap();
+    e.open_file(s, h.ino).unwrap();
+    e.unlink(ROOT_INO, b"h").unwrap();
+    e.set_lock(
+        f.ino,
+        &LockRange {
+            session: s,
+            owner: 7,
+            flock: false,
+            typ: LockType::Write,
+            start: 0,
+            end: 10,
+            pid: 1,
+        },
+    )
+    .unwrap();
+    let clean = e
+        .create(ROOT_INO, b"clean", &file(), Some(layout()), None)
+        .unwrap();
+    let dirty = e
+        .create(ROOT_INO, b"dirty", &file(), Some(layout()), None)
+        .unwrap();
+    e.pcc_acquire(clean.ino, "gone").unwrap();
+    e.pcc_acquire(dirty.ino, "gone").unwrap();
+    e.pcc_report(dirty.ino, "gone", true, 0, now_nanos())
+        .unwrap();
+    // Alive for a long timeout: only the leases of the client without a session show.
+    let long = 3_600_000_000_000;
+    let issues = e.meta_issues(long).unwrap();
+    assert_eq!(issues.len(), 2, "{issues:?}");
+    assert!(!e
+        .repair_issue(
+            &MetaIssue::StaleOpen {
+                ino: h.ino,
+                session: s
+            },
+            long
+        )
+        .unwrap());
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let short = 10_000_000;
+    let issues = e.meta_issues(short).unwrap();
+    assert!(
+        issues.contains(&MetaIssue::StaleOpen {
+            ino: h.ino,
+            session: s
+        }),
+        "{issues:?}"
+    );
+    assert!(issues.contains(&MetaIssue::StaleLock {
+        ino: f.ino,
+        session: s
+    }));
+    assert!(issues.contains(&MetaIssue::StaleLease {
+        ino: clean.ino,
+        client: "gone".into(),
+        dirty: false
+    }));
+    assert!(issues.contains(&MetaIssue::StaleLease {
+        ino: dirty.ino,
+        client: "gone".into(),
+        dirty: true
+    }));
+    for i in &issues {
+        let _ = e.repair_issue(i, short).unwrap();
+    }
+    // The dead session went with its open file (the unlinked file was purged) and lock; the
+    // clean lease went, the dirty one stays (the only copy of its data is in that cache).
+    assert!(e.sessions().unwrap().is_empty());
+    assert!(matches!(e.getattr(h.ino), Err(MetaError::NotFound)));
+    assert!(e.pcc_lease(clean.ino).unwrap().is_none());
+    assert!(e.pcc_lease(dirty.ino).unwrap().unwrap().dirty);
+    let left = e.meta_issues(short).unwrap();
+    assert_eq!(
+        left,
+        vec![MetaIssue::StaleLease {
+            ino: dirty.ino,
+            client: "gone".into(),
+            dirty: true
+        }]
+    );
 }
 
 fn locks(e: &dyn MetaEngine) {

@@ -149,6 +149,24 @@ pub trait MetaEngine: Send + Sync {
         Err(MetaError::Invalid("this engine cannot load yet".into()))
     }
 
+    // ---- consistency checks (`tierfs fsck`, `tierfs gc`) ----
+    /// Every reference to a storage object: each slice that reads one, and each trash row.
+    fn object_refs(&self) -> Result<Vec<ObjectRef>>;
+    /// The first object id not yet handed out (ids at or above it belong to no client yet).
+    fn object_id_counter(&self) -> Result<u64>;
+    /// Problems in the metadata alone: dangling directory entries, files without names that
+    /// nobody holds, open files, locks and RW-PCC leases of sessions that are gone or whose
+    /// heartbeat is older than `timeout_ns`.
+    fn meta_issues(&self, timeout_ns: i64) -> Result<Vec<MetaIssue>>;
+    /// Repairs one issue found by [`MetaEngine::meta_issues`] in one transaction, if it still
+    /// holds (checked again inside it, so a client that came back meanwhile keeps its rows).
+    /// Returns whether something changed. A stale open or lock ends its whole dead session (as
+    /// [`MetaEngine::reap_sessions`] would), or drops the row of a session that no longer
+    /// exists; a dirty RW-PCC lease is never dropped (false).
+    fn repair_issue(&self, issue: &MetaIssue, timeout_ns: i64) -> Result<bool>;
+    /// One path of an inode from the root (`None` when it has no name left).
+    fn path_of(&self, ino: Ino) -> Result<Option<Vec<u8>>>;
+
     // ---- sessions and open files ----
     fn register_session(&self, s: &SessionInfo) -> Result<u64>;
     fn heartbeat(&self, session: u64) -> Result<()>;

@@ -347,3 +347,43 @@ pub const DUMP_TABLES: &[&str] = &[
     "pcc_leases",
     "pcc_rules",
 ];
+
+/// One reference to a storage object in the metadata (for `tierfs fsck` and `tierfs gc`): a
+/// slice reading bytes of it, or a trash row waiting for its deletion.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObjectRef {
+    pub target: u32,
+    pub obj: u64,
+    /// The file the reference belongs to.
+    pub ino: Ino,
+    /// Slices: the end of the bytes the slice reads in the object (`obj_off + len`); trash
+    /// rows: the object's recorded length.
+    pub end: u64,
+    /// A trash row (the object waits for deletion), with the row's id; `None` for a slice.
+    pub trash: Option<u64>,
+}
+
+/// A problem `tierfs fsck` finds in the metadata alone ([`crate::MetaEngine::meta_issues`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MetaIssue {
+    /// A directory entry names an inode that does not exist.
+    DanglingEntry {
+        parent: Ino,
+        name: Vec<u8>,
+        ino: Ino,
+    },
+    /// A file without names (unlinked while open, or nlink 0) that no session has open: it
+    /// should have been purged at its last close.
+    UnheldOrphan { ino: Ino },
+    /// An open-file row of a session that no longer exists or whose heartbeat stopped.
+    StaleOpen { ino: Ino, session: u64 },
+    /// A lock of a session that no longer exists or whose heartbeat stopped.
+    StaleLock { ino: Ino, session: u64 },
+    /// An RW-PCC lease held by a client with no live session. A dirty one holds the only copy
+    /// of data the capacity tier lacks (in that client's cache): never dropped by a repair.
+    StaleLease {
+        ino: Ino,
+        client: String,
+        dirty: bool,
+    },
+}

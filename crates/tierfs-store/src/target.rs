@@ -181,6 +181,24 @@ impl TargetSpec {
     }
 }
 
+/// One entry found under a target's `objects/` prefix by [`Target::list_objects`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ListedObject {
+    pub obj: u64,
+    pub size: u64,
+    /// Last modification, nanoseconds since the Unix epoch.
+    pub modified: i64,
+    /// Local targets: an interrupted upload's staging file (`<id>#<n>`, left by a writer killed
+    /// during its put) with this file name, not the object itself.
+    pub staged: Option<String>,
+}
+
+fn nanos_of(t: std::time::SystemTime) -> i64 {
+    t.duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0)
+}
+
 /// Space of the device under a target, from statvfs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DeviceSpace {
@@ -195,6 +213,10 @@ pub struct Target {
     pub spec: TargetSpec,
     store: Arc<dyn ObjectStore>,
     fds: std::sync::Mutex<std::collections::HashMap<u64, Arc<std::fs::File>>>,
+    /// Local targets: object directories (`objects/<n>`) whose own entry was made durable.
+    synced_dirs: Arc<std::sync::Mutex<std::collections::HashSet<u64>>>,
+    /// Fault injection for tests: every sync fails with EIO while set.
+    fail_syncs: std::sync::atomic::AtomicBool,
 }
 
 /// Above this many objects, fsync of a local target is one syncfs(2).
@@ -227,6 +249,8 @@ impl Target {
             spec,
             store,
             fds: Default::default(),
+            synced_dirs: Default::default(),
+            fail_syncs: Default::default(),
         })
     }
 
@@ -309,10 +333,20 @@ impl Target {
 
     /// Makes written objects durable (fsync of each object file and its directory on a local
     /// target; object stores acknowledge a put only once it is durable, so nothing to do there).
+    ///
+    /// An object that is not there is an error: the caller is about to commit metadata that
+    /// refers to it.
     pub async fn sync(&self, objs: Vec<u64>) -> Result<()> {
+        if self.fail_syncs.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(StoreError::Io(format!(
+                "target {}: sync failed (injected fault)",
+                self.id
+            )));
+        }
         match &self.spec.kind {
             TargetKind::Local(dir) => {
                 let dir = dir.clone();
+                let synced_dirs = Arc::clone(&self.synced_dirs);
                 tokio::task::spawn_blocking(move || {
                     if objs.len() > SYNCFS_OBJECTS {
                         // Many objects: one syncfs(2) of the target's filesystem costs less than
@@ -328,21 +362,36 @@ impl Target {
                         }
                         return Ok(());
                     }
+                    let io = |p: &std::path::Path, e: std::io::Error| {
+                        StoreError::Io(format!("sync of {}: {e}", p.display()))
+                    };
+                    let fsync = |p: &std::path::Path| {
+                        std::fs::File::open(p)
+                            .and_then(|f| f.sync_all())
+                            .map_err(|e| io(p, e))
+                    };
                     let mut dirs = std::collections::BTreeSet::new();
                     for obj in objs {
                         let p = dir.join(object_path(obj).as_ref());
-                        match std::fs::File::open(&p) {
-                            Ok(f) => f.sync_all().map_err(|e| StoreError::Io(e.to_string()))?,
-                            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-                            Err(e) => return Err(StoreError::Io(e.to_string())),
-                        }
-                        if let Some(parent) = p.parent() {
-                            dirs.insert(parent.to_path_buf());
-                        }
+                        fsync(&p)?;
+                        dirs.insert(obj >> 16);
                     }
-                    for d in dirs {
-                        if let Ok(f) = std::fs::File::open(&d) {
-                            f.sync_all().map_err(|e| StoreError::Io(e.to_string()))?;
+                    for hi in dirs {
+                        let d = dir.join("objects").join(hi.to_string());
+                        fsync(&d)?;
+                        // The first object of a directory: make the directory's own entry
+                        // (and that of objects/) durable too.
+                        let new = !synced_dirs
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .contains(&hi);
+                        if new {
+                            fsync(&dir.join("objects"))?;
+                            fsync(&dir)?;
+                            synced_dirs
+                                .lock()
+                                .unwrap_or_else(|p| p.into_inner())
+                                .insert(hi);
                         }
                     }
                     Ok(())
@@ -355,11 +404,143 @@ impl Target {
         }
     }
 
+    /// Fault injection for tests: while `on`, every [`Target::sync`] fails with an I/O error.
+    #[doc(hidden)]
+    pub fn inject_sync_failure(&self, on: bool) {
+        self.fail_syncs
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
     pub async fn delete(&self, obj: u64) -> Result<()> {
         self.forget_fd(obj);
         match self.store.delete(&object_path(obj)).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Lists every object of the target (in no particular order), calling `each` for each.
+    /// Names that are not tierfs objects (see [`crate::objects::parse_object_path`]: marker
+    /// files, anything foreign) are left alone and only counted: returns that count.
+    pub fn list_objects(&self, each: &mut (dyn FnMut(ListedObject) + Send)) -> Result<u64> {
+        match &self.spec.kind {
+            TargetKind::Local(dir) => {
+                let io = |e: std::io::Error| StoreError::Io(e.to_string());
+                let root = dir.join("objects");
+                let mut ignored = 0;
+                let top = match std::fs::read_dir(&root) {
+                    Ok(t) => t,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+                    Err(e) => return Err(io(e)),
+                };
+                for d in top {
+                    let d = d.map_err(io)?;
+                    let dname = d.file_name().to_string_lossy().into_owned();
+                    let Some(hi) = crate::objects::parse_id(&dname) else {
+                        ignored += 1;
+                        continue;
+                    };
+                    if !d.file_type().map_err(io)?.is_dir() {
+                        ignored += 1;
+                        continue;
+                    }
+                    let entries = match std::fs::read_dir(d.path()) {
+                        Ok(e) => e,
+                        // Removed meanwhile (object_store drops empty directories).
+                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                        Err(e) => return Err(io(e)),
+                    };
+                    for f in entries {
+                        let f = f.map_err(io)?;
+                        let name = f.file_name().to_string_lossy().into_owned();
+                        let (id_part, staged) = match name.split_once('#') {
+                            Some((id, n))
+                                if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) =>
+                            {
+                                (id, Some(name.clone()))
+                            }
+                            Some(_) => {
+                                ignored += 1;
+                                continue;
+                            }
+                            None => (name.as_str(), None),
+                        };
+                        let Some(obj) = crate::objects::parse_id(id_part).filter(|o| o >> 16 == hi)
+                        else {
+                            ignored += 1;
+                            continue;
+                        };
+                        let md = match f.metadata() {
+                            Ok(m) => m,
+                            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                            Err(e) => return Err(io(e)),
+                        };
+                        if !md.is_file() {
+                            ignored += 1;
+                            continue;
+                        }
+                        each(ListedObject {
+                            obj,
+                            size: md.len(),
+                            modified: md.modified().map(nanos_of).unwrap_or(0),
+                            staged,
+                        });
+                    }
+                }
+                Ok(ignored)
+            }
+            TargetKind::S3(spec) => {
+                use futures::StreamExt;
+                let store = Arc::clone(&self.store);
+                s3::block_on(async move {
+                    let prefix = object_store::path::Path::from("objects");
+                    let mut list = store.list(Some(&prefix));
+                    let mut ignored = 0;
+                    while let Some(m) = list.next().await {
+                        let m = m.map_err(|e| s3::explain(spec, "", e))?;
+                        match crate::objects::parse_object_path(m.location.as_ref()) {
+                            Some(obj) => each(ListedObject {
+                                obj,
+                                size: m.size,
+                                modified: m.last_modified.timestamp_nanos_opt().unwrap_or(0),
+                                staged: None,
+                            }),
+                            None => ignored += 1,
+                        }
+                    }
+                    Ok(ignored)
+                })
+            }
+        }
+    }
+
+    /// Whether object `obj` exists on the target now.
+    pub fn exists(&self, obj: u64) -> Result<bool> {
+        let store = Arc::clone(&self.store);
+        s3::block_on(async move {
+            match store.head(&object_path(obj)).await {
+                Ok(_) => Ok(true),
+                Err(object_store::Error::NotFound { .. }) => Ok(false),
+                Err(e) => Err(e.into()),
+            }
+        })
+    }
+
+    /// Removes one entry [`Target::list_objects`] found (an object, or a staging file).
+    pub fn remove_listed(&self, l: &ListedObject) -> Result<()> {
+        match (&self.spec.kind, &l.staged) {
+            (TargetKind::Local(dir), Some(name)) => {
+                let p = dir
+                    .join("objects")
+                    .join((l.obj >> 16).to_string())
+                    .join(name);
+                match std::fs::remove_file(&p) {
+                    Ok(()) => Ok(()),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                    Err(e) => Err(StoreError::Io(format!("{}: {e}", p.display()))),
+                }
+            }
+            _ => s3::block_on(self.delete(l.obj)),
         }
     }
 
@@ -455,6 +636,35 @@ mod tests {
             Err(StoreError::NotFound(_))
         ));
         assert!(t.device_space().total > 0);
+    }
+
+    #[tokio::test]
+    async fn lists_objects_and_staging_files_but_not_foreign_names() {
+        let d = tempfile::tempdir().unwrap();
+        let spec = TargetSpec::parse(&format!("file://{}", d.path().display())).unwrap();
+        let t = Target::open(0, spec).unwrap();
+        t.put(7, Bytes::from_static(b"seven")).await.unwrap();
+        t.put(70000, Bytes::from_static(b"x")).await.unwrap();
+        std::fs::write(d.path().join("objects/0/9#3"), b"half").unwrap();
+        std::fs::write(d.path().join("objects/0/notes"), b"?").unwrap();
+        std::fs::write(d.path().join("objects/1/5"), b"wrong dir").unwrap();
+        std::fs::write(d.path().join(".tierfs-target"), b"marker").unwrap();
+        let mut seen = Vec::new();
+        let ignored = t.list_objects(&mut |l| seen.push(l)).unwrap();
+        seen.sort_by_key(|l| l.obj);
+        assert_eq!(ignored, 2);
+        let ids: Vec<(u64, u64, bool)> = seen
+            .iter()
+            .map(|l| (l.obj, l.size, l.staged.is_some()))
+            .collect();
+        assert_eq!(ids, vec![(7, 5, false), (9, 4, true), (70000, 1, false)]);
+        assert!(seen[0].modified > 0);
+        t.remove_listed(&seen[1]).unwrap();
+        t.remove_listed(&seen[0]).unwrap();
+        assert!(!d.path().join("objects/0/9#3").exists());
+        assert!(!d.path().join("objects/0/7").exists());
+        assert!(d.path().join(".tierfs-target").exists());
+        assert!(d.path().join("objects/0/notes").exists());
     }
 
     #[test]

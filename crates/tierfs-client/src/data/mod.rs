@@ -3,6 +3,8 @@
 //! metadata transaction at flush, fsync, close, or when the buffer fills.
 
 pub mod cache;
+#[cfg(test)]
+mod durability_tests;
 pub mod segments;
 pub mod space;
 
@@ -93,8 +95,6 @@ struct FileInner {
     pending_end: u64,
     /// An error of a background upload, reported at the next write, flush or fsync.
     deferred_error: Option<i32>,
-    /// Objects committed but not yet made durable (for fsync).
-    unsynced: Vec<(u32, u64)>,
     /// Handles of this client open on the file through the data path.
     opens: u32,
 }
@@ -122,11 +122,6 @@ pub struct DataPath {
     buffered: AtomicUsize,
     /// Signalled when a commit ends (writers waiting for `buffered` to fall below the limit).
     buffered_fell: (Mutex<()>, Condvar),
-    /// Objects of forgotten files committed but not yet made durable: synced in the
-    /// background ([`DataPath::sync_forgotten`]) or by the file's next fsync.
-    forgotten_unsynced: Mutex<HashMap<Ino, Vec<(u32, u64)>>>,
-    /// Held while forgotten objects are being synced (an fsync of the file waits for it).
-    forgotten_sync: Mutex<()>,
     /// The data version the page cache of a file reflects, for files whose state went at their
     /// last close (so a reopen of an unchanged file keeps the kernel's cache): 16 bytes a
     /// file, emptied past [`SEEN_MAX`] entries.
@@ -172,8 +167,6 @@ impl DataPath {
             files: Mutex::new(HashMap::new()),
             buffered: AtomicUsize::new(0),
             buffered_fell: (Mutex::new(()), Condvar::new()),
-            forgotten_unsynced: Mutex::new(HashMap::new()),
-            forgotten_sync: Mutex::new(()),
             seen: Mutex::new(HashMap::new()),
             closes: Mutex::new(Vec::new()),
             compact_candidates: Mutex::new(Default::default()),
@@ -232,14 +225,13 @@ impl DataPath {
         let Some(_order) = st.flush_lock.try_lock() else {
             return;
         };
-        let mut inner = st.inner.lock();
+        let inner = st.inner.lock();
         if (release && inner.opens > 0)
             || !inner.pending.is_empty()
             || inner.deferred_error.is_some()
         {
             return;
         }
-        let unsynced = std::mem::take(&mut inner.unsynced);
         let seen = inner.seen_version;
         drop(inner);
         files.remove(&ino);
@@ -252,54 +244,6 @@ impl DataPath {
             }
             g.insert(ino, v);
         }
-        if !unsynced.is_empty() {
-            self.forgotten_unsynced
-                .lock()
-                .entry(ino)
-                .or_default()
-                .extend(unsynced);
-        }
-    }
-
-    /// Makes the objects of forgotten files durable (the background loop calls this);
-    /// returns how many objects it synced.
-    pub fn sync_forgotten(&self) -> Result<usize> {
-        let _syncing = self.forgotten_sync.lock();
-        let all = std::mem::take(&mut *self.forgotten_unsynced.lock());
-        if all.is_empty() {
-            return Ok(0);
-        }
-        let objs: Vec<(u32, u64)> = all.values().flatten().copied().collect();
-        let n = objs.len();
-        if let Err(e) = self.sync_objects(objs) {
-            // try again next round
-            let mut g = self.forgotten_unsynced.lock();
-            for (ino, v) in all {
-                g.entry(ino).or_default().extend(v);
-            }
-            return Err(e);
-        }
-        Ok(n)
-    }
-
-    fn sync_objects(&self, objs: Vec<(u32, u64)>) -> Result<()> {
-        let mut by_target: HashMap<u32, Vec<u64>> = HashMap::new();
-        for (t, o) in objs {
-            by_target.entry(t).or_default().push(o);
-        }
-        for list in by_target.values_mut() {
-            list.sort_unstable();
-            list.dedup();
-        }
-        let mut futs = Vec::new();
-        for (t, list) in by_target {
-            let target = Arc::clone(self.targets.get(t)?);
-            futs.push(async move { target.sync(list).await });
-        }
-        for r in self.rt.block_on(futures::future::join_all(futs)) {
-            r?;
-        }
-        Ok(())
     }
 
     /// Counts `n` more buffered bytes.
@@ -584,6 +528,11 @@ impl DataPath {
         self.keep_within_limit(ino)
     }
 
+    /// Uploads one object and makes it durable (fsync of the file and its directory on a local
+    /// target; a PUT to an object store is durable once acknowledged). Durability order: the
+    /// metadata that refers to an object is committed only after its upload (and so its sync)
+    /// succeeded, on every path (flush, fsync, close, compaction, RW-PCC write-back), so no
+    /// committed slice can point to an object that a power loss takes away.
     fn spawn_upload(&self, target: u32, obj: u64, bytes: Bytes) -> Upload {
         let t = self.targets.get(target).cloned();
         let sem = Arc::clone(&self.uploads);
@@ -596,6 +545,7 @@ impl DataPath {
                 .map_err(|e| StoreError::Io(e.to_string()))?;
             let n = bytes.len() as u64;
             t.put(obj, bytes).await?;
+            t.sync(vec![obj]).await?;
             metrics.target_written(target, n);
             Ok(())
         })
@@ -734,13 +684,6 @@ impl DataPath {
                         }
                     }
                 }
-                for sl in &slices {
-                    if let SliceData::Object { target, obj, .. } = sl.data {
-                        if inner.unsynced.last() != Some(&(target, obj)) {
-                            inner.unsynced.push((target, obj));
-                        }
-                    }
-                }
                 inner.chunk_slices.clear();
                 inner.seen_version = Some(a.data_version);
                 inner.last_commit = Some((a.data_version, a.size));
@@ -755,22 +698,12 @@ impl DataPath {
         }
     }
 
-    /// fsync: commits buffered writes, then makes this file's objects and the metadata durable.
+    /// fsync: commits buffered writes, then makes the metadata durable. The objects of every
+    /// commit were made durable before it (see [`DataPath::spawn_upload`]), so the sync of the
+    /// metadata, which also makes other files' earlier commits durable, never makes a slice
+    /// durable whose object is not.
     pub fn fsync(&self, ino: Ino) -> Result<()> {
         self.flush(ino)?;
-        let mut objs = match self.existing(ino) {
-            Some(st) => std::mem::take(&mut st.inner.lock().unsynced),
-            None => Vec::new(),
-        };
-        {
-            // objects committed before the kernel last forgot the file (a background sync of
-            // them under way finishes first)
-            let _syncing = self.forgotten_sync.lock();
-            if let Some(v) = self.forgotten_unsynced.lock().remove(&ino) {
-                objs.extend(v);
-            }
-        }
-        self.sync_objects(objs)?;
         self.meta.sync()?;
         Ok(())
     }

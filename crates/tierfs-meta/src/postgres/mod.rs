@@ -721,6 +721,13 @@ fn purge_if_orphan(c: &mut PgConn, ino: Ino) -> Result<()> {
     Ok(())
 }
 
+/// The condition (on `inodes i`) of a file without names that nobody holds (see the SQLite
+/// twin).
+const UNHELD: &str =
+    "i.kind != 2 AND i.ino != 1 AND i.orphan != 2 AND (i.orphan = 1 OR i.nlink = 0) \
+     AND NOT EXISTS (SELECT 1 FROM open_files o WHERE o.ino = i.ino) \
+     AND NOT EXISTS (SELECT 1 FROM dentries d WHERE d.ino = i.ino)";
+
 /// Removes sessions with their open files (purging orphans they were the last to hold) and
 /// locks.
 fn end_sessions(c: &mut PgConn, sessions: &[i64]) -> Result<()> {
@@ -1984,6 +1991,211 @@ impl MetaEngine for PgEngine {
         // Vacuuming is autovacuum's job.
         self.purge_orphans(now_nanos() - crate::engine::ORPHAN_GRACE.as_nanos() as Nanos)?;
         Ok(())
+    }
+
+    fn object_refs(&self) -> Result<Vec<ObjectRef>> {
+        self.read(|c| {
+            Ok(c.query(
+                "SELECT target, obj, ino, obj_off + len, NULL::BIGINT FROM slices \
+                 WHERE obj IS NOT NULL \
+                 UNION ALL SELECT target, obj, ino, len, id FROM trash",
+                &[],
+            )?
+            .iter()
+            .map(|r| ObjectRef {
+                target: r.get::<_, i64>(0) as u32,
+                obj: r.get::<_, i64>(1) as u64,
+                ino: r.get::<_, i64>(2) as u64,
+                end: r.get::<_, i64>(3) as u64,
+                trash: r.get::<_, Option<i64>>(4).map(|i| i as u64),
+            })
+            .collect())
+        })
+    }
+
+    fn object_id_counter(&self) -> Result<u64> {
+        self.read(|c| {
+            let r = c.one("SELECT value FROM counters WHERE name = 'next_object'", &[])?;
+            Ok(r.get::<_, i64>(0) as u64)
+        })
+    }
+
+    fn meta_issues(&self, timeout_ns: i64) -> Result<Vec<MetaIssue>> {
+        let limit = now_nanos() - timeout_ns;
+        self.read(|c| {
+            let mut out = Vec::new();
+            for r in c.query(
+                "SELECT d.parent, d.name, d.ino FROM dentries d \
+                 WHERE NOT EXISTS (SELECT 1 FROM inodes i WHERE i.ino = d.ino) ORDER BY d.id",
+                &[],
+            )? {
+                out.push(MetaIssue::DanglingEntry {
+                    parent: r.get::<_, i64>(0) as u64,
+                    name: r.get(1),
+                    ino: r.get::<_, i64>(2) as u64,
+                });
+            }
+            let sql = format!("SELECT i.ino FROM inodes i WHERE {UNHELD} ORDER BY i.ino");
+            for r in c.query(&sql, &[])? {
+                out.push(MetaIssue::UnheldOrphan {
+                    ino: r.get::<_, i64>(0) as u64,
+                });
+            }
+            for r in c.query(
+                "SELECT o.ino, o.session FROM open_files o WHERE NOT EXISTS \
+                 (SELECT 1 FROM sessions s WHERE s.id = o.session AND s.heartbeat >= $1) \
+                 ORDER BY o.session, o.ino",
+                &[&limit],
+            )? {
+                out.push(MetaIssue::StaleOpen {
+                    ino: r.get::<_, i64>(0) as u64,
+                    session: r.get::<_, i64>(1) as u64,
+                });
+            }
+            for r in c.query(
+                "SELECT DISTINCT l.ino, l.session FROM locks l WHERE NOT EXISTS \
+                 (SELECT 1 FROM sessions s WHERE s.id = l.session AND s.heartbeat >= $1) \
+                 ORDER BY l.session, l.ino",
+                &[&limit],
+            )? {
+                out.push(MetaIssue::StaleLock {
+                    ino: r.get::<_, i64>(0) as u64,
+                    session: r.get::<_, i64>(1) as u64,
+                });
+            }
+            for r in c.query(
+                "SELECT l.ino, l.client, l.dirty FROM pcc_leases l WHERE NOT EXISTS \
+                 (SELECT 1 FROM sessions s WHERE s.client_name = l.client AND s.heartbeat >= $1) \
+                 ORDER BY l.ino",
+                &[&limit],
+            )? {
+                out.push(MetaIssue::StaleLease {
+                    ino: r.get::<_, i64>(0) as u64,
+                    client: r.get(1),
+                    dirty: r.get::<_, i64>(2) != 0,
+                });
+            }
+            Ok(out)
+        })
+    }
+
+    fn repair_issue(&self, issue: &MetaIssue, timeout_ns: i64) -> Result<bool> {
+        let limit = now_nanos() - timeout_ns;
+        self.write(|c| {
+            // The session of a stale row: Some(true) alive, Some(false) dead, None gone.
+            fn session_state(c: &mut PgConn, session: u64, limit: i64) -> Result<Option<bool>> {
+                Ok(c.opt(
+                    "SELECT heartbeat >= $2 FROM sessions WHERE id = $1 FOR UPDATE",
+                    &[&(session as i64), &limit],
+                )?
+                .map(|r| r.get::<_, bool>(0)))
+            }
+            match issue {
+                MetaIssue::DanglingEntry { parent, name, ino } => {
+                    lock_inodes(c, &[*parent])?;
+                    let kind = c
+                        .opt(
+                            "DELETE FROM dentries WHERE parent = $1 AND name = $2 AND ino = $3 \
+                             AND NOT EXISTS (SELECT 1 FROM inodes WHERE ino = $3) RETURNING kind",
+                            &[&(*parent as i64), name, &(*ino as i64)],
+                        )?
+                        .map(|r| r.get::<_, i64>(0));
+                    match kind {
+                        Some(k) => {
+                            if k == Kind::Dir as i64 {
+                                touch_dir(c, *parent, now_nanos(), -1)?;
+                            }
+                            Ok(true)
+                        }
+                        None => Ok(false),
+                    }
+                }
+                MetaIssue::UnheldOrphan { ino } => {
+                    lock_inodes(c, &[*ino])?;
+                    let sql = format!(
+                        "SELECT EXISTS (SELECT 1 FROM inodes i WHERE i.ino = $1 AND {UNHELD})"
+                    );
+                    let still = c.exists(&sql, &[&(*ino as i64)])?;
+                    if still {
+                        purge_inode(c, *ino)?;
+                    }
+                    Ok(still)
+                }
+                MetaIssue::StaleOpen { ino, session } => match session_state(c, *session, limit)? {
+                    Some(true) => Ok(false),
+                    Some(false) => {
+                        end_sessions(c, &[*session as i64])?;
+                        Ok(true)
+                    }
+                    None => {
+                        lock_inodes(c, &[*ino])?;
+                        let n = c.exec(
+                            "DELETE FROM open_files WHERE session = $1 AND ino = $2",
+                            &[&(*session as i64), &(*ino as i64)],
+                        )?;
+                        purge_if_orphan(c, *ino)?;
+                        Ok(n > 0)
+                    }
+                },
+                MetaIssue::StaleLock { ino, session } => match session_state(c, *session, limit)? {
+                    Some(true) => Ok(false),
+                    Some(false) => {
+                        end_sessions(c, &[*session as i64])?;
+                        Ok(true)
+                    }
+                    None => {
+                        let n = c.exec(
+                            "DELETE FROM locks WHERE session = $1 AND ino = $2",
+                            &[&(*session as i64), &(*ino as i64)],
+                        )?;
+                        Ok(n > 0)
+                    }
+                },
+                MetaIssue::StaleLease { ino, client, .. } => {
+                    lock_inodes(c, &[*ino])?;
+                    let n = c.exec(
+                        "DELETE FROM pcc_leases WHERE ino = $1 AND client = $2 AND dirty = 0 \
+                         AND NOT EXISTS (SELECT 1 FROM sessions s \
+                             WHERE s.client_name = $2 AND s.heartbeat >= $3)",
+                        &[&(*ino as i64), client, &limit],
+                    )?;
+                    if n > 0 {
+                        c.exec("DELETE FROM pcc_revokes WHERE ino = $1", &[&(*ino as i64)])?;
+                    }
+                    Ok(n > 0)
+                }
+            }
+        })
+    }
+
+    fn path_of(&self, ino: Ino) -> Result<Option<Vec<u8>>> {
+        self.read(|c| {
+            let mut parts: Vec<Vec<u8>> = Vec::new();
+            let mut cur = ino;
+            while cur != ROOT_INO {
+                let Some(r) = c.opt(
+                    "SELECT parent, name FROM dentries WHERE ino = $1 ORDER BY id LIMIT 1",
+                    &[&(cur as i64)],
+                )?
+                else {
+                    return Ok(None);
+                };
+                parts.push(r.get(1));
+                cur = r.get::<_, i64>(0) as u64;
+                if parts.len() > 4096 {
+                    return Err(MetaError::Invalid(format!("inode {ino}: its path loops")));
+                }
+            }
+            let mut path = Vec::new();
+            for p in parts.iter().rev() {
+                path.push(b'/');
+                path.extend_from_slice(p);
+            }
+            if path.is_empty() {
+                path.push(b'/');
+            }
+            Ok(Some(path))
+        })
     }
 
     fn register_session(&self, s: &SessionInfo) -> Result<u64> {

@@ -1576,6 +1576,224 @@ impl MetaEngine for SqliteEngine {
         }
     }
 
+    fn object_refs(&self) -> Result<Vec<ObjectRef>> {
+        self.read(|c| {
+            let mut st = c.prepare_cached(
+                "SELECT target, obj, ino, obj_off + len, NULL FROM slices WHERE obj IS NOT NULL \
+                 UNION ALL SELECT target, obj, ino, len, id FROM trash",
+            )?;
+            let rows = st.query_map([], |r| {
+                Ok(ObjectRef {
+                    target: r.get::<_, i64>(0)? as u32,
+                    obj: r.get::<_, i64>(1)? as u64,
+                    ino: r.get::<_, i64>(2)? as u64,
+                    end: r.get::<_, i64>(3)? as u64,
+                    trash: r.get::<_, Option<i64>>(4)?.map(|i| i as u64),
+                })
+            })?;
+            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+        })
+    }
+
+    fn object_id_counter(&self) -> Result<u64> {
+        self.read(|c| {
+            let v: i64 = c
+                .prepare_cached("SELECT value FROM counters WHERE name = 'next_object'")?
+                .query_row([], |r| r.get(0))?;
+            Ok(v as u64)
+        })
+    }
+
+    fn meta_issues(&self, timeout_ns: i64) -> Result<Vec<MetaIssue>> {
+        let limit = now_nanos() - timeout_ns;
+        self.read(|c| {
+            let mut out = Vec::new();
+            let mut st = c.prepare_cached(
+                "SELECT d.parent, d.name, d.ino FROM dentries d \
+                 WHERE NOT EXISTS (SELECT 1 FROM inodes i WHERE i.ino = d.ino) ORDER BY d.id",
+            )?;
+            for r in st.query_map([], |r| {
+                Ok(MetaIssue::DanglingEntry {
+                    parent: r.get::<_, i64>(0)? as u64,
+                    name: r.get(1)?,
+                    ino: r.get::<_, i64>(2)? as u64,
+                })
+            })? {
+                out.push(r?);
+            }
+            let mut st = c.prepare_cached(&format!(
+                "SELECT i.ino FROM inodes i WHERE {UNHELD} ORDER BY i.ino"
+            ))?;
+            for r in st.query_map([], |r| {
+                Ok(MetaIssue::UnheldOrphan {
+                    ino: r.get::<_, i64>(0)? as u64,
+                })
+            })? {
+                out.push(r?);
+            }
+            let mut st = c.prepare_cached(
+                "SELECT o.ino, o.session FROM open_files o WHERE NOT EXISTS \
+                 (SELECT 1 FROM sessions s WHERE s.id = o.session AND s.heartbeat >= ?1) \
+                 ORDER BY o.session, o.ino",
+            )?;
+            for r in st.query_map([limit], |r| {
+                Ok(MetaIssue::StaleOpen {
+                    ino: r.get::<_, i64>(0)? as u64,
+                    session: r.get::<_, i64>(1)? as u64,
+                })
+            })? {
+                out.push(r?);
+            }
+            let mut st = c.prepare_cached(
+                "SELECT DISTINCT l.ino, l.session FROM locks l WHERE NOT EXISTS \
+                 (SELECT 1 FROM sessions s WHERE s.id = l.session AND s.heartbeat >= ?1) \
+                 ORDER BY l.session, l.ino",
+            )?;
+            for r in st.query_map([limit], |r| {
+                Ok(MetaIssue::StaleLock {
+                    ino: r.get::<_, i64>(0)? as u64,
+                    session: r.get::<_, i64>(1)? as u64,
+                })
+            })? {
+                out.push(r?);
+            }
+            let mut st = c.prepare_cached(
+                "SELECT l.ino, l.client, l.dirty FROM pcc_leases l WHERE NOT EXISTS \
+                 (SELECT 1 FROM sessions s WHERE s.client_name = l.client AND s.heartbeat >= ?1) \
+                 ORDER BY l.ino",
+            )?;
+            for r in st.query_map([limit], |r| {
+                Ok(MetaIssue::StaleLease {
+                    ino: r.get::<_, i64>(0)? as u64,
+                    client: r.get(1)?,
+                    dirty: r.get::<_, i64>(2)? != 0,
+                })
+            })? {
+                out.push(r?);
+            }
+            Ok(out)
+        })
+    }
+
+    fn repair_issue(&self, issue: &MetaIssue, timeout_ns: i64) -> Result<bool> {
+        let limit = now_nanos() - timeout_ns;
+        self.write(|tx| {
+            // The session of a stale row: Some(true) alive, Some(false) dead, None gone.
+            let session_state = |session: u64| -> Result<Option<bool>> {
+                Ok(tx
+                    .prepare_cached("SELECT heartbeat >= ?2 FROM sessions WHERE id = ?1")?
+                    .query_row(params![session as i64, limit], |r| r.get::<_, bool>(0))
+                    .optional()?)
+            };
+            match issue {
+                MetaIssue::DanglingEntry { parent, name, ino } => {
+                    let kind: Option<i64> = tx
+                        .prepare_cached(
+                            "DELETE FROM dentries WHERE parent = ?1 AND name = ?2 AND ino = ?3 \
+                             AND NOT EXISTS (SELECT 1 FROM inodes WHERE ino = ?3) RETURNING kind",
+                        )?
+                        .query_row(params![*parent as i64, name, *ino as i64], |r| r.get(0))
+                        .optional()?;
+                    match kind {
+                        Some(k) => {
+                            if k == Kind::Dir as i64 {
+                                touch_dir(tx, *parent, now_nanos(), -1)?;
+                            }
+                            Ok(true)
+                        }
+                        None => Ok(false),
+                    }
+                }
+                MetaIssue::UnheldOrphan { ino } => {
+                    let still: bool = tx
+                        .prepare_cached(&format!(
+                            "SELECT EXISTS (SELECT 1 FROM inodes i WHERE i.ino = ?1 AND {UNHELD})"
+                        ))?
+                        .query_row([*ino as i64], |r| r.get(0))?;
+                    if still {
+                        purge_inode(tx, *ino)?;
+                    }
+                    Ok(still)
+                }
+                MetaIssue::StaleOpen { ino, session } => match session_state(*session)? {
+                    Some(true) => Ok(false),
+                    Some(false) => {
+                        end_session(tx, *session)?;
+                        Ok(true)
+                    }
+                    None => {
+                        let n = tx
+                            .prepare_cached(
+                                "DELETE FROM open_files WHERE session = ?1 AND ino = ?2",
+                            )?
+                            .execute(params![*session as i64, *ino as i64])?;
+                        purge_if_orphan(tx, *ino)?;
+                        Ok(n > 0)
+                    }
+                },
+                MetaIssue::StaleLock { ino, session } => match session_state(*session)? {
+                    Some(true) => Ok(false),
+                    Some(false) => {
+                        end_session(tx, *session)?;
+                        Ok(true)
+                    }
+                    None => {
+                        let n = tx
+                            .prepare_cached("DELETE FROM locks WHERE session = ?1 AND ino = ?2")?
+                            .execute(params![*session as i64, *ino as i64])?;
+                        Ok(n > 0)
+                    }
+                },
+                MetaIssue::StaleLease { ino, client, .. } => {
+                    let n = tx
+                        .prepare_cached(
+                            "DELETE FROM pcc_leases WHERE ino = ?1 AND client = ?2 AND dirty = 0 \
+                             AND NOT EXISTS (SELECT 1 FROM sessions s \
+                                 WHERE s.client_name = ?2 AND s.heartbeat >= ?3)",
+                        )?
+                        .execute(params![*ino as i64, client, limit])?;
+                    if n > 0 {
+                        tx.prepare_cached("DELETE FROM pcc_revokes WHERE ino = ?1")?
+                            .execute([*ino as i64])?;
+                    }
+                    Ok(n > 0)
+                }
+            }
+        })
+    }
+
+    fn path_of(&self, ino: Ino) -> Result<Option<Vec<u8>>> {
+        self.read(|c| {
+            let mut parts: Vec<Vec<u8>> = Vec::new();
+            let mut cur = ino;
+            while cur != ROOT_INO {
+                let row: Option<(i64, Vec<u8>)> = c
+                    .prepare_cached(
+                        "SELECT parent, name FROM dentries WHERE ino = ?1 ORDER BY id LIMIT 1",
+                    )?
+                    .query_row([cur as i64], |r| Ok((r.get(0)?, r.get(1)?)))
+                    .optional()?;
+                let Some((parent, name)) = row else {
+                    return Ok(None);
+                };
+                parts.push(name);
+                cur = parent as u64;
+                if parts.len() > 4096 {
+                    return Err(MetaError::Invalid(format!("inode {ino}: its path loops")));
+                }
+            }
+            let mut path = Vec::new();
+            for p in parts.iter().rev() {
+                path.push(b'/');
+                path.extend_from_slice(p);
+            }
+            if path.is_empty() {
+                path.push(b'/');
+            }
+            Ok(Some(path))
+        })
+    }
+
     fn register_session(&self, s: &SessionInfo) -> Result<u64> {
         self.write(|tx| {
             let now = now_nanos();
@@ -2034,6 +2252,14 @@ fn purge_if_orphan(c: &Connection, ino: Ino) -> Result<()> {
     }
     Ok(())
 }
+
+/// The condition (on `inodes i`) of a file without names that nobody holds: unlinked while
+/// open (`orphan = 1`) or with no link, no directory entry, and no open anywhere. Files a
+/// rename replaced (`orphan = 2`) wait for their grace and [`MetaEngine::purge_orphans`].
+const UNHELD: &str =
+    "i.kind != 2 AND i.ino != 1 AND i.orphan != 2 AND (i.orphan = 1 OR i.nlink = 0) \
+     AND NOT EXISTS (SELECT 1 FROM open_files o WHERE o.ino = i.ino) \
+     AND NOT EXISTS (SELECT 1 FROM dentries d WHERE d.ino = i.ino)";
 
 /// Removes a session with its open files (purging orphans it was the last to hold) and locks.
 fn end_session(c: &Connection, session: u64) -> Result<()> {

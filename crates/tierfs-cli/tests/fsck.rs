@@ -1,0 +1,172 @@
+//! `tierfs gc` and `tierfs fsck` (issue 10): a client killed after uploading objects but before
+//! their commit leaves leaked objects that gc removes (after its grace, and never while they
+//! may still be committed); fsck reports missing objects by path, orphans and stale rows of
+//! dead sessions in one table, repairs what it can, and exits 0 clean / 1 problems / 2 error.
+
+mod common;
+
+use common::*;
+use std::fs;
+use std::io::Write;
+use std::time::Duration;
+
+fn count_in(table: &str, kind: &str) -> u64 {
+    table
+        .lines()
+        .find(|l| l.starts_with(kind))
+        .and_then(|l| {
+            l[kind.len()..]
+                .split_whitespace()
+                .find_map(|w| w.parse().ok())
+        })
+        .unwrap_or_else(|| panic!("no row {kind:?} in:\n{table}"))
+}
+
+#[test]
+fn gc_reclaims_the_uploads_of_a_killed_client_and_fsck_reports_then_repairs() {
+    if !Cluster::from_env().local_targets() {
+        eprintln!("skipped: looks at target files directly");
+        return;
+    }
+    let mut fs = TestFs::new(1);
+    let meta = fs.meta_url();
+    // Committed data, which must survive everything below.
+    let keep = pattern(1, 0, 3 << 20);
+    fs::write(fs.p(0, "kept"), &keep).unwrap();
+    let committed = fs.total_target_usage();
+    assert!(committed >= 3 << 20);
+    // Full chunks are uploaded at once, committed only at close: kill the client in between.
+    let mut f = fs::File::create(fs.p(0, "never-closed")).unwrap();
+    f.write_all(&pattern(2, 0, 4 << 20)).unwrap();
+    assert!(
+        wait_until(Duration::from_secs(20), || fs.total_target_usage()
+            >= committed + (3 << 20)),
+        "the uploads of full chunks never reached the targets"
+    );
+    fs.kill9(0);
+    drop(f);
+    let leaked = fs.total_target_usage() - committed;
+
+    // While the uploads are younger than the grace they are in flight as far as anyone knows.
+    let out = fs.tierfs(&["gc", "--meta", &meta]);
+    out.assert_ok();
+    assert!(
+        out.stdout.contains("removed:         0"),
+        "{}",
+        out.describe()
+    );
+    assert_eq!(fs.total_target_usage(), committed + leaked);
+
+    // fsck sees them as orphans once the grace is 0 (the killed client's process is gone, so
+    // its session no longer protects them); exit 1.
+    let out = fs.tierfs(&["fsck", "--meta", &meta, "--grace", "0"]);
+    assert_eq!(out.code, Some(1), "{}", out.describe());
+    assert!(
+        count_in(&out.stdout, "orphan object") >= 3,
+        "{}",
+        out.stdout
+    );
+    assert_eq!(count_in(&out.stdout, "missing object"), 0, "{}", out.stdout);
+
+    // A dry run lists and removes nothing.
+    let out = fs.tierfs(&["gc", "--meta", &meta, "--grace", "0", "--dry-run"]);
+    out.assert_ok();
+    assert!(
+        out.stdout.contains("would remove: target"),
+        "{}",
+        out.describe()
+    );
+    assert_eq!(fs.total_target_usage(), committed + leaked);
+
+    let out = fs.tierfs(&["gc", "--meta", &meta, "--grace", "0"]);
+    out.assert_ok();
+    assert!(
+        !out.stdout.contains("removed:         0"),
+        "{}",
+        out.describe()
+    );
+    assert_eq!(fs.total_target_usage(), committed, "{}", out.describe());
+
+    // The dead session still holds its open of the file it never closed: reported once its
+    // heartbeat is older than the timeout, repaired (the session goes), then clean.
+    std::thread::sleep(Duration::from_millis(1500));
+    let args = ["fsck", "--meta", &meta, "--session-timeout", "1s"];
+    let out = fs.tierfs(&args);
+    assert_eq!(out.code, Some(1), "{}", out.describe());
+    assert_eq!(
+        count_in(&out.stdout, "open file of a dead session"),
+        1,
+        "{}",
+        out.stdout
+    );
+    let mut repair = args.to_vec();
+    repair.push("--repair");
+    let out = fs.tierfs(&repair);
+    assert_eq!(out.code, Some(1), "{}", out.describe());
+    let out = fs.tierfs(&args);
+    assert_eq!(out.code, Some(0), "{}", out.describe());
+    assert!(out.stdout.contains("clean"));
+
+    // The acknowledged data is intact (the mount detaches the dead one first).
+    fs.remount_with(
+        0,
+        &ClientOpts {
+            name: "c0".into(),
+            ..Default::default()
+        },
+    );
+    assert_same_bytes(&fs::read(fs.p(0, "kept")).unwrap(), &keep, 0, "kept");
+}
+
+#[test]
+fn fsck_names_the_files_of_missing_objects_and_leaves_foreign_names_alone() {
+    if !Cluster::from_env().local_targets() {
+        eprintln!("skipped: looks at target files directly");
+        return;
+    }
+    let mut fs = TestFs::new(1);
+    let meta = fs.meta_url();
+    fs::create_dir(fs.p(0, "d")).unwrap();
+    fs::write(fs.p(0, "d/lost"), pattern(3, 0, 2 << 20)).unwrap();
+    fs.umount(0);
+    // A marker file of the target and a foreign file under objects/ are not objects.
+    fs::write(fs.target_dir(0).join(".tierfs-target"), b"marker").unwrap();
+    fs::create_dir_all(fs.target_dir(1).join("objects/0")).unwrap();
+    fs::write(fs.target_dir(1).join("objects/0/README"), b"x").unwrap();
+    let out = fs.tierfs(&["fsck", "--meta", &meta, "--grace", "0"]);
+    assert_eq!(out.code, Some(0), "{}", out.describe());
+
+    // Lose one object of the file.
+    let mut objs = Vec::new();
+    for t in 0..2 {
+        let Ok(dirs) = fs::read_dir(fs.target_dir(t).join("objects")) else {
+            continue;
+        };
+        for d in dirs {
+            for f in fs::read_dir(d.unwrap().path()).unwrap() {
+                let p = f.unwrap().path();
+                if p.file_name().unwrap() != "README" {
+                    objs.push(p);
+                }
+            }
+        }
+    }
+    assert!(!objs.is_empty());
+    fs::remove_file(&objs[0]).unwrap();
+    let out = fs.tierfs(&["fsck", "--meta", &meta, "--grace", "0", "--repair"]);
+    assert_eq!(out.code, Some(1), "{}", out.describe());
+    assert_eq!(count_in(&out.stdout, "missing object"), 1, "{}", out.stdout);
+    assert!(out.stdout.contains("/d/lost"), "{}", out.stdout);
+    assert!(out.stderr.contains("data lost: /d/lost"), "{}", out.stderr);
+    // Nothing to repair there: still reported, and the foreign names are still there.
+    let out = fs.tierfs(&["fsck", "--meta", &meta, "--grace", "0"]);
+    assert_eq!(out.code, Some(1), "{}", out.describe());
+    assert!(fs.target_dir(0).join(".tierfs-target").exists());
+    assert!(fs.target_dir(1).join("objects/0/README").exists());
+
+    // Its own failure (no such database) exits 2, in one line.
+    let bad = format!("sqlite://{}", fs.root().join("nope.db").display());
+    let out = fs.tierfs(&["fsck", "--meta", &bad]);
+    assert_eq!(out.code, Some(2), "{}", out.describe());
+    out.assert_clean_error();
+}
