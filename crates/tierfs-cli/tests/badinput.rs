@@ -363,3 +363,53 @@ fn bad_command_lines() {
     t.tierfs(&["project", "-p", "notanumber", &s(&mnt)])
         .assert_clean_error();
 }
+
+/// The `user.*` extended attributes of `p` (named ones only).
+fn user_xattrs(p: &Path) -> Vec<String> {
+    let c = cstr(p);
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: a valid path and a buffer of the given length.
+    let n = unsafe { libc::listxattr(c.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    assert!(n >= 0, "listxattr {}: errno {}", p.display(), errno());
+    buf.truncate(n as usize);
+    buf.split(|b| *b == 0)
+        .filter(|n| !n.is_empty())
+        .map(|n| String::from_utf8_lossy(n).into_owned())
+        .filter(|n| n.starts_with("user."))
+        .collect()
+}
+
+#[test]
+fn pcc_commands_on_a_file_outside_tierfs() {
+    // Issue 10, item 9: `pcc attach -w` on a file of another filesystem succeeded and left a
+    // `user.tierfs.pcc.attach` attribute on it.
+    let t = bare();
+    let f = t.root().join("not-tierfs.dat");
+    fs::write(&f, b"local data").unwrap();
+    for args in [
+        vec!["pcc", "attach", "-w"],
+        vec!["pcc", "attach", "-r"],
+        vec!["pcc", "attach"],
+        vec!["pcc", "detach"],
+        vec!["pcc", "detach", "--keep"],
+        vec!["pcc", "state"],
+        vec!["pcc", "pin"],
+        vec!["pcc", "unpin"],
+    ] {
+        let mut a: Vec<String> = args.iter().map(|x| x.to_string()).collect();
+        a.push(s(&f));
+        let out = t.tierfs(&a);
+        out.assert_clean_error();
+        assert!(
+            out.stderr.contains("not in a tierfs mount") && out.stderr.contains(&s(&f)),
+            "{args:?}: {}",
+            out.describe()
+        );
+        assert_eq!(
+            user_xattrs(&f),
+            Vec::<String>::new(),
+            "{args:?} left an attribute on a file outside tierfs"
+        );
+    }
+    assert_eq!(fs::read(&f).unwrap(), b"local data");
+}
