@@ -409,7 +409,8 @@ pub fn stats(a: StatsArgs) -> Result<()> {
         mi.client, mi.session, mi.mountpoint
     );
     let rows = parse_prom(&text);
-    let mut ops: BTreeMap<String, (f64, f64, f64)> = BTreeMap::new();
+    // count, errors, misses (normal negative answers such as ENOENT), seconds
+    let mut ops: BTreeMap<String, (f64, f64, f64, f64)> = BTreeMap::new();
     let mut bytes: BTreeMap<String, (f64, f64)> = BTreeMap::new();
     for (name, label, v) in rows {
         let l = label
@@ -419,19 +420,20 @@ pub fn stats(a: StatsArgs) -> Result<()> {
         match name.as_str() {
             "tierfs_fuse_ops_total" => ops.entry(l).or_default().0 = v,
             "tierfs_fuse_errors_total" => ops.entry(l).or_default().1 = v,
-            "tierfs_fuse_op_seconds_sum" => ops.entry(l).or_default().2 = v,
+            "tierfs_fuse_misses_total" => ops.entry(l).or_default().2 = v,
+            "tierfs_fuse_op_seconds_sum" => ops.entry(l).or_default().3 = v,
             "tierfs_target_read_bytes_total" => bytes.entry(l).or_default().0 = v,
             "tierfs_target_written_bytes_total" => bytes.entry(l).or_default().1 = v,
             _ => {}
         }
     }
     println!(
-        "{:<14} {:>12} {:>8} {:>14}",
-        "operation", "count", "errors", "mean latency"
+        "{:<14} {:>12} {:>8} {:>8} {:>14}",
+        "operation", "count", "errors", "misses", "mean latency"
     );
-    for (op, (n, e, s)) in &ops {
+    for (op, (n, e, m, s)) in &ops {
         let mean = if *n > 0.0 { s / n * 1e6 } else { 0.0 };
-        println!("{op:<14} {n:>12} {e:>8} {:>11.1} µs", mean);
+        println!("{op:<14} {n:>12} {e:>8} {m:>8} {:>11.1} µs", mean);
     }
     println!();
     println!("{:<14} {:>14} {:>14}", "target", "read", "written");

@@ -673,6 +673,65 @@ fn df_lists_targets() {
     assert!(out.stdout.lines().count() >= 3, "df -h:\n{}", out.stdout);
 }
 
+/// The `errors` and `misses` columns of `op`'s row in `tierfs stats` output.
+fn stats_row(out: &str, op: &str) -> Option<(f64, Option<f64>)> {
+    let header: Vec<&str> = out
+        .lines()
+        .find(|l| l.starts_with("operation"))?
+        .split_whitespace()
+        .collect();
+    let col = |name: &str| header.iter().position(|h| *h == name);
+    let row: Vec<&str> = out
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(op))?
+        .split_whitespace()
+        .collect();
+    let errors = row.get(col("errors")?)?.parse().ok()?;
+    let misses = col("misses").and_then(|c| row.get(c)?.parse().ok());
+    Some((errors, misses))
+}
+
+#[test]
+fn stats_counts_normal_misses_apart_from_errors() {
+    // Issue 10, item 8: every ENOENT lookup and ENODATA getxattr was counted as an error.
+    let t = TestFs::new(1);
+    fs::write(t.p(0, "present"), b"x").unwrap();
+    for i in 0..20 {
+        assert!(fs::metadata(t.p(0, &format!("absent-{i}"))).is_err());
+    }
+    let c = cstr(&t.p(0, "present"));
+    let name = std::ffi::CString::new("user.nothing-here").unwrap();
+    let mut buf = [0u8; 64];
+    for _ in 0..5 {
+        // SAFETY: valid C strings and a buffer of the given length.
+        let n = unsafe {
+            libc::getxattr(
+                c.as_ptr(),
+                name.as_ptr(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+            )
+        };
+        assert_eq!((n, errno()), (-1, libc::ENODATA));
+    }
+    let out = t.tierfs(&["stats", &t.mnt(0).to_string_lossy()]);
+    out.assert_ok();
+    let (errors, misses) = stats_row(&out.stdout, "lookup").expect("a lookup row");
+    assert_eq!(
+        errors, 0.0,
+        "ENOENT lookups counted as errors:\n{}",
+        out.stdout
+    );
+    assert!(misses.unwrap_or(0.0) >= 20.0, "{}", out.stdout);
+    let (errors, misses) = stats_row(&out.stdout, "getxattr").expect("a getxattr row");
+    assert_eq!(
+        errors, 0.0,
+        "ENODATA getxattr counted as errors:\n{}",
+        out.stdout
+    );
+    assert!(misses.unwrap_or(0.0) >= 5.0, "{}", out.stdout);
+}
+
 #[test]
 fn stats_command_reports_io() {
     let t = TestFs::new(1);
