@@ -732,6 +732,51 @@ fn stats_counts_normal_misses_apart_from_errors() {
     assert!(misses.unwrap_or(0.0) >= 5.0, "{}", out.stdout);
 }
 
+/// The number columns (size, used, available) of the `df` line starting with `label`.
+fn df_numbers(out: &str, label: &str) -> (u64, u64, u64) {
+    let line = out
+        .lines()
+        .find(|l| l.starts_with(label))
+        .unwrap_or_else(|| panic!("no {label} line in df:\n{out}"));
+    let n: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .take(3)
+        .map(|x| x.parse().unwrap_or_else(|_| panic!("{x} in {line}")))
+        .collect();
+    (n[0], n[1], n[2])
+}
+
+#[test]
+fn df_summary_counts_targets_on_one_device_once() {
+    // Issue 10, item 7: two targets in one directory tree (one disk) gave a summary of twice
+    // the disk's size.
+    let t = TestFs::new(1);
+    if !t.cluster.local_targets() {
+        return;
+    }
+    use std::os::unix::fs::MetadataExt;
+    let d0 = fs::metadata(t.target_dir(0)).unwrap().dev();
+    let d1 = fs::metadata(t.target_dir(1)).unwrap().dev();
+    assert_eq!(
+        d0, d1,
+        "both targets of the test filesystem sit on one disk"
+    );
+    write_pattern_file(&t.p(0, "f"), 82, 2 * MIB);
+    let out = t.tierfs(&["df", &t.mnt(0).to_string_lossy()]);
+    out.assert_ok();
+    let (size0, _, _) = df_numbers(&out.stdout, "tierfs-OST0000_UUID");
+    let (size1, _, _) = df_numbers(&out.stdout, "tierfs-OST0001_UUID");
+    let (total, used, avail) = df_numbers(&out.stdout, "filesystem_summary:");
+    assert_eq!(size0, size1, "{}", out.stdout);
+    assert_eq!(
+        total, size0,
+        "the summary counts the one disk under both targets once:\n{}",
+        out.stdout
+    );
+    assert!(avail <= size0 && used >= 2 * MIB / 1024, "{}", out.stdout);
+}
+
 #[test]
 fn stats_command_reports_io() {
     let t = TestFs::new(1);
