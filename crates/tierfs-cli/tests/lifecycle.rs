@@ -336,3 +336,66 @@ fn fsynced_data_survives_daemon_kill() {
     );
     assert!(t.p(1, "d").is_dir(), "directory made before the kill");
 }
+
+#[test]
+fn targets_formatted_before_identity_markers_get_one_at_first_mount() {
+    // Issue 10, item 3: filesystems formatted before targets carried an identity have no
+    // marker; the first mount writes it (with a log line), after which the target is this
+    // filesystem's like any other.
+    let mut t = TestFs::new(0);
+    if !t.cluster.local_targets() {
+        return;
+    }
+    let m = t.mount_with(&ClientOpts {
+        name: "c0".into(),
+        ..Default::default()
+    });
+    fs::write(t.p(m, "old"), vec![7u8; 300 << 10]).unwrap();
+    t.umount(m);
+    let dirs = [t.target_dir(0), t.target_dir(1)];
+    let marker = |i: usize| dirs[i].join(".tierfs-target");
+    let before = fs::read_to_string(marker(0)).expect("format writes a marker");
+    // what an older tierfs left: no markers, target 1 never written to
+    fs::remove_file(marker(0)).unwrap();
+    fs::remove_file(marker(1)).unwrap();
+    assert!(dirs[0].join("objects").exists() || dirs[1].join("objects").exists());
+    let m = t.mount_with(&ClientOpts {
+        name: "c1".into(),
+        ..Default::default()
+    });
+    assert_eq!(fs::read(t.p(m, "old")).unwrap(), vec![7u8; 300 << 10]);
+    let after = fs::read_to_string(marker(0)).expect("the mount writes the marker back");
+    let field = |text: &str, k: &str| {
+        text.lines()
+            .find(|l| l.starts_with(&format!("{k} =")))
+            .map(str::to_string)
+    };
+    assert_eq!(field(&before, "fs_uuid"), field(&after, "fs_uuid"));
+    assert_eq!(field(&after, "target").as_deref(), Some("target = 0"));
+    let one = fs::read_to_string(marker(1)).unwrap();
+    assert_eq!(field(&one, "target").as_deref(), Some("target = 1"));
+    let log = fs::read_to_string(t.log_path("c1")).unwrap_or_default();
+    assert!(
+        log.contains("had no identity marker"),
+        "no log line about the marker: {log}"
+    );
+    t.umount(m);
+    // now another filesystem cannot take it
+    let other = format!("sqlite://{}", t.root().join("other.db").display());
+    let out = t.tierfs(&["format", "--meta", &other, "--target", &t.target_url(1)]);
+    out.assert_clean_error();
+    assert!(
+        out.stderr.contains("belongs to filesystem"),
+        "{}",
+        out.describe()
+    );
+    // a marker-less target holding foreign files is not taken at mount
+    fs::remove_file(marker(1)).unwrap();
+    fs::write(t.target_dir(1).join("stray.txt"), b"not tierfs").unwrap();
+    let mnt = t.root().join("mnt-x");
+    fs::create_dir(&mnt).unwrap();
+    let out = t.tierfs(&["mount", "--meta", &t.meta_url(), &mnt.to_string_lossy()]);
+    out.assert_clean_error();
+    assert!(out.stderr.contains("stray.txt"), "{}", out.describe());
+    assert!(!marker(1).exists());
+}

@@ -157,6 +157,34 @@ mod nix_signals {
     }
 }
 
+/// Refuses a target that belongs to another filesystem (or is another target of this one);
+/// gives a target formatted before identity markers existed its marker now.
+pub fn check_targets(
+    targets: &TargetSet,
+    info: &tierfs_meta::FsInfo,
+) -> Result<(), tierfs_store::StoreError> {
+    use tierfs_store::identity::{self, Checked};
+    for t in targets.all() {
+        match identity::check(&t.spec, &info.uuid, &info.name, t.id)? {
+            Checked::Ok => {}
+            Checked::Adopted { had_objects } => tracing::warn!(
+                "storage target {} had no identity marker (formatted by an older tierfs{}): \
+                 marked as target {} of filesystem '{}' ({})",
+                t.spec.url,
+                if had_objects {
+                    ", holding objects"
+                } else {
+                    ", empty"
+                },
+                t.id,
+                info.name,
+                info.uuid
+            ),
+        }
+    }
+    Ok(())
+}
+
 /// Mounts and serves until unmounted. `ready` is called once the mount is up (or failed).
 pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Result<(), DaemonError> {
     let sigs = block_signals();
@@ -170,6 +198,7 @@ pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Resul
         .map(|t| (t.id, t.url, t.capacity))
         .collect();
     let targets = Arc::new(TargetSet::open(&tlist)?);
+    check_targets(&targets, &info)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .max_blocking_threads(32)
