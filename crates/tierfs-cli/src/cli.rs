@@ -112,7 +112,9 @@ pub struct FormatArgs {
     /// Filesystem name, as a positional argument (same as --name).
     #[arg(value_name = "NAME", conflicts_with = "name")]
     pub fs_name: Option<String>,
-    /// Format even if the database or targets already hold a filesystem (destroys it).
+    /// Format even if the database already holds a filesystem: destroys it and the data on its
+    /// targets. A target that belongs to another filesystem (its .tierfs-target marker names
+    /// another uuid) is refused even so.
     #[arg(long)]
     pub force: bool,
 }
