@@ -397,14 +397,37 @@ fn print_status(engine: Arc<dyn MetaEngine>) -> Result<()> {
         };
         println!("  OST{id:04x}  {url}  used {} of {of}", human(used));
     }
-    let sessions = engine.sessions()?;
-    println!("clients:    {} mounted", sessions.len());
-    let now = now_nanos();
-    for s in sessions {
+    use tierfs_client::liveness::{state, Liveness};
+    let sessions: Vec<_> = engine
+        .sessions()?
+        .into_iter()
+        .map(|s| {
+            let l = state(&s);
+            (s, l)
+        })
+        .collect();
+    let gone = sessions
+        .iter()
+        .filter(|(_, l)| matches!(l, Liveness::Gone(_)))
+        .count();
+    if gone > 0 {
         println!(
-            "  {:<16} host {} pid {} at {}  (session {}, heartbeat {:.1}s ago, v{})",
+            "clients:    {} mounted, {gone} dead (session not yet ended)",
+            sessions.len() - gone
+        );
+    } else {
+        println!("clients:    {} mounted", sessions.len());
+    }
+    let now = now_nanos();
+    for (s, l) in sessions {
+        let dead = match l {
+            Liveness::Gone(why) => format!("  DEAD: {why}"),
+            _ => String::new(),
+        };
+        println!(
+            "  {:<16} host {} pid {} at {}  (session {}, heartbeat {:.1}s ago, v{}){dead}",
             s.client_name,
-            s.host,
+            s.host_name(),
             s.pid,
             s.mountpoint,
             s.id,

@@ -126,7 +126,8 @@ pub struct MountArgs {
     pub meta: String,
     /// Where to mount.
     pub mountpoint: PathBuf,
-    /// Name of this client (default: the host name); `tierfs status` lists it.
+    /// Name of this client (default: the host name); `tierfs status` lists it. A name is
+    /// mounted once at a time: a second mount of a live client's name is refused.
     #[arg(long)]
     pub client_name: Option<String>,
     /// Stay in the foreground instead of returning once mounted.
