@@ -442,6 +442,7 @@ fn format_refuses_one_target_listed_twice() {
     let t = bare();
     let r = t.root();
     let meta = t.meta_url();
+    let sqlite = |name: &str| format!("sqlite://{}", r.join(name).display());
     fs::create_dir(r.join("ost0")).unwrap();
     std::os::unix::fs::symlink(r.join("ost0"), r.join("alias")).unwrap();
     let ost0 = file_url(&r.join("ost0"));
@@ -468,7 +469,7 @@ fn format_refuses_one_target_listed_twice() {
     out.assert_ok();
     let out = format_on(
         &t,
-        &t.meta_url().replace("meta.db", "m2.db"),
+        &sqlite("m2.db"),
         &[file_url(&r.join("o1")), file_url(&r.join("o1/inner"))],
         &[],
     );
@@ -476,7 +477,7 @@ fn format_refuses_one_target_listed_twice() {
     // S3 spellings of one bucket and prefix (refused before any request is made)
     let out = format_on(
         &t,
-        &t.meta_url().replace("meta.db", "m3.db"),
+        &sqlite("m3.db"),
         &[
             "s3://bkt/p/?endpoint=http://127.0.0.1:9".into(),
             "s3://bkt/p?endpoint=http://127.0.0.1:9/&region=x".into(),
@@ -486,9 +487,7 @@ fn format_refuses_one_target_listed_twice() {
     assert_error_says(&out, "listed twice");
     for m in ["m2.db", "m3.db"] {
         assert!(
-            t.tierfs(&["status", "--meta", &t.meta_url().replace("meta.db", m)])
-                .code
-                != Some(0),
+            t.tierfs(&["status", "--meta", &sqlite(m)]).code != Some(0),
             "a refused format left a filesystem in {m}"
         );
     }
