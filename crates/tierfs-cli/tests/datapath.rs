@@ -673,6 +673,110 @@ fn df_lists_targets() {
     assert!(out.stdout.lines().count() >= 3, "df -h:\n{}", out.stdout);
 }
 
+/// The `errors` and `misses` columns of `op`'s row in `tierfs stats` output.
+fn stats_row(out: &str, op: &str) -> Option<(f64, Option<f64>)> {
+    let header: Vec<&str> = out
+        .lines()
+        .find(|l| l.starts_with("operation"))?
+        .split_whitespace()
+        .collect();
+    let col = |name: &str| header.iter().position(|h| *h == name);
+    let row: Vec<&str> = out
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(op))?
+        .split_whitespace()
+        .collect();
+    let errors = row.get(col("errors")?)?.parse().ok()?;
+    let misses = col("misses").and_then(|c| row.get(c)?.parse().ok());
+    Some((errors, misses))
+}
+
+#[test]
+fn stats_counts_normal_misses_apart_from_errors() {
+    // Issue 10, item 8: every ENOENT lookup and ENODATA getxattr was counted as an error.
+    let t = TestFs::new(1);
+    fs::write(t.p(0, "present"), b"x").unwrap();
+    for i in 0..20 {
+        assert!(fs::metadata(t.p(0, &format!("absent-{i}"))).is_err());
+    }
+    let c = cstr(&t.p(0, "present"));
+    let name = std::ffi::CString::new("user.nothing-here").unwrap();
+    let mut buf = [0u8; 64];
+    for _ in 0..5 {
+        // SAFETY: valid C strings and a buffer of the given length.
+        let n = unsafe {
+            libc::getxattr(
+                c.as_ptr(),
+                name.as_ptr(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+            )
+        };
+        assert_eq!((n, errno()), (-1, libc::ENODATA));
+    }
+    let out = t.tierfs(&["stats", &t.mnt(0).to_string_lossy()]);
+    out.assert_ok();
+    let (errors, misses) = stats_row(&out.stdout, "lookup").expect("a lookup row");
+    assert_eq!(
+        errors, 0.0,
+        "ENOENT lookups counted as errors:\n{}",
+        out.stdout
+    );
+    assert!(misses.unwrap_or(0.0) >= 20.0, "{}", out.stdout);
+    let (errors, misses) = stats_row(&out.stdout, "getxattr").expect("a getxattr row");
+    assert_eq!(
+        errors, 0.0,
+        "ENODATA getxattr counted as errors:\n{}",
+        out.stdout
+    );
+    assert!(misses.unwrap_or(0.0) >= 5.0, "{}", out.stdout);
+}
+
+/// The number columns (size, used, available) of the `df` line starting with `label`.
+fn df_numbers(out: &str, label: &str) -> (u64, u64, u64) {
+    let line = out
+        .lines()
+        .find(|l| l.starts_with(label))
+        .unwrap_or_else(|| panic!("no {label} line in df:\n{out}"));
+    let n: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .take(3)
+        .map(|x| x.parse().unwrap_or_else(|_| panic!("{x} in {line}")))
+        .collect();
+    (n[0], n[1], n[2])
+}
+
+#[test]
+fn df_summary_counts_targets_on_one_device_once() {
+    // Issue 10, item 7: two targets in one directory tree (one disk) gave a summary of twice
+    // the disk's size.
+    let t = TestFs::new(1);
+    if !t.cluster.local_targets() {
+        return;
+    }
+    use std::os::unix::fs::MetadataExt;
+    let d0 = fs::metadata(t.target_dir(0)).unwrap().dev();
+    let d1 = fs::metadata(t.target_dir(1)).unwrap().dev();
+    assert_eq!(
+        d0, d1,
+        "both targets of the test filesystem sit on one disk"
+    );
+    write_pattern_file(&t.p(0, "f"), 82, 2 * MIB);
+    let out = t.tierfs(&["df", &t.mnt(0).to_string_lossy()]);
+    out.assert_ok();
+    let (size0, _, _) = df_numbers(&out.stdout, "tierfs-OST0000_UUID");
+    let (size1, _, _) = df_numbers(&out.stdout, "tierfs-OST0001_UUID");
+    let (total, used, avail) = df_numbers(&out.stdout, "filesystem_summary:");
+    assert_eq!(size0, size1, "{}", out.stdout);
+    assert_eq!(
+        total, size0,
+        "the summary counts the one disk under both targets once:\n{}",
+        out.stdout
+    );
+    assert!(avail <= size0 && used >= 2 * MIB / 1024, "{}", out.stdout);
+}
+
 #[test]
 fn stats_command_reports_io() {
     let t = TestFs::new(1);

@@ -257,7 +257,7 @@ impl TierFs {
     fn run<T>(&self, op: &'static str, f: impl FnOnce() -> Result<T>) -> Result<T> {
         let t = Instant::now();
         let r = f();
-        self.metrics.op(op, t, r.is_ok());
+        self.metrics.op(op, t, r.as_ref().err().map(|e| e.errno()));
         if let Err(e) = &r {
             let n = e.errno();
             if n == libc::EIO || n == libc::ENOSPC {

@@ -8,6 +8,7 @@
 //! - [`pcc`]: the persistent client cache as this client runs it.
 //! - [`lease`]: recalling another client's RW-PCC lease before an open or truncate (every
 //!   client, with a cache or not).
+//! - [`liveness`]: whether a session's daemon still runs, when it ran on this machine.
 //! - [`recall`]: the thread that gives RW-PCC leases back on request (notified or polling).
 
 pub mod config;
@@ -16,6 +17,7 @@ pub mod data;
 pub mod error;
 pub mod fs;
 pub mod lease;
+pub mod liveness;
 pub mod metrics;
 pub mod pcc;
 pub mod recall;

@@ -587,6 +587,49 @@ fn sessions_and_reaping(e: &dyn MetaEngine) {
     e.unregister_session(a).unwrap();
     assert!(e.sessions().unwrap().is_empty());
     assert!(matches!(e.heartbeat(a), Err(MetaError::NotFound)));
+
+    // A client name is held by its live session; a stale or ended one frees it.
+    let second = 1_000_000_000;
+    let u = SessionInfo {
+        client_name: "u".into(),
+        host: "h#boot:pidns:1".into(),
+        ..s.clone()
+    };
+    let x = e.register_session_unique(&u, second).unwrap();
+    let held = e.register_session_unique(&u, second).unwrap_err();
+    assert!(
+        matches!(&held, MetaError::ClientNameInUse(m) if m.contains("'u'") && m.contains("host h,")),
+        "{held}"
+    );
+    assert_eq!(held.errno(), libc::EBUSY);
+    // another name is free
+    let other = e
+        .register_session_unique(
+            &SessionInfo {
+                client_name: "v".into(),
+                ..u.clone()
+            },
+            second,
+        )
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(30));
+    // x's heartbeat is older than 10 ms: stale, the name may be taken
+    let y = e.register_session_unique(&u, 10_000_000).unwrap();
+    for id in [x, y, other] {
+        e.unregister_session(id).unwrap();
+    }
+    // mounts of one name at once: exactly one wins
+    let won: Vec<u64> = std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..4)
+            .map(|_| sc.spawn(|| e.register_session_unique(&u, second)))
+            .collect();
+        hs.into_iter()
+            .filter_map(|h| h.join().unwrap().ok())
+            .collect()
+    });
+    assert_eq!(won.len(), 1, "one of four concurrent registrations of 'u'");
+    e.unregister_session(won[0]).unwrap();
+    assert!(e.sessions().unwrap().is_empty());
 }
 
 /// What `tierfs fsck` and `tierfs gc` ask of an engine: object references, the id counter,

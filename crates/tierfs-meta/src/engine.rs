@@ -169,6 +169,10 @@ pub trait MetaEngine: Send + Sync {
 
     // ---- sessions and open files ----
     fn register_session(&self, s: &SessionInfo) -> Result<u64>;
+    /// Registers a session unless another session of the same client name heartbeated within
+    /// `timeout_ns` ([`MetaError::ClientNameInUse`]); the check and the insert are one
+    /// transaction, so two mounts of one name at once cannot both succeed.
+    fn register_session_unique(&self, s: &SessionInfo, timeout_ns: i64) -> Result<u64>;
     fn heartbeat(&self, session: u64) -> Result<()>;
     fn unregister_session(&self, session: u64) -> Result<()>;
     fn sessions(&self) -> Result<Vec<SessionInfo>>;

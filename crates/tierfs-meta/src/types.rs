@@ -268,6 +268,37 @@ pub struct SessionInfo {
     pub heartbeat: Nanos,
 }
 
+/// Separates the host name from the process identity in a session's `host` column.
+pub const HOST_ID_SEP: char = '#';
+
+impl SessionInfo {
+    /// The host name (the `host` column also carries the process's identity after
+    /// [`HOST_ID_SEP`]: `name#<boot id>:<pid namespace>:<start time>`, see
+    /// `tierfs_client::liveness`).
+    pub fn host_name(&self) -> &str {
+        self.host
+            .split_once(HOST_ID_SEP)
+            .map(|(h, _)| h)
+            .unwrap_or(&self.host)
+    }
+
+    /// The process identity recorded after the host name, if any.
+    pub fn process_id(&self) -> Option<&str> {
+        self.host.split_once(HOST_ID_SEP).map(|(_, p)| p)
+    }
+
+    /// "session N on host H, pid P, at M", for messages.
+    pub fn describe(&self) -> String {
+        format!(
+            "session {} on host {}, pid {}, at {}",
+            self.id,
+            self.host_name(),
+            self.pid,
+            self.mountpoint
+        )
+    }
+}
+
 /// Usage counters for statfs/df.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Usage {

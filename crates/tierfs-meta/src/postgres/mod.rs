@@ -1087,6 +1087,19 @@ impl Listener for PgListener {
     }
 }
 
+fn session_from_row(r: &Row) -> SessionInfo {
+    SessionInfo {
+        id: r.get::<_, i64>(0) as u64,
+        client_name: r.get(1),
+        host: r.get(2),
+        pid: r.get::<_, i64>(3) as u32,
+        mountpoint: r.get(4),
+        version: r.get(5),
+        started: r.get(6),
+        heartbeat: r.get(7),
+    }
+}
+
 impl MetaEngine for PgEngine {
     fn export_rows(&self, sink: &mut dyn FnMut(DumpRow) -> Result<()>) -> Result<()> {
         let rows = self.write(dump::export)?;
@@ -2216,6 +2229,41 @@ impl MetaEngine for PgEngine {
         })
     }
 
+    fn register_session_unique(&self, s: &SessionInfo, timeout_ns: i64) -> Result<u64> {
+        self.write(|c| {
+            // READ COMMITTED (allowed before the first query): the check after the lock sees
+            // a session another mount of the same name committed while this one waited.
+            c.batch("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")?;
+            let key = format!("tierfs client name {}", s.client_name);
+            c.query("SELECT pg_advisory_xact_lock(hashtext($1))", &[&key])?;
+            let now = now_nanos();
+            let live = c.query(
+                "SELECT id, client_name, host, pid, mountpoint, version, started, heartbeat \
+                 FROM sessions WHERE client_name = $1 AND heartbeat >= $2 ORDER BY id LIMIT 1",
+                &[&s.client_name, &(now - timeout_ns)],
+            )?;
+            if let Some(r) = live.first() {
+                return Err(MetaError::ClientNameInUse(format!(
+                    "'{}' is already mounted ({}); unmount it first, or mount with another --client-name",
+                    s.client_name,
+                    session_from_row(r).describe()
+                )));
+            }
+            Ok(c.i64(
+                "INSERT INTO sessions (client_name, host, pid, mountpoint, version, started, heartbeat) \
+                 VALUES ($1,$2,$3,$4,$5,$6,$6) RETURNING id",
+                &[
+                    &s.client_name,
+                    &s.host,
+                    &(s.pid as i64),
+                    &s.mountpoint,
+                    &s.version,
+                    &now,
+                ],
+            )? as u64)
+        })
+    }
+
     fn heartbeat(&self, session: u64) -> Result<()> {
         self.write(|c| {
             let n = c.exec(
@@ -2241,16 +2289,7 @@ impl MetaEngine for PgEngine {
                 &[],
             )?
             .iter()
-            .map(|r| SessionInfo {
-                id: r.get::<_, i64>(0) as u64,
-                client_name: r.get(1),
-                host: r.get(2),
-                pid: r.get::<_, i64>(3) as u32,
-                mountpoint: r.get(4),
-                version: r.get(5),
-                started: r.get(6),
-                heartbeat: r.get(7),
-            })
+            .map(session_from_row)
             .collect())
         })
     }

@@ -1806,6 +1806,33 @@ impl MetaEngine for SqliteEngine {
         })
     }
 
+    fn register_session_unique(&self, s: &SessionInfo, timeout_ns: i64) -> Result<u64> {
+        self.write(|tx| {
+            let now = now_nanos();
+            let live = {
+                let mut st = tx.prepare_cached(
+                    "SELECT id, client_name, host, pid, mountpoint, version, started, heartbeat \
+                     FROM sessions WHERE client_name = ?1 AND heartbeat >= ?2 ORDER BY id LIMIT 1",
+                )?;
+                let mut rows = st.query_map(params![s.client_name, now - timeout_ns], session_from_row)?;
+                rows.next().transpose()?
+            };
+            if let Some(l) = live {
+                return Err(MetaError::ClientNameInUse(format!(
+                    "'{}' is already mounted ({}); unmount it first, or mount with another --client-name",
+                    s.client_name,
+                    l.describe()
+                )));
+            }
+            tx.execute(
+                "INSERT INTO sessions (client_name, host, pid, mountpoint, version, started, heartbeat) \
+                 VALUES (?1,?2,?3,?4,?5,?6,?6)",
+                params![s.client_name, s.host, s.pid as i64, s.mountpoint, s.version, now],
+            )?;
+            Ok(tx.last_insert_rowid() as u64)
+        })
+    }
+
     fn heartbeat(&self, session: u64) -> Result<()> {
         self.write(|tx| {
             let n = tx.execute(
@@ -1828,18 +1855,7 @@ impl MetaEngine for SqliteEngine {
             let mut st = c.prepare_cached(
                 "SELECT id, client_name, host, pid, mountpoint, version, started, heartbeat FROM sessions ORDER BY id",
             )?;
-            let rows = st.query_map([], |r| {
-                Ok(SessionInfo {
-                    id: r.get::<_, i64>(0)? as u64,
-                    client_name: r.get(1)?,
-                    host: r.get(2)?,
-                    pid: r.get::<_, i64>(3)? as u32,
-                    mountpoint: r.get(4)?,
-                    version: r.get(5)?,
-                    started: r.get(6)?,
-                    heartbeat: r.get(7)?,
-                })
-            })?;
+            let rows = st.query_map([], session_from_row)?;
             Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
         })
     }
@@ -2262,6 +2278,19 @@ const UNHELD: &str =
      AND NOT EXISTS (SELECT 1 FROM dentries d WHERE d.ino = i.ino)";
 
 /// Removes a session with its open files (purging orphans it was the last to hold) and locks.
+fn session_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<SessionInfo> {
+    Ok(SessionInfo {
+        id: r.get::<_, i64>(0)? as u64,
+        client_name: r.get(1)?,
+        host: r.get(2)?,
+        pid: r.get::<_, i64>(3)? as u32,
+        mountpoint: r.get(4)?,
+        version: r.get(5)?,
+        started: r.get(6)?,
+        heartbeat: r.get(7)?,
+    })
+}
+
 fn end_session(c: &Connection, session: u64) -> Result<()> {
     let inos: Vec<i64> = {
         let mut st = c.prepare_cached("SELECT ino FROM open_files WHERE session = ?1")?;
