@@ -144,15 +144,31 @@ fn ino_errno(e: &ClientError) -> Errno {
     }
 }
 
-/// Mode bits after a write, truncate or chown that must drop privileges: setuid goes, setgid
-/// goes where it means "set group id on execution" (group-executable).
-fn kill_suid_sgid(perm: u32) -> u32 {
-    let sgid_exec = libc::S_ISGID | libc::S_IXGRP;
+/// Mode bits after a write, truncate or chown that must drop privileges (the kernel's
+/// `setattr_should_drop_suidgid`): setuid goes; setgid goes where it means "set group id on
+/// execution" (group-executable), or when the caller is neither in the file's group nor root.
+fn kill_suid_sgid(perm: u32, in_group: bool) -> u32 {
     let mut p = perm & !libc::S_ISUID;
-    if perm & sgid_exec == sgid_exec {
+    if perm & libc::S_ISGID != 0 && (perm & libc::S_IXGRP != 0 || !in_group) {
         p &= !libc::S_ISGID;
     }
     p
+}
+
+/// Whether the caller of `req` is root or a member of group `gid` (its primary group, or a
+/// supplementary group as /proc lists them; FUSE passes only the primary one).
+fn in_group_or_root(req: &Request, gid: u32) -> bool {
+    if req.uid() == 0 || req.gid() == gid {
+        return true;
+    }
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{}/status", req.pid())) else {
+        return false;
+    };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Groups:"))
+        .map(|g| g.split_whitespace().any(|x| x.parse() == Ok(gid)))
+        .unwrap_or(false)
 }
 
 fn time_set(t: TimeOrNow) -> TimeSet {
@@ -369,6 +385,9 @@ impl TierFs {
 
     /// Opens a handle served from the cache: through kernel passthrough when it was negotiated
     /// and the kernel takes the backing file, else by the daemon from the cache file.
+    ///
+    /// A writer of a setuid or setgid file is served by the daemon (direct I/O): a write
+    /// through passthrough never reaches it, so it could not drop those bits as Linux does.
     fn open_cached(
         &self,
         reply: &dyn BackingReply,
@@ -376,13 +395,18 @@ impl TierFs {
         flags: i32,
         served: Served,
         recorded: bool,
-    ) -> Result<(u64, Option<Arc<BackingId>>)> {
+    ) -> Result<(u64, FopenFlags, Option<Arc<BackingId>>)> {
         if !recorded {
             self.meta.open_file(self.session, attr.ino)?;
         }
         let write = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        let privileged = write && attr.perm & (libc::S_ISUID | libc::S_ISGID) != 0;
         let mut backing = None;
-        if self.passthrough.load(Ordering::Relaxed) {
+        let mut fl = FopenFlags::empty();
+        if privileged {
+            // direct I/O: no page cache, so it may sit beside passthrough handles of the file
+            fl |= FopenFlags::FOPEN_DIRECT_IO;
+        } else if self.passthrough.load(Ordering::Relaxed) {
             let mut g = self.backing.lock();
             if let Some((id, n)) = g.get_mut(&attr.ino) {
                 *n += 1;
@@ -408,7 +432,7 @@ impl TierFs {
                 passthrough: backing.is_some(),
             }),
         });
-        Ok((fh, backing))
+        Ok((fh, fl, backing))
     }
 
     fn lock_range(&self, owner: LockOwner, start: u64, end: u64, typ: i32, pid: u32) -> LockRange {
@@ -543,13 +567,19 @@ impl Filesystem for TierFs {
         let r = self.run("setattr", || {
             let mut size = size;
             let mut mode = mode;
-            // The kernel leaves clearing setuid/setgid to us (FUSE_HANDLE_KILLPRIV_V2): a chown
-            // clears them (Linux does, for root too), and so does a truncate by anyone but root.
+            // The kernel leaves clearing setuid/setgid to us (FUSE_HANDLE_KILLPRIV_V2), by its
+            // rules (fs/attr.c): a chown of anything but a directory clears them (setuid for
+            // root too), and so does a truncate of a regular file by anyone but root.
             let chown = uid.is_some() || gid.is_some();
             if mode.is_none() && (chown || (size.is_some() && req.uid() != 0)) {
                 let a = self.meta.getattr(ino.0)?;
-                if a.kind == Kind::File {
-                    let killed = kill_suid_sgid(a.perm);
+                let applies = if chown {
+                    a.kind != Kind::Dir
+                } else {
+                    a.kind == Kind::File
+                };
+                if applies {
+                    let killed = kill_suid_sgid(a.perm, in_group_or_root(req, a.gid));
                     if killed != a.perm {
                         mode = Some(killed);
                     }
@@ -785,8 +815,9 @@ impl Filesystem for TierFs {
             if let Some(pcc) = &self.pcc {
                 let name = self.names.lock().get(&ino.0).cloned();
                 if let Some(served) = pcc.on_open(&a, own.as_ref(), name.as_deref(), flags.0)? {
-                    let (fh, backing) = self.open_cached(&reply, &a, flags.0, served, false)?;
-                    return Ok((fh, FopenFlags::empty(), backing));
+                    let (fh, fl, backing) =
+                        self.open_cached(&reply, &a, flags.0, served, false)?;
+                    return Ok((fh, fl, backing));
                 }
             }
             let (fh, fl) = self.open_file(&a, flags.0, false)?;
@@ -816,8 +847,8 @@ impl Filesystem for TierFs {
             if let Some(pcc) = &self.pcc {
                 self.remember_name(&a, name);
                 if let Some(served) = pcc.on_create(&a, name.as_bytes(), flags)? {
-                    let (fh, backing) = self.open_cached(&reply, &a, flags, served, true)?;
-                    return Ok((a, fh, FopenFlags::empty(), backing));
+                    let (fh, fl, backing) = self.open_cached(&reply, &a, flags, served, true)?;
+                    return Ok((a, fh, fl, backing));
                 }
             }
             let (fh, fl) = self.open_file(&a, flags, true)?;
@@ -905,7 +936,7 @@ impl Filesystem for TierFs {
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -929,13 +960,18 @@ impl Filesystem for TierFs {
                 // An unprivileged write (the kernel says so: FUSE_HANDLE_KILLPRIV_V2) drops
                 // setuid, and setgid on group-executables.
                 let a = self.meta.getattr(ino.0)?;
-                let perm = kill_suid_sgid(a.perm);
+                let perm = kill_suid_sgid(a.perm, in_group_or_root(req, a.gid));
                 if perm != a.perm {
                     let set = SetAttr {
                         perm: Some(perm),
                         ..Default::default()
                     };
                     self.meta.setattr(ino.0, &set)?;
+                    // The kernel keeps the old mode cached for the attribute TTL (a write only
+                    // makes it refetch size and times): make the writer's next stat ask us.
+                    if let Some(n) = self.notifier.get() {
+                        let _ = n.inval_inode(INodeNo(ino.0), -1, 0);
+                    }
                 }
             }
             if let Some(c) = &h.cache {
@@ -1334,6 +1370,12 @@ impl Filesystem for TierFs {
         reply: ReplyEmpty,
     ) {
         let r = self.run("fallocate", || {
+            if let Some(pcc) = &self.pcc {
+                if pcc.local_attr(ino.0).is_some() {
+                    // RW-cached here: the cache file holds the data and the size.
+                    return pcc.fallocate_local(ino.0, mode, offset, length);
+                }
+            }
             let keep = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
             let punch = mode & libc::FALLOC_FL_PUNCH_HOLE != 0;
             let known = libc::FALLOC_FL_KEEP_SIZE | libc::FALLOC_FL_PUNCH_HOLE;

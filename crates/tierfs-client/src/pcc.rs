@@ -796,6 +796,27 @@ impl Pcc {
         Ok(())
     }
 
+    /// fallocate(2) of a file RW-cached here: applied to the cache file (which holds the data
+    /// and the size), then reported like any change of size.
+    pub fn fallocate_local(&self, ino: Ino, mode: i32, offset: u64, length: u64) -> Result<()> {
+        use std::os::fd::AsRawFd;
+        let f = self.store.open_data(ino, true).map_err(Self::cache_err)?;
+        let (Ok(off), Ok(len)) = (i64::try_from(offset), i64::try_from(length)) else {
+            return Err(ClientError::Errno("fallocate range too large", libc::EFBIG));
+        };
+        // SAFETY: a plain system call on a descriptor we own.
+        if unsafe { libc::fallocate(f.as_raw_fd(), mode, off, len) } != 0 {
+            let e = std::io::Error::last_os_error();
+            return Err(ClientError::Failed(
+                format!("cache file: fallocate: {e}"),
+                e.raw_os_error().unwrap_or(libc::EIO),
+            ));
+        }
+        self.store.note_size(ino);
+        self.report(ino, true)?;
+        Ok(())
+    }
+
     /// At the close of a handle served from the cache.
     pub fn on_close(&self, ino: Ino, wrote: bool) -> Result<()> {
         // Report before this handle stops counting as a writer: a recall waits for writers.
