@@ -1832,6 +1832,203 @@ fn write_by_non_root_clears_setuid() {
     );
 }
 
+/// The kernel's rules for chown (fs/attr.c: notify_change with ATTR_KILL_SUID|ATTR_KILL_SGID for
+/// every non-directory): setuid goes; setgid goes when group-executable or when the caller is
+/// neither in the file's (old) group nor root. Directories keep both. Checked against ext4.
+#[test]
+fn chown_drops_setuid_setgid_by_the_kernel_rules() {
+    let t = TestFs::new(1);
+    let w = world_dir(&t, "w");
+    let kinds: [(&str, u32); 5] = [
+        ("file", libc::S_IFREG),
+        ("fifo", libc::S_IFIFO),
+        ("sock", libc::S_IFSOCK),
+        ("chr", libc::S_IFCHR),
+        ("dir", libc::S_IFDIR),
+    ];
+    for (name, kind) in kinds {
+        let p = w.join(name);
+        if kind == libc::S_IFDIR {
+            mkdir(&p, 0o755).unwrap();
+        } else {
+            mknod(&p, kind | 0o644).unwrap();
+        }
+        chown(&p, U1, G1).unwrap();
+        chmod(&p, 0o6555).unwrap();
+        assert_eq!(mode_of(&p) & 0o7777, 0o6555, "{name}: chmod 06555");
+    }
+    let w1 = w.clone();
+    as_user(&Cred::new(U1, U1).groups(&[G1, G2]), move || {
+        for (name, _) in kinds {
+            chown(&w1.join(name), U1, G2).expect("chgrp by the owner");
+        }
+    });
+    for (name, kind) in kinds {
+        let want = if kind == libc::S_IFDIR { 0o6555 } else { 0o555 };
+        let st = lstat(&w.join(name)).unwrap();
+        assert_eq!(
+            (st.st_mode & 0o7777, st.st_uid, st.st_gid),
+            (want, U1, G2),
+            "{name}: chown by its non-root owner (Linux gives {want:o})"
+        );
+    }
+    // setgid without group-execute: kept for root, and for an owner in the file's group;
+    // dropped for an owner outside it.
+    let f = w.join("sgid");
+    fs::write(&f, b"x").unwrap();
+    chmod(&f, 0o6745).unwrap();
+    chown(&f, U1, G2).unwrap();
+    assert_eq!(mode_of(&f) & 0o7777, 0o2745, "root: setuid dropped, setgid kept");
+    let f1 = f.clone();
+    as_user(&Cred::new(U1, U1).groups(&[G1]), move || {
+        chown(&f1, U1, G1).expect("chgrp by the owner");
+    });
+    assert_eq!(
+        mode_of(&f) & 0o7777,
+        0o745,
+        "owner outside the file's group: setgid dropped"
+    );
+}
+
+/// The mode by statx(STATX_MODE), as `stat -c %a` asks: the kernel answers from its cache
+/// unless it knows the mode changed.
+fn statx_mode(p: &Path) -> u32 {
+    let c = cstr(p);
+    let mut st: libc::statx = unsafe { std::mem::zeroed() };
+    io_res(unsafe {
+        libc::statx(
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+            libc::STATX_MODE,
+            &mut st,
+        )
+    })
+    .unwrap();
+    st.stx_mode as u32 & 0o7777
+}
+
+/// A write that drops setuid is seen by the writer's very next stat, not after the attribute
+/// TTL (the kernel caches the mode; a write only makes it refetch size and times).
+#[test]
+fn writer_sees_setuid_dropped_at_once() {
+    let t = TestFs::new(1);
+    let w = world_dir(&t, "w");
+    for name in ["pwrite", "append"] {
+        let f = w.join(name);
+        fs::File::create(&f).unwrap();
+        chown(&f, U1, U1).unwrap();
+        chmod(&f, 0o6777).unwrap();
+    }
+    let w1 = w.clone();
+    as_user(&Cred::new(U1, U1), move || {
+        for name in ["pwrite", "append"] {
+            let p = w1.join(name);
+            let mut f = fs::OpenOptions::new()
+                .write(true)
+                .append(name == "append")
+                .open(&p)
+                .unwrap();
+            // the kernel has the mode cached now
+            assert_eq!(fstat(f.as_raw_fd()).unwrap().st_mode & 0o7777, 0o6777);
+            if name == "append" {
+                f.write_all(b"echo\n").unwrap();
+            } else {
+                f.write_all_at(b"echo\n", 10).unwrap();
+            }
+            assert_eq!(
+                statx_mode(&p),
+                0o777,
+                "{name}: the writer's statx(STATX_MODE) right after its write"
+            );
+        }
+    });
+}
+
+/// A mount whose every new file is RW-cached (an `rw` rule matching all names).
+fn all_rw_pcc(limit_secs: u64) -> TestFs {
+    let mut t = TestFs::with(Opts {
+        clients: 0,
+        timeout: Duration::from_secs(limit_secs),
+        ..Opts::default()
+    });
+    let meta = t.meta_url();
+    t.tierfs(&[
+        "pcc", "rule", "add", "--mode", "rw", "fname={*}", "--meta", &meta,
+    ])
+    .assert_ok();
+    let o = ClientOpts {
+        name: "c0".into(),
+        cache_dir: Some(t.root().join("cache0")),
+        cache_size: Some("1G".into()),
+        ..Default::default()
+    };
+    t.mount_with(&o);
+    t
+}
+
+fn assert_rw_cached(t: &TestFs, p: &Path) {
+    let out = t.tierfs(&["pcc", "state", &p.to_string_lossy()]);
+    out.assert_ok();
+    assert!(
+        out.stdout.contains("type: readwrite"),
+        "{} should be RW-cached: {}",
+        p.display(),
+        out.stdout
+    );
+}
+
+/// RW-PCC: an unprivileged write drops setuid/setgid as on any file (the writer of such a file
+/// is not given passthrough, whose writes never reach the daemon).
+#[test]
+fn rw_pcc_write_by_non_root_drops_setuid() {
+    let t = all_rw_pcc(120);
+    let w = world_dir(&t, "w");
+    let f = w.join("exe");
+    fs::write(&f, b"#!/bin/sh\n").unwrap();
+    assert_rw_cached(&t, &f);
+    chown(&f, U1, U1).unwrap();
+    chmod(&f, 0o6777).unwrap();
+    let f1 = f.clone();
+    as_user(&Cred::new(U2, U2), move || {
+        let mut h = fs::OpenOptions::new().append(true).open(&f1).unwrap();
+        h.write_all(b"echo\n").unwrap();
+        assert_eq!(fstat(h.as_raw_fd()).unwrap().st_mode & 0o7777, 0o777);
+    });
+    assert_eq!(mode_of(&f) & 0o7777, 0o777, "setuid and setgid dropped");
+    assert_eq!(fs::read(&f).unwrap(), b"#!/bin/sh\necho\n");
+}
+
+/// RW-PCC: fallocate changes the cached file (the size is the cache file's), as pjdfstest's
+/// posix_fallocate tests check.
+#[test]
+fn rw_pcc_fallocate_extends_the_cached_file() {
+    let t = all_rw_pcc(120);
+    let p = t.p(0, "f");
+    let f = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&p)
+        .unwrap();
+    assert_rw_cached(&t, &p);
+    f.write_all_at(&[7u8; 1234], 0).unwrap();
+    assert_eq!(
+        unsafe { libc::posix_fallocate(f.as_raw_fd(), 20_000, 3456) },
+        0,
+        "posix_fallocate"
+    );
+    assert_eq!(lstat(&p).unwrap().st_size, 23_456);
+    // KEEP_SIZE allocates without changing the size
+    io_res(unsafe { libc::fallocate(f.as_raw_fd(), libc::FALLOC_FL_KEEP_SIZE, 0, 100_000) })
+        .unwrap();
+    assert_eq!(fstat(f.as_raw_fd()).unwrap().st_size, 23_456);
+    let data = fs::read(&p).unwrap();
+    assert_eq!(data.len(), 23_456);
+    assert!(data[..1234].iter().all(|&b| b == 7) && data[1234..].iter().all(|&b| b == 0));
+}
+
 // ---------------------------------------------------------------------------------------------
 // name and path limits
 // ---------------------------------------------------------------------------------------------
