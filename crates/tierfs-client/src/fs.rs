@@ -21,6 +21,7 @@ use tierfs_meta::{
     Attr, Ino, Kind, LockRange, LockType, MetaEngine, MetaError, NewNode, SetAttr, TimeSet,
 };
 
+use crate::acl::{self, Acl};
 use crate::data::DataPath;
 use crate::error::{ClientError, Result};
 use crate::lease::{Lease, Recaller};
@@ -57,6 +58,14 @@ struct CachedHandle {
     file: Arc<std::fs::File>,
     write: bool,
     passthrough: bool,
+}
+
+/// What a new inode takes from its directory: its permission bits and, where the directory
+/// has a default ACL, the ACL xattrs to store (encoded).
+struct Inherited {
+    perm: u32,
+    access: Option<Vec<u8>>,
+    default: Option<Vec<u8>>,
 }
 
 /// Reply types that can register a passthrough backing file.
@@ -298,6 +307,124 @@ impl TierFs {
         }
     }
 
+    /// The mode of a new inode under `parent` and the ACLs it inherits (the kernel's
+    /// posix_acl_create): where the directory has a default ACL, the umask is not applied; the
+    /// default ACL masked by the mode asked for becomes the inode's access ACL (stored only
+    /// when the mode cannot say it all) and, for a directory, its default ACL too.
+    fn inherit(&self, parent: Ino, kind: Kind, mode: u32, umask: u32) -> Result<Inherited> {
+        let mode = mode & 0o7777;
+        let plain = Inherited {
+            perm: mode & !umask,
+            access: None,
+            default: None,
+        };
+        if kind == Kind::Symlink {
+            return Ok(plain);
+        }
+        let default = match self.meta.getxattr(parent, acl::DEFAULT) {
+            Ok(v) => match Acl::decode(&v) {
+                Ok(d) => d,
+                Err(e) => {
+                    tracing::warn!(parent, "ignoring the directory's default ACL: {e}");
+                    None
+                }
+            },
+            Err(MetaError::NoAttr) => None,
+            Err(e) => return Err(e.into()),
+        };
+        let Some(default) = default else {
+            return Ok(plain);
+        };
+        let mut access = default.clone();
+        let perm = access.create_masq(mode);
+        Ok(Inherited {
+            perm,
+            access: (!access.is_mode()).then(|| access.encode()),
+            default: (kind == Kind::Dir).then(|| default.encode()),
+        })
+    }
+
+    /// Stores the ACLs a new inode inherited.
+    fn store_inherited(&self, ino: Ino, inh: &Inherited) -> Result<()> {
+        if let Some(v) = &inh.access {
+            self.meta.setxattr(ino, acl::ACCESS, v, 0)?;
+        }
+        if let Some(v) = &inh.default {
+            self.meta.setxattr(ino, acl::DEFAULT, v, 0)?;
+        }
+        Ok(())
+    }
+
+    /// Removes an ACL xattr; absent is fine (as on ext4, removing no ACL succeeds).
+    fn remove_acl(&self, ino: Ino, name: &[u8]) -> Result<()> {
+        match self.meta.removexattr(ino, name) {
+            Ok(()) | Err(MetaError::NoAttr) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// setxattr of `system.posix_acl_access` or `_default` (the kernel's set_posix_acl, then
+    /// ext4's rules): validated; an access ACL sets the mode's permission bits (and drops
+    /// setgid for a caller outside the file's group) and is stored only when the mode cannot
+    /// say it all; an ACL of no entries removes it.
+    fn set_acl(&self, req: &Request, ino: Ino, name: &[u8], value: &[u8]) -> Result<()> {
+        let parsed = Acl::decode(value).map_err(|e| ClientError::Failed(e.to_string(), e.errno()))?;
+        let a = self.meta.getattr(ino)?;
+        if name == acl::DEFAULT {
+            if a.kind != Kind::Dir {
+                return Err(ClientError::Errno(
+                    "a default ACL is for directories only",
+                    libc::EACCES,
+                ));
+            }
+            return match parsed {
+                Some(d) => Ok(self.meta.setxattr(ino, acl::DEFAULT, &d.encode(), 0)?),
+                None => self.remove_acl(ino, acl::DEFAULT),
+            };
+        }
+        let Some(access) = parsed else {
+            return self.remove_acl(ino, acl::ACCESS);
+        };
+        let mut perm = (a.perm & 0o7000) | access.mode_bits();
+        if !in_group_or_root(req, a.gid) {
+            perm &= !libc::S_ISGID;
+        }
+        let set = SetAttr {
+            perm: Some(perm),
+            ..Default::default()
+        };
+        self.meta.setattr(ino, &set)?;
+        if access.is_mode() {
+            self.remove_acl(ino, acl::ACCESS)?;
+        } else {
+            self.meta.setxattr(ino, acl::ACCESS, &access.encode(), 0)?;
+        }
+        // The kernel refetches after an ACL change only when it negotiated FUSE_POSIX_ACL.
+        if let Some(n) = self.notifier.get() {
+            let _ = n.inval_inode(INodeNo(ino), -1, 0);
+        }
+        Ok(())
+    }
+
+    /// chmod of a file with an access ACL (posix_acl_chmod): its owner, mask (or group owner)
+    /// and other entries follow the new mode.
+    fn chmod_acl(&self, ino: Ino, mode: u32) -> Result<()> {
+        let v = match self.meta.getxattr(ino, acl::ACCESS) {
+            Ok(v) => v,
+            Err(MetaError::NoAttr) => return Ok(()),
+            Err(e) => return Err(e.into()),
+        };
+        match Acl::decode(&v) {
+            Ok(Some(mut a)) => {
+                a.chmod(mode);
+                self.meta.setxattr(ino, acl::ACCESS, &a.encode(), 0)?;
+            }
+            Ok(None) => self.remove_acl(ino, acl::ACCESS)?,
+            Err(e) => tracing::warn!(ino, "chmod leaves a malformed access ACL alone: {e}"),
+        }
+        Ok(())
+    }
+
     fn make_node(&self, parent: Ino, name: &OsStr, node: NewNode, open: bool) -> Result<Attr> {
         let layout = if node.kind == Kind::File {
             Some(self.data.choose_layout(parent)?)
@@ -465,6 +592,12 @@ impl Filesystem for TierFs {
             // We clear setuid/setgid ourselves (writes, truncates, chown): without this the
             // kernel asks for security.capability before every write, a round trip each.
             InitFlags::FUSE_HANDLE_KILLPRIV_V2,
+            // POSIX ACLs: the kernel reads them (system.posix_acl_*) and enforces access; we
+            // keep them and the mode in step and inherit default ACLs at create.
+            InitFlags::FUSE_POSIX_ACL,
+            // The mode of a create comes without the umask (and the umask beside it): the
+            // umask does not apply under a directory with a default ACL.
+            InitFlags::FUSE_DONT_MASK,
         ] {
             if config.add_capabilities(flag).is_err() {
                 tracing::info!("kernel lacks FUSE capability {flag:?}");
@@ -566,6 +699,7 @@ impl Filesystem for TierFs {
     ) {
         let r = self.run("setattr", || {
             let mut size = size;
+            let chmod = mode;
             let mut mode = mode;
             // The kernel leaves clearing setuid/setgid to us (FUSE_HANDLE_KILLPRIV_V2), by its
             // rules (fs/attr.c): a chown of anything but a directory clears them (setuid for
@@ -616,6 +750,9 @@ impl Filesystem for TierFs {
                 ctime: ctime.map(from_time),
             };
             let a = self.meta.setattr(ino.0, &set)?;
+            if let Some(m) = chmod {
+                self.chmod_acl(ino.0, m)?;
+            }
             if size.is_some() {
                 self.data.invalidate(ino.0, Some(&a));
             }
@@ -647,11 +784,14 @@ impl Filesystem for TierFs {
         let r = self.run("mknod", || {
             let kind = Kind::from_mode(mode)
                 .ok_or(ClientError::Errno("unknown file type", libc::EINVAL))?;
+            let inh = self.inherit(parent.0, kind, mode, umask)?;
             let node = NewNode {
                 rdev,
-                ..Self::new_node(req, kind, mode & 0o7777 & !umask)
+                ..Self::new_node(req, kind, inh.perm)
             };
-            self.make_node(parent.0, name, node, false)
+            let a = self.make_node(parent.0, name, node, false)?;
+            self.store_inherited(a.ino, &inh)?;
+            Ok(a)
         });
         match r {
             Ok(a) => reply.entry(&self.entry_ttl, &self.fattr(&a), Generation(0)),
@@ -669,8 +809,11 @@ impl Filesystem for TierFs {
         reply: ReplyEntry,
     ) {
         let r = self.run("mkdir", || {
-            let node = Self::new_node(req, Kind::Dir, mode & 0o7777 & !umask);
-            self.make_node(parent.0, name, node, false)
+            let inh = self.inherit(parent.0, Kind::Dir, mode, umask)?;
+            let node = Self::new_node(req, Kind::Dir, inh.perm);
+            let a = self.make_node(parent.0, name, node, false)?;
+            self.store_inherited(a.ino, &inh)?;
+            Ok(a)
         });
         match r {
             Ok(a) => reply.entry(&self.entry_ttl, &self.fattr(&a), Generation(0)),
@@ -842,8 +985,10 @@ impl Filesystem for TierFs {
     ) {
         let r = self.run("create", || {
             let kind = Kind::from_mode(mode).unwrap_or(Kind::File);
-            let node = Self::new_node(req, kind, mode & 0o7777 & !umask);
+            let inh = self.inherit(parent.0, kind, mode, umask)?;
+            let node = Self::new_node(req, kind, inh.perm);
             let a = self.make_node(parent.0, name, node, true)?;
+            self.store_inherited(a.ino, &inh)?;
             if let Some(pcc) = &self.pcc {
                 self.remember_name(&a, name);
                 if let Some(served) = pcc.on_create(&a, name.as_bytes(), flags)? {
@@ -1217,7 +1362,7 @@ impl Filesystem for TierFs {
 
     fn setxattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         name: &OsStr,
         value: &[u8],
@@ -1230,7 +1375,11 @@ impl Filesystem for TierFs {
                 // The kernel let this through only to a writer of the file.
                 return self.pcc_command(ino.0, cmd, value).map(|_| ());
             }
-            Ok(self.meta.setxattr(ino.0, name.as_bytes(), value, flags)?)
+            let n = name.as_bytes();
+            if n == acl::ACCESS || n == acl::DEFAULT {
+                return self.set_acl(req, ino.0, n, value);
+            }
+            Ok(self.meta.setxattr(ino.0, n, value, flags)?)
         }) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(ino_errno(&e)),
@@ -1280,7 +1429,12 @@ impl Filesystem for TierFs {
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         match self.run("removexattr", || {
-            Ok(self.meta.removexattr(ino.0, name.as_bytes())?)
+            let n = name.as_bytes();
+            if n == acl::ACCESS || n == acl::DEFAULT {
+                // removing no ACL succeeds, as on ext4
+                return self.remove_acl(ino.0, n);
+            }
+            Ok(self.meta.removexattr(ino.0, n)?)
         }) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(ino_errno(&e)),
