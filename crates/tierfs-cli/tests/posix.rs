@@ -2030,6 +2030,270 @@ fn rw_pcc_fallocate_extends_the_cached_file() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// POSIX ACLs
+// ---------------------------------------------------------------------------------------------
+
+const ACL_ACCESS: &str = "system.posix_acl_access";
+const ACL_DEFAULT: &str = "system.posix_acl_default";
+
+/// An ACL xattr value (version 2; entries of tag, permissions, id).
+fn acl_xattr(entries: &[(u16, u16, u32)]) -> Vec<u8> {
+    let mut b = 2u32.to_le_bytes().to_vec();
+    for &(tag, perm, id) in entries {
+        b.extend_from_slice(&tag.to_le_bytes());
+        b.extend_from_slice(&perm.to_le_bytes());
+        b.extend_from_slice(&id.to_le_bytes());
+    }
+    b
+}
+const A_USER_OBJ: u16 = 0x01;
+const A_USER: u16 = 0x02;
+const A_GROUP_OBJ: u16 = 0x04;
+const A_MASK: u16 = 0x10;
+const A_OTHER: u16 = 0x20;
+const NO_ID: u32 = u32::MAX;
+
+/// Runs a command (setfacl, getfacl, cp) with a 60 s bound; its stdout, or a panic with stderr.
+#[track_caller]
+fn run(args: &[&str]) -> String {
+    let out = std::process::Command::new("timeout")
+        .arg("60")
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{args:?}: {e} (setfacl/getfacl: Debian package acl)"));
+    assert!(
+        out.status.success(),
+        "{args:?}: {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn s(p: &Path) -> String {
+    p.to_string_lossy().into_owned()
+}
+
+/// `cp -a` and `cp -p` copy a file's ACL as an ACL equal to its mode: the copies keep their
+/// modes (0644 files, 0755 directories, 0600 stays 0600), with no ACL stored, and other users
+/// read them as on ext4 (the reported bug: 0600/0700 and `-rw-------+`).
+#[test]
+fn acl_cp_a_and_cp_p_keep_modes() {
+    let t = TestFs::new(1);
+    let src = t.root().join("src");
+    fs::create_dir(&src).unwrap();
+    chmod(&src, 0o755).unwrap();
+    fs::write(src.join("f"), b"hello").unwrap();
+    chmod(&src.join("f"), 0o644).unwrap();
+    fs::create_dir(src.join("d")).unwrap();
+    chmod(&src.join("d"), 0o755).unwrap();
+    fs::write(src.join("d/private"), b"secret").unwrap();
+    chmod(&src.join("d/private"), 0o600).unwrap();
+    fs::write(src.join("x"), b"#!/bin/sh\n").unwrap();
+    chmod(&src.join("x"), 0o755).unwrap();
+    let dst = t.p(0, "copy");
+    run(&["cp", "-a", &s(&src), &s(&dst)]);
+    run(&["cp", "-p", &s(&src.join("f")), &s(&t.p(0, "f-p"))]);
+    for (rel, want) in [
+        ("copy", 0o755),
+        ("copy/f", 0o644),
+        ("copy/d", 0o755),
+        ("copy/d/private", 0o600),
+        ("copy/x", 0o755),
+        ("f-p", 0o644),
+    ] {
+        let p = t.p(0, rel);
+        assert_eq!(mode_of(&p) & 0o7777, want, "{rel}: mode after cp");
+        assert_errno(getxattr(&p, ACL_ACCESS), libc::ENODATA, "no ACL stored");
+        assert!(
+            !run(&["ls", "-ld", &s(&p)]).split_whitespace().next().unwrap().ends_with('+'),
+            "{rel}: ls shows no ACL"
+        );
+    }
+    let d = dst.clone();
+    as_user(&Cred::new(U1, U1), move || {
+        assert_eq!(fs::read(d.join("f")).unwrap(), b"hello");
+        assert_eq!(fs::read_dir(d.join("d")).unwrap().count(), 1);
+        assert_errno(fs::read(d.join("d/private")), libc::EACCES, "0600 file");
+    });
+}
+
+/// Access ACLs are enforced for other users (the kernel reads them: FUSE_POSIX_ACL), and the
+/// mode's group bits show the mask.
+#[test]
+fn acl_access_enforced_for_other_users() {
+    let t = TestFs::new(1);
+    let w = world_dir(&t, "w");
+    let open_f = w.join("open");
+    fs::write(&open_f, b"o").unwrap();
+    chmod(&open_f, 0o644).unwrap();
+    run(&["setfacl", "-m", &format!("u:{U1}:---"), &s(&open_f)]);
+    let closed = w.join("closed");
+    fs::write(&closed, b"c").unwrap();
+    chmod(&closed, 0o600).unwrap();
+    run(&["setfacl", "-m", &format!("u:{U1}:rw"), &s(&closed)]);
+    assert_eq!(mode_of(&closed) & 0o777, 0o660, "group bits = mask rw-");
+    assert_eq!(mode_of(&open_f) & 0o777, 0o644, "group bits = mask r-- (setfacl: the union)");
+    let (o, c) = (open_f.clone(), closed.clone());
+    as_user(&Cred::new(U1, U1), move || {
+        assert_errno(fs::read(&o), libc::EACCES, "named user denied on a 0644 file");
+        assert_eq!(fs::read(&c).unwrap(), b"c", "named user allowed on a 0600 file");
+        fs::write(&c, b"by u1").expect("named user may write");
+    });
+    let (o, c) = (open_f.clone(), closed.clone());
+    as_user(&Cred::new(U2, U2), move || {
+        assert_eq!(fs::read(&o).unwrap(), b"o", "others still read the 0644 file");
+        assert_errno(fs::read(&c), libc::EACCES, "others denied on the 0600 file");
+    });
+    // a directory ACL: U1 may list and enter, U2 not
+    let d = w.join("dir");
+    fs::create_dir(&d).unwrap();
+    chmod(&d, 0o700).unwrap();
+    fs::write(d.join("inside"), b"i").unwrap();
+    run(&["setfacl", "-m", &format!("u:{U1}:rx"), &s(&d)]);
+    let d1 = d.clone();
+    as_user(&Cred::new(U1, U1), move || {
+        assert_eq!(fs::read_dir(&d1).unwrap().count(), 1);
+    });
+    let d2 = d.clone();
+    as_user(&Cred::new(U2, U2), move || {
+        assert_errno(fs::read_dir(&d2).map(|_| ()), libc::EACCES, "not named");
+    });
+    // removing the ACL (setfacl -b) leaves the mode's bits, and U1 is denied again
+    run(&["setfacl", "-b", &s(&closed)]);
+    assert_errno(getxattr(&closed, ACL_ACCESS), libc::ENODATA, "ACL removed");
+    assert_eq!(mode_of(&closed) & 0o777, 0o600);
+    let c = closed.clone();
+    as_user(&Cred::new(U1, U1), move || {
+        assert_errno(fs::read(&c), libc::EACCES, "after setfacl -b");
+    });
+}
+
+/// Mode and ACL stay in step both ways: chmod rewrites the owner, mask and other entries;
+/// setting an access ACL sets the mode; an ACL equal to the mode is kept as the mode only.
+#[test]
+fn acl_and_mode_in_step() {
+    let t = TestFs::new(1);
+    let f = t.p(0, "f");
+    fs::write(&f, b"x").unwrap();
+    chmod(&f, 0o600).unwrap();
+    // raw xattr: u::rwx g::r-x o::r-- is the mode 0754, stored as the mode alone
+    let plain = acl_xattr(&[(A_USER_OBJ, 7, NO_ID), (A_GROUP_OBJ, 5, NO_ID), (A_OTHER, 4, NO_ID)]);
+    setxattr(&f, ACL_ACCESS, &plain, 0).unwrap();
+    assert_eq!(mode_of(&f) & 0o7777, 0o754, "the ACL set the mode");
+    assert_errno(getxattr(&f, ACL_ACCESS), libc::ENODATA, "stored as the mode");
+    assert!(!listxattr(&f).unwrap().iter().any(|n| n == ACL_ACCESS));
+    // an extended ACL is stored and sets the group bits from its mask
+    let ext = acl_xattr(&[
+        (A_USER_OBJ, 6, NO_ID),
+        (A_USER, 7, U1),
+        (A_GROUP_OBJ, 4, NO_ID),
+        (A_MASK, 6, NO_ID),
+        (A_OTHER, 0, NO_ID),
+    ]);
+    setxattr(&f, ACL_ACCESS, &ext, 0).unwrap();
+    assert_eq!(mode_of(&f) & 0o7777, 0o660);
+    assert_eq!(getxattr(&f, ACL_ACCESS).unwrap(), ext);
+    // chmod rewrites owner, mask, other; the named entry and the group owner stay
+    chmod(&f, 0o741).unwrap();
+    let want = acl_xattr(&[
+        (A_USER_OBJ, 7, NO_ID),
+        (A_USER, 7, U1),
+        (A_GROUP_OBJ, 4, NO_ID),
+        (A_MASK, 4, NO_ID),
+        (A_OTHER, 1, NO_ID),
+    ]);
+    assert_eq!(getxattr(&f, ACL_ACCESS).unwrap(), want, "chmod updated the ACL");
+    let text = run(&["getfacl", "-c", "-n", &s(&f)]);
+    assert!(
+        text.contains(&format!("user:{U1}:rwx\t#effective:r--")) && text.contains("mask::r--"),
+        "getfacl after chmod 741:\n{text}"
+    );
+    // setfacl -m m::rwx sets the group bits
+    run(&["setfacl", "-m", "m::rwx", &s(&f)]);
+    assert_eq!(mode_of(&f) & 0o7777, 0o771);
+    // malformed ACLs: EINVAL, nothing changed
+    for bad in [
+        vec![2u8, 0, 0, 0, 1, 0],
+        acl_xattr(&[(A_GROUP_OBJ, 4, NO_ID), (A_USER_OBJ, 6, NO_ID), (A_OTHER, 0, NO_ID)]),
+        acl_xattr(&[(A_USER_OBJ, 6, NO_ID), (A_USER, 7, U1), (A_GROUP_OBJ, 4, NO_ID), (A_OTHER, 0, NO_ID)]),
+        acl_xattr(&[(A_USER_OBJ, 9, NO_ID), (A_GROUP_OBJ, 4, NO_ID), (A_OTHER, 0, NO_ID)]),
+    ] {
+        assert_errno(setxattr(&f, ACL_ACCESS, &bad, 0), libc::EINVAL, "malformed ACL");
+    }
+    assert_eq!(mode_of(&f) & 0o7777, 0o771, "unchanged by malformed ACLs");
+    // a default ACL is for directories only
+    assert_errno(setxattr(&f, ACL_DEFAULT, &plain, 0), libc::EACCES, "default ACL on a file");
+}
+
+/// New inodes inherit the directory's default ACL: no umask, the default masked by the mode
+/// asked for; subdirectories inherit it as their default too. Compared with what ext4 does.
+#[test]
+fn acl_default_inherited_at_create() {
+    let t = TestFs::new(1);
+    let w = world_dir(&t, "w");
+    let d = w.join("shared");
+    fs::create_dir(&d).unwrap();
+    chown(&d, U1, U1).unwrap();
+    run(&["setfacl", "-d", "-m", &format!("u:{U2}:rwx,g::rx,o::-"), &s(&d)]);
+    let d1 = d.clone();
+    as_user(&Cred::new(U1, U1), move || {
+        unsafe { libc::umask(0o077) };
+        fs::write(d1.join("file"), b"from u1").unwrap();
+        fs::create_dir(d1.join("sub")).unwrap();
+        mknod(&d1.join("fifo"), libc::S_IFIFO | 0o640).unwrap();
+        std::os::unix::fs::symlink("file", d1.join("link")).unwrap();
+        fs::write(d1.join("sub/deeper"), b"deeper").unwrap();
+    });
+    // umask 077 ignored: file 0666 -> rw-rw---- (mask rw-), dir 0777 -> rwxrwx---
+    assert_eq!(mode_of(&d.join("file")) & 0o7777, 0o660);
+    assert_eq!(mode_of(&d.join("sub")) & 0o7777, 0o770);
+    assert_eq!(mode_of(&d.join("fifo")) & 0o7777, 0o640);
+    assert_eq!(mode_of(&d.join("sub/deeper")) & 0o7777, 0o660);
+    let f = run(&["getfacl", "-c", "-n", &s(&d.join("file"))]);
+    assert_eq!(
+        f.lines().filter(|l| !l.is_empty()).collect::<Vec<_>>(),
+        vec![
+            "user::rw-".to_string(),
+            format!("user:{U2}:rwx\t#effective:rw-"),
+            "group::r-x\t#effective:r--".to_string(),
+            "mask::rw-".to_string(),
+            "other::---".to_string(),
+        ],
+        "the file's inherited ACL"
+    );
+    assert!(getxattr(&d.join("sub"), ACL_DEFAULT).is_ok(), "sub inherits the default");
+    assert_eq!(
+        getxattr(&d.join("sub"), ACL_DEFAULT).unwrap(),
+        getxattr(&d, ACL_DEFAULT).unwrap()
+    );
+    assert_errno(getxattr(&d.join("file"), ACL_DEFAULT), libc::ENODATA, "files get no default");
+    assert!(
+        lstat(&d.join("link")).unwrap().st_mode & 0o777 == 0o777,
+        "symlinks take no ACL"
+    );
+    // U2 (named in the default) may write what U1 created; others may not read
+    let d2 = d.clone();
+    as_user(&Cred::new(U2, U2), move || {
+        fs::write(d2.join("file"), b"from u2").expect("named user writes");
+        fs::write(d2.join("sub/deeper"), b"u2").expect("inherited two levels down");
+    });
+    let d3 = d.clone();
+    as_user(&Cred::new(U3, U3), move || {
+        assert_errno(fs::read(d3.join("file")), libc::EACCES, "other::---");
+    });
+    // without a default ACL the umask applies as usual
+    let plain = w.join("plain");
+    fs::create_dir(&plain).unwrap();
+    let p1 = plain.clone();
+    as_user(&Cred::new(0, 0), move || {
+        unsafe { libc::umask(0o027) };
+        fs::write(p1.join("f"), b"x").unwrap();
+    });
+    assert_eq!(mode_of(&plain.join("f")) & 0o777, 0o640);
+}
+
+// ---------------------------------------------------------------------------------------------
 // name and path limits
 // ---------------------------------------------------------------------------------------------
 
