@@ -1878,7 +1878,11 @@ fn chown_drops_setuid_setgid_by_the_kernel_rules() {
     fs::write(&f, b"x").unwrap();
     chmod(&f, 0o6745).unwrap();
     chown(&f, U1, G2).unwrap();
-    assert_eq!(mode_of(&f) & 0o7777, 0o2745, "root: setuid dropped, setgid kept");
+    assert_eq!(
+        mode_of(&f) & 0o7777,
+        0o2745,
+        "root: setuid dropped, setgid kept"
+    );
     let f1 = f.clone();
     as_user(&Cred::new(U1, U1).groups(&[G1]), move || {
         chown(&f1, U1, G1).expect("chgrp by the owner");
@@ -1954,7 +1958,14 @@ fn all_rw_pcc(limit_secs: u64) -> TestFs {
     });
     let meta = t.meta_url();
     t.tierfs(&[
-        "pcc", "rule", "add", "--mode", "rw", "fname={*}", "--meta", &meta,
+        "pcc",
+        "rule",
+        "add",
+        "--mode",
+        "rw",
+        "fname={*}",
+        "--meta",
+        &meta,
     ])
     .assert_ok();
     let o = ClientOpts {
@@ -2106,7 +2117,11 @@ fn acl_cp_a_and_cp_p_keep_modes() {
         assert_eq!(mode_of(&p) & 0o7777, want, "{rel}: mode after cp");
         assert_errno(getxattr(&p, ACL_ACCESS), libc::ENODATA, "no ACL stored");
         assert!(
-            !run(&["ls", "-ld", &s(&p)]).split_whitespace().next().unwrap().ends_with('+'),
+            !run(&["ls", "-ld", &s(&p)])
+                .split_whitespace()
+                .next()
+                .unwrap()
+                .ends_with('+'),
             "{rel}: ls shows no ACL"
         );
     }
@@ -2133,16 +2148,32 @@ fn acl_access_enforced_for_other_users() {
     chmod(&closed, 0o600).unwrap();
     run(&["setfacl", "-m", &format!("u:{U1}:rw"), &s(&closed)]);
     assert_eq!(mode_of(&closed) & 0o777, 0o660, "group bits = mask rw-");
-    assert_eq!(mode_of(&open_f) & 0o777, 0o644, "group bits = mask r-- (setfacl: the union)");
+    assert_eq!(
+        mode_of(&open_f) & 0o777,
+        0o644,
+        "group bits = mask r-- (setfacl: the union)"
+    );
     let (o, c) = (open_f.clone(), closed.clone());
     as_user(&Cred::new(U1, U1), move || {
-        assert_errno(fs::read(&o), libc::EACCES, "named user denied on a 0644 file");
-        assert_eq!(fs::read(&c).unwrap(), b"c", "named user allowed on a 0600 file");
+        assert_errno(
+            fs::read(&o),
+            libc::EACCES,
+            "named user denied on a 0644 file",
+        );
+        assert_eq!(
+            fs::read(&c).unwrap(),
+            b"c",
+            "named user allowed on a 0600 file"
+        );
         fs::write(&c, b"by u1").expect("named user may write");
     });
     let (o, c) = (open_f.clone(), closed.clone());
     as_user(&Cred::new(U2, U2), move || {
-        assert_eq!(fs::read(&o).unwrap(), b"o", "others still read the 0644 file");
+        assert_eq!(
+            fs::read(&o).unwrap(),
+            b"o",
+            "others still read the 0644 file"
+        );
         assert_errno(fs::read(&c), libc::EACCES, "others denied on the 0600 file");
     });
     // a directory ACL: U1 may list and enter, U2 not
@@ -2178,10 +2209,18 @@ fn acl_and_mode_in_step() {
     fs::write(&f, b"x").unwrap();
     chmod(&f, 0o600).unwrap();
     // raw xattr: u::rwx g::r-x o::r-- is the mode 0754, stored as the mode alone
-    let plain = acl_xattr(&[(A_USER_OBJ, 7, NO_ID), (A_GROUP_OBJ, 5, NO_ID), (A_OTHER, 4, NO_ID)]);
+    let plain = acl_xattr(&[
+        (A_USER_OBJ, 7, NO_ID),
+        (A_GROUP_OBJ, 5, NO_ID),
+        (A_OTHER, 4, NO_ID),
+    ]);
     setxattr(&f, ACL_ACCESS, &plain, 0).unwrap();
     assert_eq!(mode_of(&f) & 0o7777, 0o754, "the ACL set the mode");
-    assert_errno(getxattr(&f, ACL_ACCESS), libc::ENODATA, "stored as the mode");
+    assert_errno(
+        getxattr(&f, ACL_ACCESS),
+        libc::ENODATA,
+        "stored as the mode",
+    );
     assert!(!listxattr(&f).unwrap().iter().any(|n| n == ACL_ACCESS));
     // an extended ACL is stored and sets the group bits from its mask
     let ext = acl_xattr(&[
@@ -2203,7 +2242,11 @@ fn acl_and_mode_in_step() {
         (A_MASK, 4, NO_ID),
         (A_OTHER, 1, NO_ID),
     ]);
-    assert_eq!(getxattr(&f, ACL_ACCESS).unwrap(), want, "chmod updated the ACL");
+    assert_eq!(
+        getxattr(&f, ACL_ACCESS).unwrap(),
+        want,
+        "chmod updated the ACL"
+    );
     let text = run(&["getfacl", "-c", "-n", &s(&f)]);
     assert!(
         text.contains(&format!("user:{U1}:rwx\t#effective:r--")) && text.contains("mask::r--"),
@@ -2215,15 +2258,36 @@ fn acl_and_mode_in_step() {
     // malformed ACLs: EINVAL, nothing changed
     for bad in [
         vec![2u8, 0, 0, 0, 1, 0],
-        acl_xattr(&[(A_GROUP_OBJ, 4, NO_ID), (A_USER_OBJ, 6, NO_ID), (A_OTHER, 0, NO_ID)]),
-        acl_xattr(&[(A_USER_OBJ, 6, NO_ID), (A_USER, 7, U1), (A_GROUP_OBJ, 4, NO_ID), (A_OTHER, 0, NO_ID)]),
-        acl_xattr(&[(A_USER_OBJ, 9, NO_ID), (A_GROUP_OBJ, 4, NO_ID), (A_OTHER, 0, NO_ID)]),
+        acl_xattr(&[
+            (A_GROUP_OBJ, 4, NO_ID),
+            (A_USER_OBJ, 6, NO_ID),
+            (A_OTHER, 0, NO_ID),
+        ]),
+        acl_xattr(&[
+            (A_USER_OBJ, 6, NO_ID),
+            (A_USER, 7, U1),
+            (A_GROUP_OBJ, 4, NO_ID),
+            (A_OTHER, 0, NO_ID),
+        ]),
+        acl_xattr(&[
+            (A_USER_OBJ, 9, NO_ID),
+            (A_GROUP_OBJ, 4, NO_ID),
+            (A_OTHER, 0, NO_ID),
+        ]),
     ] {
-        assert_errno(setxattr(&f, ACL_ACCESS, &bad, 0), libc::EINVAL, "malformed ACL");
+        assert_errno(
+            setxattr(&f, ACL_ACCESS, &bad, 0),
+            libc::EINVAL,
+            "malformed ACL",
+        );
     }
     assert_eq!(mode_of(&f) & 0o7777, 0o771, "unchanged by malformed ACLs");
     // a default ACL is for directories only
-    assert_errno(setxattr(&f, ACL_DEFAULT, &plain, 0), libc::EACCES, "default ACL on a file");
+    assert_errno(
+        setxattr(&f, ACL_DEFAULT, &plain, 0),
+        libc::EACCES,
+        "default ACL on a file",
+    );
 }
 
 /// New inodes inherit the directory's default ACL: no umask, the default masked by the mode
@@ -2235,7 +2299,13 @@ fn acl_default_inherited_at_create() {
     let d = w.join("shared");
     fs::create_dir(&d).unwrap();
     chown(&d, U1, U1).unwrap();
-    run(&["setfacl", "-d", "-m", &format!("u:{U2}:rwx,g::rx,o::-"), &s(&d)]);
+    run(&[
+        "setfacl",
+        "-d",
+        "-m",
+        &format!("u:{U2}:rwx,g::rx,o::-"),
+        &s(&d),
+    ]);
     let d1 = d.clone();
     as_user(&Cred::new(U1, U1), move || {
         unsafe { libc::umask(0o077) };
@@ -2262,12 +2332,19 @@ fn acl_default_inherited_at_create() {
         ],
         "the file's inherited ACL"
     );
-    assert!(getxattr(&d.join("sub"), ACL_DEFAULT).is_ok(), "sub inherits the default");
+    assert!(
+        getxattr(&d.join("sub"), ACL_DEFAULT).is_ok(),
+        "sub inherits the default"
+    );
     assert_eq!(
         getxattr(&d.join("sub"), ACL_DEFAULT).unwrap(),
         getxattr(&d, ACL_DEFAULT).unwrap()
     );
-    assert_errno(getxattr(&d.join("file"), ACL_DEFAULT), libc::ENODATA, "files get no default");
+    assert_errno(
+        getxattr(&d.join("file"), ACL_DEFAULT),
+        libc::ENODATA,
+        "files get no default",
+    );
     assert!(
         lstat(&d.join("link")).unwrap().st_mode & 0o777 == 0o777,
         "symlinks take no ACL"

@@ -369,7 +369,10 @@ fn namespace_stress_matches_reference() {
     }
     // one command pipe per child, one shared answer pipe
     let mut done = [0i32; 2];
-    assert_eq!(unsafe { libc::pipe2(done.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+    assert_eq!(
+        unsafe { libc::pipe2(done.as_mut_ptr(), libc::O_CLOEXEC) },
+        0
+    );
     let mut kids = Vec::new();
     for i in 0..procs {
         let mut p = [0i32; 2];
@@ -390,7 +393,11 @@ fn namespace_stress_matches_reference() {
     unsafe { libc::close(done[1]) };
     let deadline = Instant::now() + Duration::from_secs(480);
     let send = |fd: i32, b: u8| {
-        assert_eq!(unsafe { libc::write(fd, [b].as_ptr().cast(), 1) }, 1, "child gone");
+        assert_eq!(
+            unsafe { libc::write(fd, [b].as_ptr().cast(), 1) },
+            1,
+            "child gone"
+        );
     };
     let wait = |k: usize| {
         for _ in 0..k {

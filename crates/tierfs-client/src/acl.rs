@@ -326,7 +326,12 @@ mod tests {
                 AclError::Order,
             ),
             (
-                acl(&[(USER_OBJ, 6, U), (USER_OBJ, 6, U), (GROUP_OBJ, 4, U), (OTHER, 4, U)]),
+                acl(&[
+                    (USER_OBJ, 6, U),
+                    (USER_OBJ, 6, U),
+                    (GROUP_OBJ, 4, U),
+                    (OTHER, 4, U),
+                ]),
                 AclError::Order,
             ),
             (
@@ -353,7 +358,12 @@ mod tests {
             ),
             (acl(&[(USER_OBJ, 6, U), (OTHER, 4, U)]), AclError::Missing),
             (
-                acl(&[(USER_OBJ, 6, U), (USER, 6, 1000), (GROUP_OBJ, 4, U), (OTHER, 4, U)]),
+                acl(&[
+                    (USER_OBJ, 6, U),
+                    (USER, 6, 1000),
+                    (GROUP_OBJ, 4, U),
+                    (OTHER, 4, U),
+                ]),
                 AclError::NoMask,
             ),
         ];
@@ -378,7 +388,13 @@ mod tests {
         let perms: Vec<(u16, u16)> = a.entries().iter().map(|e| (e.tag, e.perm)).collect();
         assert_eq!(
             perms,
-            vec![(USER_OBJ, 6), (USER, 7), (GROUP_OBJ, 5), (MASK, 4), (OTHER, 0)],
+            vec![
+                (USER_OBJ, 6),
+                (USER, 7),
+                (GROUP_OBJ, 5),
+                (MASK, 4),
+                (OTHER, 0)
+            ],
             "the mask, not the group owner, takes the group bits; named entries stay"
         );
         assert_eq!(a.mode_bits(), 0o640);

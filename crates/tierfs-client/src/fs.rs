@@ -368,7 +368,8 @@ impl TierFs {
     /// setgid for a caller outside the file's group) and is stored only when the mode cannot
     /// say it all; an ACL of no entries removes it.
     fn set_acl(&self, req: &Request, ino: Ino, name: &[u8], value: &[u8]) -> Result<()> {
-        let parsed = Acl::decode(value).map_err(|e| ClientError::Failed(e.to_string(), e.errno()))?;
+        let parsed =
+            Acl::decode(value).map_err(|e| ClientError::Failed(e.to_string(), e.errno()))?;
         let a = self.meta.getattr(ino)?;
         if name == acl::DEFAULT {
             if a.kind != Kind::Dir {
@@ -958,8 +959,7 @@ impl Filesystem for TierFs {
             if let Some(pcc) = &self.pcc {
                 let name = self.names.lock().get(&ino.0).cloned();
                 if let Some(served) = pcc.on_open(&a, own.as_ref(), name.as_deref(), flags.0)? {
-                    let (fh, fl, backing) =
-                        self.open_cached(&reply, &a, flags.0, served, false)?;
+                    let (fh, fl, backing) = self.open_cached(&reply, &a, flags.0, served, false)?;
                     return Ok((fh, fl, backing));
                 }
             }
