@@ -2040,6 +2040,44 @@ fn rw_pcc_fallocate_extends_the_cached_file() {
     assert!(data[..1234].iter().all(|&b| b == 7) && data[1234..].iter().all(|&b| b == 0));
 }
 
+/// RW-PCC: files deleted just before the unmount (before the cache's periodic check saw them
+/// go) are dropped from the cache at the unmount, not "written back" with an error each (seen
+/// in the pjdfstest RW-PCC run: one ERROR line per deleted file).
+#[test]
+fn rw_pcc_unmount_drops_files_deleted_since() {
+    let mut t = all_rw_pcc(120);
+    for i in 0..5 {
+        let p = t.p(0, &format!("f{i}"));
+        fs::write(&p, b"soon gone").unwrap();
+        assert_rw_cached(&t, &p);
+    }
+    for i in 0..5 {
+        fs::remove_file(t.p(0, &format!("f{i}"))).unwrap();
+    }
+    t.umount(0);
+    let log = fs::read_to_string(t.log_path("c0")).unwrap();
+    assert!(
+        !log.contains("write-back at unmount failed"),
+        "unmount log:\n{log}"
+    );
+    let mut left = Vec::new();
+    let mut stack = vec![t.root().join("cache0")];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            if e.file_type().unwrap().is_dir() {
+                stack.push(e.path());
+            } else if e.path().parent().and_then(|p| p.file_name()) == Some("data".as_ref()) {
+                left.push(e.path());
+            }
+        }
+    }
+    assert!(
+        left.is_empty(),
+        "cache files of deleted files left: {left:?}"
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // POSIX ACLs
 // ---------------------------------------------------------------------------------------------

@@ -1079,6 +1079,11 @@ impl Pcc {
     pub fn write_back_all(&self) {
         for e in self.store.entries() {
             if e.mode == Mode::Rw && e.dirty {
+                if let Err(MetaError::NotFound) = self.meta.getattr(e.ino) {
+                    // deleted since the last tick: nothing to write back, the entry goes
+                    self.validate_entry(e.ino);
+                    continue;
+                }
                 if let Err(err) = self.write_back(e.ino) {
                     tracing::error!(ino = e.ino, "write-back at unmount failed: {err}");
                 }
