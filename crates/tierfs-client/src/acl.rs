@@ -71,7 +71,7 @@ impl Acl {
     /// Decodes and validates an xattr value; `None` for an ACL of no entries (the kernel's way
     /// of saying "remove it").
     pub fn decode(b: &[u8]) -> Result<Option<Acl>, AclError> {
-        if b.len() < HEADER || (b.len() - HEADER) % ENTRY != 0 {
+        if b.len() < HEADER || !(b.len() - HEADER).is_multiple_of(ENTRY) {
             return Err(AclError::Size(b.len()));
         }
         let n = (b.len() - HEADER) / ENTRY;
