@@ -345,6 +345,51 @@ fn child(i: usize, seed: u64, mnt: &Path, reference: &Path, cmd: i32, done: i32,
 
 #[test]
 fn namespace_stress_matches_reference() {
+    let t = TestFs::with(Opts {
+        timeout: Duration::from_secs(600),
+        ..Opts::default()
+    });
+    stress(t);
+}
+
+/// The same on a mount whose every file lives in RW-PCC (an `rw` rule matching all names):
+/// data in the cache files, served by passthrough.
+#[test]
+fn namespace_stress_on_rw_pcc_matches_reference() {
+    let mut t = TestFs::with(Opts {
+        clients: 0,
+        timeout: Duration::from_secs(600),
+        ..Opts::default()
+    });
+    let meta = t.meta_url();
+    t.tierfs(&[
+        "pcc",
+        "rule",
+        "add",
+        "--mode",
+        "rw",
+        "fname={*}",
+        "--meta",
+        &meta,
+    ])
+    .assert_ok();
+    t.mount_with(&ClientOpts {
+        name: "c0".into(),
+        cache_dir: Some(t.root().join("cache0")),
+        cache_size: Some("4G".into()),
+        ..Default::default()
+    });
+    // the rule applies: a new file is RW-cached
+    let probe = t.p(0, "probe");
+    fs::write(&probe, b"x").unwrap();
+    let out = t.tierfs(&["pcc", "state", &probe.to_string_lossy()]);
+    out.assert_ok();
+    assert!(out.stdout.contains("type: readwrite"), "{}", out.stdout);
+    fs::remove_file(&probe).unwrap();
+    stress(t);
+}
+
+fn stress(t: TestFs) {
     let procs = env_u64("TIERFS_STRESS_PROCS").unwrap_or(4) as usize;
     let rounds = env_u64("TIERFS_STRESS_ROUNDS").unwrap_or(150);
     let seed = env_u64("TIERFS_STRESS_SEED").unwrap_or_else(|| {
@@ -354,10 +399,6 @@ fn namespace_stress_matches_reference() {
             .as_nanos() as u64
     });
     println!("stress: seed {seed} ({procs} processes, {rounds} rounds; TIERFS_STRESS_SEED={seed} replays)");
-    let t = TestFs::with(Opts {
-        timeout: Duration::from_secs(600),
-        ..Opts::default()
-    });
     let mnt = t.mnt(0).to_path_buf();
     let reference = t.root().join("reference");
     fs::create_dir(&reference).unwrap();
