@@ -1892,6 +1892,24 @@ fn chown_drops_setuid_setgid_by_the_kernel_rules() {
         0o745,
         "owner outside the file's group: setgid dropped"
     );
+    // chown(-1, -1) changes no owner but drops the bits all the same (the kernel sends an
+    // empty setattr); not for a directory; utimes does not drop them
+    let x = w.join("x");
+    fs::write(&x, b"x").unwrap();
+    chmod(&x, 0o6755).unwrap();
+    utimens(&x, None, 0).unwrap();
+    assert_eq!(mode_of(&x) & 0o7777, 0o6755, "utimes keeps setuid");
+    chown(&x, u32::MAX, u32::MAX).unwrap();
+    assert_eq!(
+        mode_of(&x) & 0o7777,
+        0o755,
+        "chown(-1, -1) of a file (ext4: 0755)"
+    );
+    let d = w.join("sdir");
+    mkdir(&d, 0o755).unwrap();
+    chmod(&d, 0o6755).unwrap();
+    chown(&d, u32::MAX, u32::MAX).unwrap();
+    assert_eq!(mode_of(&d) & 0o7777, 0o6755, "chown(-1, -1) of a directory");
 }
 
 /// The mode by statx(STATX_MODE), as `stat -c %a` asks: the kernel answers from its cache

@@ -704,8 +704,15 @@ impl Filesystem for TierFs {
             let mut mode = mode;
             // The kernel leaves clearing setuid/setgid to us (FUSE_HANDLE_KILLPRIV_V2), by its
             // rules (fs/attr.c): a chown of anything but a directory clears them (setuid for
-            // root too), and so does a truncate of a regular file by anyone but root.
-            let chown = uid.is_some() || gid.is_some();
+            // root too), and so does a truncate of a regular file by anyone but root. A chown
+            // to -1, -1 (which changes nothing else) reaches us as a setattr that sets nothing:
+            // it is the only call that sends one.
+            let nothing = mode.is_none()
+                && size.is_none()
+                && atime.is_none()
+                && mtime.is_none()
+                && ctime.is_none();
+            let chown = uid.is_some() || gid.is_some() || nothing;
             if mode.is_none() && (chown || (size.is_some() && req.uid() != 0)) {
                 let a = self.meta.getattr(ino.0)?;
                 let applies = if chown {
