@@ -156,9 +156,10 @@ fn ino_errno(e: &ClientError) -> Errno {
 /// Mode bits after a write, truncate or chown that must drop privileges (the kernel's
 /// `setattr_should_drop_suidgid`): setuid goes; setgid goes where it means "set group id on
 /// execution" (group-executable), or when the caller is neither in the file's group nor root.
-fn kill_suid_sgid(perm: u32, in_group: bool) -> u32 {
+/// `in_group` is asked only when it matters (setgid without group-execute).
+fn kill_suid_sgid(perm: u32, in_group: impl FnOnce() -> bool) -> u32 {
     let mut p = perm & !libc::S_ISUID;
-    if perm & libc::S_ISGID != 0 && (perm & libc::S_IXGRP != 0 || !in_group) {
+    if perm & libc::S_ISGID != 0 && (perm & libc::S_IXGRP != 0 || !in_group()) {
         p &= !libc::S_ISGID;
     }
     p
@@ -387,7 +388,7 @@ impl TierFs {
             return self.remove_acl(ino, acl::ACCESS);
         };
         let mut perm = (a.perm & 0o7000) | access.mode_bits();
-        if !in_group_or_root(req, a.gid) {
+        if perm & libc::S_ISGID != 0 && !in_group_or_root(req, a.gid) {
             perm &= !libc::S_ISGID;
         }
         let set = SetAttr {
@@ -721,7 +722,7 @@ impl Filesystem for TierFs {
                     a.kind == Kind::File
                 };
                 if applies {
-                    let killed = kill_suid_sgid(a.perm, in_group_or_root(req, a.gid));
+                    let killed = kill_suid_sgid(a.perm, || in_group_or_root(req, a.gid));
                     if killed != a.perm {
                         mode = Some(killed);
                     }
@@ -1112,7 +1113,7 @@ impl Filesystem for TierFs {
                 // An unprivileged write (the kernel says so: FUSE_HANDLE_KILLPRIV_V2) drops
                 // setuid, and setgid on group-executables.
                 let a = self.meta.getattr(ino.0)?;
-                let perm = kill_suid_sgid(a.perm, in_group_or_root(req, a.gid));
+                let perm = kill_suid_sgid(a.perm, || in_group_or_root(req, a.gid));
                 if perm != a.perm {
                     let set = SetAttr {
                         perm: Some(perm),
@@ -1566,5 +1567,22 @@ impl Filesystem for TierFs {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(ino_errno(&e)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::kill_suid_sgid;
+
+    #[test]
+    fn kill_suid_sgid_by_the_kernel_rules() {
+        let never = || -> bool { panic!("group membership asked when it does not matter") };
+        // setuid always goes; setgid with group-execute goes
+        assert_eq!(kill_suid_sgid(0o6755, never), 0o755);
+        assert_eq!(kill_suid_sgid(0o4644, never), 0o644);
+        // setgid without group-execute: kept for a member (or root), dropped otherwise
+        assert_eq!(kill_suid_sgid(0o2745, || true), 0o2745);
+        assert_eq!(kill_suid_sgid(0o6745, || false), 0o745);
+        assert_eq!(kill_suid_sgid(0o755, never), 0o755);
     }
 }
