@@ -1123,8 +1123,9 @@ impl Filesystem for TierFs {
                     // The kernel keeps the old mode cached for the attribute TTL (a write only
                     // makes it refetch size and times): make the writer's next stat ask us.
                     if let Some(n) = self.notifier.get() {
-                        let r = n.inval_inode(INodeNo(ino.0), -1, 0);
-                        tracing::debug!(ino = ino.0, "killpriv inval: {r:?}");
+                        if let Err(e) = n.inval_inode(INodeNo(ino.0), -1, 0) {
+                            tracing::debug!(ino = ino.0, "attribute invalidation: {e}");
+                        }
                     }
                 }
             }
