@@ -2346,6 +2346,45 @@ fn acl_and_mode_in_step() {
     );
 }
 
+/// `posix_acl = false` in the client config: no ACLs, as ext4's noacl (EOPNOTSUPP), while
+/// `cp -a` still gives the modes of the source.
+#[test]
+fn acl_off_by_config() {
+    let mut t = TestFs::with(Opts {
+        clients: 0,
+        ..Opts::default()
+    });
+    t.mount_with(&ClientOpts {
+        name: "c0".into(),
+        config: Some("posix_acl = false\n".into()),
+        ..Default::default()
+    });
+    let f = t.p(0, "f");
+    fs::write(&f, b"x").unwrap();
+    chmod(&f, 0o640).unwrap();
+    let ext = acl_xattr(&[
+        (A_USER_OBJ, 6, NO_ID),
+        (A_USER, 7, U1),
+        (A_GROUP_OBJ, 4, NO_ID),
+        (A_MASK, 6, NO_ID),
+        (A_OTHER, 0, NO_ID),
+    ]);
+    assert_errno(
+        setxattr(&f, ACL_ACCESS, &ext, 0),
+        libc::EOPNOTSUPP,
+        "ACLs off",
+    );
+    assert_eq!(mode_of(&f) & 0o7777, 0o640);
+    let src = t.root().join("src");
+    fs::create_dir(&src).unwrap();
+    chmod(&src, 0o755).unwrap();
+    fs::write(src.join("g"), b"y").unwrap();
+    chmod(&src.join("g"), 0o644).unwrap();
+    run(&["cp", "-a", &s(&src), &s(&t.p(0, "copy"))]);
+    assert_eq!(mode_of(&t.p(0, "copy")) & 0o7777, 0o755);
+    assert_eq!(mode_of(&t.p(0, "copy/g")) & 0o7777, 0o644);
+}
+
 /// New inodes inherit the directory's default ACL: no umask, the default masked by the mode
 /// asked for; subdirectories inherit it as their default too. Compared with what ext4 does.
 #[test]

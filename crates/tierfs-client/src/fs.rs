@@ -110,6 +110,9 @@ pub struct TierFs {
     backing: Mutex<HashMap<Ino, (Arc<BackingId>, u32)>>,
     /// Last name each inode was looked up or created under (for fname rules at open).
     names: Mutex<HashMap<Ino, Vec<u8>>>,
+    /// POSIX ACLs on (`posix_acl` in the client config; the kernel enforces them only when it
+    /// accepted FUSE_POSIX_ACL at init).
+    pub posix_acl: bool,
 }
 
 fn to_time(n: i64) -> SystemTime {
@@ -215,6 +218,7 @@ impl TierFs {
             passthrough: AtomicBool::new(false),
             backing: Mutex::new(HashMap::new()),
             names: Mutex::new(HashMap::new()),
+            posix_acl: true,
         }
     }
 
@@ -319,7 +323,7 @@ impl TierFs {
             access: None,
             default: None,
         };
-        if kind == Kind::Symlink {
+        if kind == Kind::Symlink || !self.posix_acl {
             return Ok(plain);
         }
         let default = match self.meta.getxattr(parent, acl::DEFAULT) {
@@ -369,6 +373,12 @@ impl TierFs {
     /// setgid for a caller outside the file's group) and is stored only when the mode cannot
     /// say it all; an ACL of no entries removes it.
     fn set_acl(&self, req: &Request, ino: Ino, name: &[u8], value: &[u8]) -> Result<()> {
+        if !self.posix_acl {
+            return Err(ClientError::Errno(
+                "POSIX ACLs are off on this mount (posix_acl = false)",
+                libc::EOPNOTSUPP,
+            ));
+        }
         let parsed =
             Acl::decode(value).map_err(|e| ClientError::Failed(e.to_string(), e.errno()))?;
         let a = self.meta.getattr(ino)?;
@@ -594,9 +604,6 @@ impl Filesystem for TierFs {
             // We clear setuid/setgid ourselves (writes, truncates, chown): without this the
             // kernel asks for security.capability before every write, a round trip each.
             InitFlags::FUSE_HANDLE_KILLPRIV_V2,
-            // POSIX ACLs: the kernel reads them (system.posix_acl_*) and enforces access; we
-            // keep them and the mode in step and inherit default ACLs at create.
-            InitFlags::FUSE_POSIX_ACL,
             // The mode of a create comes without the umask (and the umask beside it): the
             // umask does not apply under a directory with a default ACL.
             InitFlags::FUSE_DONT_MASK,
@@ -604,6 +611,13 @@ impl Filesystem for TierFs {
             if config.add_capabilities(flag).is_err() {
                 tracing::info!("kernel lacks FUSE capability {flag:?}");
             }
+        }
+        // POSIX ACLs: the kernel reads them (system.posix_acl_*) and enforces access; we keep
+        // them and the mode in step and inherit default ACLs at create. The cost: a non-owner's
+        // permission check fetches the inode's ACL (a getxattr) when its attributes were
+        // refreshed.
+        if self.posix_acl && config.add_capabilities(InitFlags::FUSE_POSIX_ACL).is_err() {
+            tracing::warn!("the kernel refused FUSE_POSIX_ACL: ACLs are stored but not enforced");
         }
         if self
             .pcc
