@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting and lints, unit tests, the metadata-engine conformance suite
 # (SQLite and a private PostgreSQL), S3 targets against a private Garage server, FUSE
-# integration tests that mount real filesystems with several clients, and the multi-host test
+# integration tests that mount real filesystems with several clients, pjdfstest on real mounts
+# (scripts/pjdfstest.sh), and the multi-host test
 # (scripts/cluster-test.sh: network namespaces, PostgreSQL + S3, faults). Run as root (FUSE
 # mounts, tests as other users, network namespaces). Installs what it needs first: Debian
 # packages, PostgreSQL, and Garage (built from crates.io once, about 10 minutes).
@@ -26,6 +27,8 @@ if [ -n "$left" ]; then
   echo "error: tests left tierfs mounts behind: $left"
   exit 1
 fi
+echo "== pjdfstest (the full Rust suite: local filesystem, uncached mount, all-RW-PCC mount)"
+timeout 15m ./scripts/pjdfstest.sh 2>&1 | tee -a "$log"
 echo "== cluster test (network namespaces: PostgreSQL and Garage on one host, clients on two)"
 timeout 30m ./scripts/cluster-test.sh 2>&1 | tee -a "$log"
 # One closing line for the whole run: every cargo test binary's count, and the cluster fault

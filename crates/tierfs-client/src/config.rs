@@ -15,6 +15,7 @@
 //! session_timeout_secs = 30    # a client silent this long is considered gone
 //! gc_interval_secs = 1         # how often deleted objects are removed from targets
 //! log_level = "info"
+//! posix_acl = true             # POSIX ACLs (false: as ext4's noacl, setfacl gets EOPNOTSUPP)
 //! metrics = "127.0.0.1:9567"   # serve Prometheus metrics here (off by default)
 //! # persistent client cache (off unless cache_dir is set)
 //! cache_dir = "/nvme/pcc"      # where cached files live (a local disk)
@@ -45,6 +46,7 @@ pub struct ClientConfig {
     pub session_timeout_secs: u64,
     pub gc_interval_secs: u64,
     pub log_level: String,
+    pub posix_acl: bool,
     pub metrics: Option<String>,
     pub cache_dir: Option<std::path::PathBuf>,
     pub cache_size: String,
@@ -72,6 +74,7 @@ impl Default for ClientConfig {
             session_timeout_secs: 30,
             gc_interval_secs: 1,
             log_level: "info".into(),
+            posix_acl: true,
             metrics: None,
             cache_dir: None,
             cache_size: "10G".into(),

@@ -296,6 +296,7 @@ pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Resul
     );
     fs.notifier = Arc::clone(&notifier);
     fs.pcc = pcc.clone();
+    fs.posix_acl = cfg.posix_acl;
     fs.info_json = serde_json::json!({
         // Readable by every user of the machine: never the database password.
         "meta": tierfs_meta::postgres::without_password(&req.meta_url),
