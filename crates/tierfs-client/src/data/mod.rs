@@ -665,7 +665,14 @@ impl DataPath {
     /// cache, with the next chunks fetched ahead in parallel.
     pub fn read(&self, ino: Ino, off: u64, size: u32, sequential: bool) -> Result<Vec<u8>> {
         let st = self.state(ino);
-        if !st.inner.lock().pending.is_empty() {
+        // Buffered writes are committed first, and so is a commit another thread has under
+        // way (its writes are no longer pending, but the size this read is cut at is only
+        // known once it lands): the kernel sends reads in parallel (readahead), and a read
+        // answered with the size from before the commit came back short, which the kernel
+        // takes for the end of the file (it shrinks its size: short reads, SIGBUS in mmap).
+        // `flush` takes pending writes under `flush_lock`, so checking in this order misses
+        // no commit.
+        if !st.inner.lock().pending.is_empty() || st.flush_lock.is_locked() {
             self.flush(ino)?;
         }
         let attr = self.attr_of(&st, ino)?;
