@@ -6,7 +6,7 @@ mod common;
 use common::*;
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::{Read, Write};
+use std::io::{self, Read, Write};
 use std::os::fd::IntoRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -753,5 +753,181 @@ fn read_during_a_commit_is_not_cut_at_the_old_size() {
             hs.into_iter().filter_map(|h| h.join().unwrap()).collect()
         });
         assert!(short.is_empty(), "reads during a commit: {short:?}");
+    }
+}
+
+/// `copy_file_range(2)` on `from` -> `to`, looping over short copies; the total copied.
+fn copy_range(
+    from: &fs::File,
+    off_in: u64,
+    to: &fs::File,
+    off_out: u64,
+    len: u64,
+) -> io::Result<u64> {
+    use std::os::fd::AsRawFd;
+    let (mut i, mut o) = (off_in as libc::loff_t, off_out as libc::loff_t);
+    let mut done = 0u64;
+    while done < len {
+        // SAFETY: plain system call on open descriptors and local offsets.
+        let n = unsafe {
+            libc::copy_file_range(
+                from.as_raw_fd(),
+                &mut i,
+                to.as_raw_fd(),
+                &mut o,
+                (len - done) as usize,
+                0,
+            )
+        };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if n == 0 {
+            break;
+        }
+        done += n as u64;
+    }
+    Ok(done)
+}
+
+/// The value of counter `name{op="op"}` in a mount's stats file.
+fn op_count(t: &TestFs, i: usize, name: &str, op: &str) -> u64 {
+    let text = fs::read_to_string(t.p(i, ".tierfs-stats")).unwrap();
+    let key = format!("{name}{{op=\"{op}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&key))
+        .map(|v| v.trim().parse().unwrap())
+        .unwrap_or(0)
+}
+
+/// Issue 10: copy_file_range is done by the daemon (before, fuser answered ENOSYS with a WARN,
+/// and the kernel fell back to copying through its page cache), with the offsets, the end of
+/// the source, buffered writes on either side, two files and one, and the errors the kernel
+/// expects; the copy is visible to another client after close.
+#[test]
+fn copy_file_range_copies_in_the_daemon() {
+    let t = TestFs::new(2);
+    let (src_p, dst_p) = (t.p(0, "src"), t.p(0, "dst"));
+    let size = 3 * MIB + 12345;
+    write_pattern_file(&src_p, 31, size);
+    let mut want = vec![0u8; size as usize];
+    fill_pattern(31, 0, &mut want);
+    let src = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&src_p)
+        .unwrap();
+    // A buffered (unflushed) write in the source is part of the copy.
+    src.write_all_at(b"fresh", 2 * MIB).unwrap();
+    want[2 * MIB as usize..2 * MIB as usize + 5].copy_from_slice(b"fresh");
+    let dst = fs::OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .read(true)
+        .write(true)
+        .open(&dst_p)
+        .unwrap();
+    dst.write_all_at(&[7u8; 10_000], 0).unwrap();
+    let before = op_count(&t, 0, "tierfs_fuse_ops_total", "copy_file_range");
+    // From an unaligned offset to another, across chunk boundaries, asking past the end of
+    // the source: copies up to its end.
+    let n = copy_range(&src, 100, &dst, 5000, size).unwrap();
+    assert_eq!(n, size - 100, "copied up to the end of the source");
+    assert!(
+        op_count(&t, 0, "tierfs_fuse_ops_total", "copy_file_range") > before,
+        "copy_file_range did not reach the daemon"
+    );
+    assert_eq!(
+        op_count(&t, 0, "tierfs_fuse_errors_total", "copy_file_range"),
+        0
+    );
+    // At or past the end of the source: nothing.
+    assert_eq!(copy_range(&src, size, &dst, 0, 10).unwrap(), 0);
+    // One file, ranges apart: fine; overlapping: EINVAL (as the kernel says).
+    assert_eq!(copy_range(&src, 0, &src, size, 4096).unwrap(), 4096);
+    want.extend_from_within(0..4096);
+    let e = copy_range(&src, 0, &src, 1000, 4096).unwrap_err();
+    assert_eq!(
+        e.raw_os_error(),
+        Some(libc::EINVAL),
+        "overlapping copy: {e}"
+    );
+    // A destination opened for appending: EBADF.
+    let app = fs::OpenOptions::new().append(true).open(&dst_p).unwrap();
+    let e = copy_range(&src, 0, &app, 0, 10).unwrap_err();
+    assert_eq!(
+        e.raw_os_error(),
+        Some(libc::EBADF),
+        "append destination: {e}"
+    );
+    drop((src, dst, app));
+
+    let mut dwant = vec![7u8; 5000];
+    dwant.extend_from_slice(&want[100..size as usize]);
+    for i in 0..2 {
+        let got = fs::read(t.p(i, "dst")).unwrap();
+        assert_eq!(got.len(), dwant.len(), "client {i}: size of the copy");
+        assert_same_bytes(&got, &dwant, 0, &format!("client {i}: copy"));
+        let got = fs::read(t.p(i, "src")).unwrap();
+        assert_same_bytes(
+            &got,
+            &want,
+            0,
+            &format!("client {i}: source after a self-copy"),
+        );
+    }
+}
+
+/// Issue 10: fallocate FALLOC_FL_ZERO_RANGE (was EOPNOTSUPP), with and without KEEP_SIZE,
+/// inside the file, across its end and past it; the writer and another client (after close)
+/// read the zeros and the size.
+#[test]
+fn fallocate_zero_range_with_and_without_keep_size() {
+    use std::os::fd::AsRawFd;
+    let t = TestFs::new(2);
+    let p = t.p(0, "f");
+    let size = 2 * MIB + 777;
+    write_pattern_file(&p, 47, size);
+    let mut want = vec![0u8; size as usize];
+    fill_pattern(47, 0, &mut want);
+    let f = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&p)
+        .unwrap();
+    let zr = |mode: i32, off: u64, len: u64| {
+        // SAFETY: plain system call on an open descriptor.
+        let r = unsafe { libc::fallocate(f.as_raw_fd(), mode, off as i64, len as i64) };
+        if r != 0 {
+            panic!(
+                "fallocate mode {mode:#x} {off}+{len}: {}",
+                io::Error::last_os_error()
+            );
+        }
+    };
+    // A buffered write inside the range is zeroed too.
+    f.write_all_at(b"pending", 1000).unwrap();
+    zr(libc::FALLOC_FL_ZERO_RANGE, 999, MIB + 3);
+    want[999..999 + MIB as usize + 3].fill(0);
+    // Across the end with KEEP_SIZE: the size stays.
+    zr(
+        libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE,
+        size - 100,
+        5000,
+    );
+    want[size as usize - 100..].fill(0);
+    assert_eq!(f.metadata().unwrap().len(), size);
+    // Across the end without: the file grows, with zeros.
+    zr(libc::FALLOC_FL_ZERO_RANGE, size - 50, 1000);
+    want.resize(size as usize - 50 + 1000, 0);
+    assert_eq!(f.metadata().unwrap().len(), want.len() as u64);
+    let mut got = vec![0u8; want.len()];
+    f.read_exact_at(&mut got, 0).unwrap();
+    assert_same_bytes(&got, &want, 0, "writer");
+    drop(f);
+    for i in 0..2 {
+        let got = fs::read(t.p(i, "f")).unwrap();
+        assert_eq!(got.len(), want.len(), "client {i}: size");
+        assert_same_bytes(&got, &want, 0, &format!("client {i}"));
     }
 }

@@ -796,6 +796,27 @@ impl Pcc {
         Ok(())
     }
 
+    /// fallocate(2) on an RW-cached file: applied to the cache file (the file's data lives
+    /// there); the metadata engine hears of the new size and mtime.
+    pub fn fallocate_local(&self, ino: Ino, mode: i32, off: u64, len: u64) -> Result<()> {
+        use std::os::fd::AsRawFd;
+        let f = self.store.open_data(ino, true).map_err(Self::cache_err)?;
+        let (Ok(o), Ok(l)) = (i64::try_from(off), i64::try_from(len)) else {
+            return Err(ClientError::Errno("fallocate range too large", libc::EFBIG));
+        };
+        // SAFETY: a plain system call on a descriptor this function owns.
+        if unsafe { libc::fallocate(f.as_raw_fd(), mode, o, l) } != 0 {
+            let e = std::io::Error::last_os_error();
+            return Err(ClientError::Failed(
+                format!("cache file fallocate: {e}"),
+                e.raw_os_error().unwrap_or(libc::EIO),
+            ));
+        }
+        self.store.note_size(ino);
+        self.report(ino, true)?;
+        Ok(())
+    }
+
     /// At the close of a handle served from the cache.
     pub fn on_close(&self, ino: Ino, wrote: bool) -> Result<()> {
         // Report before this handle stops counting as a writer: a recall waits for writers.

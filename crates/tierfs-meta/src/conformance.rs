@@ -68,6 +68,7 @@ pub fn run_all(factory: &Factory<'_>) {
             "rewrite_data_replaces_everything",
             rewrite_data_replaces_everything,
         ),
+        ("fallocate_zero_range", fallocate_zero_range),
     ];
     for (name, check) in checks {
         let (_guard, engine) = factory();
@@ -938,4 +939,30 @@ fn rewrite_data_replaces_everything(e: &dyn MetaEngine) {
     assert!(e.read_chunk(f.ino, 1).unwrap().is_empty());
     assert_eq!(e.read_chunk(f.ino, 0).unwrap().len(), 1);
     assert_eq!(e.trash(10).unwrap().len(), 2);
+}
+
+/// FALLOC_FL_ZERO_RANGE (`zero` without `keep_size`) zeroes inside the size and grows it;
+/// with `keep_size` (and for punch-hole) the size stays. Zeroing adds zero slices only.
+fn fallocate_zero_range(e: &dyn MetaEngine) {
+    let f = e
+        .create(ROOT_INO, b"z", &file(), Some(layout()), None)
+        .unwrap();
+    e.commit_slices(f.ino, &[obj_slice(0, 0, 100, 9)], 100, 1)
+        .unwrap();
+    let v = e.getattr(f.ino).unwrap().data_version;
+    let k = e.fallocate(f.ino, 50, 100, true, true).unwrap();
+    assert_eq!(k.size, 100, "zero range with keep_size keeps the size");
+    assert!(k.data_version > v, "zeroing moves the data version");
+    let last = e.read_chunk(f.ino, 0).unwrap().last().cloned().unwrap();
+    assert_eq!(
+        (last.off, last.len, &last.data),
+        (50, 50, &SliceData::Zero),
+        "zeroed inside the old size only"
+    );
+    let g = e.fallocate(f.ino, 80, 100, false, true).unwrap();
+    assert_eq!(g.size, 180, "zero range without keep_size grows the file");
+    let last = e.read_chunk(f.ino, 0).unwrap().last().cloned().unwrap();
+    assert_eq!((last.off, last.len, &last.data), (80, 20, &SliceData::Zero));
+    let s = e.fallocate(f.ino, 0, 10, false, true).unwrap();
+    assert_eq!(s.size, 180, "zeroing inside never shrinks");
 }

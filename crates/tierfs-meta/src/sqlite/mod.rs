@@ -1375,30 +1375,24 @@ impl MetaEngine for SqliteEngine {
         r.ok_or(MetaError::NotFound)
     }
 
-    fn fallocate(
-        &self,
-        ino: Ino,
-        off: u64,
-        len: u64,
-        keep_size: bool,
-        punch: bool,
-    ) -> Result<Attr> {
+    fn fallocate(&self, ino: Ino, off: u64, len: u64, keep_size: bool, zero: bool) -> Result<Attr> {
         self.write(|tx| {
             let a = get_attr(tx, ino)?;
             if a.kind != Kind::File {
                 return Err(MetaError::Invalid("fallocate on a non-regular file".into()));
             }
             let now = now_nanos();
-            if punch {
+            if zero {
                 let end = (off + len).min(a.size);
                 if let Some(l) = &a.layout {
                     if end > off {
                         zero_range(tx, ino, l.stripe_size, off, end - off)?;
                     }
                 }
+                let size = if keep_size { a.size } else { a.size.max(off + len) };
                 tx.execute(
-                    "UPDATE inodes SET mtime = ?2, ctime = ?2, data_version = data_version + 1 WHERE ino = ?1",
-                    params![ino as i64, now],
+                    "UPDATE inodes SET size = ?3, mtime = ?2, ctime = ?2, data_version = data_version + 1 WHERE ino = ?1",
+                    params![ino as i64, now, size as i64],
                 )?;
             } else if !keep_size && off + len > a.size {
                 tx.execute(
