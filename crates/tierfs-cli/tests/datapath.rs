@@ -931,3 +931,77 @@ fn fallocate_zero_range_with_and_without_keep_size() {
         assert_same_bytes(&got, &want, 0, &format!("client {i}"));
     }
 }
+
+/// st_blocks of `p` in bytes, waiting out the kernel's attribute cache (1 s) until `ok` holds
+/// or 5 s passed; returns the last value.
+fn blocks_bytes_until(p: &Path, ok: impl Fn(u64) -> bool) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let until = Instant::now() + Duration::from_secs(5);
+    loop {
+        let b = fs::metadata(p).unwrap().blocks() * 512;
+        if ok(b) || Instant::now() > until {
+            return b;
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Issue 10: st_blocks equalled the size, so a 5 GiB sparse file holding 1 MiB showed
+/// `du` = 5.1G. It now counts the bytes that hold data (schema v5): on the writer while the
+/// data is still buffered, on another client after close, less after a punched hole.
+#[test]
+fn st_blocks_count_stored_data_not_the_size() {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::MetadataExt;
+    let t = TestFs::new(2);
+    let p = t.p(0, "sparse");
+    let f = fs::OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .read(true)
+        .write(true)
+        .open(&p)
+        .unwrap();
+    f.set_len(5 << 30).unwrap();
+    f.write_all_at(&vec![5u8; MIB as usize], 2 << 30).unwrap();
+    let near_1mib = |b: u64| (MIB..=MIB + 64 * 1024).contains(&b);
+    let b = f.metadata().unwrap().blocks() * 512;
+    assert!(near_1mib(b), "writer, data buffered: {b} bytes allocated");
+    drop(f);
+    for i in 0..2 {
+        let m = fs::metadata(t.p(i, "sparse")).unwrap();
+        assert_eq!(m.len(), 5 << 30, "client {i}: size");
+        let b = blocks_bytes_until(&t.p(i, "sparse"), near_1mib);
+        assert!(
+            near_1mib(b),
+            "client {i}: {b} bytes allocated for 1 MiB of data"
+        );
+    }
+    let out = std::process::Command::new("du")
+        .arg("-k")
+        .arg(t.p(1, "sparse"))
+        .output()
+        .unwrap();
+    let kib: u64 = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    assert!((1024..=1088).contains(&kib), "du -k says {kib}");
+    // A hole punched in the data: it no longer counts.
+    let f = fs::OpenOptions::new().write(true).open(&p).unwrap();
+    // SAFETY: plain system call on an open descriptor.
+    let r = unsafe {
+        libc::fallocate(
+            f.as_raw_fd(),
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            (2 << 30) + (256 << 10),
+            512 << 10,
+        )
+    };
+    assert_eq!(r, 0, "punch: {}", io::Error::last_os_error());
+    drop(f);
+    let half = |b: u64| (512 << 10..=(512 << 10) + 64 * 1024).contains(&b);
+    let b = blocks_bytes_until(&t.p(1, "sparse"), half);
+    assert!(half(b), "after the punch: {b} bytes allocated");
+}

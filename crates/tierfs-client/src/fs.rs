@@ -204,15 +204,23 @@ impl TierFs {
             a.size
         };
         let mut mtime = a.mtime;
+        // st_blocks: the bytes that hold data (schema v5), not the size; a directory or a
+        // symlink counts its size.
+        let mut allocated = if a.kind == Kind::File {
+            self.data.local_allocated(a, size)
+        } else {
+            a.size
+        };
         if let Some((s, m)) = self.pcc.as_ref().and_then(|p| p.local_attr(a.ino)) {
             // RW-cached here: the cache file is the truth.
             size = s;
             mtime = m;
+            allocated = s;
         }
         FileAttr {
             ino: INodeNo(a.ino),
             size,
-            blocks: size.div_ceil(512),
+            blocks: allocated.div_ceil(512),
             atime: to_time(a.atime),
             mtime: to_time(mtime),
             ctime: to_time(a.ctime.max(mtime)),

@@ -302,6 +302,16 @@ impl DataPath {
         }
     }
 
+    /// The bytes a stat on this client shows as allocated for `a` (st_blocks): the engine's
+    /// count plus the writes still buffered here, at most `size`.
+    pub fn local_allocated(&self, a: &Attr, size: u64) -> u64 {
+        let pending = self
+            .existing(a.ino)
+            .map(|st| st.inner.lock().pending_bytes as u64)
+            .unwrap_or(0);
+        a.allocated.saturating_add(pending).min(size)
+    }
+
     fn attr_of(&self, st: &FileState, ino: Ino) -> Result<Attr> {
         if let Some(a) = st.inner.lock().attr.clone() {
             return Ok(a);
