@@ -1397,7 +1397,7 @@ impl MetaEngine for PgEngine {
             if p.nlink == 0 {
                 return Err(MetaError::NotFound);
             }
-            if row.get::<_, bool>(19) {
+            if row.get::<_, bool>(ATTR_COLS.split(", ").count()) {
                 return Err(MetaError::Exists);
             }
             let now = now_nanos();
