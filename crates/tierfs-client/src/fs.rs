@@ -10,10 +10,10 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use fuser::{
-    AccessFlags, BackingId, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
-    Generation, INodeNo, InitFlags, KernelConfig, LockOwner, Notifier, OpenFlags, RenameFlags,
-    ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLock,
-    ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    AccessFlags, BackingId, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType, Filesystem,
+    FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, LockOwner, Notifier, OpenFlags,
+    RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry,
+    ReplyLock, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use parking_lot::Mutex;
 
@@ -42,6 +42,11 @@ fn is_virtual(ino: u64) -> bool {
     ino == STATS_INO || ino == INFO_INO
 }
 const BLKSIZE: u32 = 1 << 16;
+
+/// Most bytes one copy_file_range call copies (the reply carries a 32-bit count).
+const COPY_MAX: u64 = 1 << 30;
+/// copy_file_range moves data through the daemon in pieces of this size.
+const COPY_PIECE: u64 = 4 << 20;
 
 struct Handle {
     append: bool,
@@ -229,15 +234,23 @@ impl TierFs {
             a.size
         };
         let mut mtime = a.mtime;
+        // st_blocks: the bytes that hold data (schema v5), not the size; a directory or a
+        // symlink counts its size.
+        let mut allocated = if a.kind == Kind::File {
+            self.data.local_allocated(a, size)
+        } else {
+            a.size
+        };
         if let Some((s, m)) = self.pcc.as_ref().and_then(|p| p.local_attr(a.ino)) {
             // RW-cached here: the cache file is the truth.
             size = s;
             mtime = m;
+            allocated = s;
         }
         FileAttr {
             ino: INodeNo(a.ino),
             size,
-            blocks: size.div_ceil(512),
+            blocks: allocated.div_ceil(512),
             atime: to_time(a.atime),
             mtime: to_time(mtime),
             ctime: to_time(a.ctime.max(mtime)),
@@ -479,6 +492,36 @@ impl TierFs {
             cache: None,
         });
         Ok((fh, fl))
+    }
+
+    /// Up to `len` bytes of a file at `off` for copy_file_range (fewer at its end).
+    fn read_for_copy(&self, h: &Handle, ino: Ino, off: u64, len: u64) -> Result<Vec<u8>> {
+        if let Some(c) = &h.cache {
+            use std::os::unix::fs::FileExt;
+            let mut buf = vec![0u8; len as usize];
+            let mut n = 0;
+            while n < buf.len() {
+                match c.file.read_at(&mut buf[n..], off + n as u64) {
+                    Ok(0) => break,
+                    Ok(k) => n += k,
+                    Err(e) => return Err(ClientError::Failed(e.to_string(), libc::EIO)),
+                }
+            }
+            buf.truncate(n);
+            return Ok(buf);
+        }
+        self.data.read(ino, off, len as u32, true)
+    }
+
+    /// Writes a piece of a copy_file_range, as a write(2) of the handle would.
+    fn write_for_copy(&self, h: &Handle, ino: Ino, off: u64, data: &[u8]) -> Result<()> {
+        if let Some(c) = &h.cache {
+            use std::os::unix::fs::FileExt;
+            return c.file.write_all_at(data, off).map_err(|e| {
+                ClientError::Failed(e.to_string(), e.raw_os_error().unwrap_or(libc::EIO))
+            });
+        }
+        self.data.write(ino, off, data)
     }
 
     /// `tierfs pcc ...` commands, which reach the daemon as extended attributes of the file
@@ -1549,6 +1592,87 @@ impl Filesystem for TierFs {
         }
     }
 
+    /// copy_file_range(2): the daemon reads the source range through the data path (or the
+    /// cache file of an RW-cached handle) and writes it to the destination as a write would,
+    /// piece by piece; the bytes never pass through the application. Objects are not shared
+    /// between files (no reflink): the copy is new objects. One call copies at most
+    /// [`COPY_MAX`] bytes; callers loop over short copies, as for write(2).
+    fn copy_file_range(
+        &self,
+        _req: &Request,
+        ino_in: INodeNo,
+        fh_in: FileHandle,
+        offset_in: u64,
+        ino_out: INodeNo,
+        fh_out: FileHandle,
+        offset_out: u64,
+        len: u64,
+        flags: CopyFileRangeFlags,
+        reply: ReplyWrite,
+    ) {
+        let r = self.run("copy_file_range", || {
+            if !flags.is_empty() {
+                return Err(ClientError::Errno("copy_file_range flags", libc::EINVAL));
+            }
+            let (Some(hin), Some(hout)) = (self.handle(fh_in), self.handle(fh_out)) else {
+                return Err(ClientError::Errno("unknown file handle", libc::EBADF));
+            };
+            if is_virtual(ino_in.0)
+                || is_virtual(ino_out.0)
+                || hin.stats.is_some()
+                || hout.stats.is_some()
+            {
+                return Err(ClientError::Errno("copy of a virtual file", libc::EINVAL));
+            }
+            if hout.append || hout.cache.as_ref().is_some_and(|c| !c.write) {
+                return Err(ClientError::Errno(
+                    "destination not writable here",
+                    libc::EBADF,
+                ));
+            }
+            let len = len.min(COPY_MAX);
+            let (Some(end_in), Some(end_out)) =
+                (offset_in.checked_add(len), offset_out.checked_add(len))
+            else {
+                return Err(ClientError::Errno("copy range overflows", libc::EOVERFLOW));
+            };
+            if end_in > i64::MAX as u64 {
+                return Err(ClientError::Errno("copy range overflows", libc::EOVERFLOW));
+            }
+            if end_out > i64::MAX as u64 {
+                return Err(ClientError::Errno(
+                    "copy past the largest size",
+                    libc::EFBIG,
+                ));
+            }
+            if ino_in == ino_out && offset_in < end_out && offset_out < end_in {
+                // As the kernel answers for overlapping ranges of one file.
+                return Err(ClientError::Errno(
+                    "overlapping copy in one file",
+                    libc::EINVAL,
+                ));
+            }
+            let mut done = 0u64;
+            while done < len {
+                let want = (len - done).min(COPY_PIECE);
+                let piece = self.read_for_copy(&hin, ino_in.0, offset_in + done, want)?;
+                if piece.is_empty() {
+                    break;
+                }
+                self.write_for_copy(&hout, ino_out.0, offset_out + done, &piece)?;
+                done += piece.len() as u64;
+                if (piece.len() as u64) < want {
+                    break; // end of the source
+                }
+            }
+            Ok(done)
+        });
+        match r {
+            Ok(n) => reply.written(n as u32),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
     fn fallocate(
         &self,
         _req: &Request,
@@ -1568,14 +1692,25 @@ impl Filesystem for TierFs {
             }
             let keep = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
             let punch = mode & libc::FALLOC_FL_PUNCH_HOLE != 0;
-            let known = libc::FALLOC_FL_KEEP_SIZE | libc::FALLOC_FL_PUNCH_HOLE;
-            if mode & !known != 0 || (punch && !keep) {
+            let zero = mode & libc::FALLOC_FL_ZERO_RANGE != 0;
+            let known =
+                libc::FALLOC_FL_KEEP_SIZE | libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_ZERO_RANGE;
+            if mode & !known != 0 || (punch && !keep) || (punch && zero) {
                 return Err(ClientError::Errno(
                     "unsupported fallocate mode",
                     libc::EOPNOTSUPP,
                 ));
             }
-            if !punch {
+            if offset
+                .checked_add(length)
+                .is_none_or(|e| e > i64::MAX as u64)
+            {
+                return Err(ClientError::Errno(
+                    "fallocate past the largest size",
+                    libc::EFBIG,
+                ));
+            }
+            if !punch && !zero {
                 let a = self.meta.getattr(ino.0)?;
                 if let Some(l) = &a.layout {
                     let first = offset / l.stripe_size;
@@ -1586,7 +1721,11 @@ impl Filesystem for TierFs {
                 }
             }
             self.data.flush(ino.0)?;
-            let a = self.meta.fallocate(ino.0, offset, length, keep, punch)?;
+            // The engine zeroes for punch (size kept) and zero-range (size grows unless
+            // KEEP_SIZE): both add zero slices, which hold no objects.
+            let a = self
+                .meta
+                .fallocate(ino.0, offset, length, keep, punch || zero)?;
             self.data.invalidate(ino.0, Some(&a));
             Ok(())
         });

@@ -431,6 +431,16 @@ impl DataPath {
         }
     }
 
+    /// The bytes a stat on this client shows as allocated for `a` (st_blocks): the engine's
+    /// count plus the writes still buffered here, at most `size`.
+    pub fn local_allocated(&self, a: &Attr, size: u64) -> u64 {
+        let pending = self
+            .existing(a.ino)
+            .map(|st| st.inner.lock().pending_bytes as u64)
+            .unwrap_or(0);
+        a.allocated.saturating_add(pending).min(size)
+    }
+
     fn attr_of(&self, st: &FileState, ino: Ino) -> Result<Attr> {
         if let Some(a) = st.inner.lock().attr.clone() {
             return Ok(a);
@@ -803,7 +813,14 @@ impl DataPath {
 
     fn read_once(&self, ino: Ino, off: u64, size: u32, sequential: bool) -> Result<Vec<u8>> {
         let st = self.state(ino);
-        if !st.inner.lock().pending.is_empty() {
+        // Buffered writes are committed first, and so is a commit another thread has under
+        // way (its writes are no longer pending, but the size this read is cut at is only
+        // known once it lands): the kernel sends reads in parallel (readahead), and a read
+        // answered with the size from before the commit came back short, which the kernel
+        // takes for the end of the file (it shrinks its size: short reads, SIGBUS in mmap).
+        // `flush` takes pending writes under `flush_lock`, so checking in this order misses
+        // no commit.
+        if !st.inner.lock().pending.is_empty() || st.flush_lock.is_locked() {
             self.flush(ino)?;
         }
         let attr = self.attr_of(&st, ino)?;
