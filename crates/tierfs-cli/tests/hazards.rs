@@ -246,8 +246,14 @@ fn file_state_goes_after_close() {
 /// Hazard 5: bytes buffered over all files are bounded (`buffer_limit_mb`): 200 files of
 /// 1 MiB written and kept open (no close, no fsync) do not push the daemon's memory past the
 /// limit plus a margin; writers wait for commits instead.
+///
+/// The writes run in a child process (this test binary again, [`writer_child`]): every
+/// fork+exec of another test in this process would close the test's descriptors in the child
+/// and so send FUSE flushes, which commit the files and hide the hazard.
 #[test]
 fn buffered_bytes_are_bounded_across_files() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
     let mut t = TestFs::with(Opts {
         clients: 0,
         // 1 MiB files never fill a chunk: nothing uploads before a commit
@@ -263,18 +269,28 @@ fn buffered_bytes_are_bounded_across_files() {
     let pid = t.daemon_pid(0);
     fs::create_dir(t.p(0, "d")).unwrap();
     let rss_before = vm_kb(pid, "VmRSS:");
-    let mut files = Vec::new();
-    let mut peak_buffered = 0;
-    for i in 0..200u64 {
-        let f = fs::File::create(t.p(0, &format!("d/{i}"))).unwrap();
-        let data = pattern(1000 + i, 0, 1 << 20);
-        for (k, piece) in data.chunks(128 << 10).enumerate() {
-            f.write_all_at(piece, (k * (128 << 10)) as u64).unwrap();
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "writer_child", "--nocapture", "--test-threads=1"])
+        .env(WRITER_ENV, t.p(0, "d"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // (libtest may print "test writer_child ... " on the same line)
+    let mut line = String::new();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let peak_buffered: u64 = loop {
+        line.clear();
+        if out.read_line(&mut line).unwrap() == 0 {
+            panic!("the writer ended early: {:?}", child.wait());
         }
-        peak_buffered = peak_buffered.max(stat_value(t.mnt(0), "tierfs_buffered_bytes"));
-        files.push(f);
-    }
+        if let Some(n) = line.split("written ").nth(1) {
+            break n.trim().parse().unwrap();
+        }
+    };
     let hwm = vm_kb(pid, "VmHWM:");
+    drop(child.stdin.take()); // the writer closes its files and ends
+    assert!(child.wait().unwrap().success(), "the writer failed");
     let grown_mb = hwm.saturating_sub(rss_before) / 1024;
     eprintln!(
         "daemon RSS before {} MiB, peak {} MiB (grew {grown_mb} MiB), buffered at most {} MiB; \
@@ -294,9 +310,38 @@ fn buffered_bytes_are_bounded_across_files() {
         "the daemon grew by {grown_mb} MiB for 200 MiB written with a {limit_mb} MiB buffer \
          limit (margin {margin_mb} MiB)"
     );
-    drop(files);
     for i in 0..200u64 {
         let got = fs::read(t.p(0, &format!("d/{i}"))).unwrap();
         assert_same_bytes(&got, &pattern(1000 + i, 0, 1 << 20), 0, "file");
     }
+}
+
+const WRITER_ENV: &str = "TIERFS_HAZARDS_WRITER_DIR";
+
+/// The writer of [`buffered_bytes_are_bounded_across_files`], run in a child process (does
+/// nothing otherwise): writes 200 files of 1 MiB in 128 KiB pieces and keeps them open, prints
+/// `written <most bytes buffered seen>`, and closes them when its stdin closes.
+#[test]
+fn writer_child() {
+    let Some(dir) = std::env::var_os(WRITER_ENV) else {
+        return;
+    };
+    let dir = std::path::PathBuf::from(dir);
+    let mnt = dir.parent().unwrap();
+    let mut files = Vec::new();
+    let mut peak_buffered = 0;
+    for i in 0..200u64 {
+        let f = fs::File::create(dir.join(i.to_string())).unwrap();
+        let data = pattern(1000 + i, 0, 1 << 20);
+        for (k, piece) in data.chunks(128 << 10).enumerate() {
+            f.write_all_at(piece, (k * (128 << 10)) as u64).unwrap();
+        }
+        peak_buffered = peak_buffered.max(stat_value(mnt, "tierfs_buffered_bytes"));
+        files.push(f);
+    }
+    println!("written {peak_buffered}");
+    std::io::stdout().flush().unwrap();
+    let mut rest = String::new();
+    let _ = std::io::Read::read_to_string(&mut std::io::stdin(), &mut rest);
+    drop(files);
 }

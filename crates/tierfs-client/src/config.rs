@@ -173,4 +173,13 @@ mod tests {
         assert!(ClientConfig::from_toml("fuse_threads = 0").is_err());
         assert!(ClientConfig::from_toml("attr_ttl = \"x\"").is_err());
     }
+
+    #[test]
+    fn buffer_limit_has_a_default_and_is_at_least_one_mib() {
+        assert_eq!(ClientConfig::default().buffer_limit_mb, 256);
+        let c = ClientConfig::from_toml("buffer_limit_mb = 32").unwrap();
+        assert_eq!(c.buffer_limit_mb, 32);
+        let e = ClientConfig::from_toml("buffer_limit_mb = 0").unwrap_err();
+        assert!(e.contains("buffer_limit_mb"), "{e}");
+    }
 }
