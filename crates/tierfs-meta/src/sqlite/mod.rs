@@ -50,7 +50,18 @@ pub struct SqliteEngine {
     /// This process committed since its last [`MetaEngine::sync`] (which then has nothing to
     /// do: an fsync of a clean write-ahead log still costs a disk cache flush).
     unsynced: AtomicBool,
+    /// Past this many bytes of write-ahead log, [`MetaEngine::maintain`] checkpoints it whole and
+    /// truncates it ([`WAL_LIMIT`]).
+    wal_limit: u64,
 }
+
+/// The write-ahead log's size past which `maintain` runs a `TRUNCATE` checkpoint instead of a
+/// passive one. Passive checkpoints never wait, so under a steady stream of commits (an untar of
+/// a million files) they never catch up with the log's end, SQLite never restarts the log, and
+/// it grew to 20 GB, its shared-memory index (mapped by every client) with it. A `TRUNCATE`
+/// checkpoint makes the writers of every client wait (their busy timeout) while it copies the
+/// log back and empties it: about once per 64 MiB of metadata changes.
+const WAL_LIMIT: u64 = 64 << 20;
 
 const ATTR_COLS: &str =
     "ino, kind, perm, uid, gid, nlink, size, rdev, atime, mtime, ctime, crtime, \
@@ -542,6 +553,7 @@ impl SqliteEngine {
             writer: Mutex::new(writer),
             readers: Mutex::new(Vec::new()),
             unsynced: AtomicBool::new(true),
+            wal_limit: WAL_LIMIT,
         })
     }
 
@@ -1558,6 +1570,24 @@ impl MetaEngine for SqliteEngine {
             c.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))?;
             Ok(())
         })?;
+        let mut wal = self.path.clone().into_os_string();
+        wal.push("-wal");
+        let wal_len = std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0);
+        if wal_len > self.wal_limit {
+            // On the writer connection, so this process's writers wait behind it rather than
+            // retry; other clients' writers wait through their busy timeout.
+            let c = self.writer.lock();
+            let (busy, log, done): (i64, i64, i64) =
+                c.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+                })?;
+            if busy != 0 {
+                tracing::debug!(
+                    "write-ahead log of {wal_len} bytes: truncating checkpoint blocked \
+                     ({done} of {log} frames copied); trying again next time"
+                );
+            }
+        }
         self.purge_orphans(now_nanos() - ORPHAN_GRACE.as_nanos() as Nanos)?;
         Ok(())
     }
@@ -2416,6 +2446,37 @@ mod tests {
                 Box::new(e) as Box<dyn MetaEngine>,
             )
         });
+    }
+
+    #[test]
+    fn maintain_truncates_a_write_ahead_log_past_its_limit() {
+        let (d, mut e) = fresh();
+        e.wal_limit = 256 << 10;
+        let wal = d.path().join("m.db-wal");
+        let root = e.getattr(crate::ROOT_INO).unwrap();
+        let mut i = 0u32;
+        while std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0) <= e.wal_limit {
+            let node = NewNode {
+                kind: Kind::File,
+                perm: 0o644,
+                uid: 0,
+                gid: 0,
+                rdev: 0,
+                symlink: None,
+            };
+            e.create(root.ino, format!("f{i}").as_bytes(), &node, None, None)
+                .unwrap();
+            i += 1;
+        }
+        e.maintain().unwrap();
+        let len = std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0);
+        assert!(
+            len < e.wal_limit,
+            "log of {len} bytes after maintain (limit {})",
+            e.wal_limit
+        );
+        // nothing is lost by the truncation
+        assert_eq!(e.readdir(root.ino, 0, 100_000).unwrap().len() as u32, i);
     }
 
     #[test]
