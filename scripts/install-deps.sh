@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Installs what tierfs needs on a Debian machine: FUSE 3 (fusermount3, /dev/fuse tools), fio for
-# the benchmarks, sqlite3 for inspecting metadata, and a Rust toolchain if none is present.
+# the benchmarks, sqlite3 for inspecting metadata, acl (setfacl/getfacl, for the ACL tests), and a
+# Rust toolchain if none is present.
 set -euo pipefail
 need=()
 command -v fusermount3 >/dev/null 2>&1 || need+=(fuse3)
 command -v fio >/dev/null 2>&1 || need+=(fio)
 command -v sqlite3 >/dev/null 2>&1 || need+=(sqlite3)
+command -v setfacl >/dev/null 2>&1 || need+=(acl)
 command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
 command -v cc >/dev/null 2>&1 || need+=(build-essential)
 if [ ${#need[@]} -gt 0 ]; then

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting and lints, unit tests, the metadata-engine conformance suite
 # (SQLite and a private PostgreSQL), S3 targets against a private Garage server, FUSE
-# integration tests that mount real filesystems with several clients, and the multi-host test
+# integration tests that mount real filesystems with several clients, the field's exercisers on
+# real mounts (scripts/pjdfstest.sh, scripts/fsx-test.sh), kill -9 crash rounds
+# (scripts/crash-test.sh), and the multi-host test
 # (scripts/cluster-test.sh: network namespaces, PostgreSQL + S3, faults). Run as root (FUSE
 # mounts, tests as other users, network namespaces). Installs what it needs first: Debian
 # packages, PostgreSQL, and Garage (built from crates.io once, about 10 minutes).
@@ -26,11 +28,25 @@ if [ -n "$left" ]; then
   echo "error: tests left tierfs mounts behind: $left"
   exit 1
 fi
+# The exercisers and the crash rounds use the binary the tests just built.
+export TIERFS_BIN="${CARGO_TARGET_DIR:-$PWD/target}/debug/tierfs" TIERFS="${CARGO_TARGET_DIR:-$PWD/target}/debug/tierfs"
+echo "== pjdfstest (the full Rust suite: local filesystem, uncached mount, all-RW-PCC mount)"
+timeout 15m ./scripts/pjdfstest.sh 2>&1 | tee -a "$log"
+echo "== fsx (1,000,000 operations each: uncached, RW-PCC, uncached with a second client reading)"
+timeout 20m ./scripts/fsx-test.sh 2>&1 | tee -a "$log"
+echo "== crash rounds (kill -9 of a writing client, remount, every acknowledged byte checked)"
+timeout 10m ./scripts/crash-test.sh 2>&1 | tee -a "$log"
 echo "== cluster test (network namespaces: PostgreSQL and Garage on one host, clients on two)"
 timeout 30m ./scripts/cluster-test.sh 2>&1 | tee -a "$log"
-# One closing line for the whole run: every cargo test binary's count, and the cluster fault
-# scenario as one test.
-passed=$(awk '/^test result: ok\./ {n += $4} END {print n + 0}' "$log")
-rm -f "$log"
+# One closing line for the whole run. It counts every cargo test, each tierfs mount's pjdfstest
+# passes, each fsx run, each crash round, and the cluster fault scenario as one test; the
+# exercisers' own lines come just before it.
+cargo_passed=$(awk '/^test result: ok\./ {n += $4} END {print n + 0}' "$log")
+pjd_passed=$(awk '/^pjdfstest (tierfs|rwpcc): / {n += $3} END {print n + 0}' "$log")
+fsx_passed=$(awk '/^fsx: [0-9]+ passed/ {n += $2} END {print n + 0}' "$log")
+crash_passed=$(awk '/^crash rounds: / {n += $3} END {print n + 0}' "$log")
 echo "== all tests passed"
-echo "tests: $((passed + 1)) passed, 0 failed"
+grep -E '^(pjdfstest (local|tierfs|rwpcc)|fsx (uncached|pcc|reader)|crash rounds): ' "$log" || true
+echo "cargo test $cargo_passed, pjdfstest on tierfs mounts $pjd_passed, fsx runs $fsx_passed, crash rounds $crash_passed, cluster scenario 1"
+rm -f "$log"
+echo "tests: $((cargo_passed + pjd_passed + fsx_passed + crash_passed + 1)) passed, 0 failed"

@@ -26,11 +26,31 @@ fn size_str(n: u64, h: bool) -> String {
 /// (id, url, capacity, used, available) of one target.
 type TargetRow = (u32, String, u64, u64, u64);
 
+/// Space of one target, and of the device under it.
+struct TargetSpace {
+    row: TargetRow,
+    /// The device of a local target (`st_dev` of its directory); `None` for object stores.
+    dev: Option<u64>,
+    /// Size and free space of that device.
+    dev_space: tierfs_store::target::DeviceSpace,
+}
+
 /// Capacity, use and free space of each target.
 fn target_space(engine: &dyn MetaEngine) -> Result<Vec<TargetRow>> {
+    Ok(target_spaces(engine)?.into_iter().map(|t| t.row).collect())
+}
+
+fn target_spaces(engine: &dyn MetaEngine) -> Result<Vec<TargetSpace>> {
+    use std::os::unix::fs::MetadataExt;
     let mut out = Vec::new();
     for t in engine.targets()? {
         let spec = TargetSpec::parse(&t.url)?;
+        let devid = match &spec.kind {
+            tierfs_store::target::TargetKind::Local(dir) => {
+                std::fs::metadata(dir).ok().map(|m| m.dev())
+            }
+            tierfs_store::target::TargetKind::S3(_) => None,
+        };
         let dev = tierfs_store::Target::open(t.id, spec)
             .map(|x| x.device_space())
             .unwrap_or_default();
@@ -46,9 +66,41 @@ fn target_space(engine: &dyn MetaEngine) -> Result<Vec<TargetRow>> {
         } else {
             (dev.total, dev.avail)
         };
-        out.push((t.id, t.url, cap, t.used, avail));
+        out.push(TargetSpace {
+            row: (t.id, t.url, cap, t.used, avail),
+            dev: devid,
+            dev_space: dev,
+        });
     }
     Ok(out)
+}
+
+/// The filesystem's capacity, use and free space (the `df` summary): targets on one device
+/// share its size and free space, so a device counts once (at most its size, at most its free
+/// space, however many targets sit on it); object stores count by their capacity.
+fn summary(targets: &[TargetSpace]) -> (u64, u64, u64) {
+    let mut devices: BTreeMap<u64, (u64, u64, tierfs_store::target::DeviceSpace)> = BTreeMap::new();
+    let (mut tc, mut tu, mut ta) = (0u64, 0u64, 0u64);
+    for t in targets {
+        let (_, _, cap, used, avail) = t.row;
+        tu += used;
+        match t.dev {
+            Some(d) if t.dev_space.total > 0 => {
+                let e = devices.entry(d).or_insert((0, 0, t.dev_space));
+                e.0 += cap;
+                e.1 += avail;
+            }
+            _ => {
+                tc += cap;
+                ta += avail;
+            }
+        }
+    }
+    for (cap, avail, dev) in devices.into_values() {
+        tc += cap.min(dev.total);
+        ta += avail.min(dev.avail);
+    }
+    (tc, tu, ta)
 }
 
 fn fills(engine: &dyn MetaEngine) -> Result<Vec<TargetFill>> {
@@ -112,8 +164,8 @@ fn df_one(root: &Path, mi: &MountInfo, h: bool) -> Result<()> {
         pct(mdt_size, mdt_total),
         root.display()
     );
-    let (mut tc, mut tu, mut ta) = (0u64, 0u64, 0u64);
-    for (id, _url, cap, used, avail) in target_space(engine.as_ref())? {
+    let spaces = target_spaces(engine.as_ref())?;
+    for &(id, _, cap, used, avail) in spaces.iter().map(|t| &t.row) {
         println!(
             "{:<24} {:>12} {:>12} {:>12} {:>4}% {}[OST:{id}]",
             format!("{}-OST{:04x}_UUID", mi.name, id),
@@ -123,10 +175,8 @@ fn df_one(root: &Path, mi: &MountInfo, h: bool) -> Result<()> {
             pct(used, cap),
             root.display()
         );
-        tc += cap;
-        tu += used;
-        ta += avail;
     }
+    let (tc, tu, ta) = summary(&spaces);
     let usage = engine.usage()?;
     println!();
     println!(
@@ -347,14 +397,37 @@ fn print_status(engine: Arc<dyn MetaEngine>) -> Result<()> {
         };
         println!("  OST{id:04x}  {url}  used {} of {of}", human(used));
     }
-    let sessions = engine.sessions()?;
-    println!("clients:    {} mounted", sessions.len());
-    let now = now_nanos();
-    for s in sessions {
+    use tierfs_client::liveness::{state, Liveness};
+    let sessions: Vec<_> = engine
+        .sessions()?
+        .into_iter()
+        .map(|s| {
+            let l = state(&s);
+            (s, l)
+        })
+        .collect();
+    let gone = sessions
+        .iter()
+        .filter(|(_, l)| matches!(l, Liveness::Gone(_)))
+        .count();
+    if gone > 0 {
         println!(
-            "  {:<16} host {} pid {} at {}  (session {}, heartbeat {:.1}s ago, v{})",
+            "clients:    {} mounted, {gone} dead (session not yet ended)",
+            sessions.len() - gone
+        );
+    } else {
+        println!("clients:    {} mounted", sessions.len());
+    }
+    let now = now_nanos();
+    for (s, l) in sessions {
+        let dead = match l {
+            Liveness::Gone(why) => format!("  DEAD: {why}"),
+            _ => String::new(),
+        };
+        println!(
+            "  {:<16} host {} pid {} at {}  (session {}, heartbeat {:.1}s ago, v{}){dead}",
             s.client_name,
-            s.host,
+            s.host_name(),
             s.pid,
             s.mountpoint,
             s.id,
@@ -409,7 +482,8 @@ pub fn stats(a: StatsArgs) -> Result<()> {
         mi.client, mi.session, mi.mountpoint
     );
     let rows = parse_prom(&text);
-    let mut ops: BTreeMap<String, (f64, f64, f64)> = BTreeMap::new();
+    // count, errors, misses (normal negative answers such as ENOENT), seconds
+    let mut ops: BTreeMap<String, (f64, f64, f64, f64)> = BTreeMap::new();
     let mut bytes: BTreeMap<String, (f64, f64)> = BTreeMap::new();
     for (name, label, v) in rows {
         let l = label
@@ -419,19 +493,20 @@ pub fn stats(a: StatsArgs) -> Result<()> {
         match name.as_str() {
             "tierfs_fuse_ops_total" => ops.entry(l).or_default().0 = v,
             "tierfs_fuse_errors_total" => ops.entry(l).or_default().1 = v,
-            "tierfs_fuse_op_seconds_sum" => ops.entry(l).or_default().2 = v,
+            "tierfs_fuse_misses_total" => ops.entry(l).or_default().2 = v,
+            "tierfs_fuse_op_seconds_sum" => ops.entry(l).or_default().3 = v,
             "tierfs_target_read_bytes_total" => bytes.entry(l).or_default().0 = v,
             "tierfs_target_written_bytes_total" => bytes.entry(l).or_default().1 = v,
             _ => {}
         }
     }
     println!(
-        "{:<14} {:>12} {:>8} {:>14}",
-        "operation", "count", "errors", "mean latency"
+        "{:<14} {:>12} {:>8} {:>8} {:>14}",
+        "operation", "count", "errors", "misses", "mean latency"
     );
-    for (op, (n, e, s)) in &ops {
+    for (op, (n, e, m, s)) in &ops {
         let mean = if *n > 0.0 { s / n * 1e6 } else { 0.0 };
-        println!("{op:<14} {n:>12} {e:>8} {:>11.1} µs", mean);
+        println!("{op:<14} {n:>12} {e:>8} {m:>8} {:>11.1} µs", mean);
     }
     println!();
     println!("{:<14} {:>14} {:>14}", "target", "read", "written");
@@ -444,4 +519,54 @@ pub fn stats(a: StatsArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tierfs_store::target::DeviceSpace;
+
+    fn t(
+        id: u32,
+        cap: u64,
+        used: u64,
+        avail: u64,
+        dev: Option<u64>,
+        total: u64,
+        free: u64,
+    ) -> TargetSpace {
+        TargetSpace {
+            row: (id, String::new(), cap, used, avail),
+            dev,
+            dev_space: DeviceSpace { total, avail: free },
+        }
+    }
+
+    #[test]
+    fn summary_counts_a_device_once() {
+        // two uncapped targets on one 100-byte device with 40 free, one on another device
+        let rows = [
+            t(0, 100, 10, 40, Some(1), 100, 40),
+            t(1, 100, 20, 40, Some(1), 100, 40),
+            t(2, 50, 5, 30, Some(2), 50, 30),
+        ];
+        assert_eq!(summary(&rows), (150, 35, 70));
+        // capped targets on one device: their capacities, at most the device
+        let rows = [
+            t(0, 30, 10, 20, Some(1), 100, 90),
+            t(1, 30, 0, 30, Some(1), 100, 90),
+        ];
+        assert_eq!(summary(&rows), (60, 10, 50));
+        let rows = [
+            t(0, 80, 0, 80, Some(1), 100, 60),
+            t(1, 80, 0, 80, Some(1), 100, 60),
+        ];
+        assert_eq!(summary(&rows), (100, 0, 60));
+        // object stores: by capacity, each
+        let rows = [
+            t(0, 1000, 1, 999, None, 0, 0),
+            t(1, 1000, 1, 999, None, 0, 0),
+        ];
+        assert_eq!(summary(&rows), (2000, 2, 1998));
+    }
 }

@@ -93,12 +93,20 @@ fn hostname() -> String {
 }
 
 /// Whether a session is a client still running: a recent heartbeat, and (on this host) a live
-/// process.
+/// process. A session that recorded its daemon's identity (`tierfs_client::liveness`) is judged
+/// by it (boot id, pid namespace and start time: a reused pid is not taken for the daemon);
+/// one without it, by its pid when its host name is this host's.
 fn session_alive(s: &SessionInfo, timeout: Duration, host: &str, now: Nanos) -> bool {
+    use tierfs_client::liveness::{state, Liveness};
     if now - s.heartbeat > timeout.as_nanos() as i64 {
         return false;
     }
-    if s.host == host && s.pid > 0 && !process_running(s.pid) {
+    match state(s) {
+        Liveness::Gone(_) => return false,
+        Liveness::Running => return true,
+        Liveness::Unknown => {}
+    }
+    if s.process_id().is_none() && s.host_name() == host && s.pid > 0 && !process_running(s.pid) {
         return false;
     }
     true
@@ -149,6 +157,8 @@ fn scan(engine: &dyn MetaEngine, session_timeout: Duration) -> Result<Scan> {
         .map(|t| (t.id, t.url, t.capacity))
         .collect();
     let targets = TargetSet::open(&list)?;
+    // Never list (and so never remove) objects of a target that is not this filesystem's.
+    tierfs_client::daemon::check_targets(&targets, &engine.info()?)?;
     let mut objects = HashMap::new();
     let mut staged = Vec::new();
     let mut ignored = 0;
@@ -631,5 +641,13 @@ mod tests {
         assert!(!session_alive(&s, t, "h", now));
         // On another host the pid means nothing here.
         assert!(session_alive(&s, t, "other", now));
+        // With the daemon's identity recorded (as mounts do): this process runs...
+        s.pid = std::process::id();
+        s.host = tierfs_client::liveness::host_field("h");
+        assert!(session_alive(&s, t, "h", now));
+        // ...and a pid that cannot exist does not, whatever host name is asked about.
+        s.pid = 0x3fff_fff0;
+        assert!(!session_alive(&s, t, "h", now));
+        assert!(!session_alive(&s, t, "other", now));
     }
 }

@@ -120,7 +120,9 @@ pub struct FormatArgs {
     /// Filesystem name, as a positional argument (same as --name).
     #[arg(value_name = "NAME", conflicts_with = "name")]
     pub fs_name: Option<String>,
-    /// Format even if the database or targets already hold a filesystem (destroys it).
+    /// Format even if the database already holds a filesystem: destroys it and the data on its
+    /// targets. A target that belongs to another filesystem (its .tierfs-target marker names
+    /// another uuid) is refused even so.
     #[arg(long)]
     pub force: bool,
 }
@@ -132,7 +134,8 @@ pub struct MountArgs {
     pub meta: String,
     /// Where to mount.
     pub mountpoint: PathBuf,
-    /// Name of this client (default: the host name); `tierfs status` lists it.
+    /// Name of this client (default: the host name); `tierfs status` lists it. A name is
+    /// mounted once at a time: a second mount of a live client's name is refused.
     #[arg(long)]
     pub client_name: Option<String>,
     /// Stay in the foreground instead of returning once mounted.

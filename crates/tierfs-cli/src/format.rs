@@ -1,6 +1,7 @@
 //! `tierfs format`: a new metadata database and storage targets.
 
-use tierfs_meta::{format_engine, FormatParams, MetaUrl};
+use tierfs_meta::{format_engine, open_engine, FormatParams, MetaUrl};
+use tierfs_store::identity::{self, TargetIdentity};
 use tierfs_store::size::parse_size;
 use tierfs_store::TargetSpec;
 
@@ -29,6 +30,83 @@ pub fn stripe_count(c: i64, targets: usize) -> Result<u32> {
     }
 }
 
+/// The uuid of the filesystem `meta` holds now, if it holds one that can be read.
+fn current_uuid(meta: &str) -> Option<String> {
+    if let Some(p) = meta.strip_prefix("sqlite://") {
+        // Opening a missing SQLite file would create it.
+        if !std::path::Path::new(p.split('?').next().unwrap_or(p)).is_file() {
+            return None;
+        }
+    }
+    open_engine(meta)
+        .and_then(|e| e.info())
+        .ok()
+        .map(|i| i.uuid)
+}
+
+/// Checks the targets before anything is written: no place listed twice (or one inside
+/// another), none of another filesystem, none holding anything but tierfs's own files. With
+/// `force`, the targets of the filesystem `meta` holds now (which format destroys), and
+/// targets formatted before identity markers existed, are wiped; a target of any other
+/// filesystem is refused even then.
+fn check_targets(meta: &str, specs: &[TargetSpec], force: bool) -> Result<()> {
+    let mut seen: Vec<(String, &str)> = Vec::new();
+    for s in specs {
+        let loc = identity::location(s);
+        for (other, url) in &seen {
+            if *other == loc {
+                return Err(CliError::Usage(format!(
+                    "storage target {} is listed twice (also as {url})",
+                    s.url
+                )));
+            }
+            if identity::within(&loc, other) || identity::within(other, &loc) {
+                return Err(CliError::Usage(format!(
+                    "storage targets {} and {url} overlap (one lies inside the other)",
+                    s.url
+                )));
+            }
+        }
+        seen.push((loc, &s.url));
+    }
+    // Without --force, format_engine refuses a formatted database itself.
+    let current = current_uuid(meta);
+    for s in specs {
+        s.check(true)?;
+        match identity::read(s)? {
+            Some(m) if current.as_deref() == Some(m.fs_uuid.as_str()) => {}
+            Some(m) => {
+                let why = if force {
+                    " (--force replaces only the filesystem of --meta)"
+                } else {
+                    " (to format that filesystem again, give its --meta with --force)"
+                };
+                return Err(CliError::Usage(format!(
+                    "storage target {} belongs to {}{why}; if that filesystem is gone, empty the target first",
+                    s.url,
+                    m.describe()
+                )));
+            }
+            None => {
+                let c = identity::contents(s)?;
+                if let Some(f) = c.foreign {
+                    return Err(CliError::Usage(format!(
+                        "storage target {} is not empty and is not a tierfs target (it holds '{f}'); give an empty directory or prefix",
+                        s.url
+                    )));
+                }
+                if c.objects && !force {
+                    return Err(CliError::Usage(format!(
+                        "storage target {} already holds tierfs data without an identity marker, from an older tierfs (use --force to destroy it)",
+                        s.url
+                    )));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 pub fn format(a: FormatArgs) -> Result<()> {
     MetaUrl::parse(&a.meta)?;
     let specs = a
@@ -50,15 +128,7 @@ pub fn format(a: FormatArgs) -> Result<()> {
     if name.is_empty() || name.len() > 64 || name.contains(char::is_whitespace) {
         return Err(CliError::Usage(format!("invalid filesystem name '{name}'")));
     }
-    for s in &specs {
-        s.check(true)?;
-        if s.has_objects()? && !a.force {
-            return Err(CliError::Usage(format!(
-                "storage target {} already holds tierfs data (use --force to destroy it)",
-                s.url
-            )));
-        }
-    }
+    check_targets(&a.meta, &specs, a.force)?;
     let params = FormatParams {
         name,
         targets: specs.iter().map(|s| (s.full_url(), s.capacity)).collect(),
@@ -68,10 +138,18 @@ pub fn format(a: FormatArgs) -> Result<()> {
         force: a.force,
     };
     let engine = format_engine(&a.meta, &params)?;
-    if a.force {
-        for s in &specs {
+    let info = engine.info()?;
+    let recorded = engine.targets()?;
+    for (i, s) in specs.iter().enumerate() {
+        if a.force {
             s.wipe()?;
         }
+        let id = recorded
+            .iter()
+            .find(|t| t.url == s.full_url())
+            .map(|t| t.id)
+            .unwrap_or(i as u32);
+        identity::write(s, &TargetIdentity::new(&info.uuid, &info.name, id))?;
     }
     let info = engine.info()?;
     println!(

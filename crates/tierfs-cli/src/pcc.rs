@@ -134,8 +134,16 @@ fn errno_text(path: &Path, e: std::io::Error) -> CliError {
     CliError::Other(format!("{}: {why}", path.display()))
 }
 
+/// Refuses a path outside tierfs before any extended attribute is asked for or set: on another
+/// filesystem `user.tierfs.pcc.*` is an ordinary attribute name, so a set would succeed there
+/// and leave the attribute on the file.
+fn in_tierfs(path: &Path) -> Result<()> {
+    mount_of(path).map(|_| ())
+}
+
 /// Runs a command by reading `user.tierfs.pcc.<cmd>`; returns the state JSON.
 fn get(path: &Path, cmd: &str) -> Result<serde_json::Value> {
+    in_tierfs(path)?;
     let p = CString::new(path.as_os_str().as_bytes())
         .map_err(|_| CliError::Usage("path with a NUL byte".into()))?;
     let name = xattr_name(cmd);
@@ -158,6 +166,7 @@ fn get(path: &Path, cmd: &str) -> Result<serde_json::Value> {
 
 /// Runs a command by setting `user.tierfs.pcc.<cmd>` to `value`.
 fn set(path: &Path, cmd: &str, value: &str) -> Result<()> {
+    in_tierfs(path)?;
     let p = CString::new(path.as_os_str().as_bytes())
         .map_err(|_| CliError::Usage("path with a NUL byte".into()))?;
     let name = xattr_name(cmd);

@@ -363,3 +363,223 @@ fn bad_command_lines() {
     t.tierfs(&["project", "-p", "notanumber", &s(&mnt)])
         .assert_clean_error();
 }
+
+/// The `user.*` extended attributes of `p` (named ones only).
+fn user_xattrs(p: &Path) -> Vec<String> {
+    let c = cstr(p);
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: a valid path and a buffer of the given length.
+    let n = unsafe { libc::listxattr(c.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    assert!(n >= 0, "listxattr {}: errno {}", p.display(), errno());
+    buf.truncate(n as usize);
+    buf.split(|b| *b == 0)
+        .filter(|n| !n.is_empty())
+        .map(|n| String::from_utf8_lossy(n).into_owned())
+        .filter(|n| n.starts_with("user."))
+        .collect()
+}
+
+#[test]
+fn pcc_commands_on_a_file_outside_tierfs() {
+    // Issue 10, item 9: `pcc attach -w` on a file of another filesystem succeeded and left a
+    // `user.tierfs.pcc.attach` attribute on it.
+    let t = bare();
+    let f = t.root().join("not-tierfs.dat");
+    fs::write(&f, b"local data").unwrap();
+    for args in [
+        vec!["pcc", "attach", "-w"],
+        vec!["pcc", "attach", "-r"],
+        vec!["pcc", "attach"],
+        vec!["pcc", "detach"],
+        vec!["pcc", "detach", "--keep"],
+        vec!["pcc", "state"],
+        vec!["pcc", "pin"],
+        vec!["pcc", "unpin"],
+    ] {
+        let mut a: Vec<String> = args.iter().map(|x| x.to_string()).collect();
+        a.push(s(&f));
+        let out = t.tierfs(&a);
+        out.assert_clean_error();
+        assert!(
+            out.stderr.contains("not in a tierfs mount") && out.stderr.contains(&s(&f)),
+            "{args:?}: {}",
+            out.describe()
+        );
+        assert_eq!(
+            user_xattrs(&f),
+            Vec::<String>::new(),
+            "{args:?} left an attribute on a file outside tierfs"
+        );
+    }
+    assert_eq!(fs::read(&f).unwrap(), b"local data");
+}
+
+/// `tierfs format` of a filesystem at `meta` on `targets`.
+fn format_on(t: &TestFs, meta: &str, targets: &[String], extra: &[&str]) -> CmdOut {
+    let mut a: Vec<String> = vec!["format".into(), "--meta".into(), meta.into()];
+    for u in targets {
+        a.push("--target".into());
+        a.push(u.clone());
+    }
+    a.extend(extra.iter().map(|x| x.to_string()));
+    t.tierfs(&a)
+}
+
+#[track_caller]
+fn assert_error_says(out: &CmdOut, what: &str) {
+    out.assert_clean_error();
+    assert!(
+        out.stderr.contains(what),
+        "want {what:?}: {}",
+        out.describe()
+    );
+}
+
+#[test]
+fn format_refuses_one_target_listed_twice() {
+    // Issue 10, item 3: the same directory given twice was accepted, and both "targets" then
+    // used the same object names.
+    let t = bare();
+    let r = t.root();
+    let meta = t.meta_url();
+    let sqlite = |name: &str| format!("sqlite://{}", r.join(name).display());
+    fs::create_dir(r.join("ost0")).unwrap();
+    std::os::unix::fs::symlink(r.join("ost0"), r.join("alias")).unwrap();
+    let ost0 = file_url(&r.join("ost0"));
+    for other in [
+        ost0.clone(),
+        format!("{ost0}/"),
+        format!("{ost0}?capacity=1G"),
+        file_url(&r.join("x/../ost0")),
+        file_url(&r.join("./ost0/.")),
+        file_url(&r.join("alias")),
+    ] {
+        let out = format_on(&t, &meta, &[ost0.clone(), other.clone()], &[]);
+        assert_error_says(&out, "listed twice");
+        let out = format_on(&t, &meta, &[ost0.clone(), other], &["--force"]);
+        assert_error_says(&out, "listed twice");
+    }
+    // one inside the other (not created yet)
+    let out = format_on(
+        &t,
+        &meta,
+        &[file_url(&r.join("new")), file_url(&r.join("alias/sub"))],
+        &[],
+    );
+    out.assert_ok();
+    let out = format_on(
+        &t,
+        &sqlite("m2.db"),
+        &[file_url(&r.join("o1")), file_url(&r.join("o1/inner"))],
+        &[],
+    );
+    assert_error_says(&out, "overlap");
+    // S3 spellings of one bucket and prefix (refused before any request is made)
+    let out = format_on(
+        &t,
+        &sqlite("m3.db"),
+        &[
+            "s3://bkt/p/?endpoint=http://127.0.0.1:9".into(),
+            "s3://bkt/p?endpoint=http://127.0.0.1:9/&region=x".into(),
+        ],
+        &[],
+    );
+    assert_error_says(&out, "listed twice");
+    for m in ["m2.db", "m3.db"] {
+        assert!(
+            t.tierfs(&["status", "--meta", &sqlite(m)]).code != Some(0),
+            "a refused format left a filesystem in {m}"
+        );
+    }
+}
+
+#[test]
+fn format_refuses_a_target_of_another_filesystem() {
+    // Issue 10, item 3: a target formatted for another filesystem that holds no objects yet
+    // was accepted; both filesystems then used the same object names.
+    let mut t = formatted();
+    let r = t.root().to_path_buf();
+    let other_meta = format!("sqlite://{}", r.join("other.db").display());
+    let fresh = file_url(&r.join("fresh"));
+    for force in [false, true] {
+        let extra: &[&str] = if force { &["--force"] } else { &[] };
+        let out = format_on(&t, &other_meta, &[fresh.clone(), t.target_url(1)], extra);
+        assert_error_says(&out, "belongs to filesystem");
+    }
+    // nor was anything written: the other database is not formatted, `fresh` holds nothing
+    assert!(t.tierfs(&["status", "--meta", &other_meta]).code != Some(0));
+    assert!(
+        fs::read_dir(r.join("fresh"))
+            .map(|d| d.count() == 0)
+            .unwrap_or(true),
+        "a refused format wrote to another target"
+    );
+    // the first filesystem still works
+    let m = t.mount_client("c0", None);
+    fs::write(t.p(m, "f"), b"mine").unwrap();
+    t.umount(m);
+    // a directory holding other files is not a target either
+    let busy = r.join("busy");
+    fs::create_dir(&busy).unwrap();
+    fs::write(busy.join("thesis.tex"), b"precious").unwrap();
+    for force in [false, true] {
+        let extra: &[&str] = if force { &["--force"] } else { &[] };
+        let out = format_on(&t, &other_meta, &[file_url(&busy)], extra);
+        assert_error_says(&out, "not empty");
+    }
+    assert_eq!(fs::read(busy.join("thesis.tex")).unwrap(), b"precious");
+    // format --force of the filesystem's own database takes its own targets back
+    t.format(&["--force"]).assert_ok();
+    let m = t.mount_client("c1", None);
+    assert!(!t.p(m, "f").exists());
+}
+
+#[test]
+fn mount_refuses_a_target_of_another_filesystem() {
+    // Issue 10, item 3: each mount checks that each target is the one it was formatted as.
+    let t = formatted();
+    if !t.cluster.local_targets() {
+        return;
+    }
+    let r = t.root().to_path_buf();
+    let other_meta = format!("sqlite://{}", r.join("other.db").display());
+    let out = format_on(
+        &t,
+        &other_meta,
+        &[file_url(&r.join("b0")), file_url(&r.join("b1"))],
+        &[],
+    );
+    out.assert_ok();
+    let mnt = r.join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    let mount = || {
+        t.tierfs(&[
+            "mount",
+            "--meta",
+            &t.meta_url(),
+            &s(&mnt),
+            "--client-name",
+            "c0",
+        ])
+    };
+    // target 1 of this filesystem replaced by target 0 of the other one
+    fs::rename(t.target_dir(1), r.join("ost1.saved")).unwrap();
+    fs::rename(r.join("b0"), t.target_dir(1)).unwrap();
+    let out = mount();
+    assert_error_says(&out, "belongs to filesystem");
+    assert_not_mounted(&mnt);
+    // the two targets of this filesystem swapped
+    fs::rename(t.target_dir(1), r.join("b0")).unwrap();
+    fs::rename(t.target_dir(0), t.target_dir(1).with_extension("tmp")).unwrap();
+    fs::rename(r.join("ost1.saved"), t.target_dir(0)).unwrap();
+    fs::rename(t.target_dir(1).with_extension("tmp"), t.target_dir(1)).unwrap();
+    let out = mount();
+    assert_error_says(&out, "targets swapped");
+    assert_not_mounted(&mnt);
+    // put back: mounts
+    fs::rename(t.target_dir(0), r.join("tmp")).unwrap();
+    fs::rename(t.target_dir(1), t.target_dir(0)).unwrap();
+    fs::rename(r.join("tmp"), t.target_dir(1)).unwrap();
+    mount().assert_ok();
+    assert!(is_fuse_mounted(&mnt));
+}

@@ -129,8 +129,9 @@ fn fsck_names_the_files_of_missing_objects_and_leaves_foreign_names_alone() {
     fs::create_dir(fs.p(0, "d")).unwrap();
     fs::write(fs.p(0, "d/lost"), pattern(3, 0, 2 << 20)).unwrap();
     fs.umount(0);
-    // A marker file of the target and a foreign file under objects/ are not objects.
-    fs::write(fs.target_dir(0).join(".tierfs-target"), b"marker").unwrap();
+    // The target's identity marker (written by format, checked by fsck) and a foreign file
+    // under objects/ are not objects.
+    assert!(fs.target_dir(0).join(".tierfs-target").is_file());
     fs::create_dir_all(fs.target_dir(1).join("objects/0")).unwrap();
     fs::write(fs.target_dir(1).join("objects/0/README"), b"x").unwrap();
     let out = fs.tierfs(&["fsck", "--meta", &meta, "--grace", "0"]);
@@ -213,4 +214,66 @@ fn gc_never_removes_uploads_a_running_client_may_still_commit() {
         "{}",
         out.describe()
     );
+}
+
+#[test]
+fn gc_and_fsck_refuse_a_target_of_another_filesystem() {
+    // Issue 10, item 3 with gc: a target swapped for another filesystem's holds objects this
+    // filesystem never references; gc (and fsck --repair) would take them for orphans and
+    // delete the other filesystem's data. They check each target's identity first.
+    if !Cluster::from_env().local_targets() {
+        eprintln!("skipped: swaps target directories");
+        return;
+    }
+    let mut t = TestFs::new(1);
+    for i in 0..4 {
+        fs::write(t.p(0, &format!("a{i}")), pattern(10 + i, 0, 300 << 10)).unwrap();
+    }
+    t.umount(0);
+    let r = t.root().to_path_buf();
+    let other = format!("sqlite://{}", r.join("other.db").display());
+    let b = |i: usize| format!("file://{}", r.join(format!("b{i}")).display());
+    t.tierfs(&[
+        "format",
+        "--meta",
+        &other,
+        "--target",
+        &b(0),
+        "--target",
+        &b(1),
+    ])
+    .assert_ok();
+    let mnt = r.join("mnt-b");
+    fs::create_dir(&mnt).unwrap();
+    let m = mnt.to_string_lossy().to_string();
+    t.tierfs(&["mount", "--meta", &other, &m, "--client-name", "b"])
+        .assert_ok();
+    for i in 0..4 {
+        fs::write(mnt.join(format!("b{i}")), pattern(20 + i, 0, 300 << 10)).unwrap();
+    }
+    t.tierfs(&["umount", &m]).assert_ok();
+    let b0 = r.join("b0");
+    let theirs = dir_usage(&b0);
+    assert!(theirs >= 300 << 10, "the other filesystem wrote to b0");
+    // b0 takes the place of this filesystem's target 1
+    fs::rename(t.target_dir(1), r.join("ost1.saved")).unwrap();
+    fs::rename(&b0, t.target_dir(1)).unwrap();
+    let meta = t.meta_url();
+    for args in [
+        vec!["gc", "--meta", &meta, "--grace", "0s"],
+        vec!["fsck", "--meta", &meta, "--repair", "--grace", "0s"],
+    ] {
+        let out = t.tierfs(&args);
+        out.assert_clean_error();
+        assert!(
+            out.stderr.contains("belongs to filesystem"),
+            "{args:?}: {}",
+            out.describe()
+        );
+        assert_eq!(
+            dir_usage(&t.target_dir(1)),
+            theirs,
+            "{args:?} removed objects of another filesystem"
+        );
+    }
 }

@@ -336,3 +336,162 @@ fn fsynced_data_survives_daemon_kill() {
     );
     assert!(t.p(1, "d").is_dir(), "directory made before the kill");
 }
+
+#[test]
+fn targets_formatted_before_identity_markers_get_one_at_first_mount() {
+    // Issue 10, item 3: filesystems formatted before targets carried an identity have no
+    // marker; the first mount writes it (with a log line), after which the target is this
+    // filesystem's like any other.
+    let mut t = TestFs::new(0);
+    if !t.cluster.local_targets() {
+        return;
+    }
+    let m = t.mount_with(&ClientOpts {
+        name: "c0".into(),
+        ..Default::default()
+    });
+    fs::write(t.p(m, "old"), vec![7u8; 300 << 10]).unwrap();
+    t.umount(m);
+    let dirs = [t.target_dir(0), t.target_dir(1)];
+    let marker = |i: usize| dirs[i].join(".tierfs-target");
+    let before = fs::read_to_string(marker(0)).expect("format writes a marker");
+    // what an older tierfs left: no markers, target 1 never written to
+    fs::remove_file(marker(0)).unwrap();
+    fs::remove_file(marker(1)).unwrap();
+    assert!(dirs[0].join("objects").exists() || dirs[1].join("objects").exists());
+    let m = t.mount_with(&ClientOpts {
+        name: "c1".into(),
+        ..Default::default()
+    });
+    assert_eq!(fs::read(t.p(m, "old")).unwrap(), vec![7u8; 300 << 10]);
+    let after = fs::read_to_string(marker(0)).expect("the mount writes the marker back");
+    let field = |text: &str, k: &str| {
+        text.lines()
+            .find(|l| l.starts_with(&format!("{k} =")))
+            .map(str::to_string)
+    };
+    assert_eq!(field(&before, "fs_uuid"), field(&after, "fs_uuid"));
+    assert_eq!(field(&after, "target").as_deref(), Some("target = 0"));
+    let one = fs::read_to_string(marker(1)).unwrap();
+    assert_eq!(field(&one, "target").as_deref(), Some("target = 1"));
+    let log = fs::read_to_string(t.log_path("c1")).unwrap_or_default();
+    assert!(
+        log.contains("had no identity marker"),
+        "no log line about the marker: {log}"
+    );
+    t.umount(m);
+    // now another filesystem cannot take it
+    let other = format!("sqlite://{}", t.root().join("other.db").display());
+    let out = t.tierfs(&["format", "--meta", &other, "--target", &t.target_url(1)]);
+    out.assert_clean_error();
+    assert!(
+        out.stderr.contains("belongs to filesystem"),
+        "{}",
+        out.describe()
+    );
+    // a marker-less target holding foreign files is not taken at mount
+    fs::remove_file(marker(1)).unwrap();
+    fs::write(t.target_dir(1).join("stray.txt"), b"not tierfs").unwrap();
+    let mnt = t.root().join("mnt-x");
+    fs::create_dir(&mnt).unwrap();
+    let out = t.tierfs(&["mount", "--meta", &t.meta_url(), &mnt.to_string_lossy()]);
+    out.assert_clean_error();
+    assert!(out.stderr.contains("stray.txt"), "{}", out.describe());
+    assert!(!marker(1).exists());
+}
+
+/// F_SETLK of a write lock on all of `f`.
+fn try_write_lock(f: &fs::File) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = libc::F_WRLCK as libc::c_short;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    // SAFETY: a valid descriptor and flock.
+    let r = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETLK, &mut fl) };
+    if r < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+#[test]
+fn one_client_name_is_mounted_once() {
+    // Issue 10, item 6: the same --client-name could be mounted twice at once, silently.
+    let mut t = TestFs::new(1);
+    let mnt = t.root().join("second");
+    fs::create_dir(&mnt).unwrap();
+    let args = t.mount_args(
+        &mnt,
+        &ClientOpts {
+            name: "c0".into(),
+            ..Default::default()
+        },
+    );
+    let out = t.tierfs(&args);
+    out.assert_clean_error();
+    assert!(
+        out.stderr.contains("'c0' is already mounted") && out.stderr.contains("mnt0"),
+        "{}",
+        out.describe()
+    );
+    assert!(!is_fuse_mounted(&mnt));
+    // once the first is unmounted the name is free
+    t.umount(0);
+    t.tierfs(&args).assert_ok();
+    assert!(is_fuse_mounted(&mnt));
+    t.mnts.push(mnt);
+}
+
+#[test]
+fn a_client_killed_on_this_host_is_dead_at_once() {
+    // Issue 10, item 6: a client killed with kill -9 stayed "mounted" in `tierfs status`, its
+    // name taken and its locks held, for the whole session timeout (30 s) although its pid was
+    // dead on this very host.
+    let mut t = TestFs::new(2);
+    fs::write(t.p(0, "f"), b"x").unwrap();
+    let held = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(t.p(1, "f"))
+        .unwrap();
+    try_write_lock(&held).expect("c1 locks f");
+    let mine = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(t.p(0, "f"))
+        .unwrap();
+    assert!(try_write_lock(&mine).is_err(), "c1's lock conflicts");
+    t.kill9(1);
+    let killed = Instant::now();
+    // status tells at once: c1 is not counted as mounted
+    let out = t.tierfs(&["status", "--meta", &t.meta_url()]);
+    out.assert_ok();
+    let c1_line = out
+        .stdout
+        .lines()
+        .find(|l| tokens(l).first().map(String::as_str) == Some("c1"));
+    assert!(
+        out.stdout.contains("clients:    1 mounted") && c1_line.is_none_or(|l| l.contains("DEAD")),
+        "status right after kill -9 of c1:\n{}",
+        out.stdout
+    );
+    // its lock goes within a heartbeat of c0 (2 s), not after the 30 s session timeout
+    assert!(
+        wait_until(Duration::from_secs(10), || try_write_lock(&mine).is_ok()),
+        "c1's lock still held {:?} after its daemon was killed",
+        killed.elapsed()
+    );
+    assert!(!status_lists(&t, "c1"), "the dead session has ended");
+    // and its name may be mounted again at once
+    t.remount_with(
+        1,
+        &ClientOpts {
+            name: "c1".into(),
+            ..Default::default()
+        },
+    );
+    assert!(killed.elapsed() < Duration::from_secs(25));
+    assert_eq!(fs::read(t.p(1, "f")).unwrap(), b"x");
+    drop(held);
+}

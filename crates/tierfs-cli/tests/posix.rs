@@ -1832,6 +1832,639 @@ fn write_by_non_root_clears_setuid() {
     );
 }
 
+/// The kernel's rules for chown (fs/attr.c: notify_change with ATTR_KILL_SUID|ATTR_KILL_SGID for
+/// every non-directory): setuid goes; setgid goes when group-executable or when the caller is
+/// neither in the file's (old) group nor root. Directories keep both. Checked against ext4.
+#[test]
+fn chown_drops_setuid_setgid_by_the_kernel_rules() {
+    let t = TestFs::new(1);
+    let w = world_dir(&t, "w");
+    let kinds: [(&str, u32); 5] = [
+        ("file", libc::S_IFREG),
+        ("fifo", libc::S_IFIFO),
+        ("sock", libc::S_IFSOCK),
+        ("chr", libc::S_IFCHR),
+        ("dir", libc::S_IFDIR),
+    ];
+    for (name, kind) in kinds {
+        let p = w.join(name);
+        if kind == libc::S_IFDIR {
+            mkdir(&p, 0o755).unwrap();
+        } else {
+            mknod(&p, kind | 0o644).unwrap();
+        }
+        chown(&p, U1, G1).unwrap();
+        chmod(&p, 0o6555).unwrap();
+        assert_eq!(mode_of(&p) & 0o7777, 0o6555, "{name}: chmod 06555");
+    }
+    let w1 = w.clone();
+    as_user(&Cred::new(U1, U1).groups(&[G1, G2]), move || {
+        for (name, _) in kinds {
+            chown(&w1.join(name), U1, G2).expect("chgrp by the owner");
+        }
+    });
+    for (name, kind) in kinds {
+        let want = if kind == libc::S_IFDIR { 0o6555 } else { 0o555 };
+        let st = lstat(&w.join(name)).unwrap();
+        assert_eq!(
+            (st.st_mode & 0o7777, st.st_uid, st.st_gid),
+            (want, U1, G2),
+            "{name}: chown by its non-root owner (Linux gives {want:o})"
+        );
+    }
+    // setgid without group-execute: kept for root, and for an owner in the file's group;
+    // dropped for an owner outside it.
+    let f = w.join("sgid");
+    fs::write(&f, b"x").unwrap();
+    chmod(&f, 0o6745).unwrap();
+    chown(&f, U1, G2).unwrap();
+    assert_eq!(
+        mode_of(&f) & 0o7777,
+        0o2745,
+        "root: setuid dropped, setgid kept"
+    );
+    let f1 = f.clone();
+    as_user(&Cred::new(U1, U1).groups(&[G1]), move || {
+        chown(&f1, U1, G1).expect("chgrp by the owner");
+    });
+    assert_eq!(
+        mode_of(&f) & 0o7777,
+        0o745,
+        "owner outside the file's group: setgid dropped"
+    );
+    // chown(-1, -1) changes no owner but drops the bits all the same (the kernel sends an
+    // empty setattr); not for a directory; utimes does not drop them
+    let x = w.join("x");
+    fs::write(&x, b"x").unwrap();
+    chmod(&x, 0o6755).unwrap();
+    utimens(&x, None, 0).unwrap();
+    assert_eq!(mode_of(&x) & 0o7777, 0o6755, "utimes keeps setuid");
+    chown(&x, u32::MAX, u32::MAX).unwrap();
+    assert_eq!(
+        mode_of(&x) & 0o7777,
+        0o755,
+        "chown(-1, -1) of a file (ext4: 0755)"
+    );
+    let d = w.join("sdir");
+    mkdir(&d, 0o755).unwrap();
+    chmod(&d, 0o6755).unwrap();
+    chown(&d, u32::MAX, u32::MAX).unwrap();
+    assert_eq!(mode_of(&d) & 0o7777, 0o6755, "chown(-1, -1) of a directory");
+}
+
+/// The mode by statx(STATX_MODE), as `stat -c %a` asks: the kernel answers from its cache
+/// unless it knows the mode changed.
+fn statx_mode(p: &Path) -> u32 {
+    let c = cstr(p);
+    let mut st: libc::statx = unsafe { std::mem::zeroed() };
+    io_res(unsafe {
+        libc::statx(
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+            libc::STATX_MODE,
+            &mut st,
+        )
+    })
+    .unwrap();
+    st.stx_mode as u32 & 0o7777
+}
+
+/// A write that drops setuid is seen by the writer's very next stat, not after the attribute
+/// TTL (the kernel caches the mode; a write only makes it refetch size and times).
+#[test]
+fn writer_sees_setuid_dropped_at_once() {
+    let t = TestFs::new(1);
+    let w = world_dir(&t, "w");
+    for name in ["pwrite", "append"] {
+        let f = w.join(name);
+        fs::File::create(&f).unwrap();
+        chown(&f, U1, U1).unwrap();
+        chmod(&f, 0o6777).unwrap();
+    }
+    let w1 = w.clone();
+    as_user(&Cred::new(U1, U1), move || {
+        for name in ["pwrite", "append"] {
+            let p = w1.join(name);
+            let mut f = fs::OpenOptions::new()
+                .write(true)
+                .append(name == "append")
+                .open(&p)
+                .unwrap();
+            // the kernel has the mode cached now
+            assert_eq!(fstat(f.as_raw_fd()).unwrap().st_mode & 0o7777, 0o6777);
+            if name == "append" {
+                f.write_all(b"echo\n").unwrap();
+            } else {
+                f.write_all_at(b"echo\n", 10).unwrap();
+            }
+            assert_eq!(
+                statx_mode(&p),
+                0o777,
+                "{name}: the writer's statx(STATX_MODE) right after its write"
+            );
+        }
+    });
+}
+
+/// A mount whose every new file is RW-cached (an `rw` rule matching all names).
+fn all_rw_pcc(limit_secs: u64) -> TestFs {
+    let mut t = TestFs::with(Opts {
+        clients: 0,
+        timeout: Duration::from_secs(limit_secs),
+        ..Opts::default()
+    });
+    let meta = t.meta_url();
+    t.tierfs(&[
+        "pcc",
+        "rule",
+        "add",
+        "--mode",
+        "rw",
+        "fname={*}",
+        "--meta",
+        &meta,
+    ])
+    .assert_ok();
+    let o = ClientOpts {
+        name: "c0".into(),
+        cache_dir: Some(t.root().join("cache0")),
+        cache_size: Some("1G".into()),
+        ..Default::default()
+    };
+    t.mount_with(&o);
+    t
+}
+
+fn assert_rw_cached(t: &TestFs, p: &Path) {
+    let out = t.tierfs(&["pcc", "state", &p.to_string_lossy()]);
+    out.assert_ok();
+    assert!(
+        out.stdout.contains("type: readwrite"),
+        "{} should be RW-cached: {}",
+        p.display(),
+        out.stdout
+    );
+}
+
+/// RW-PCC: an unprivileged write drops setuid/setgid as on any file (the writer of such a file
+/// is not given passthrough, whose writes never reach the daemon).
+#[test]
+fn rw_pcc_write_by_non_root_drops_setuid() {
+    let t = all_rw_pcc(120);
+    let w = world_dir(&t, "w");
+    let f = w.join("exe");
+    fs::write(&f, b"#!/bin/sh\n").unwrap();
+    assert_rw_cached(&t, &f);
+    chown(&f, U1, U1).unwrap();
+    chmod(&f, 0o6777).unwrap();
+    let f1 = f.clone();
+    as_user(&Cred::new(U2, U2), move || {
+        let mut h = fs::OpenOptions::new().append(true).open(&f1).unwrap();
+        h.write_all(b"echo\n").unwrap();
+        assert_eq!(fstat(h.as_raw_fd()).unwrap().st_mode & 0o7777, 0o777);
+    });
+    assert_eq!(mode_of(&f) & 0o7777, 0o777, "setuid and setgid dropped");
+    assert_eq!(fs::read(&f).unwrap(), b"#!/bin/sh\necho\n");
+}
+
+/// RW-PCC: fallocate changes the cached file (the size is the cache file's), as pjdfstest's
+/// posix_fallocate tests check.
+#[test]
+fn rw_pcc_fallocate_extends_the_cached_file() {
+    let t = all_rw_pcc(120);
+    let p = t.p(0, "f");
+    let f = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&p)
+        .unwrap();
+    assert_rw_cached(&t, &p);
+    f.write_all_at(&[7u8; 1234], 0).unwrap();
+    assert_eq!(
+        unsafe { libc::posix_fallocate(f.as_raw_fd(), 20_000, 3456) },
+        0,
+        "posix_fallocate"
+    );
+    assert_eq!(lstat(&p).unwrap().st_size, 23_456);
+    // KEEP_SIZE allocates without changing the size
+    io_res(unsafe { libc::fallocate(f.as_raw_fd(), libc::FALLOC_FL_KEEP_SIZE, 0, 100_000) })
+        .unwrap();
+    assert_eq!(fstat(f.as_raw_fd()).unwrap().st_size, 23_456);
+    let data = fs::read(&p).unwrap();
+    assert_eq!(data.len(), 23_456);
+    assert!(data[..1234].iter().all(|&b| b == 7) && data[1234..].iter().all(|&b| b == 0));
+}
+
+/// RW-PCC: files deleted just before the unmount (before the cache's periodic check saw them
+/// go) are dropped from the cache at the unmount, not "written back" with an error each (seen
+/// in the pjdfstest RW-PCC run: one ERROR line per deleted file).
+#[test]
+fn rw_pcc_unmount_drops_files_deleted_since() {
+    let mut t = all_rw_pcc(120);
+    for i in 0..5 {
+        let p = t.p(0, &format!("f{i}"));
+        fs::write(&p, b"soon gone").unwrap();
+        assert_rw_cached(&t, &p);
+    }
+    for i in 0..5 {
+        fs::remove_file(t.p(0, &format!("f{i}"))).unwrap();
+    }
+    t.umount(0);
+    let log = fs::read_to_string(t.log_path("c0")).unwrap();
+    assert!(
+        !log.contains("write-back at unmount failed"),
+        "unmount log:\n{log}"
+    );
+    let mut left = Vec::new();
+    let mut stack = vec![t.root().join("cache0")];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            if e.file_type().unwrap().is_dir() {
+                stack.push(e.path());
+            } else if e.path().parent().and_then(|p| p.file_name()) == Some("data".as_ref()) {
+                left.push(e.path());
+            }
+        }
+    }
+    assert!(
+        left.is_empty(),
+        "cache files of deleted files left: {left:?}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// POSIX ACLs
+// ---------------------------------------------------------------------------------------------
+
+const ACL_ACCESS: &str = "system.posix_acl_access";
+const ACL_DEFAULT: &str = "system.posix_acl_default";
+
+/// An ACL xattr value (version 2; entries of tag, permissions, id).
+fn acl_xattr(entries: &[(u16, u16, u32)]) -> Vec<u8> {
+    let mut b = 2u32.to_le_bytes().to_vec();
+    for &(tag, perm, id) in entries {
+        b.extend_from_slice(&tag.to_le_bytes());
+        b.extend_from_slice(&perm.to_le_bytes());
+        b.extend_from_slice(&id.to_le_bytes());
+    }
+    b
+}
+const A_USER_OBJ: u16 = 0x01;
+const A_USER: u16 = 0x02;
+const A_GROUP_OBJ: u16 = 0x04;
+const A_MASK: u16 = 0x10;
+const A_OTHER: u16 = 0x20;
+const NO_ID: u32 = u32::MAX;
+
+/// Runs a command (setfacl, getfacl, cp) with a 60 s bound; its stdout, or a panic with stderr.
+#[track_caller]
+fn run(args: &[&str]) -> String {
+    let out = std::process::Command::new("timeout")
+        .arg("60")
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{args:?}: {e} (setfacl/getfacl: Debian package acl)"));
+    assert!(
+        out.status.success(),
+        "{args:?}: {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn s(p: &Path) -> String {
+    p.to_string_lossy().into_owned()
+}
+
+/// `cp -a` and `cp -p` copy a file's ACL as an ACL equal to its mode: the copies keep their
+/// modes (0644 files, 0755 directories, 0600 stays 0600), with no ACL stored, and other users
+/// read them as on ext4 (the reported bug: 0600/0700 and `-rw-------+`).
+#[test]
+fn acl_cp_a_and_cp_p_keep_modes() {
+    let t = TestFs::new(1);
+    let src = t.root().join("src");
+    fs::create_dir(&src).unwrap();
+    chmod(&src, 0o755).unwrap();
+    fs::write(src.join("f"), b"hello").unwrap();
+    chmod(&src.join("f"), 0o644).unwrap();
+    fs::create_dir(src.join("d")).unwrap();
+    chmod(&src.join("d"), 0o755).unwrap();
+    fs::write(src.join("d/private"), b"secret").unwrap();
+    chmod(&src.join("d/private"), 0o600).unwrap();
+    fs::write(src.join("x"), b"#!/bin/sh\n").unwrap();
+    chmod(&src.join("x"), 0o755).unwrap();
+    let dst = t.p(0, "copy");
+    run(&["cp", "-a", &s(&src), &s(&dst)]);
+    run(&["cp", "-p", &s(&src.join("f")), &s(&t.p(0, "f-p"))]);
+    for (rel, want) in [
+        ("copy", 0o755),
+        ("copy/f", 0o644),
+        ("copy/d", 0o755),
+        ("copy/d/private", 0o600),
+        ("copy/x", 0o755),
+        ("f-p", 0o644),
+    ] {
+        let p = t.p(0, rel);
+        assert_eq!(mode_of(&p) & 0o7777, want, "{rel}: mode after cp");
+        assert_errno(getxattr(&p, ACL_ACCESS), libc::ENODATA, "no ACL stored");
+        assert!(
+            !run(&["ls", "-ld", &s(&p)])
+                .split_whitespace()
+                .next()
+                .unwrap()
+                .ends_with('+'),
+            "{rel}: ls shows no ACL"
+        );
+    }
+    let d = dst.clone();
+    as_user(&Cred::new(U1, U1), move || {
+        assert_eq!(fs::read(d.join("f")).unwrap(), b"hello");
+        assert_eq!(fs::read_dir(d.join("d")).unwrap().count(), 1);
+        assert_errno(fs::read(d.join("d/private")), libc::EACCES, "0600 file");
+    });
+}
+
+/// Access ACLs are enforced for other users (the kernel reads them: FUSE_POSIX_ACL), and the
+/// mode's group bits show the mask.
+#[test]
+fn acl_access_enforced_for_other_users() {
+    let t = TestFs::new(1);
+    let w = world_dir(&t, "w");
+    let open_f = w.join("open");
+    fs::write(&open_f, b"o").unwrap();
+    chmod(&open_f, 0o644).unwrap();
+    run(&["setfacl", "-m", &format!("u:{U1}:---"), &s(&open_f)]);
+    let closed = w.join("closed");
+    fs::write(&closed, b"c").unwrap();
+    chmod(&closed, 0o600).unwrap();
+    run(&["setfacl", "-m", &format!("u:{U1}:rw"), &s(&closed)]);
+    assert_eq!(mode_of(&closed) & 0o777, 0o660, "group bits = mask rw-");
+    assert_eq!(
+        mode_of(&open_f) & 0o777,
+        0o644,
+        "group bits = mask r-- (setfacl: the union)"
+    );
+    let (o, c) = (open_f.clone(), closed.clone());
+    as_user(&Cred::new(U1, U1), move || {
+        assert_errno(
+            fs::read(&o),
+            libc::EACCES,
+            "named user denied on a 0644 file",
+        );
+        assert_eq!(
+            fs::read(&c).unwrap(),
+            b"c",
+            "named user allowed on a 0600 file"
+        );
+        fs::write(&c, b"by u1").expect("named user may write");
+    });
+    let (o, c) = (open_f.clone(), closed.clone());
+    as_user(&Cred::new(U2, U2), move || {
+        assert_eq!(
+            fs::read(&o).unwrap(),
+            b"o",
+            "others still read the 0644 file"
+        );
+        assert_errno(fs::read(&c), libc::EACCES, "others denied on the 0600 file");
+    });
+    // a directory ACL: U1 may list and enter, U2 not
+    let d = w.join("dir");
+    fs::create_dir(&d).unwrap();
+    chmod(&d, 0o700).unwrap();
+    fs::write(d.join("inside"), b"i").unwrap();
+    run(&["setfacl", "-m", &format!("u:{U1}:rx"), &s(&d)]);
+    let d1 = d.clone();
+    as_user(&Cred::new(U1, U1), move || {
+        assert_eq!(fs::read_dir(&d1).unwrap().count(), 1);
+    });
+    let d2 = d.clone();
+    as_user(&Cred::new(U2, U2), move || {
+        assert_errno(fs::read_dir(&d2).map(|_| ()), libc::EACCES, "not named");
+    });
+    // removing the ACL (setfacl -b) leaves the mode's bits, and U1 is denied again
+    run(&["setfacl", "-b", &s(&closed)]);
+    assert_errno(getxattr(&closed, ACL_ACCESS), libc::ENODATA, "ACL removed");
+    assert_eq!(mode_of(&closed) & 0o777, 0o600);
+    let c = closed.clone();
+    as_user(&Cred::new(U1, U1), move || {
+        assert_errno(fs::read(&c), libc::EACCES, "after setfacl -b");
+    });
+}
+
+/// Mode and ACL stay in step both ways: chmod rewrites the owner, mask and other entries;
+/// setting an access ACL sets the mode; an ACL equal to the mode is kept as the mode only.
+#[test]
+fn acl_and_mode_in_step() {
+    let t = TestFs::new(1);
+    let f = t.p(0, "f");
+    fs::write(&f, b"x").unwrap();
+    chmod(&f, 0o600).unwrap();
+    // raw xattr: u::rwx g::r-x o::r-- is the mode 0754, stored as the mode alone
+    let plain = acl_xattr(&[
+        (A_USER_OBJ, 7, NO_ID),
+        (A_GROUP_OBJ, 5, NO_ID),
+        (A_OTHER, 4, NO_ID),
+    ]);
+    setxattr(&f, ACL_ACCESS, &plain, 0).unwrap();
+    assert_eq!(mode_of(&f) & 0o7777, 0o754, "the ACL set the mode");
+    assert_errno(
+        getxattr(&f, ACL_ACCESS),
+        libc::ENODATA,
+        "stored as the mode",
+    );
+    assert!(!listxattr(&f).unwrap().iter().any(|n| n == ACL_ACCESS));
+    // an extended ACL is stored and sets the group bits from its mask
+    let ext = acl_xattr(&[
+        (A_USER_OBJ, 6, NO_ID),
+        (A_USER, 7, U1),
+        (A_GROUP_OBJ, 4, NO_ID),
+        (A_MASK, 6, NO_ID),
+        (A_OTHER, 0, NO_ID),
+    ]);
+    setxattr(&f, ACL_ACCESS, &ext, 0).unwrap();
+    assert_eq!(mode_of(&f) & 0o7777, 0o660);
+    assert_eq!(getxattr(&f, ACL_ACCESS).unwrap(), ext);
+    // chmod rewrites owner, mask, other; the named entry and the group owner stay
+    chmod(&f, 0o741).unwrap();
+    let want = acl_xattr(&[
+        (A_USER_OBJ, 7, NO_ID),
+        (A_USER, 7, U1),
+        (A_GROUP_OBJ, 4, NO_ID),
+        (A_MASK, 4, NO_ID),
+        (A_OTHER, 1, NO_ID),
+    ]);
+    assert_eq!(
+        getxattr(&f, ACL_ACCESS).unwrap(),
+        want,
+        "chmod updated the ACL"
+    );
+    let text = run(&["getfacl", "-c", "-n", &s(&f)]);
+    assert!(
+        text.contains(&format!("user:{U1}:rwx\t#effective:r--")) && text.contains("mask::r--"),
+        "getfacl after chmod 741:\n{text}"
+    );
+    // setfacl -m m::rwx sets the group bits
+    run(&["setfacl", "-m", "m::rwx", &s(&f)]);
+    assert_eq!(mode_of(&f) & 0o7777, 0o771);
+    // malformed ACLs: EINVAL, nothing changed
+    for bad in [
+        vec![2u8, 0, 0, 0, 1, 0],
+        acl_xattr(&[
+            (A_GROUP_OBJ, 4, NO_ID),
+            (A_USER_OBJ, 6, NO_ID),
+            (A_OTHER, 0, NO_ID),
+        ]),
+        acl_xattr(&[
+            (A_USER_OBJ, 6, NO_ID),
+            (A_USER, 7, U1),
+            (A_GROUP_OBJ, 4, NO_ID),
+            (A_OTHER, 0, NO_ID),
+        ]),
+        acl_xattr(&[
+            (A_USER_OBJ, 9, NO_ID),
+            (A_GROUP_OBJ, 4, NO_ID),
+            (A_OTHER, 0, NO_ID),
+        ]),
+    ] {
+        assert_errno(
+            setxattr(&f, ACL_ACCESS, &bad, 0),
+            libc::EINVAL,
+            "malformed ACL",
+        );
+    }
+    assert_eq!(mode_of(&f) & 0o7777, 0o771, "unchanged by malformed ACLs");
+    // a default ACL is for directories only
+    assert_errno(
+        setxattr(&f, ACL_DEFAULT, &plain, 0),
+        libc::EACCES,
+        "default ACL on a file",
+    );
+}
+
+/// `posix_acl = false` in the client config: no ACLs, as ext4's noacl (EOPNOTSUPP), while
+/// `cp -a` still gives the modes of the source.
+#[test]
+fn acl_off_by_config() {
+    let mut t = TestFs::with(Opts {
+        clients: 0,
+        ..Opts::default()
+    });
+    t.mount_with(&ClientOpts {
+        name: "c0".into(),
+        config: Some("posix_acl = false\n".into()),
+        ..Default::default()
+    });
+    let f = t.p(0, "f");
+    fs::write(&f, b"x").unwrap();
+    chmod(&f, 0o640).unwrap();
+    let ext = acl_xattr(&[
+        (A_USER_OBJ, 6, NO_ID),
+        (A_USER, 7, U1),
+        (A_GROUP_OBJ, 4, NO_ID),
+        (A_MASK, 6, NO_ID),
+        (A_OTHER, 0, NO_ID),
+    ]);
+    assert_errno(
+        setxattr(&f, ACL_ACCESS, &ext, 0),
+        libc::EOPNOTSUPP,
+        "ACLs off",
+    );
+    assert_eq!(mode_of(&f) & 0o7777, 0o640);
+    let src = t.root().join("src");
+    fs::create_dir(&src).unwrap();
+    chmod(&src, 0o755).unwrap();
+    fs::write(src.join("g"), b"y").unwrap();
+    chmod(&src.join("g"), 0o644).unwrap();
+    run(&["cp", "-a", &s(&src), &s(&t.p(0, "copy"))]);
+    assert_eq!(mode_of(&t.p(0, "copy")) & 0o7777, 0o755);
+    assert_eq!(mode_of(&t.p(0, "copy/g")) & 0o7777, 0o644);
+}
+
+/// New inodes inherit the directory's default ACL: no umask, the default masked by the mode
+/// asked for; subdirectories inherit it as their default too. Compared with what ext4 does.
+#[test]
+fn acl_default_inherited_at_create() {
+    let t = TestFs::new(1);
+    let w = world_dir(&t, "w");
+    let d = w.join("shared");
+    fs::create_dir(&d).unwrap();
+    chown(&d, U1, U1).unwrap();
+    run(&[
+        "setfacl",
+        "-d",
+        "-m",
+        &format!("u:{U2}:rwx,g::rx,o::-"),
+        &s(&d),
+    ]);
+    let d1 = d.clone();
+    as_user(&Cred::new(U1, U1), move || {
+        unsafe { libc::umask(0o077) };
+        fs::write(d1.join("file"), b"from u1").unwrap();
+        fs::create_dir(d1.join("sub")).unwrap();
+        mknod(&d1.join("fifo"), libc::S_IFIFO | 0o640).unwrap();
+        std::os::unix::fs::symlink("file", d1.join("link")).unwrap();
+        fs::write(d1.join("sub/deeper"), b"deeper").unwrap();
+    });
+    // umask 077 ignored: file 0666 -> rw-rw---- (mask rw-), dir 0777 -> rwxrwx---
+    assert_eq!(mode_of(&d.join("file")) & 0o7777, 0o660);
+    assert_eq!(mode_of(&d.join("sub")) & 0o7777, 0o770);
+    assert_eq!(mode_of(&d.join("fifo")) & 0o7777, 0o640);
+    assert_eq!(mode_of(&d.join("sub/deeper")) & 0o7777, 0o660);
+    let f = run(&["getfacl", "-c", "-n", &s(&d.join("file"))]);
+    assert_eq!(
+        f.lines().filter(|l| !l.is_empty()).collect::<Vec<_>>(),
+        vec![
+            "user::rw-".to_string(),
+            format!("user:{U2}:rwx\t#effective:rw-"),
+            "group::r-x\t#effective:r--".to_string(),
+            "mask::rw-".to_string(),
+            "other::---".to_string(),
+        ],
+        "the file's inherited ACL"
+    );
+    assert!(
+        getxattr(&d.join("sub"), ACL_DEFAULT).is_ok(),
+        "sub inherits the default"
+    );
+    assert_eq!(
+        getxattr(&d.join("sub"), ACL_DEFAULT).unwrap(),
+        getxattr(&d, ACL_DEFAULT).unwrap()
+    );
+    assert_errno(
+        getxattr(&d.join("file"), ACL_DEFAULT),
+        libc::ENODATA,
+        "files get no default",
+    );
+    assert!(
+        lstat(&d.join("link")).unwrap().st_mode & 0o777 == 0o777,
+        "symlinks take no ACL"
+    );
+    // U2 (named in the default) may write what U1 created; others may not read
+    let d2 = d.clone();
+    as_user(&Cred::new(U2, U2), move || {
+        fs::write(d2.join("file"), b"from u2").expect("named user writes");
+        fs::write(d2.join("sub/deeper"), b"u2").expect("inherited two levels down");
+    });
+    let d3 = d.clone();
+    as_user(&Cred::new(U3, U3), move || {
+        assert_errno(fs::read(d3.join("file")), libc::EACCES, "other::---");
+    });
+    // without a default ACL the umask applies as usual
+    let plain = w.join("plain");
+    fs::create_dir(&plain).unwrap();
+    let p1 = plain.clone();
+    as_user(&Cred::new(0, 0), move || {
+        unsafe { libc::umask(0o027) };
+        fs::write(p1.join("f"), b"x").unwrap();
+    });
+    assert_eq!(mode_of(&plain.join("f")) & 0o777, 0o640);
+}
+
 // ---------------------------------------------------------------------------------------------
 // name and path limits
 // ---------------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@
 //! entry_ttl = 1.0              # seconds the kernel caches names
 //! fuse_threads = 8             # threads serving FUSE requests
 //! dirty_limit_mb = 64          # commit buffered writes of a file past this
+//! buffer_limit_mb = 256        # buffered writes of all files together, at most (writers wait)
 //! readahead_chunks = 4         # chunks fetched ahead of a sequential reader
 //! cache_chunks = 128           # chunks kept in the read cache
 //! upload_parallelism = 16      # object uploads at once
@@ -14,6 +15,7 @@
 //! session_timeout_secs = 30    # a client silent this long is considered gone
 //! gc_interval_secs = 1         # how often deleted objects are removed from targets
 //! log_level = "info"
+//! posix_acl = true             # POSIX ACLs (false: as ext4's noacl, setfacl gets EOPNOTSUPP)
 //! metrics = "127.0.0.1:9567"   # serve Prometheus metrics here (off by default)
 //! # persistent client cache (off unless cache_dir is set)
 //! cache_dir = "/nvme/pcc"      # where cached files live (a local disk)
@@ -36,6 +38,7 @@ pub struct ClientConfig {
     pub entry_ttl: f64,
     pub fuse_threads: usize,
     pub dirty_limit_mb: usize,
+    pub buffer_limit_mb: usize,
     pub readahead_chunks: u64,
     pub cache_chunks: usize,
     pub upload_parallelism: usize,
@@ -43,6 +46,7 @@ pub struct ClientConfig {
     pub session_timeout_secs: u64,
     pub gc_interval_secs: u64,
     pub log_level: String,
+    pub posix_acl: bool,
     pub metrics: Option<String>,
     pub cache_dir: Option<std::path::PathBuf>,
     pub cache_size: String,
@@ -62,6 +66,7 @@ impl Default for ClientConfig {
             entry_ttl: 1.0,
             fuse_threads: 8,
             dirty_limit_mb: 64,
+            buffer_limit_mb: 256,
             readahead_chunks: 4,
             cache_chunks: 128,
             upload_parallelism: 16,
@@ -69,6 +74,7 @@ impl Default for ClientConfig {
             session_timeout_secs: 30,
             gc_interval_secs: 1,
             log_level: "info".into(),
+            posix_acl: true,
             metrics: None,
             cache_dir: None,
             cache_size: "10G".into(),
@@ -111,6 +117,9 @@ impl ClientConfig {
         }
         if self.dirty_limit_mb == 0 {
             return Err("dirty_limit_mb must be at least 1".into());
+        }
+        if self.buffer_limit_mb == 0 {
+            return Err("buffer_limit_mb must be at least 1".into());
         }
         if self.heartbeat_secs == 0 || self.session_timeout_secs <= self.heartbeat_secs {
             return Err("session_timeout_secs must exceed heartbeat_secs (> 0)".into());
@@ -163,5 +172,14 @@ mod tests {
         assert!(ClientConfig::from_toml("attr_ttl = -1.0").is_err());
         assert!(ClientConfig::from_toml("fuse_threads = 0").is_err());
         assert!(ClientConfig::from_toml("attr_ttl = \"x\"").is_err());
+    }
+
+    #[test]
+    fn buffer_limit_has_a_default_and_is_at_least_one_mib() {
+        assert_eq!(ClientConfig::default().buffer_limit_mb, 256);
+        let c = ClientConfig::from_toml("buffer_limit_mb = 32").unwrap();
+        assert_eq!(c.buffer_limit_mb, 32);
+        let e = ClientConfig::from_toml("buffer_limit_mb = 0").unwrap_err();
+        assert!(e.contains("buffer_limit_mb"), "{e}");
     }
 }

@@ -157,6 +157,34 @@ mod nix_signals {
     }
 }
 
+/// Refuses a target that belongs to another filesystem (or is another target of this one);
+/// gives a target formatted before identity markers existed its marker now.
+pub fn check_targets(
+    targets: &TargetSet,
+    info: &tierfs_meta::FsInfo,
+) -> Result<(), tierfs_store::StoreError> {
+    use tierfs_store::identity::{self, Checked};
+    for t in targets.all() {
+        match identity::check(&t.spec, &info.uuid, &info.name, t.id)? {
+            Checked::Ok => {}
+            Checked::Adopted { had_objects } => tracing::warn!(
+                "storage target {} had no identity marker (formatted by an older tierfs{}): \
+                 marked as target {} of filesystem '{}' ({})",
+                t.spec.url,
+                if had_objects {
+                    ", holding objects"
+                } else {
+                    ", empty"
+                },
+                t.id,
+                info.name,
+                info.uuid
+            ),
+        }
+    }
+    Ok(())
+}
+
 /// Mounts and serves until unmounted. `ready` is called once the mount is up (or failed).
 pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Result<(), DaemonError> {
     let sigs = block_signals();
@@ -170,6 +198,7 @@ pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Resul
         .map(|t| (t.id, t.url, t.capacity))
         .collect();
     let targets = Arc::new(TargetSet::open(&tlist)?);
+    check_targets(&targets, &info)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .max_blocking_threads(32)
@@ -184,16 +213,25 @@ pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Resul
             .map_err(|e| DaemonError::Metrics(addr.clone(), e.to_string()))?;
     }
     let client_name = cfg.client_name.clone().unwrap_or_else(hostname);
-    let session = meta.register_session(&SessionInfo {
-        id: 0,
-        client_name: client_name.clone(),
-        host: hostname(),
-        pid: std::process::id(),
-        mountpoint: mountpoint.display().to_string(),
-        version: env!("CARGO_PKG_VERSION").to_string(),
-        started: 0,
-        heartbeat: 0,
-    })?;
+    // Sessions of daemons that ran here and are gone (kill -9) end now: their client name is
+    // free again and their opens and locks go, without waiting for the session timeout.
+    if let Err(e) = crate::liveness::end_gone_sessions(meta.as_ref()) {
+        tracing::warn!("ending the sessions of dead local daemons failed: {e}");
+    }
+    // One live session per client name: a second mount of the name is refused.
+    let session = meta.register_session_unique(
+        &SessionInfo {
+            id: 0,
+            client_name: client_name.clone(),
+            host: crate::liveness::host_field(&hostname()),
+            pid: std::process::id(),
+            mountpoint: mountpoint.display().to_string(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            started: 0,
+            heartbeat: 0,
+        },
+        Duration::from_secs(cfg.session_timeout_secs).as_nanos() as i64,
+    )?;
     let data = Arc::new(DataPath::new(
         meta.clone(),
         targets,
@@ -205,6 +243,7 @@ pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Resul
             readahead_chunks: cfg.readahead_chunks,
             cache_chunks: cfg.cache_chunks,
             upload_parallelism: cfg.upload_parallelism,
+            buffer_limit: cfg.buffer_limit_mb << 20,
         },
     ));
     // Every client recalls other clients' RW-PCC leases before it opens or truncates a file.
@@ -257,6 +296,7 @@ pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Resul
     );
     fs.notifier = Arc::clone(&notifier);
     fs.pcc = pcc.clone();
+    fs.posix_acl = cfg.posix_acl;
     fs.info_json = serde_json::json!({
         // Readable by every user of the machine: never the database password.
         "meta": tierfs_meta::postgres::without_password(&req.meta_url),
@@ -336,6 +376,12 @@ pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Resul
                         // session timeout: after a database outage nobody could heartbeat, and
                         // the first client back must not take the others for dead before they
                         // had the chance to heartbeat again.
+                        // Daemons that ran on this machine and are gone: at once.
+                        match crate::liveness::end_gone_sessions(meta.as_ref()) {
+                            Ok(0) => {}
+                            Ok(n) => tracing::info!("ended {n} session(s) of dead local daemons"),
+                            Err(e) => tracing::warn!("ending dead local sessions failed: {e}"),
+                        }
                         if healthy_since.elapsed() >= timeout {
                             match meta.reap_sessions(timeout.as_nanos() as i64) {
                                 Ok(0) => {}

@@ -10,10 +10,10 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use fuser::{
-    AccessFlags, BackingId, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
-    Generation, INodeNo, InitFlags, KernelConfig, LockOwner, Notifier, OpenFlags, RenameFlags,
-    ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLock,
-    ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    AccessFlags, BackingId, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType, Filesystem,
+    FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, LockOwner, Notifier, OpenFlags,
+    RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry,
+    ReplyLock, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use parking_lot::Mutex;
 
@@ -21,6 +21,7 @@ use tierfs_meta::{
     Attr, Ino, Kind, LockRange, LockType, MetaEngine, MetaError, NewNode, SetAttr, TimeSet,
 };
 
+use crate::acl::{self, Acl};
 use crate::data::DataPath;
 use crate::error::{ClientError, Result};
 use crate::lease::{Lease, Recaller};
@@ -42,6 +43,11 @@ fn is_virtual(ino: u64) -> bool {
 }
 const BLKSIZE: u32 = 1 << 16;
 
+/// Most bytes one copy_file_range call copies (the reply carries a 32-bit count).
+const COPY_MAX: u64 = 1 << 30;
+/// copy_file_range moves data through the daemon in pieces of this size.
+const COPY_PIECE: u64 = 4 << 20;
+
 struct Handle {
     append: bool,
     /// End of the last read, to spot sequential readers.
@@ -57,6 +63,14 @@ struct CachedHandle {
     file: Arc<std::fs::File>,
     write: bool,
     passthrough: bool,
+}
+
+/// What a new inode takes from its directory: its permission bits and, where the directory
+/// has a default ACL, the ACL xattrs to store (encoded).
+struct Inherited {
+    perm: u32,
+    access: Option<Vec<u8>>,
+    default: Option<Vec<u8>>,
 }
 
 /// Reply types that can register a passthrough backing file.
@@ -101,6 +115,9 @@ pub struct TierFs {
     backing: Mutex<HashMap<Ino, (Arc<BackingId>, u32)>>,
     /// Last name each inode was looked up or created under (for fname rules at open).
     names: Mutex<HashMap<Ino, Vec<u8>>>,
+    /// POSIX ACLs on (`posix_acl` in the client config; the kernel enforces them only when it
+    /// accepted FUSE_POSIX_ACL at init).
+    pub posix_acl: bool,
 }
 
 fn to_time(n: i64) -> SystemTime {
@@ -144,15 +161,32 @@ fn ino_errno(e: &ClientError) -> Errno {
     }
 }
 
-/// Mode bits after a write, truncate or chown that must drop privileges: setuid goes, setgid
-/// goes where it means "set group id on execution" (group-executable).
-fn kill_suid_sgid(perm: u32) -> u32 {
-    let sgid_exec = libc::S_ISGID | libc::S_IXGRP;
+/// Mode bits after a write, truncate or chown that must drop privileges (the kernel's
+/// `setattr_should_drop_suidgid`): setuid goes; setgid goes where it means "set group id on
+/// execution" (group-executable), or when the caller is neither in the file's group nor root.
+/// `in_group` is asked only when it matters (setgid without group-execute).
+fn kill_suid_sgid(perm: u32, in_group: impl FnOnce() -> bool) -> u32 {
     let mut p = perm & !libc::S_ISUID;
-    if perm & sgid_exec == sgid_exec {
+    if perm & libc::S_ISGID != 0 && (perm & libc::S_IXGRP != 0 || !in_group()) {
         p &= !libc::S_ISGID;
     }
     p
+}
+
+/// Whether the caller of `req` is root or a member of group `gid` (its primary group, or a
+/// supplementary group as /proc lists them; FUSE passes only the primary one).
+fn in_group_or_root(req: &Request, gid: u32) -> bool {
+    if req.uid() == 0 || req.gid() == gid {
+        return true;
+    }
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{}/status", req.pid())) else {
+        return false;
+    };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Groups:"))
+        .map(|g| g.split_whitespace().any(|x| x.parse() == Ok(gid)))
+        .unwrap_or(false)
 }
 
 fn time_set(t: TimeOrNow) -> TimeSet {
@@ -189,6 +223,7 @@ impl TierFs {
             passthrough: AtomicBool::new(false),
             backing: Mutex::new(HashMap::new()),
             names: Mutex::new(HashMap::new()),
+            posix_acl: true,
         }
     }
 
@@ -199,15 +234,23 @@ impl TierFs {
             a.size
         };
         let mut mtime = a.mtime;
+        // st_blocks: the bytes that hold data (schema v5), not the size; a directory or a
+        // symlink counts its size.
+        let mut allocated = if a.kind == Kind::File {
+            self.data.local_allocated(a, size)
+        } else {
+            a.size
+        };
         if let Some((s, m)) = self.pcc.as_ref().and_then(|p| p.local_attr(a.ino)) {
             // RW-cached here: the cache file is the truth.
             size = s;
             mtime = m;
+            allocated = s;
         }
         FileAttr {
             ino: INodeNo(a.ino),
             size,
-            blocks: size.div_ceil(512),
+            blocks: allocated.div_ceil(512),
             atime: to_time(a.atime),
             mtime: to_time(mtime),
             ctime: to_time(a.ctime.max(mtime)),
@@ -257,7 +300,7 @@ impl TierFs {
     fn run<T>(&self, op: &'static str, f: impl FnOnce() -> Result<T>) -> Result<T> {
         let t = Instant::now();
         let r = f();
-        self.metrics.op(op, t, r.is_ok());
+        self.metrics.op(op, t, r.as_ref().err().map(|e| e.errno()));
         if let Err(e) = &r {
             let n = e.errno();
             if n == libc::EIO || n == libc::ENOSPC {
@@ -280,6 +323,131 @@ impl TierFs {
             rdev: 0,
             symlink: None,
         }
+    }
+
+    /// The mode of a new inode under `parent` and the ACLs it inherits (the kernel's
+    /// posix_acl_create): where the directory has a default ACL, the umask is not applied; the
+    /// default ACL masked by the mode asked for becomes the inode's access ACL (stored only
+    /// when the mode cannot say it all) and, for a directory, its default ACL too.
+    fn inherit(&self, parent: Ino, kind: Kind, mode: u32, umask: u32) -> Result<Inherited> {
+        let mode = mode & 0o7777;
+        let plain = Inherited {
+            perm: mode & !umask,
+            access: None,
+            default: None,
+        };
+        if kind == Kind::Symlink || !self.posix_acl {
+            return Ok(plain);
+        }
+        let default = match self.meta.getxattr(parent, acl::DEFAULT) {
+            Ok(v) => match Acl::decode(&v) {
+                Ok(d) => d,
+                Err(e) => {
+                    tracing::warn!(parent, "ignoring the directory's default ACL: {e}");
+                    None
+                }
+            },
+            Err(MetaError::NoAttr) => None,
+            Err(e) => return Err(e.into()),
+        };
+        let Some(default) = default else {
+            return Ok(plain);
+        };
+        let mut access = default.clone();
+        let perm = access.create_masq(mode);
+        Ok(Inherited {
+            perm,
+            access: (!access.is_mode()).then(|| access.encode()),
+            default: (kind == Kind::Dir).then(|| default.encode()),
+        })
+    }
+
+    /// Stores the ACLs a new inode inherited.
+    fn store_inherited(&self, ino: Ino, inh: &Inherited) -> Result<()> {
+        if let Some(v) = &inh.access {
+            self.meta.setxattr(ino, acl::ACCESS, v, 0)?;
+        }
+        if let Some(v) = &inh.default {
+            self.meta.setxattr(ino, acl::DEFAULT, v, 0)?;
+        }
+        Ok(())
+    }
+
+    /// Removes an ACL xattr; absent is fine (as on ext4, removing no ACL succeeds).
+    fn remove_acl(&self, ino: Ino, name: &[u8]) -> Result<()> {
+        match self.meta.removexattr(ino, name) {
+            Ok(()) | Err(MetaError::NoAttr) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// setxattr of `system.posix_acl_access` or `_default` (the kernel's set_posix_acl, then
+    /// ext4's rules): validated; an access ACL sets the mode's permission bits (and drops
+    /// setgid for a caller outside the file's group) and is stored only when the mode cannot
+    /// say it all; an ACL of no entries removes it.
+    fn set_acl(&self, req: &Request, ino: Ino, name: &[u8], value: &[u8]) -> Result<()> {
+        if !self.posix_acl {
+            return Err(ClientError::Errno(
+                "POSIX ACLs are off on this mount (posix_acl = false)",
+                libc::EOPNOTSUPP,
+            ));
+        }
+        let parsed =
+            Acl::decode(value).map_err(|e| ClientError::Failed(e.to_string(), e.errno()))?;
+        let a = self.meta.getattr(ino)?;
+        if name == acl::DEFAULT {
+            if a.kind != Kind::Dir {
+                return Err(ClientError::Errno(
+                    "a default ACL is for directories only",
+                    libc::EACCES,
+                ));
+            }
+            return match parsed {
+                Some(d) => Ok(self.meta.setxattr(ino, acl::DEFAULT, &d.encode(), 0)?),
+                None => self.remove_acl(ino, acl::DEFAULT),
+            };
+        }
+        let Some(access) = parsed else {
+            return self.remove_acl(ino, acl::ACCESS);
+        };
+        let mut perm = (a.perm & 0o7000) | access.mode_bits();
+        if perm & libc::S_ISGID != 0 && !in_group_or_root(req, a.gid) {
+            perm &= !libc::S_ISGID;
+        }
+        let set = SetAttr {
+            perm: Some(perm),
+            ..Default::default()
+        };
+        self.meta.setattr(ino, &set)?;
+        if access.is_mode() {
+            self.remove_acl(ino, acl::ACCESS)?;
+        } else {
+            self.meta.setxattr(ino, acl::ACCESS, &access.encode(), 0)?;
+        }
+        // The kernel refetches after an ACL change only when it negotiated FUSE_POSIX_ACL.
+        if let Some(n) = self.notifier.get() {
+            let _ = n.inval_inode(INodeNo(ino), -1, 0);
+        }
+        Ok(())
+    }
+
+    /// chmod of a file with an access ACL (posix_acl_chmod): its owner, mask (or group owner)
+    /// and other entries follow the new mode.
+    fn chmod_acl(&self, ino: Ino, mode: u32) -> Result<()> {
+        let v = match self.meta.getxattr(ino, acl::ACCESS) {
+            Ok(v) => v,
+            Err(MetaError::NoAttr) => return Ok(()),
+            Err(e) => return Err(e.into()),
+        };
+        match Acl::decode(&v) {
+            Ok(Some(mut a)) => {
+                a.chmod(mode);
+                self.meta.setxattr(ino, acl::ACCESS, &a.encode(), 0)?;
+            }
+            Ok(None) => self.remove_acl(ino, acl::ACCESS)?,
+            Err(e) => tracing::warn!(ino, "chmod leaves a malformed access ACL alone: {e}"),
+        }
+        Ok(())
     }
 
     fn make_node(&self, parent: Ino, name: &OsStr, node: NewNode, open: bool) -> Result<Attr> {
@@ -326,6 +494,36 @@ impl TierFs {
         Ok((fh, fl))
     }
 
+    /// Up to `len` bytes of a file at `off` for copy_file_range (fewer at its end).
+    fn read_for_copy(&self, h: &Handle, ino: Ino, off: u64, len: u64) -> Result<Vec<u8>> {
+        if let Some(c) = &h.cache {
+            use std::os::unix::fs::FileExt;
+            let mut buf = vec![0u8; len as usize];
+            let mut n = 0;
+            while n < buf.len() {
+                match c.file.read_at(&mut buf[n..], off + n as u64) {
+                    Ok(0) => break,
+                    Ok(k) => n += k,
+                    Err(e) => return Err(ClientError::Failed(e.to_string(), libc::EIO)),
+                }
+            }
+            buf.truncate(n);
+            return Ok(buf);
+        }
+        self.data.read(ino, off, len as u32, true)
+    }
+
+    /// Writes a piece of a copy_file_range, as a write(2) of the handle would.
+    fn write_for_copy(&self, h: &Handle, ino: Ino, off: u64, data: &[u8]) -> Result<()> {
+        if let Some(c) = &h.cache {
+            use std::os::unix::fs::FileExt;
+            return c.file.write_all_at(data, off).map_err(|e| {
+                ClientError::Failed(e.to_string(), e.raw_os_error().unwrap_or(libc::EIO))
+            });
+        }
+        self.data.write(ino, off, data)
+    }
+
     /// `tierfs pcc ...` commands, which reach the daemon as extended attributes of the file
     /// (`user.tierfs.pcc.<command>`), so the kernel applies the file's permissions: getting one
     /// needs read access (state, attach.ro, detach, pin, unpin), setting one needs write access
@@ -369,6 +567,9 @@ impl TierFs {
 
     /// Opens a handle served from the cache: through kernel passthrough when it was negotiated
     /// and the kernel takes the backing file, else by the daemon from the cache file.
+    ///
+    /// A writer of a setuid or setgid file is served by the daemon (direct I/O): a write
+    /// through passthrough never reaches it, so it could not drop those bits as Linux does.
     fn open_cached(
         &self,
         reply: &dyn BackingReply,
@@ -376,13 +577,18 @@ impl TierFs {
         flags: i32,
         served: Served,
         recorded: bool,
-    ) -> Result<(u64, Option<Arc<BackingId>>)> {
+    ) -> Result<(u64, FopenFlags, Option<Arc<BackingId>>)> {
         if !recorded {
             self.meta.open_file(self.session, attr.ino)?;
         }
         let write = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        let privileged = write && attr.perm & (libc::S_ISUID | libc::S_ISGID) != 0;
         let mut backing = None;
-        if self.passthrough.load(Ordering::Relaxed) {
+        let mut fl = FopenFlags::empty();
+        if privileged {
+            // direct I/O: no page cache, so it may sit beside passthrough handles of the file
+            fl |= FopenFlags::FOPEN_DIRECT_IO;
+        } else if self.passthrough.load(Ordering::Relaxed) {
             let mut g = self.backing.lock();
             if let Some((id, n)) = g.get_mut(&attr.ino) {
                 *n += 1;
@@ -408,7 +614,7 @@ impl TierFs {
                 passthrough: backing.is_some(),
             }),
         });
-        Ok((fh, backing))
+        Ok((fh, fl, backing))
     }
 
     fn lock_range(&self, owner: LockOwner, start: u64, end: u64, typ: i32, pid: u32) -> LockRange {
@@ -441,10 +647,20 @@ impl Filesystem for TierFs {
             // We clear setuid/setgid ourselves (writes, truncates, chown): without this the
             // kernel asks for security.capability before every write, a round trip each.
             InitFlags::FUSE_HANDLE_KILLPRIV_V2,
+            // The mode of a create comes without the umask (and the umask beside it): the
+            // umask does not apply under a directory with a default ACL.
+            InitFlags::FUSE_DONT_MASK,
         ] {
             if config.add_capabilities(flag).is_err() {
                 tracing::info!("kernel lacks FUSE capability {flag:?}");
             }
+        }
+        // POSIX ACLs: the kernel reads them (system.posix_acl_*) and enforces access; we keep
+        // them and the mode in step and inherit default ACLs at create. The cost: a non-owner's
+        // permission check fetches the inode's ACL (a getxattr) when its attributes were
+        // refreshed.
+        if self.posix_acl && config.add_capabilities(InitFlags::FUSE_POSIX_ACL).is_err() {
+            tracing::warn!("the kernel refused FUSE_POSIX_ACL: ACLs are stored but not enforced");
         }
         if self
             .pcc
@@ -542,14 +758,28 @@ impl Filesystem for TierFs {
     ) {
         let r = self.run("setattr", || {
             let mut size = size;
+            let chmod = mode;
             let mut mode = mode;
-            // The kernel leaves clearing setuid/setgid to us (FUSE_HANDLE_KILLPRIV_V2): a chown
-            // clears them (Linux does, for root too), and so does a truncate by anyone but root.
-            let chown = uid.is_some() || gid.is_some();
+            // The kernel leaves clearing setuid/setgid to us (FUSE_HANDLE_KILLPRIV_V2), by its
+            // rules (fs/attr.c): a chown of anything but a directory clears them (setuid for
+            // root too), and so does a truncate of a regular file by anyone but root. A chown
+            // to -1, -1 (which changes nothing else) reaches us as a setattr that sets nothing:
+            // it is the only call that sends one.
+            let nothing = mode.is_none()
+                && size.is_none()
+                && atime.is_none()
+                && mtime.is_none()
+                && ctime.is_none();
+            let chown = uid.is_some() || gid.is_some() || nothing;
             if mode.is_none() && (chown || (size.is_some() && req.uid() != 0)) {
                 let a = self.meta.getattr(ino.0)?;
-                if a.kind == Kind::File {
-                    let killed = kill_suid_sgid(a.perm);
+                let applies = if chown {
+                    a.kind != Kind::Dir
+                } else {
+                    a.kind == Kind::File
+                };
+                if applies {
+                    let killed = kill_suid_sgid(a.perm, || in_group_or_root(req, a.gid));
                     if killed != a.perm {
                         mode = Some(killed);
                     }
@@ -586,6 +816,9 @@ impl Filesystem for TierFs {
                 ctime: ctime.map(from_time),
             };
             let a = self.meta.setattr(ino.0, &set)?;
+            if let Some(m) = chmod {
+                self.chmod_acl(ino.0, m)?;
+            }
             if size.is_some() {
                 self.data.invalidate(ino.0, Some(&a));
             }
@@ -617,11 +850,14 @@ impl Filesystem for TierFs {
         let r = self.run("mknod", || {
             let kind = Kind::from_mode(mode)
                 .ok_or(ClientError::Errno("unknown file type", libc::EINVAL))?;
+            let inh = self.inherit(parent.0, kind, mode, umask)?;
             let node = NewNode {
                 rdev,
-                ..Self::new_node(req, kind, mode & 0o7777 & !umask)
+                ..Self::new_node(req, kind, inh.perm)
             };
-            self.make_node(parent.0, name, node, false)
+            let a = self.make_node(parent.0, name, node, false)?;
+            self.store_inherited(a.ino, &inh)?;
+            Ok(a)
         });
         match r {
             Ok(a) => reply.entry(&self.entry_ttl, &self.fattr(&a), Generation(0)),
@@ -639,8 +875,11 @@ impl Filesystem for TierFs {
         reply: ReplyEntry,
     ) {
         let r = self.run("mkdir", || {
-            let node = Self::new_node(req, Kind::Dir, mode & 0o7777 & !umask);
-            self.make_node(parent.0, name, node, false)
+            let inh = self.inherit(parent.0, Kind::Dir, mode, umask)?;
+            let node = Self::new_node(req, Kind::Dir, inh.perm);
+            let a = self.make_node(parent.0, name, node, false)?;
+            self.store_inherited(a.ino, &inh)?;
+            Ok(a)
         });
         match r {
             Ok(a) => reply.entry(&self.entry_ttl, &self.fattr(&a), Generation(0)),
@@ -785,8 +1024,8 @@ impl Filesystem for TierFs {
             if let Some(pcc) = &self.pcc {
                 let name = self.names.lock().get(&ino.0).cloned();
                 if let Some(served) = pcc.on_open(&a, own.as_ref(), name.as_deref(), flags.0)? {
-                    let (fh, backing) = self.open_cached(&reply, &a, flags.0, served, false)?;
-                    return Ok((fh, FopenFlags::empty(), backing));
+                    let (fh, fl, backing) = self.open_cached(&reply, &a, flags.0, served, false)?;
+                    return Ok((fh, fl, backing));
                 }
             }
             let (fh, fl) = self.open_file(&a, flags.0, false)?;
@@ -811,13 +1050,15 @@ impl Filesystem for TierFs {
     ) {
         let r = self.run("create", || {
             let kind = Kind::from_mode(mode).unwrap_or(Kind::File);
-            let node = Self::new_node(req, kind, mode & 0o7777 & !umask);
+            let inh = self.inherit(parent.0, kind, mode, umask)?;
+            let node = Self::new_node(req, kind, inh.perm);
             let a = self.make_node(parent.0, name, node, true)?;
+            self.store_inherited(a.ino, &inh)?;
             if let Some(pcc) = &self.pcc {
                 self.remember_name(&a, name);
                 if let Some(served) = pcc.on_create(&a, name.as_bytes(), flags)? {
-                    let (fh, backing) = self.open_cached(&reply, &a, flags, served, true)?;
-                    return Ok((a, fh, FopenFlags::empty(), backing));
+                    let (fh, fl, backing) = self.open_cached(&reply, &a, flags, served, true)?;
+                    return Ok((a, fh, fl, backing));
                 }
             }
             let (fh, fl) = self.open_file(&a, flags, true)?;
@@ -905,7 +1146,7 @@ impl Filesystem for TierFs {
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -929,13 +1170,20 @@ impl Filesystem for TierFs {
                 // An unprivileged write (the kernel says so: FUSE_HANDLE_KILLPRIV_V2) drops
                 // setuid, and setgid on group-executables.
                 let a = self.meta.getattr(ino.0)?;
-                let perm = kill_suid_sgid(a.perm);
+                let perm = kill_suid_sgid(a.perm, || in_group_or_root(req, a.gid));
                 if perm != a.perm {
                     let set = SetAttr {
                         perm: Some(perm),
                         ..Default::default()
                     };
                     self.meta.setattr(ino.0, &set)?;
+                    // The kernel keeps the old mode cached for the attribute TTL (a write only
+                    // makes it refetch size and times): make the writer's next stat ask us.
+                    if let Some(n) = self.notifier.get() {
+                        if let Err(e) = n.inval_inode(INodeNo(ino.0), -1, 0) {
+                            tracing::debug!(ino = ino.0, "attribute invalidation: {e}");
+                        }
+                    }
                 }
             }
             if let Some(c) = &h.cache {
@@ -1027,6 +1275,10 @@ impl Filesystem for TierFs {
             return;
         }
         let r = self.run("release", || {
+            // Every step runs whatever the others gave, and the close is recorded in any case:
+            // a lost close would leave the file open here for every client (its trash never
+            // freed, its rename grace never over) until this client's session ends.
+            let mut closed = Ok(());
             if let (Some(pcc), Some(c)) = (&self.pcc, h.as_ref().and_then(|h| h.cache.as_ref())) {
                 if c.passthrough {
                     let mut g = self.backing.lock();
@@ -1037,17 +1289,25 @@ impl Filesystem for TierFs {
                         }
                     }
                 }
-                pcc.on_close(ino.0, c.write)?;
+                closed = pcc.on_close(ino.0, c.write);
             }
-            let flushed = self.data.flush(ino.0);
+            let flushed = self.data.flush(ino.0).map(|_| ());
+            let mut unlocked = Ok(());
             if let Some(o) = lock_owner {
                 if self.locked.lock().contains(&ino.0) {
-                    self.meta.release_locks(ino.0, self.session, o.0, false)?;
+                    unlocked = self
+                        .meta
+                        .release_locks(ino.0, self.session, o.0, false)
+                        .map_err(ClientError::from);
                 }
             }
             // Closes reach the metadata engine in batches (see DataPath::queue_close).
             self.data.queue_close(ino.0);
-            flushed.map(|_| ())
+            if h.as_ref().is_some_and(|h| h.cache.is_none()) {
+                // a handle of the data path (DataPath::open): the file's state may go
+                self.data.release(ino.0);
+            }
+            closed.and(flushed).and(unlocked)
         });
         match r {
             Ok(()) => reply.ok(),
@@ -1180,7 +1440,7 @@ impl Filesystem for TierFs {
 
     fn setxattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         name: &OsStr,
         value: &[u8],
@@ -1193,7 +1453,11 @@ impl Filesystem for TierFs {
                 // The kernel let this through only to a writer of the file.
                 return self.pcc_command(ino.0, cmd, value).map(|_| ());
             }
-            Ok(self.meta.setxattr(ino.0, name.as_bytes(), value, flags)?)
+            let n = name.as_bytes();
+            if n == acl::ACCESS || n == acl::DEFAULT {
+                return self.set_acl(req, ino.0, n, value);
+            }
+            Ok(self.meta.setxattr(ino.0, n, value, flags)?)
         }) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(ino_errno(&e)),
@@ -1243,7 +1507,12 @@ impl Filesystem for TierFs {
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         match self.run("removexattr", || {
-            Ok(self.meta.removexattr(ino.0, name.as_bytes())?)
+            let n = name.as_bytes();
+            if n == acl::ACCESS || n == acl::DEFAULT {
+                // removing no ACL succeeds, as on ext4
+                return self.remove_acl(ino.0, n);
+            }
+            Ok(self.meta.removexattr(ino.0, n)?)
         }) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(ino_errno(&e)),
@@ -1323,6 +1592,87 @@ impl Filesystem for TierFs {
         }
     }
 
+    /// copy_file_range(2): the daemon reads the source range through the data path (or the
+    /// cache file of an RW-cached handle) and writes it to the destination as a write would,
+    /// piece by piece; the bytes never pass through the application. Objects are not shared
+    /// between files (no reflink): the copy is new objects. One call copies at most
+    /// [`COPY_MAX`] bytes; callers loop over short copies, as for write(2).
+    fn copy_file_range(
+        &self,
+        _req: &Request,
+        ino_in: INodeNo,
+        fh_in: FileHandle,
+        offset_in: u64,
+        ino_out: INodeNo,
+        fh_out: FileHandle,
+        offset_out: u64,
+        len: u64,
+        flags: CopyFileRangeFlags,
+        reply: ReplyWrite,
+    ) {
+        let r = self.run("copy_file_range", || {
+            if !flags.is_empty() {
+                return Err(ClientError::Errno("copy_file_range flags", libc::EINVAL));
+            }
+            let (Some(hin), Some(hout)) = (self.handle(fh_in), self.handle(fh_out)) else {
+                return Err(ClientError::Errno("unknown file handle", libc::EBADF));
+            };
+            if is_virtual(ino_in.0)
+                || is_virtual(ino_out.0)
+                || hin.stats.is_some()
+                || hout.stats.is_some()
+            {
+                return Err(ClientError::Errno("copy of a virtual file", libc::EINVAL));
+            }
+            if hout.append || hout.cache.as_ref().is_some_and(|c| !c.write) {
+                return Err(ClientError::Errno(
+                    "destination not writable here",
+                    libc::EBADF,
+                ));
+            }
+            let len = len.min(COPY_MAX);
+            let (Some(end_in), Some(end_out)) =
+                (offset_in.checked_add(len), offset_out.checked_add(len))
+            else {
+                return Err(ClientError::Errno("copy range overflows", libc::EOVERFLOW));
+            };
+            if end_in > i64::MAX as u64 {
+                return Err(ClientError::Errno("copy range overflows", libc::EOVERFLOW));
+            }
+            if end_out > i64::MAX as u64 {
+                return Err(ClientError::Errno(
+                    "copy past the largest size",
+                    libc::EFBIG,
+                ));
+            }
+            if ino_in == ino_out && offset_in < end_out && offset_out < end_in {
+                // As the kernel answers for overlapping ranges of one file.
+                return Err(ClientError::Errno(
+                    "overlapping copy in one file",
+                    libc::EINVAL,
+                ));
+            }
+            let mut done = 0u64;
+            while done < len {
+                let want = (len - done).min(COPY_PIECE);
+                let piece = self.read_for_copy(&hin, ino_in.0, offset_in + done, want)?;
+                if piece.is_empty() {
+                    break;
+                }
+                self.write_for_copy(&hout, ino_out.0, offset_out + done, &piece)?;
+                done += piece.len() as u64;
+                if (piece.len() as u64) < want {
+                    break; // end of the source
+                }
+            }
+            Ok(done)
+        });
+        match r {
+            Ok(n) => reply.written(n as u32),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
     fn fallocate(
         &self,
         _req: &Request,
@@ -1334,16 +1684,33 @@ impl Filesystem for TierFs {
         reply: ReplyEmpty,
     ) {
         let r = self.run("fallocate", || {
+            if let Some(pcc) = &self.pcc {
+                if pcc.local_attr(ino.0).is_some() {
+                    // RW-cached here: the cache file holds the data and the size.
+                    return pcc.fallocate_local(ino.0, mode, offset, length);
+                }
+            }
             let keep = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
             let punch = mode & libc::FALLOC_FL_PUNCH_HOLE != 0;
-            let known = libc::FALLOC_FL_KEEP_SIZE | libc::FALLOC_FL_PUNCH_HOLE;
-            if mode & !known != 0 || (punch && !keep) {
+            let zero = mode & libc::FALLOC_FL_ZERO_RANGE != 0;
+            let known =
+                libc::FALLOC_FL_KEEP_SIZE | libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_ZERO_RANGE;
+            if mode & !known != 0 || (punch && !keep) || (punch && zero) {
                 return Err(ClientError::Errno(
                     "unsupported fallocate mode",
                     libc::EOPNOTSUPP,
                 ));
             }
-            if !punch {
+            if offset
+                .checked_add(length)
+                .is_none_or(|e| e > i64::MAX as u64)
+            {
+                return Err(ClientError::Errno(
+                    "fallocate past the largest size",
+                    libc::EFBIG,
+                ));
+            }
+            if !punch && !zero {
                 let a = self.meta.getattr(ino.0)?;
                 if let Some(l) = &a.layout {
                     let first = offset / l.stripe_size;
@@ -1354,7 +1721,11 @@ impl Filesystem for TierFs {
                 }
             }
             self.data.flush(ino.0)?;
-            let a = self.meta.fallocate(ino.0, offset, length, keep, punch)?;
+            // The engine zeroes for punch (size kept) and zero-range (size grows unless
+            // KEEP_SIZE): both add zero slices, which hold no objects.
+            let a = self
+                .meta
+                .fallocate(ino.0, offset, length, keep, punch || zero)?;
             self.data.invalidate(ino.0, Some(&a));
             Ok(())
         });
@@ -1362,5 +1733,22 @@ impl Filesystem for TierFs {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(ino_errno(&e)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::kill_suid_sgid;
+
+    #[test]
+    fn kill_suid_sgid_by_the_kernel_rules() {
+        let never = || -> bool { panic!("group membership asked when it does not matter") };
+        // setuid always goes; setgid with group-execute goes
+        assert_eq!(kill_suid_sgid(0o6755, never), 0o755);
+        assert_eq!(kill_suid_sgid(0o4644, never), 0o644);
+        // setgid without group-execute: kept for a member (or root), dropped otherwise
+        assert_eq!(kill_suid_sgid(0o2745, || true), 0o2745);
+        assert_eq!(kill_suid_sgid(0o6745, || false), 0o745);
+        assert_eq!(kill_suid_sgid(0o755, never), 0o755);
     }
 }

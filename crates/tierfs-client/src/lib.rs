@@ -1,5 +1,6 @@
 //! tierfs client daemon: the FUSE filesystem that `tierfs mount` runs (the Lustre llite role).
 //!
+//! - [`acl`]: POSIX ACLs (encoding, and the mode/ACL rules the daemon applies).
 //! - [`fs`]: the FUSE operations, mapped onto the metadata engine and the data path.
 //! - [`data`]: reads and writes of file data over the storage targets.
 //! - [`daemon`]: mounting, the client session (heartbeat, garbage collection), signals.
@@ -8,14 +9,17 @@
 //! - [`pcc`]: the persistent client cache as this client runs it.
 //! - [`lease`]: recalling another client's RW-PCC lease before an open or truncate (every
 //!   client, with a cache or not).
+//! - [`liveness`]: whether a session's daemon still runs, when it ran on this machine.
 //! - [`recall`]: the thread that gives RW-PCC leases back on request (notified or polling).
 
+pub mod acl;
 pub mod config;
 pub mod daemon;
 pub mod data;
 pub mod error;
 pub mod fs;
 pub mod lease;
+pub mod liveness;
 pub mod metrics;
 pub mod pcc;
 pub mod recall;

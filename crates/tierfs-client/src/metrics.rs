@@ -24,6 +24,7 @@ pub struct Metrics {
     registry: Registry,
     ops: Family<Labels, Counter>,
     errors: Family<Labels, Counter>,
+    misses: Family<Labels, Counter>,
     latency: Family<Labels, Histogram, fn() -> Histogram>,
     read_bytes: Family<Labels, Counter>,
     written_bytes: Family<Labels, Counter>,
@@ -32,11 +33,29 @@ pub struct Metrics {
     recall_given_back: Family<Labels, Counter>,
     recall_subscriptions: Counter,
     recall_listening: Gauge,
+    /// In-memory states of files (data/mod.rs `FileState`), set where they come and go.
+    pub file_states: Gauge,
+    /// Bytes buffered by writers and not yet committed, over all files.
+    pub buffered_bytes: Gauge,
     handles: parking_lot::RwLock<std::collections::HashMap<&'static str, OpHandles>>,
 }
 
-/// Counters and histogram of one operation, shared with the registry.
-type OpHandles = (Counter, Counter, Histogram);
+/// Counters (operations, errors, misses) and histogram of one operation, shared with the
+/// registry.
+type OpHandles = (Counter, Counter, Counter, Histogram);
+
+/// Whether an operation that failed with `errno` gave a normal answer rather than an error:
+/// "no such name" (ENOENT: every `stat` of a missing file, every path search), "no such
+/// attribute" (ENODATA: each `ls -l` asks for ACLs and security labels), "already exists"
+/// (EEXIST: O_EXCL lock files), "directory not empty" (ENOTEMPTY) and a conflicting lock for a
+/// non-blocking `setlk` (EAGAIN). These are counted as misses, not errors.
+pub fn is_miss(op: &str, errno: i32) -> bool {
+    match errno {
+        libc::ENOENT | libc::ENODATA | libc::EEXIST | libc::ENOTEMPTY => true,
+        libc::EAGAIN => op == "setlk",
+        _ => false,
+    }
+}
 
 impl Default for Metrics {
     fn default() -> Self {
@@ -59,6 +78,13 @@ impl Metrics {
             "fuse_errors",
             "FUSE operations that returned an error",
             errors.clone(),
+        );
+        let misses = Family::<Labels, Counter>::default();
+        registry.register(
+            "fuse_misses",
+            "FUSE operations that gave a normal negative answer (ENOENT, ENODATA, EEXIST, \
+             ENOTEMPTY, EAGAIN of a non-blocking lock); not counted as errors",
+            misses.clone(),
         );
         registry.register("fuse_op_seconds", "FUSE operation latency", latency.clone());
         registry.register(
@@ -105,10 +131,27 @@ impl Metrics {
             "1 while the PCC recall thread listens for notifications, 0 while it polls",
             recall_listening.clone(),
         );
+        let file_states = Gauge::default();
+        registry.register(
+            "file_states",
+            "Files the data path keeps an in-memory state for (open, or with writes not yet \
+             committed)",
+            file_states.clone(),
+        );
+        let buffered_bytes = Gauge::default();
+        registry.register(
+            "buffered_bytes",
+            "Bytes written by applications and not yet committed, over all files (bounded by \
+             buffer_limit_mb)",
+            buffered_bytes.clone(),
+        );
         Metrics {
             registry,
+            file_states,
+            buffered_bytes,
             ops,
             errors,
+            misses,
             latency,
             read_bytes,
             written_bytes,
@@ -121,18 +164,20 @@ impl Metrics {
         }
     }
 
-    /// Records one finished operation.
-    pub fn op(&self, name: &'static str, start: Instant, ok: bool) {
+    /// Records one finished operation: `err` is its errno if it failed (see [`is_miss`] for
+    /// the ones counted as misses instead of errors).
+    pub fn op(&self, name: &'static str, start: Instant, err: Option<i32>) {
         let elapsed = start.elapsed().as_secs_f64();
         // The per-operation handles are looked up once; the hot path only bumps them.
         let cached = self.handles.read().get(name).cloned();
-        let (ops, errors, latency) = match cached {
+        let (ops, errors, misses, latency) = match cached {
             Some(h) => h,
             None => {
                 let l = vec![("op".to_string(), name.to_string())];
                 let h = (
                     self.ops.get_or_create(&l).clone(),
                     self.errors.get_or_create(&l).clone(),
+                    self.misses.get_or_create(&l).clone(),
                     self.latency.get_or_create(&l).clone(),
                 );
                 self.handles.write().insert(name, h.clone());
@@ -140,8 +185,14 @@ impl Metrics {
             }
         };
         ops.inc();
-        if !ok {
-            errors.inc();
+        match err {
+            None => {}
+            Some(n) if is_miss(name, n) => {
+                misses.inc();
+            }
+            Some(_) => {
+                errors.inc();
+            }
         }
         latency.observe(elapsed);
     }
@@ -219,8 +270,8 @@ mod tests {
     #[test]
     fn renders_counts_and_bytes() {
         let m = Metrics::new();
-        m.op("read", Instant::now(), true);
-        m.op("read", Instant::now(), false);
+        m.op("read", Instant::now(), None);
+        m.op("read", Instant::now(), Some(libc::EIO));
         m.target_written(1, 4096);
         let s = m.render();
         assert!(s.contains("tierfs_fuse_ops_total{op=\"read\"} 2"), "{s}");
@@ -229,6 +280,35 @@ mod tests {
             s.contains("tierfs_target_written_bytes_total{target=\"1\"} 4096"),
             "{s}"
         );
+    }
+
+    #[test]
+    fn normal_answers_are_misses_not_errors() {
+        let m = Metrics::new();
+        m.op("lookup", Instant::now(), Some(libc::ENOENT));
+        m.op("lookup", Instant::now(), Some(libc::ENOENT));
+        m.op("getxattr", Instant::now(), Some(libc::ENODATA));
+        m.op("mkdir", Instant::now(), Some(libc::EEXIST));
+        m.op("rmdir", Instant::now(), Some(libc::ENOTEMPTY));
+        m.op("setlk", Instant::now(), Some(libc::EAGAIN));
+        m.op("write", Instant::now(), Some(libc::EAGAIN));
+        m.op("write", Instant::now(), Some(libc::ENOSPC));
+        m.op("open", Instant::now(), Some(libc::EACCES));
+        let s = m.render();
+        for want in [
+            "tierfs_fuse_misses_total{op=\"lookup\"} 2",
+            "tierfs_fuse_errors_total{op=\"lookup\"} 0",
+            "tierfs_fuse_misses_total{op=\"getxattr\"} 1",
+            "tierfs_fuse_errors_total{op=\"getxattr\"} 0",
+            "tierfs_fuse_misses_total{op=\"mkdir\"} 1",
+            "tierfs_fuse_misses_total{op=\"rmdir\"} 1",
+            "tierfs_fuse_misses_total{op=\"setlk\"} 1",
+            "tierfs_fuse_errors_total{op=\"write\"} 2",
+            "tierfs_fuse_misses_total{op=\"write\"} 0",
+            "tierfs_fuse_errors_total{op=\"open\"} 1",
+        ] {
+            assert!(s.contains(want), "{want} missing in {s}");
+        }
     }
 
     #[test]

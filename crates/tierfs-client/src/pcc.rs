@@ -796,6 +796,27 @@ impl Pcc {
         Ok(())
     }
 
+    /// fallocate(2) of a file RW-cached here: applied to the cache file (which holds the data
+    /// and the size), then reported like any change of size.
+    pub fn fallocate_local(&self, ino: Ino, mode: i32, offset: u64, length: u64) -> Result<()> {
+        use std::os::fd::AsRawFd;
+        let f = self.store.open_data(ino, true).map_err(Self::cache_err)?;
+        let (Ok(off), Ok(len)) = (i64::try_from(offset), i64::try_from(length)) else {
+            return Err(ClientError::Errno("fallocate range too large", libc::EFBIG));
+        };
+        // SAFETY: a plain system call on a descriptor we own.
+        if unsafe { libc::fallocate(f.as_raw_fd(), mode, off, len) } != 0 {
+            let e = std::io::Error::last_os_error();
+            return Err(ClientError::Failed(
+                format!("cache file: fallocate: {e}"),
+                e.raw_os_error().unwrap_or(libc::EIO),
+            ));
+        }
+        self.store.note_size(ino);
+        self.report(ino, true)?;
+        Ok(())
+    }
+
     /// At the close of a handle served from the cache.
     pub fn on_close(&self, ino: Ino, wrote: bool) -> Result<()> {
         // Report before this handle stops counting as a writer: a recall waits for writers.
@@ -1058,6 +1079,11 @@ impl Pcc {
     pub fn write_back_all(&self) {
         for e in self.store.entries() {
             if e.mode == Mode::Rw && e.dirty {
+                if let Err(MetaError::NotFound) = self.meta.getattr(e.ino) {
+                    // deleted since the last tick: nothing to write back, the entry goes
+                    self.validate_entry(e.ino);
+                    continue;
+                }
                 if let Err(err) = self.write_back(e.ino) {
                     tracing::error!(ino = e.ino, "write-back at unmount failed: {err}");
                 }

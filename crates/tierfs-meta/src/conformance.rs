@@ -69,6 +69,11 @@ pub fn run_all(factory: &Factory<'_>) {
             "rewrite_data_replaces_everything",
             rewrite_data_replaces_everything,
         ),
+        ("fallocate_zero_range", fallocate_zero_range),
+        (
+            "allocated_bytes_follow_the_slices",
+            allocated_bytes_follow_the_slices,
+        ),
     ];
     for (name, check) in checks {
         let (_guard, engine) = factory();
@@ -587,6 +592,49 @@ fn sessions_and_reaping(e: &dyn MetaEngine) {
     e.unregister_session(a).unwrap();
     assert!(e.sessions().unwrap().is_empty());
     assert!(matches!(e.heartbeat(a), Err(MetaError::NotFound)));
+
+    // A client name is held by its live session; a stale or ended one frees it.
+    let second = 1_000_000_000;
+    let u = SessionInfo {
+        client_name: "u".into(),
+        host: "h#boot:pidns:1".into(),
+        ..s.clone()
+    };
+    let x = e.register_session_unique(&u, second).unwrap();
+    let held = e.register_session_unique(&u, second).unwrap_err();
+    assert!(
+        matches!(&held, MetaError::ClientNameInUse(m) if m.contains("'u'") && m.contains("host h,")),
+        "{held}"
+    );
+    assert_eq!(held.errno(), libc::EBUSY);
+    // another name is free
+    let other = e
+        .register_session_unique(
+            &SessionInfo {
+                client_name: "v".into(),
+                ..u.clone()
+            },
+            second,
+        )
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(30));
+    // x's heartbeat is older than 10 ms: stale, the name may be taken
+    let y = e.register_session_unique(&u, 10_000_000).unwrap();
+    for id in [x, y, other] {
+        e.unregister_session(id).unwrap();
+    }
+    // mounts of one name at once: exactly one wins
+    let won: Vec<u64> = std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..4)
+            .map(|_| sc.spawn(|| e.register_session_unique(&u, second)))
+            .collect();
+        hs.into_iter()
+            .filter_map(|h| h.join().unwrap().ok())
+            .collect()
+    });
+    assert_eq!(won.len(), 1, "one of four concurrent registrations of 'u'");
+    e.unregister_session(won[0]).unwrap();
+    assert!(e.sessions().unwrap().is_empty());
 }
 
 /// What `tierfs fsck` and `tierfs gc` ask of an engine: object references, the id counter,
@@ -1070,4 +1118,104 @@ fn rewrite_data_replaces_everything(e: &dyn MetaEngine) {
     assert!(e.read_chunk(f.ino, 1).unwrap().is_empty());
     assert_eq!(e.read_chunk(f.ino, 0).unwrap().len(), 1);
     assert_eq!(e.trash(10).unwrap().len(), 2);
+}
+
+/// FALLOC_FL_ZERO_RANGE (`zero` without `keep_size`) zeroes inside the size and grows it;
+/// with `keep_size` (and for punch-hole) the size stays. Zeroing adds zero slices only.
+fn fallocate_zero_range(e: &dyn MetaEngine) {
+    let f = e
+        .create(ROOT_INO, b"z", &file(), Some(layout()), None)
+        .unwrap();
+    e.commit_slices(f.ino, &[obj_slice(0, 0, 100, 9)], 100, 1)
+        .unwrap();
+    let v = e.getattr(f.ino).unwrap().data_version;
+    let k = e.fallocate(f.ino, 50, 100, true, true).unwrap();
+    assert_eq!(k.size, 100, "zero range with keep_size keeps the size");
+    assert!(k.data_version > v, "zeroing moves the data version");
+    let last = e.read_chunk(f.ino, 0).unwrap().last().cloned().unwrap();
+    assert_eq!(
+        (last.off, last.len, &last.data),
+        (50, 50, &SliceData::Zero),
+        "zeroed inside the old size only"
+    );
+    let g = e.fallocate(f.ino, 80, 100, false, true).unwrap();
+    assert_eq!(g.size, 180, "zero range without keep_size grows the file");
+    let last = e.read_chunk(f.ino, 0).unwrap().last().cloned().unwrap();
+    assert_eq!((last.off, last.len, &last.data), (80, 20, &SliceData::Zero));
+    let s = e.fallocate(f.ino, 0, 10, false, true).unwrap();
+    assert_eq!(s.size, 180, "zeroing inside never shrinks");
+}
+
+/// Each file's allocated bytes (st_blocks, schema v5): bytes covered by non-zero slices,
+/// newest first, kept by commits, punches, zero ranges, truncates, compaction and write-back;
+/// a sparse size alone allocates nothing; inline data counts.
+fn allocated_bytes_follow_the_slices(e: &dyn MetaEngine) {
+    let cs = layout().stripe_size;
+    let f = e
+        .create(ROOT_INO, b"a", &file(), Some(layout()), None)
+        .unwrap();
+    let al = || e.getattr(f.ino).unwrap().allocated;
+    assert_eq!(al(), 0);
+    e.commit_slices(f.ino, &[obj_slice(0, 0, 100, 11)], 100, 1)
+        .unwrap();
+    assert_eq!(al(), 100);
+    // An overwrite counts once.
+    let a = e
+        .commit_slices(f.ino, &[obj_slice(0, 50, 100, 12)], 150, 2)
+        .unwrap();
+    assert_eq!(a.allocated, 150, "the commit's attributes carry it");
+    e.commit_slices(f.ino, &[obj_slice(1, 0, 10, 13)], cs + 10, 3)
+        .unwrap();
+    assert_eq!(al(), 160);
+    // A punched hole does not count; a sparse size does not either.
+    e.fallocate(f.ino, 20, 10, true, true).unwrap();
+    assert_eq!(al(), 150);
+    e.fallocate(f.ino, 0, 5 << 30, false, false).unwrap();
+    assert_eq!(e.getattr(f.ino).unwrap().size, 5 << 30);
+    assert_eq!(al(), 150, "allocating size is not data");
+    // Truncates: the zeroed tail of a chunk and the chunks past the end go.
+    e.setattr(
+        f.ino,
+        &SetAttr {
+            size: Some(cs + 5),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(al(), 145);
+    e.setattr(
+        f.ino,
+        &SetAttr {
+            size: Some(60),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(al(), 50);
+    // Compaction rewrites the chunk as one object over [0, 60): holes in it become data.
+    let upto = e.read_chunk(f.ino, 0).unwrap().last().unwrap().seq;
+    assert!(e
+        .replace_chunk(f.ino, 0, upto, &[obj_slice(0, 0, 60, 14)])
+        .unwrap());
+    assert_eq!(al(), 60);
+    // Write-back replaces everything.
+    let w = e
+        .rewrite_data(f.ino, &[obj_slice(0, 0, 1000, 15)], 1000, 4)
+        .unwrap();
+    assert_eq!(w.allocated, 1000);
+    // Inline data counts.
+    let g = e
+        .create(ROOT_INO, b"i", &file(), Some(layout()), None)
+        .unwrap();
+    let inline = Slice {
+        seq: 0,
+        chunk: 0,
+        off: 0,
+        len: 3,
+        data: SliceData::Inline(b"abc".to_vec()),
+    };
+    assert_eq!(
+        e.commit_slices(g.ino, &[inline], 3, 1).unwrap().allocated,
+        3
+    );
 }

@@ -119,10 +119,11 @@ pub trait MetaEngine: Send + Sync {
     /// bumps the data version and mtime/ctime. Returns the new attributes.
     fn commit_slices(&self, ino: Ino, slices: &[Slice], new_end: u64, mtime: Nanos)
         -> Result<Attr>;
-    /// Reserves space: extends the size to `off+len` unless `keep_size`; zeroes the range when
-    /// `punch` (FALLOC_FL_PUNCH_HOLE).
-    fn fallocate(&self, ino: Ino, off: u64, len: u64, keep_size: bool, punch: bool)
-        -> Result<Attr>;
+    /// Reserves space: extends the size to `off+len` unless `keep_size`. With `zero`, the range
+    /// reads as zeros afterwards (FALLOC_FL_PUNCH_HOLE with `keep_size`, FALLOC_FL_ZERO_RANGE
+    /// with or without): zero slices cover the part inside the old size, and the size grows
+    /// to `off+len` unless `keep_size`.
+    fn fallocate(&self, ino: Ino, off: u64, len: u64, keep_size: bool, zero: bool) -> Result<Attr>;
     /// Replaces all slices of a chunk by `merged` if the chunk's newest slice is still `upto`
     /// (compaction). Returns false when the chunk changed in between; `merged`'s objects then
     /// go to the trash.
@@ -169,6 +170,10 @@ pub trait MetaEngine: Send + Sync {
 
     // ---- sessions and open files ----
     fn register_session(&self, s: &SessionInfo) -> Result<u64>;
+    /// Registers a session unless another session of the same client name heartbeated within
+    /// `timeout_ns` ([`MetaError::ClientNameInUse`]); the check and the insert are one
+    /// transaction, so two mounts of one name at once cannot both succeed.
+    fn register_session_unique(&self, s: &SessionInfo, timeout_ns: i64) -> Result<u64>;
     fn heartbeat(&self, session: u64) -> Result<()>;
     fn unregister_session(&self, session: u64) -> Result<()>;
     fn sessions(&self) -> Result<Vec<SessionInfo>>;

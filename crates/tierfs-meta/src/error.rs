@@ -33,6 +33,9 @@ pub enum MetaError {
     InUse,
     #[error("no space left on target")]
     NoSpace,
+    /// A live session already uses this client name (its description).
+    #[error("client name {0}")]
+    ClientNameInUse(String),
     #[error("filesystem is not formatted: {0}")]
     NotFormatted(String),
     #[error("filesystem is already formatted as '{0}' (use --force to format again)")]
@@ -66,7 +69,7 @@ impl MetaError {
             MetaError::NotPermitted => libc::EPERM,
             MetaError::WouldBlock => libc::EAGAIN,
             MetaError::TooManyLinks => libc::EMLINK,
-            MetaError::InUse => libc::EBUSY,
+            MetaError::InUse | MetaError::ClientNameInUse(_) => libc::EBUSY,
             MetaError::NoSpace => libc::ENOSPC,
             MetaError::Busy(_) => libc::EAGAIN,
             MetaError::NotFormatted(_)

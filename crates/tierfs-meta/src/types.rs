@@ -120,6 +120,9 @@ pub struct Attr {
     pub dir_default: StripeDefault,
     /// Parent directory (directories only; files may have several).
     pub parent: Ino,
+    /// Files: bytes that hold data (see [`allocated_bytes`]); st_blocks is this in 512-byte
+    /// units. Holes, punched ranges and truncated tails do not count.
+    pub allocated: u64,
 }
 
 /// A time to set in `setattr`.
@@ -268,6 +271,37 @@ pub struct SessionInfo {
     pub heartbeat: Nanos,
 }
 
+/// Separates the host name from the process identity in a session's `host` column.
+pub const HOST_ID_SEP: char = '#';
+
+impl SessionInfo {
+    /// The host name (the `host` column also carries the process's identity after
+    /// [`HOST_ID_SEP`]: `name#<boot id>:<pid namespace>:<start time>`, see
+    /// `tierfs_client::liveness`).
+    pub fn host_name(&self) -> &str {
+        self.host
+            .split_once(HOST_ID_SEP)
+            .map(|(h, _)| h)
+            .unwrap_or(&self.host)
+    }
+
+    /// The process identity recorded after the host name, if any.
+    pub fn process_id(&self) -> Option<&str> {
+        self.host.split_once(HOST_ID_SEP).map(|(_, p)| p)
+    }
+
+    /// "session N on host H, pid P, at M", for messages.
+    pub fn describe(&self) -> String {
+        format!(
+            "session {} on host {}, pid {}, at {}",
+            self.id,
+            self.host_name(),
+            self.pid,
+            self.mountpoint
+        )
+    }
+}
+
 /// Usage counters for statfs/df.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Usage {
@@ -386,4 +420,75 @@ pub enum MetaIssue {
         client: String,
         dirty: bool,
     },
+}
+
+/// Bytes of one chunk that hold data, from its slices as `(off, len, zero)` in commit order
+/// (oldest first): each byte belongs to the newest slice covering it, and counts when that
+/// slice is not a zero slice (punched holes and truncated tails do not count; holes nobody
+/// wrote neither). The engines keep the sum over a file's chunks in the inode (`allocated`,
+/// schema v5), recounting only the chunks a transaction touches.
+pub fn allocated_bytes(slices: &[(u64, u64, bool)]) -> u64 {
+    // Newest first; `claimed` holds the disjoint, sorted ranges newer slices already own.
+    let mut claimed: Vec<(u64, u64)> = Vec::new();
+    let mut total = 0u64;
+    for &(off, len, zero) in slices.iter().rev() {
+        let (mut s, e) = (off, off.saturating_add(len));
+        let mut fresh = 0u64;
+        for &(cs, ce) in &claimed {
+            if ce <= s || cs >= e {
+                continue;
+            }
+            if cs > s {
+                fresh += cs - s;
+            }
+            s = s.max(ce);
+            if s >= e {
+                break;
+            }
+        }
+        if s < e {
+            fresh += e - s;
+        }
+        if !zero {
+            total += fresh;
+        }
+        // Merge [off, e) into the claimed ranges.
+        claimed.push((off, e));
+        claimed.sort_unstable();
+        let mut merged: Vec<(u64, u64)> = Vec::with_capacity(claimed.len());
+        for (a, b) in claimed.drain(..) {
+            match merged.last_mut() {
+                Some(last) if a <= last.1 => last.1 = last.1.max(b),
+                _ => merged.push((a, b)),
+            }
+        }
+        claimed = merged;
+    }
+    total
+}
+
+#[cfg(test)]
+mod allocated_tests {
+    use super::allocated_bytes;
+
+    #[test]
+    fn newest_slice_wins_and_zero_slices_do_not_count() {
+        assert_eq!(allocated_bytes(&[]), 0);
+        assert_eq!(allocated_bytes(&[(0, 100, false)]), 100);
+        // an overwrite does not count twice
+        assert_eq!(allocated_bytes(&[(0, 100, false), (50, 100, false)]), 150);
+        // a punched hole in the middle
+        assert_eq!(allocated_bytes(&[(0, 100, false), (20, 10, true)]), 90);
+        // data written over a hole counts again
+        assert_eq!(
+            allocated_bytes(&[(0, 100, false), (20, 10, true), (25, 2, false)]),
+            92
+        );
+        // an older slice split by a newer one in its middle
+        assert_eq!(allocated_bytes(&[(10, 10, true), (0, 100, false)]), 100);
+        assert_eq!(allocated_bytes(&[(0, 100, false), (40, 20, false)]), 100);
+        // disjoint pieces
+        assert_eq!(allocated_bytes(&[(0, 10, false), (1000, 10, false)]), 20);
+        assert_eq!(allocated_bytes(&[(0, 10, true)]), 0);
+    }
 }

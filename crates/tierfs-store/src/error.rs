@@ -20,6 +20,10 @@ pub enum StoreError {
     Credentials(String),
     #[error("invalid size '{0}' (expected a number with an optional K, M, G or T suffix)")]
     BadSize(String),
+    #[error("storage target {0} has an unreadable identity marker (.tierfs-target): {1}")]
+    BadIdentity(String, String),
+    #[error("storage target {0} refused: {1}")]
+    WrongTarget(String, String),
     #[error("storage I/O error: {0}")]
     Io(String),
 }

@@ -5,6 +5,8 @@
 //!   optional `?capacity=`), opened through the `object_store` crate.
 //! - [`s3`]: S3-compatible targets: retries, multipart uploads, parallel ranged reads.
 //! - [`credentials`]: where S3 credentials come from (never from the metadata engine).
+//! - [`identity`]: the marker naming the filesystem and index a target belongs to, written
+//!   at format and checked at each mount.
 //! - [`objects`]: object naming and the put/get/delete of slice objects.
 //! - [`allocator`]: which targets a new file's stripes go to (round-robin while balanced,
 //!   weighted by free space once usage differs by more than a threshold, as Lustre's QOS).
@@ -12,6 +14,7 @@
 pub mod allocator;
 pub mod credentials;
 pub mod error;
+pub mod identity;
 pub mod objects;
 pub mod s3;
 pub mod size;

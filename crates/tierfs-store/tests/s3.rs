@@ -297,6 +297,46 @@ fn s3_targets_against_a_real_server() {
     ts.wipe().unwrap();
     assert!(!ts.has_objects().unwrap(), "wipe leaves no object");
 
+    // --- the identity marker on an S3 prefix, through the same code as on a local directory
+    use tierfs_store::identity::{self, Checked};
+    assert_eq!(identity::read(&ts).unwrap(), None);
+    assert!(identity::contents(&ts).unwrap().is_empty());
+    assert_eq!(
+        identity::check(&ts, "u-1", "a", 0).unwrap(),
+        Checked::Adopted { had_objects: false }
+    );
+    assert_eq!(identity::check(&ts, "u-1", "a", 0).unwrap(), Checked::Ok);
+    assert_eq!(identity::read(&ts).unwrap().unwrap().fs_uuid, "u-1");
+    assert!(
+        identity::contents(&ts).unwrap().is_empty(),
+        "the marker is not content"
+    );
+    let other = identity::check(&ts, "u-2", "b", 0).unwrap_err().to_string();
+    assert!(other.contains("'a' (uuid u-1)"), "{other}");
+    let swapped = identity::check(&ts, "u-1", "a", 1).unwrap_err().to_string();
+    assert!(swapped.contains("targets swapped"), "{swapped}");
+    rt.block_on(t.put(5, pattern(10, 5))).unwrap();
+    assert!(identity::contents(&ts).unwrap().objects);
+    ts.wipe().unwrap();
+    // the prefix above holds the target: foreign content for a target there
+    let parent = TargetSpec::parse(&format!(
+        "s3://tierfs-b/it-{}?endpoint={}&region=garage",
+        std::process::id(),
+        srv.endpoint
+    ))
+    .unwrap();
+    assert_eq!(
+        identity::contents(&parent).unwrap().foreign.as_deref(),
+        Some("ost0")
+    );
+    let e = identity::check(&parent, "u-3", "c", 0)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("ost0"), "{e}");
+    rt.block_on(ts_store(&ts, &creds).delete(&object_store::path::Path::from(identity::MARKER)))
+        .unwrap();
+    assert_eq!(identity::read(&ts).unwrap(), None);
+
     // --- retries: the first three requests are throttled, the upload still succeeds
     let upstream = srv.endpoint.trim_start_matches("http://").to_string();
     let proxy = FlakyProxy::start(upstream, 3);

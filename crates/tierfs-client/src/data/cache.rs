@@ -1,6 +1,8 @@
 //! The read cache: whole chunks, materialised once and shared by every reader (and by the
 //! read-ahead tasks that fill them), keyed by (inode, data version, chunk) so a changed file
 //! never serves old bytes. Least-recently-used chunks are dropped past the capacity.
+//! A read that fails (a target briefly unreachable, an object gone) leaves the cache as soon
+//! as it fails: readers waiting on it get the error, the next read tries again.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -10,6 +12,8 @@ use std::sync::Arc;
 use bytes::Bytes;
 use futures::future::{FutureExt, Shared};
 use parking_lot::Mutex;
+
+use tierfs_store::StoreError;
 
 use crate::error::{ClientError, Result};
 
@@ -22,26 +26,30 @@ pub struct Cell(Shared<Fut>);
 
 impl Cell {
     pub async fn get(&self) -> Result<Bytes> {
-        self.0
-            .clone()
-            .await
-            .map_err(|e| ClientError::Failed(e.to_string(), e.errno()))
+        self.0.clone().await.map_err(|e| match &*e {
+            // kept apart: the data path re-reads the slice list when an object is missing
+            ClientError::Store(StoreError::NotFound(o)) => {
+                ClientError::Store(StoreError::NotFound(o.clone()))
+            }
+            _ => ClientError::Failed(e.to_string(), e.errno()),
+        })
     }
 }
 
-type Entries = HashMap<Key, (Cell, u64)>;
+/// key -> (cell, last use, id of the insertion).
+type Entries = HashMap<Key, (Cell, u64, u64)>;
 
 pub struct ChunkCache {
     cap: usize,
-    /// (use counter, key -> (cell, last use)).
-    inner: Mutex<(u64, Entries)>,
+    /// (use counter, entries).
+    inner: Arc<Mutex<(u64, Entries)>>,
 }
 
 impl ChunkCache {
     pub fn new(cap: usize) -> ChunkCache {
         ChunkCache {
             cap: cap.max(1),
-            inner: Mutex::new((0, HashMap::new())),
+            inner: Arc::new(Mutex::new((0, HashMap::new()))),
         }
     }
 
@@ -67,11 +75,26 @@ impl ChunkCache {
             return e.0.clone();
         }
         let fut = make();
-        let boxed: Fut = Box::pin(async move { fut.await.map_err(Arc::new) });
+        // A failed read removes its own entry (and only its own: the key may have a newer one
+        // by then), so an error is never served from the cache.
+        let weak = Arc::downgrade(&self.inner);
+        let id = tick;
+        let boxed: Fut = Box::pin(async move {
+            let r = fut.await.map_err(Arc::new);
+            if r.is_err() {
+                if let Some(inner) = weak.upgrade() {
+                    let mut g = inner.lock();
+                    if g.1.get(&key).map(|e| e.2) == Some(id) {
+                        g.1.remove(&key);
+                    }
+                }
+            }
+            r
+        });
         let cell = Cell(boxed.shared());
-        g.1.insert(key, (cell.clone(), tick));
+        g.1.insert(key, (cell.clone(), tick, id));
         while g.1.len() > self.cap {
-            let oldest = g.1.iter().min_by_key(|(_, (_, t))| *t).map(|(k, _)| *k);
+            let oldest = g.1.iter().min_by_key(|(_, (_, t, _))| *t).map(|(k, _)| *k);
             match oldest {
                 Some(k) => {
                     g.1.remove(&k);
@@ -84,6 +107,11 @@ impl ChunkCache {
 
     pub fn remove(&self, key: &Key) {
         self.inner.lock().1.remove(key);
+    }
+
+    /// Drops every chunk of `ino` (all data versions).
+    pub fn remove_file(&self, ino: u64) {
+        self.inner.lock().1.retain(|k, _| k.0 != ino);
     }
 }
 
@@ -109,5 +137,31 @@ mod tests {
         c.insert((1, 1, 2), || async { Ok(Bytes::new()) });
         assert!(c.get(&(1, 1, 0)).is_some(), "recently used stays");
         assert!(c.get(&(1, 1, 1)).is_none(), "least recently used goes");
+    }
+
+    #[tokio::test]
+    async fn a_failed_read_is_not_kept() {
+        let c = ChunkCache::new(8);
+        let cell = c.insert((1, 1, 0), || async {
+            Err(ClientError::Store(StoreError::Io(
+                "target unreachable".into(),
+            )))
+        });
+        assert!(cell.get().await.is_err());
+        assert!(
+            c.get(&(1, 1, 0)).is_none(),
+            "the failed read left the cache"
+        );
+        // the next read tries again and succeeds
+        let cell = c.insert((1, 1, 0), || async { Ok(Bytes::from_static(b"ok")) });
+        assert_eq!(&cell.get().await.unwrap()[..], b"ok");
+        // a missing object stays recognisable, for the data path's re-read of the slices
+        let cell = c.insert((1, 1, 1), || async {
+            Err(ClientError::Store(StoreError::NotFound("obj".into())))
+        });
+        assert!(matches!(
+            cell.get().await,
+            Err(ClientError::Store(StoreError::NotFound(_)))
+        ));
     }
 }

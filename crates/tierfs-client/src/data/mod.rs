@@ -9,10 +9,12 @@ pub mod segments;
 pub mod space;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 
@@ -29,6 +31,8 @@ use space::SpaceGuard;
 const COMPACT_SLICES: usize = 16;
 /// Chunks waiting for a compaction check, at most.
 const COMPACT_QUEUE: usize = 65_536;
+/// Files whose last seen data version is remembered after their state went, at most.
+const SEEN_MAX: usize = 1 << 18;
 
 /// Reads up to this size that are not sequential are served on the FUSE thread when the data
 /// is on local targets.
@@ -45,6 +49,9 @@ pub struct DataConfig {
     pub cache_chunks: usize,
     /// Uploads running at once.
     pub upload_parallelism: usize,
+    /// Bytes buffered (written, not yet committed) over all files, at most: past it a writer
+    /// commits buffered files, largest first, or waits for commits under way.
+    pub buffer_limit: usize,
 }
 
 impl Default for DataConfig {
@@ -54,6 +61,7 @@ impl Default for DataConfig {
             readahead_chunks: 4,
             cache_chunks: 128,
             upload_parallelism: 16,
+            buffer_limit: 256 << 20,
         }
     }
 }
@@ -87,6 +95,8 @@ struct FileInner {
     pending_end: u64,
     /// An error of a background upload, reported at the next write, flush or fsync.
     deferred_error: Option<i32>,
+    /// Handles of this client open on the file through the data path.
+    opens: u32,
 }
 
 #[derive(Default)]
@@ -108,6 +118,14 @@ pub struct DataPath {
     cache: ChunkCache,
     uploads: Arc<Semaphore>,
     files: Mutex<HashMap<Ino, Arc<FileState>>>,
+    /// Bytes written and not yet committed, over all files (uploads under way included).
+    buffered: AtomicUsize,
+    /// Signalled when a commit ends (writers waiting for `buffered` to fall below the limit).
+    buffered_fell: (Mutex<()>, Condvar),
+    /// The data version the page cache of a file reflects, for files whose state went at their
+    /// last close (so a reopen of an unchanged file keeps the kernel's cache): 16 bytes a
+    /// file, emptied past [`SEEN_MAX`] entries.
+    seen: Mutex<HashMap<Ino, u64>>,
     closes: Mutex<Vec<Ino>>,
     /// Chunks that got new slices: compaction looks at them in the background.
     compact_candidates: Mutex<std::collections::HashSet<(Ino, u64)>>,
@@ -147,6 +165,9 @@ impl DataPath {
             inline_threshold,
             ids: Mutex::new((0, 0)),
             files: Mutex::new(HashMap::new()),
+            buffered: AtomicUsize::new(0),
+            buffered_fell: (Mutex::new(()), Condvar::new()),
+            seen: Mutex::new(HashMap::new()),
             closes: Mutex::new(Vec::new()),
             compact_candidates: Mutex::new(Default::default()),
             info_cache: Mutex::new(None),
@@ -159,23 +180,128 @@ impl DataPath {
     }
 
     fn state(&self, ino: Ino) -> Arc<FileState> {
-        Arc::clone(self.files.lock().entry(ino).or_default())
+        let mut files = self.files.lock();
+        let st = files.entry(ino).or_insert_with(|| {
+            self.metrics.file_states.inc();
+            Arc::default()
+        });
+        Arc::clone(st)
     }
 
     fn existing(&self, ino: Ino) -> Option<Arc<FileState>> {
         self.files.lock().get(&ino).cloned()
     }
 
-    /// Drops the state of a file the kernel forgot, unless it still holds unflushed data.
+    /// Drops the state of a file the kernel forgot, unless it still holds unflushed data or
+    /// an error to report.
     pub fn forget(&self, ino: Ino) {
+        self.drop_state(ino, false);
+    }
+
+    /// A handle opened by [`DataPath::open`] was released (after its flush): the file's state
+    /// goes with its last handle unless it still holds unflushed data or an error to report.
+    /// (The kernel forgets inodes only under memory pressure: an untar of a million files
+    /// would otherwise keep a million states.)
+    pub fn release(&self, ino: Ino) {
+        self.drop_state(ino, true);
+    }
+
+    /// Objects committed but not yet fsynced move to a small list that the session thread
+    /// syncs (and that an fsync of the file, opened again, takes over).
+    fn drop_state(&self, ino: Ino, release: bool) {
         let mut files = self.files.lock();
-        if let Some(st) = files.get(&ino) {
-            let inner = st.inner.lock();
-            if inner.pending.is_empty() && inner.deferred_error.is_none() {
-                drop(inner);
-                files.remove(&ino);
+        let Some(st) = files.get(&ino).cloned() else {
+            return;
+        };
+        if release {
+            let mut inner = st.inner.lock();
+            inner.opens = inner.opens.saturating_sub(1);
+            if inner.opens > 0 {
+                return;
             }
         }
+        // a commit under way (another writer keeping within buffer_limit) still updates it:
+        // the state then stays until the kernel forgets the file
+        let Some(_order) = st.flush_lock.try_lock() else {
+            return;
+        };
+        let inner = st.inner.lock();
+        if (release && inner.opens > 0)
+            || !inner.pending.is_empty()
+            || inner.deferred_error.is_some()
+        {
+            return;
+        }
+        let seen = inner.seen_version;
+        drop(inner);
+        files.remove(&ino);
+        self.metrics.file_states.dec();
+        drop(files);
+        if let Some(v) = seen {
+            let mut g = self.seen.lock();
+            if g.len() >= SEEN_MAX {
+                g.clear();
+            }
+            g.insert(ino, v);
+        }
+    }
+
+    /// Counts `n` more buffered bytes.
+    fn buffer(&self, n: usize) {
+        let now = self.buffered.fetch_add(n, Ordering::Relaxed) + n;
+        self.metrics.buffered_bytes.set(now as i64);
+    }
+
+    /// `n` buffered bytes were committed (or dropped with a failed commit).
+    fn unbuffer(&self, n: usize) {
+        if n == 0 {
+            return;
+        }
+        let now = self.buffered.fetch_sub(n, Ordering::Relaxed) - n;
+        self.metrics.buffered_bytes.set(now as i64);
+        let _g = self.buffered_fell.0.lock();
+        self.buffered_fell.1.notify_all();
+    }
+
+    /// Keeps the bytes buffered over all files within the limit: commits the file with the
+    /// most buffered bytes (the caller's or another's) until under it, and waits for commits
+    /// under way when nothing is left to commit. A failed commit of another file is kept for
+    /// that file's writer (its next write, flush or fsync), as a background upload's would be.
+    fn keep_within_limit(&self, ino: Ino) -> Result<()> {
+        while self.buffered.load(Ordering::Relaxed) > self.cfg.buffer_limit {
+            let largest = {
+                let files = self.files.lock();
+                files
+                    .iter()
+                    .map(|(i, st)| (*i, st.inner.lock().pending_bytes))
+                    .filter(|(_, n)| *n > 0)
+                    .max_by_key(|(_, n)| *n)
+                    .map(|(i, _)| i)
+            };
+            match largest {
+                Some(i) if i == ino => {
+                    self.flush(ino)?;
+                }
+                Some(i) => {
+                    if let Err(e) = self.flush(i) {
+                        tracing::warn!(ino = i, "commit to stay within buffer_limit_mb: {e}");
+                        if let Some(st) = self.existing(i) {
+                            st.inner.lock().deferred_error.get_or_insert(e.errno());
+                        }
+                    }
+                }
+                None => {
+                    // Only commits under way hold the bytes: wait for one to end.
+                    let mut g = self.buffered_fell.0.lock();
+                    if self.buffered.load(Ordering::Relaxed) > self.cfg.buffer_limit {
+                        self.buffered_fell
+                            .1
+                            .wait_for(&mut g, Duration::from_millis(20));
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 
     fn next_object_id(&self) -> Result<u64> {
@@ -264,11 +390,17 @@ impl DataPath {
     pub fn open(&self, attr: &Attr) -> bool {
         let st = self.state(attr.ino);
         let mut inner = st.inner.lock();
-        let keep = inner.seen_version == Some(attr.data_version);
-        let changed = inner.attr.as_ref().map(|a| a.data_version) != Some(attr.data_version);
-        if changed {
-            inner.chunk_slices.clear();
-        }
+        inner.opens += 1;
+        let seen = match inner.seen_version {
+            Some(v) => Some(v),
+            None => self.seen.lock().remove(&attr.ino),
+        };
+        let keep = seen == Some(attr.data_version);
+        // Slice lists are read again after every open, even when the data did not change:
+        // another client's compaction rewrites slices without a new data version, and once the
+        // file was closed everywhere its garbage collection may have deleted the objects the
+        // old lists point to (an open keeps them: trash waits for the file's open rows).
+        inner.chunk_slices.clear();
         if inner.pending.is_empty() {
             inner.attr = Some(attr.clone());
         } else if let Some(a) = inner.attr.as_mut() {
@@ -297,6 +429,16 @@ impl DataPath {
             }
             None => a.size,
         }
+    }
+
+    /// The bytes a stat on this client shows as allocated for `a` (st_blocks): the engine's
+    /// count plus the writes still buffered here, at most `size`.
+    pub fn local_allocated(&self, a: &Attr, size: u64) -> u64 {
+        let pending = self
+            .existing(a.ino)
+            .map(|st| st.inner.lock().pending_bytes as u64)
+            .unwrap_or(0);
+        a.allocated.saturating_add(pending).min(size)
     }
 
     fn attr_of(&self, st: &FileState, ino: Ino) -> Result<Attr> {
@@ -386,13 +528,14 @@ impl DataPath {
                 }
             }
             inner.pending_bytes += data.len();
+            self.buffer(data.len());
             inner.pending_end = inner.pending_end.max(end);
             over_limit = inner.pending_bytes >= self.cfg.dirty_limit;
         }
         if over_limit {
             self.flush(ino)?;
         }
-        Ok(())
+        self.keep_within_limit(ino)
     }
 
     /// Uploads one object and makes it durable (fsync of the file and its directory on a local
@@ -424,15 +567,25 @@ impl DataPath {
             return Ok(None);
         };
         let _order = st.flush_lock.lock();
-        let (pending, end, deferred) = {
+        let (pending, end, taken) = {
             let mut inner = st.inner.lock();
+            if let Some(e) = inner.deferred_error.take() {
+                // (what is buffered now stays for the next commit)
+                return Err(ClientError::Errno("earlier background upload failed", e));
+            }
             let p = std::mem::take(&mut inner.pending);
-            inner.pending_bytes = 0;
-            (p, inner.pending_end, inner.deferred_error.take())
+            let taken = std::mem::take(&mut inner.pending_bytes);
+            (p, inner.pending_end, taken)
         };
-        if let Some(e) = deferred {
-            return Err(ClientError::Errno("earlier background upload failed", e));
+        // The bytes stop counting against buffer_limit once this commit is over, whatever
+        // its outcome (a failure is reported to the caller; the bytes are gone either way).
+        struct Unbuffer<'a>(&'a DataPath, usize);
+        impl Drop for Unbuffer<'_> {
+            fn drop(&mut self) {
+                self.0.unbuffer(self.1);
+            }
         }
+        let _unbuffer = Unbuffer(self, taken);
         if pending.is_empty() {
             return Ok(None);
         }
@@ -643,8 +796,31 @@ impl DataPath {
     /// Reads up to `size` bytes at `off`. Sequential readers get whole chunks through the read
     /// cache, with the next chunks fetched ahead in parallel.
     pub fn read(&self, ino: Ino, off: u64, size: u32, sequential: bool) -> Result<Vec<u8>> {
+        match self.read_once(ino, off, size, sequential) {
+            Err(ClientError::Store(StoreError::NotFound(obj))) => {
+                // A slice list read before another client compacted the chunk: read the
+                // lists again, once.
+                tracing::debug!(ino, "object {obj} gone: reading the slice lists again");
+                if let Some(st) = self.existing(ino) {
+                    st.inner.lock().chunk_slices.clear();
+                }
+                self.cache.remove_file(ino);
+                self.read_once(ino, off, size, sequential)
+            }
+            r => r,
+        }
+    }
+
+    fn read_once(&self, ino: Ino, off: u64, size: u32, sequential: bool) -> Result<Vec<u8>> {
         let st = self.state(ino);
-        if !st.inner.lock().pending.is_empty() {
+        // Buffered writes are committed first, and so is a commit another thread has under
+        // way (its writes are no longer pending, but the size this read is cut at is only
+        // known once it lands): the kernel sends reads in parallel (readahead), and a read
+        // answered with the size from before the commit came back short, which the kernel
+        // takes for the end of the file (it shrinks its size: short reads, SIGBUS in mmap).
+        // `flush` takes pending writes under `flush_lock`, so checking in this order misses
+        // no commit.
+        if !st.inner.lock().pending.is_empty() || st.flush_lock.is_locked() {
             self.flush(ino)?;
         }
         let attr = self.attr_of(&st, ino)?;

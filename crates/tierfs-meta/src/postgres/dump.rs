@@ -130,5 +130,7 @@ pub(super) fn import(c: &mut PgConn, rows: &[DumpRow]) -> Result<u64> {
             &[],
         )?;
     }
+    // A dump from before v5 has no allocated bytes; one from v5 has them right: count.
+    super::recount_all(c)?;
     Ok(n)
 }

@@ -241,7 +241,8 @@ pub struct PgEngine {
 
 const ATTR_COLS: &str =
     "ino, kind, perm, uid, gid, nlink, size, rdev, atime, mtime, ctime, crtime, \
-     projid, data_version, stripe_size, stripe_targets, def_stripe_count, def_stripe_size, parent";
+     projid, data_version, stripe_size, stripe_targets, def_stripe_count, def_stripe_size, parent, \
+     allocated";
 
 fn attr_from_row(r: &Row) -> Attr {
     let kind = Kind::from_i64(r.get(1)).unwrap_or(Kind::File);
@@ -276,7 +277,84 @@ fn attr_from_row(r: &Row) -> Attr {
             stripe_size: r.get::<_, i64>(17) as u64,
         },
         parent: r.get::<_, i64>(18) as u64,
+        allocated: r.get::<_, i64>(19).max(0) as u64,
     }
+}
+
+/// Bytes of one chunk of `ino` that hold data (see [`crate::types::allocated_bytes`]).
+fn chunk_allocated(c: &mut PgConn, ino: Ino, chunk: u64) -> Result<u64> {
+    let rows = c.query(
+        "SELECT off, len, obj IS NULL AND inline IS NULL FROM slices \
+         WHERE ino = $1 AND chunk = $2 ORDER BY seq",
+        &[&(ino as i64), &(chunk as i64)],
+    )?;
+    let v: Vec<(u64, u64, bool)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r.get::<_, i64>(0) as u64,
+                r.get::<_, i64>(1) as u64,
+                r.get(2),
+            )
+        })
+        .collect();
+    Ok(crate::types::allocated_bytes(&v))
+}
+
+/// Sum of [`chunk_allocated`] over `chunks` (each counted once).
+fn chunks_allocated(c: &mut PgConn, ino: Ino, chunks: &[u64]) -> Result<u64> {
+    let mut list = chunks.to_vec();
+    list.sort_unstable();
+    list.dedup();
+    let mut n = 0;
+    for ch in list {
+        n += chunk_allocated(c, ino, ch)?;
+    }
+    Ok(n)
+}
+
+/// Moves a file's allocated bytes by `after - before` (the chunks a transaction touched,
+/// counted before and after it changed them).
+fn add_allocated(c: &mut PgConn, ino: Ino, before: u64, after: u64) -> Result<()> {
+    if before != after {
+        c.exec(
+            "UPDATE inodes SET allocated = GREATEST(0, allocated + $2) WHERE ino = $1",
+            &[&(ino as i64), &(after as i64 - before as i64)],
+        )?;
+    }
+    Ok(())
+}
+
+/// Counts a file's allocated bytes from all its slices.
+fn recount_file(c: &mut PgConn, ino: Ino) -> Result<()> {
+    let chunks: Vec<u64> = c
+        .query(
+            "SELECT DISTINCT chunk FROM slices WHERE ino = $1",
+            &[&(ino as i64)],
+        )?
+        .iter()
+        .map(|r| r.get::<_, i64>(0) as u64)
+        .collect();
+    let n = chunks_allocated(c, ino, &chunks)?;
+    c.exec(
+        "UPDATE inodes SET allocated = $2 WHERE ino = $1",
+        &[&(ino as i64), &(n as i64)],
+    )?;
+    Ok(())
+}
+
+/// Counts every file's allocated bytes (migration to v5, load of a dump).
+pub(super) fn recount_all(c: &mut PgConn) -> Result<()> {
+    let inos: Vec<Ino> = c
+        .query("SELECT DISTINCT ino FROM slices", &[])?
+        .iter()
+        .map(|r| r.get::<_, i64>(0) as u64)
+        .collect();
+    c.exec("UPDATE inodes SET allocated = 0", &[])?;
+    for ino in inos {
+        recount_file(c, ino)?;
+    }
+    Ok(())
 }
 
 fn get_attr(c: &mut PgConn, ino: Ino) -> Result<Attr> {
@@ -590,7 +668,11 @@ fn zero_range(c: &mut PgConn, ino: Ino, stripe_size: u64, off: u64, len: u64) ->
         });
         pos += n;
     }
-    insert_slices(c, ino, &v)
+    let chunks: Vec<u64> = v.iter().map(|s| s.chunk).collect();
+    let before = chunks_allocated(c, ino, &chunks)?;
+    insert_slices(c, ino, &v)?;
+    let after = chunks_allocated(c, ino, &chunks)?;
+    add_allocated(c, ino, before, after)
 }
 
 /// Changes a file's size: shrinking frees whole chunks beyond the end and zeroes the tail of the
@@ -600,7 +682,17 @@ fn truncate(c: &mut PgConn, a: &Attr, new_size: u64) -> Result<()> {
         if let Some(l) = &a.layout {
             let cs = l.stripe_size;
             let first_gone = new_size.div_ceil(cs);
+            let gone: Vec<u64> = c
+                .query(
+                    "SELECT DISTINCT chunk FROM slices WHERE ino = $1 AND chunk >= $2",
+                    &[&(a.ino as i64), &(first_gone as i64)],
+                )?
+                .iter()
+                .map(|r| r.get::<_, i64>(0) as u64)
+                .collect();
+            let freed = chunks_allocated(c, a.ino, &gone)?;
             trash_slices(c, a.ino, "chunk >= $2", &[first_gone as i64])?;
+            add_allocated(c, a.ino, freed, 0)?;
             if !new_size.is_multiple_of(cs) {
                 let chunk = new_size / cs;
                 let off = new_size % cs;
@@ -843,6 +935,10 @@ impl PgEngine {
                     return Ok(true);
                 }
                 c.batch(schema::MIGRATIONS[v as usize])?;
+                if v + 1 == 5 {
+                    // v5 added each file's allocated bytes: count them for the existing files.
+                    recount_all(&mut c)?;
+                }
                 c.exec("UPDATE schema_version SET version = $1", &[&(v + 1)])?;
                 Ok(false)
             })();
@@ -1087,6 +1183,19 @@ impl Listener for PgListener {
     }
 }
 
+fn session_from_row(r: &Row) -> SessionInfo {
+    SessionInfo {
+        id: r.get::<_, i64>(0) as u64,
+        client_name: r.get(1),
+        host: r.get(2),
+        pid: r.get::<_, i64>(3) as u32,
+        mountpoint: r.get(4),
+        version: r.get(5),
+        started: r.get(6),
+        heartbeat: r.get(7),
+    }
+}
+
 impl MetaEngine for PgEngine {
     fn export_rows(&self, sink: &mut dyn FnMut(DumpRow) -> Result<()>) -> Result<()> {
         let rows = self.write(dump::export)?;
@@ -1308,7 +1417,7 @@ impl MetaEngine for PgEngine {
             if p.nlink == 0 {
                 return Err(MetaError::NotFound);
             }
-            if row.get::<_, bool>(19) {
+            if row.get::<_, bool>(ATTR_COLS.split(", ").count()) {
                 return Err(MetaError::Exists);
             }
             let now = now_nanos();
@@ -1895,7 +2004,11 @@ impl MetaEngine for PgEngine {
                 }
                 Err(e) => return Err(e),
             };
+            let chunks: Vec<u64> = slices.iter().map(|s| s.chunk).collect();
+            let before = chunks_allocated(c, ino, &chunks)?;
             insert_slices(c, ino, slices)?;
+            let after = chunks_allocated(c, ino, &chunks)?;
+            add_allocated(c, ino, before, after)?;
             let size = a.size.max(new_end);
             let row = c.one(
                 &format!(
@@ -1909,30 +2022,24 @@ impl MetaEngine for PgEngine {
         })?
     }
 
-    fn fallocate(
-        &self,
-        ino: Ino,
-        off: u64,
-        len: u64,
-        keep_size: bool,
-        punch: bool,
-    ) -> Result<Attr> {
+    fn fallocate(&self, ino: Ino, off: u64, len: u64, keep_size: bool, zero: bool) -> Result<Attr> {
         self.write(|c| {
             let a = lock1(c, ino)?;
             if a.kind != Kind::File {
                 return Err(MetaError::Invalid("fallocate on a non-regular file".into()));
             }
             let now = now_nanos();
-            if punch {
+            if zero {
                 let end = (off + len).min(a.size);
                 if let Some(l) = &a.layout {
                     if end > off {
                         zero_range(c, ino, l.stripe_size, off, end - off)?;
                     }
                 }
+                let size = if keep_size { a.size } else { a.size.max(off + len) };
                 c.exec(
-                    "UPDATE inodes SET mtime = $2, ctime = $2, data_version = data_version + 1 WHERE ino = $1",
-                    &[&(ino as i64), &now],
+                    "UPDATE inodes SET size = $3, mtime = $2, ctime = $2, data_version = data_version + 1 WHERE ino = $1",
+                    &[&(ino as i64), &now, &(size as i64)],
                 )?;
             } else if !keep_size && off + len > a.size {
                 c.exec(
@@ -1970,6 +2077,7 @@ impl MetaEngine for PgEngine {
                 }
                 return Ok(false);
             }
+            let before = chunk_allocated(c, ino, chunk)?;
             trash_slices(
                 c,
                 ino,
@@ -1978,6 +2086,8 @@ impl MetaEngine for PgEngine {
             )?;
             insert_slices(c, ino, merged)?;
             account_objects(c, &objects_of(merged))?;
+            let after = chunk_allocated(c, ino, chunk)?;
+            add_allocated(c, ino, before, after)?;
             Ok(true)
         })
     }
@@ -2216,6 +2326,41 @@ impl MetaEngine for PgEngine {
         })
     }
 
+    fn register_session_unique(&self, s: &SessionInfo, timeout_ns: i64) -> Result<u64> {
+        self.write(|c| {
+            // READ COMMITTED (allowed before the first query): the check after the lock sees
+            // a session another mount of the same name committed while this one waited.
+            c.batch("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")?;
+            let key = format!("tierfs client name {}", s.client_name);
+            c.query("SELECT pg_advisory_xact_lock(hashtext($1))", &[&key])?;
+            let now = now_nanos();
+            let live = c.query(
+                "SELECT id, client_name, host, pid, mountpoint, version, started, heartbeat \
+                 FROM sessions WHERE client_name = $1 AND heartbeat >= $2 ORDER BY id LIMIT 1",
+                &[&s.client_name, &(now - timeout_ns)],
+            )?;
+            if let Some(r) = live.first() {
+                return Err(MetaError::ClientNameInUse(format!(
+                    "'{}' is already mounted ({}); unmount it first, or mount with another --client-name",
+                    s.client_name,
+                    session_from_row(r).describe()
+                )));
+            }
+            Ok(c.i64(
+                "INSERT INTO sessions (client_name, host, pid, mountpoint, version, started, heartbeat) \
+                 VALUES ($1,$2,$3,$4,$5,$6,$6) RETURNING id",
+                &[
+                    &s.client_name,
+                    &s.host,
+                    &(s.pid as i64),
+                    &s.mountpoint,
+                    &s.version,
+                    &now,
+                ],
+            )? as u64)
+        })
+    }
+
     fn heartbeat(&self, session: u64) -> Result<()> {
         self.write(|c| {
             let n = c.exec(
@@ -2241,16 +2386,7 @@ impl MetaEngine for PgEngine {
                 &[],
             )?
             .iter()
-            .map(|r| SessionInfo {
-                id: r.get::<_, i64>(0) as u64,
-                client_name: r.get(1),
-                host: r.get(2),
-                pid: r.get::<_, i64>(3) as u32,
-                mountpoint: r.get(4),
-                version: r.get(5),
-                started: r.get(6),
-                heartbeat: r.get(7),
-            })
+            .map(session_from_row)
             .collect())
         })
     }
@@ -2384,6 +2520,7 @@ impl MetaEngine for PgEngine {
             lock1(c, ino)?;
             trash_slices(c, ino, "TRUE", &[])?;
             insert_slices(c, ino, slices)?;
+            recount_file(c, ino)?;
             let row = c.one(
                 &format!(
                     "UPDATE inodes SET size = $2, mtime = $3, ctime = $4, \

@@ -10,7 +10,12 @@
 pub const SCHEMA_VERSION: i64 = crate::sqlite::SCHEMA_VERSION;
 
 /// `MIGRATIONS[i]` moves the schema from version `i` to `i + 1`.
-pub const MIGRATIONS: &[&str] = &[V1, V2, V3, V4];
+pub const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5];
+
+/// Version 5: see the SQLite twin (allocated bytes per file, for st_blocks).
+const V5: &str = r#"
+ALTER TABLE inodes ADD COLUMN allocated BIGINT NOT NULL DEFAULT 0;
+"#;
 
 // A new SQLite migration needs its PostgreSQL twin: the build fails until it has one.
 const _: () = assert!(MIGRATIONS.len() as i64 == SCHEMA_VERSION);

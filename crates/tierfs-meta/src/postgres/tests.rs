@@ -258,9 +258,48 @@ fn schema_and_format(server: &Server) {
         PgEngine::open(&db.url),
         Err(MetaError::SchemaTooNew { found: 99, .. })
     ));
+    // Version 4 -> 5: the allocated bytes of existing files are counted.
+    let z = e
+        .create(
+            ROOT_INO,
+            b"z",
+            &file(),
+            Some(Layout {
+                stripe_size: 1 << 20,
+                targets: vec![0],
+            }),
+            None,
+        )
+        .unwrap();
+    let obj = |off, len, obj| Slice {
+        seq: 0,
+        chunk: 0,
+        off,
+        len,
+        data: SliceData::Object {
+            target: 0,
+            obj,
+            obj_off: 0,
+            obj_size: len,
+        },
+    };
+    e.commit_slices(z.ino, &[obj(0, 100, 1), obj(50, 100, 2)], 150, 1)
+        .unwrap();
+    admin
+        .batch_execute(
+            "ALTER TABLE inodes DROP COLUMN allocated; UPDATE schema_version SET version = 4",
+        )
+        .unwrap();
+    let e = PgEngine::open(&db.url).unwrap();
+    assert_eq!(
+        e.getattr(z.ino).unwrap().allocated,
+        150,
+        "counted at migration"
+    );
     admin
         .batch_execute(
             "DROP INDEX inodes_grace; DROP TABLE pcc_leases, pcc_revokes, pcc_rules; \
+             ALTER TABLE inodes DROP COLUMN allocated; \
              DELETE FROM counters WHERE name = 'pcc_generation'; \
              UPDATE schema_version SET version = 1",
         )
@@ -536,6 +575,7 @@ fn dump_from_sqlite_loads_into_postgres_and_back(server: &Server) {
     assert_eq!(n as usize, rows.len());
     let g = pg.lookup(d.ino, b"f").expect("lookup after load");
     assert_eq!((g.ino, g.size), (f.ino, (1 << 20) + 10));
+    assert_eq!(g.allocated, 13, "allocated bytes carried by dump/load");
     assert_eq!(
         pg.read_chunk(f.ino, 0).unwrap()[0].data,
         SliceData::Inline(b"abc".to_vec())
@@ -569,6 +609,7 @@ fn dump_from_sqlite_loads_into_postgres_and_back(server: &Server) {
         .import_rows(&mut back.into_iter().map(Ok))
         .expect("import into sqlite");
     assert_eq!(lite2.lookup(d.ino, b"h").unwrap().ino, h.ino);
+    assert_eq!(lite2.getattr(f.ino).unwrap().allocated, 13);
     assert_eq!(
         lite2.read_chunk(f.ino, 0).unwrap()[0].data,
         SliceData::Inline(b"abc".to_vec())

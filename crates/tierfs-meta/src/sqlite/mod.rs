@@ -54,7 +54,8 @@ pub struct SqliteEngine {
 
 const ATTR_COLS: &str =
     "ino, kind, perm, uid, gid, nlink, size, rdev, atime, mtime, ctime, crtime, \
-     projid, data_version, stripe_size, stripe_targets, def_stripe_count, def_stripe_size, parent";
+     projid, data_version, stripe_size, stripe_targets, def_stripe_count, def_stripe_size, parent, \
+     allocated";
 
 fn row_to_attr(r: &rusqlite::Row<'_>) -> rusqlite::Result<Attr> {
     let kind: i64 = r.get(1)?;
@@ -90,7 +91,74 @@ fn row_to_attr(r: &rusqlite::Row<'_>) -> rusqlite::Result<Attr> {
             stripe_size: r.get::<_, i64>(17)? as u64,
         },
         parent: r.get::<_, i64>(18)? as u64,
+        allocated: r.get::<_, i64>(19)?.max(0) as u64,
     })
+}
+
+/// Bytes of one chunk of `ino` that hold data (see [`crate::types::allocated_bytes`]).
+fn chunk_allocated(c: &Connection, ino: Ino, chunk: u64) -> Result<u64> {
+    let mut st = c.prepare_cached(
+        "SELECT off, len, obj IS NULL AND inline IS NULL FROM slices \
+         WHERE ino = ?1 AND chunk = ?2 ORDER BY seq",
+    )?;
+    let rows = st.query_map(params![ino as i64, chunk as i64], |r| {
+        Ok((
+            r.get::<_, i64>(0)? as u64,
+            r.get::<_, i64>(1)? as u64,
+            r.get::<_, bool>(2)?,
+        ))
+    })?;
+    let v = rows.collect::<rusqlite::Result<Vec<_>>>()?;
+    Ok(crate::types::allocated_bytes(&v))
+}
+
+/// Sum of [`chunk_allocated`] over `chunks` (each counted once).
+fn chunks_allocated(c: &Connection, ino: Ino, chunks: &[u64]) -> Result<u64> {
+    let mut list = chunks.to_vec();
+    list.sort_unstable();
+    list.dedup();
+    let mut n = 0;
+    for ch in list {
+        n += chunk_allocated(c, ino, ch)?;
+    }
+    Ok(n)
+}
+
+/// Moves a file's allocated bytes by `after - before` (the chunks a transaction touched,
+/// counted before and after it changed them).
+fn add_allocated(c: &Connection, ino: Ino, before: u64, after: u64) -> Result<()> {
+    if before != after {
+        c.prepare_cached("UPDATE inodes SET allocated = MAX(0, allocated + ?2) WHERE ino = ?1")?
+            .execute(params![ino as i64, after as i64 - before as i64])?;
+    }
+    Ok(())
+}
+
+/// Counts a file's allocated bytes from all its slices.
+fn recount_file(c: &Connection, ino: Ino) -> Result<()> {
+    let chunks: Vec<u64> = {
+        let mut st = c.prepare_cached("SELECT DISTINCT chunk FROM slices WHERE ino = ?1")?;
+        let rows = st.query_map([ino as i64], |r| Ok(r.get::<_, i64>(0)? as u64))?;
+        rows.collect::<rusqlite::Result<Vec<_>>>()?
+    };
+    let n = chunks_allocated(c, ino, &chunks)?;
+    c.prepare_cached("UPDATE inodes SET allocated = ?2 WHERE ino = ?1")?
+        .execute(params![ino as i64, n as i64])?;
+    Ok(())
+}
+
+/// Counts every file's allocated bytes (migration to v5, load of a dump).
+fn recount_all(c: &Connection) -> Result<()> {
+    let inos: Vec<Ino> = {
+        let mut st = c.prepare("SELECT DISTINCT ino FROM slices")?;
+        let rows = st.query_map([], |r| Ok(r.get::<_, i64>(0)? as u64))?;
+        rows.collect::<rusqlite::Result<Vec<_>>>()?
+    };
+    c.execute("UPDATE inodes SET allocated = 0", [])?;
+    for ino in inos {
+        recount_file(c, ino)?;
+    }
+    Ok(())
 }
 
 fn get_attr(c: &Connection, ino: Ino) -> Result<Attr> {
@@ -331,6 +399,7 @@ fn zero_range(c: &Connection, ino: Ino, stripe_size: u64, off: u64, len: u64) ->
         let chunk = pos / stripe_size;
         let coff = pos % stripe_size;
         let n = (stripe_size - coff).min(end - pos);
+        let before = chunk_allocated(c, ino, chunk)?;
         insert_slice(
             c,
             ino,
@@ -342,6 +411,7 @@ fn zero_range(c: &Connection, ino: Ino, stripe_size: u64, off: u64, len: u64) ->
                 data: SliceData::Zero,
             },
         )?;
+        add_allocated(c, ino, before, chunk_allocated(c, ino, chunk)?)?;
         pos += n;
     }
     Ok(())
@@ -354,7 +424,18 @@ fn truncate(c: &Connection, a: &Attr, new_size: u64) -> Result<()> {
         if let Some(l) = &a.layout {
             let cs = l.stripe_size;
             let first_gone = new_size.div_ceil(cs);
+            let gone: Vec<u64> = {
+                let mut st = c.prepare_cached(
+                    "SELECT DISTINCT chunk FROM slices WHERE ino = ?1 AND chunk >= ?2",
+                )?;
+                let rows = st.query_map(params![a.ino as i64, first_gone as i64], |r| {
+                    Ok(r.get::<_, i64>(0)? as u64)
+                })?;
+                rows.collect::<rusqlite::Result<Vec<_>>>()?
+            };
+            let freed = chunks_allocated(c, a.ino, &gone)?;
             trash_slices(c, a.ino, "chunk >= ?2", &[first_gone as i64])?;
+            add_allocated(c, a.ino, freed, 0)?;
             if !new_size.is_multiple_of(cs) {
                 let chunk = new_size / cs;
                 let off = new_size % cs;
@@ -498,6 +579,10 @@ impl SqliteEngine {
         for v in from..SCHEMA_VERSION {
             let tx = c.transaction_with_behavior(TransactionBehavior::Exclusive)?;
             tx.execute_batch(schema::MIGRATIONS[v as usize])?;
+            if v + 1 == 5 {
+                // v5 added each file's allocated bytes: count them for the existing files.
+                recount_all(&tx)?;
+            }
             tx.pragma_update(None, "user_version", v + 1)?;
             tx.commit()?;
         }
@@ -1361,9 +1446,12 @@ impl MetaEngine for SqliteEngine {
                 Err(e) => return Err(e),
             };
             account_objects(tx, &objects_of(slices))?;
+            let chunks: Vec<u64> = slices.iter().map(|s| s.chunk).collect();
+            let before = chunks_allocated(tx, ino, &chunks)?;
             for s in slices {
                 insert_slice(tx, ino, s)?;
             }
+            add_allocated(tx, ino, before, chunks_allocated(tx, ino, &chunks)?)?;
             let size = a.size.max(new_end);
             tx.prepare_cached(
                 "UPDATE inodes SET size = ?2, mtime = ?3, ctime = ?3, data_version = data_version + 1 \
@@ -1375,30 +1463,24 @@ impl MetaEngine for SqliteEngine {
         r.ok_or(MetaError::NotFound)
     }
 
-    fn fallocate(
-        &self,
-        ino: Ino,
-        off: u64,
-        len: u64,
-        keep_size: bool,
-        punch: bool,
-    ) -> Result<Attr> {
+    fn fallocate(&self, ino: Ino, off: u64, len: u64, keep_size: bool, zero: bool) -> Result<Attr> {
         self.write(|tx| {
             let a = get_attr(tx, ino)?;
             if a.kind != Kind::File {
                 return Err(MetaError::Invalid("fallocate on a non-regular file".into()));
             }
             let now = now_nanos();
-            if punch {
+            if zero {
                 let end = (off + len).min(a.size);
                 if let Some(l) = &a.layout {
                     if end > off {
                         zero_range(tx, ino, l.stripe_size, off, end - off)?;
                     }
                 }
+                let size = if keep_size { a.size } else { a.size.max(off + len) };
                 tx.execute(
-                    "UPDATE inodes SET mtime = ?2, ctime = ?2, data_version = data_version + 1 WHERE ino = ?1",
-                    params![ino as i64, now],
+                    "UPDATE inodes SET size = ?3, mtime = ?2, ctime = ?2, data_version = data_version + 1 WHERE ino = ?1",
+                    params![ino as i64, now, size as i64],
                 )?;
             } else if !keep_size && off + len > a.size {
                 tx.execute(
@@ -1429,6 +1511,7 @@ impl MetaEngine for SqliteEngine {
                 }
                 return Ok(false);
             }
+            let before = chunk_allocated(tx, ino, chunk)?;
             trash_slices(
                 tx,
                 ino,
@@ -1439,6 +1522,7 @@ impl MetaEngine for SqliteEngine {
             for s in merged {
                 insert_slice(tx, ino, s)?;
             }
+            add_allocated(tx, ino, before, chunk_allocated(tx, ino, chunk)?)?;
             Ok(true)
         })
     }
@@ -1562,6 +1646,8 @@ impl MetaEngine for SqliteEngine {
                     .execute(rusqlite::params_from_iter(vals))?;
                 n += 1;
             }
+            // A dump from before v5 has no allocated bytes; one from v5 has them right: count.
+            recount_all(&c)?;
             Ok(n)
         })();
         match r {
@@ -1806,6 +1892,33 @@ impl MetaEngine for SqliteEngine {
         })
     }
 
+    fn register_session_unique(&self, s: &SessionInfo, timeout_ns: i64) -> Result<u64> {
+        self.write(|tx| {
+            let now = now_nanos();
+            let live = {
+                let mut st = tx.prepare_cached(
+                    "SELECT id, client_name, host, pid, mountpoint, version, started, heartbeat \
+                     FROM sessions WHERE client_name = ?1 AND heartbeat >= ?2 ORDER BY id LIMIT 1",
+                )?;
+                let mut rows = st.query_map(params![s.client_name, now - timeout_ns], session_from_row)?;
+                rows.next().transpose()?
+            };
+            if let Some(l) = live {
+                return Err(MetaError::ClientNameInUse(format!(
+                    "'{}' is already mounted ({}); unmount it first, or mount with another --client-name",
+                    s.client_name,
+                    l.describe()
+                )));
+            }
+            tx.execute(
+                "INSERT INTO sessions (client_name, host, pid, mountpoint, version, started, heartbeat) \
+                 VALUES (?1,?2,?3,?4,?5,?6,?6)",
+                params![s.client_name, s.host, s.pid as i64, s.mountpoint, s.version, now],
+            )?;
+            Ok(tx.last_insert_rowid() as u64)
+        })
+    }
+
     fn heartbeat(&self, session: u64) -> Result<()> {
         self.write(|tx| {
             let n = tx.execute(
@@ -1828,18 +1941,7 @@ impl MetaEngine for SqliteEngine {
             let mut st = c.prepare_cached(
                 "SELECT id, client_name, host, pid, mountpoint, version, started, heartbeat FROM sessions ORDER BY id",
             )?;
-            let rows = st.query_map([], |r| {
-                Ok(SessionInfo {
-                    id: r.get::<_, i64>(0)? as u64,
-                    client_name: r.get(1)?,
-                    host: r.get(2)?,
-                    pid: r.get::<_, i64>(3)? as u32,
-                    mountpoint: r.get(4)?,
-                    version: r.get(5)?,
-                    started: r.get(6)?,
-                    heartbeat: r.get(7)?,
-                })
-            })?;
+            let rows = st.query_map([], session_from_row)?;
             Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
         })
     }
@@ -1963,6 +2065,7 @@ impl MetaEngine for SqliteEngine {
             for s in slices {
                 insert_slice(tx, ino, s)?;
             }
+            recount_file(tx, ino)?;
             tx.prepare_cached(
                 "UPDATE inodes SET size = ?2, mtime = ?3, ctime = ?4, data_version = data_version + 1 \
                  WHERE ino = ?1",
@@ -2262,6 +2365,19 @@ const UNHELD: &str =
      AND NOT EXISTS (SELECT 1 FROM dentries d WHERE d.ino = i.ino)";
 
 /// Removes a session with its open files (purging orphans it was the last to hold) and locks.
+fn session_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<SessionInfo> {
+    Ok(SessionInfo {
+        id: r.get::<_, i64>(0)? as u64,
+        client_name: r.get(1)?,
+        host: r.get(2)?,
+        pid: r.get::<_, i64>(3)? as u32,
+        mountpoint: r.get(4)?,
+        version: r.get(5)?,
+        started: r.get(6)?,
+        heartbeat: r.get(7)?,
+    })
+}
+
 fn end_session(c: &Connection, session: u64) -> Result<()> {
     let inos: Vec<i64> = {
         let mut st = c.prepare_cached("SELECT ino FROM open_files WHERE session = ?1")?;
@@ -2321,14 +2437,78 @@ mod tests {
         let path = d.path().join("m.db");
         {
             let c = Connection::open(&path).unwrap();
-            c.execute_batch("ALTER TABLE pcc_rules DROP COLUMN quota; PRAGMA user_version = 3;")
-                .unwrap();
+            c.execute_batch(
+                "ALTER TABLE pcc_rules DROP COLUMN quota; \
+                 ALTER TABLE inodes DROP COLUMN allocated; PRAGMA user_version = 3;",
+            )
+            .unwrap();
         }
         let e = SqliteEngine::open(&path).unwrap();
         let rules = e.pcc_rules().unwrap();
         assert_eq!((rules[0].id, rules[0].quota), (r, None));
         e.pcc_rule_set_quota(r, Some(1 << 30)).unwrap();
         assert_eq!(e.pcc_rules().unwrap()[0].quota, Some(1 << 30));
+        let v: i64 = e
+            .writer
+            .lock()
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .unwrap();
+        assert_eq!(v, SCHEMA_VERSION);
+    }
+
+    #[test]
+    fn a_version_4_filesystem_gains_allocated_bytes_when_opened() {
+        let (d, e) = fresh();
+        let f = e
+            .create(
+                ROOT_INO,
+                b"f",
+                &NewNode {
+                    kind: Kind::File,
+                    perm: 0o644,
+                    uid: 0,
+                    gid: 0,
+                    rdev: 0,
+                    symlink: None,
+                },
+                Some(Layout {
+                    stripe_size: 1 << 20,
+                    targets: vec![0],
+                }),
+                None,
+            )
+            .unwrap();
+        let obj = |chunk, off, len, obj| Slice {
+            seq: 0,
+            chunk,
+            off,
+            len,
+            data: SliceData::Object {
+                target: 0,
+                obj,
+                obj_off: 0,
+                obj_size: len,
+            },
+        };
+        e.commit_slices(f.ino, &[obj(0, 0, 100, 1), obj(0, 50, 100, 2)], 150, 1)
+            .unwrap();
+        e.commit_slices(f.ino, &[obj(3, 0, 10, 3)], (3 << 20) + 10, 2)
+            .unwrap();
+        assert_eq!(e.getattr(f.ino).unwrap().allocated, 160);
+        drop(e);
+        // Turn it back into what a version-4 build wrote.
+        let path = d.path().join("m.db");
+        {
+            let c = Connection::open(&path).unwrap();
+            c.execute_batch("ALTER TABLE inodes DROP COLUMN allocated; PRAGMA user_version = 4;")
+                .unwrap();
+        }
+        let e = SqliteEngine::open(&path).unwrap();
+        assert_eq!(
+            e.getattr(f.ino).unwrap().allocated,
+            160,
+            "counted at migration"
+        );
         let v: i64 = e
             .writer
             .lock()

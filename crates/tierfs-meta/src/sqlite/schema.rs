@@ -2,10 +2,17 @@
 //! it one step. The same tables serve every SQL engine (types are plain INTEGER/TEXT/BLOB).
 
 /// Schema version this build writes and understands.
-pub const SCHEMA_VERSION: i64 = 4;
+pub const SCHEMA_VERSION: i64 = 5;
 
 /// `MIGRATIONS[i]` moves the schema from version `i` to `i + 1`.
-pub const MIGRATIONS: &[&str] = &[V1, V2, V3, V4];
+pub const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5];
+
+/// Version 5: each file's allocated bytes (st_blocks): bytes covered by slices that are not
+/// zero slices, the newest slice winning. Kept by every transaction that changes slices, for
+/// the chunks it touches; the migration counts existing files (`recount_all`).
+const V5: &str = r#"
+ALTER TABLE inodes ADD COLUMN allocated INTEGER NOT NULL DEFAULT 0;
+"#;
 
 /// Version 4: a PCC rule may carry a quota, the most bytes the files it attached may take in
 /// each client's cache (cache isolation); NULL: no limit beyond the cache's own size.
