@@ -173,6 +173,50 @@ fn fsck_names_the_files_of_missing_objects_and_leaves_foreign_names_alone() {
 }
 
 #[test]
+fn gc_never_removes_uploads_a_running_client_may_still_commit() {
+    if !Cluster::from_env().local_targets() {
+        eprintln!("skipped: looks at target files directly");
+        return;
+    }
+    let mut fs = TestFs::new(1);
+    let meta = fs.meta_url();
+    // The client takes object ids (1024 at a time) with its first upload.
+    fs::write(fs.p(0, "first"), pattern(5, 0, 200 << 10)).unwrap();
+    // An object of an upload that the running client has not committed yet (a file it keeps
+    // open with a full chunk uploaded commits at its next flush, however late): planted, since
+    // the kernel's timing decides when such a commit really happens.
+    let dir = fs.target_dir(0).join("objects/0");
+    fs::create_dir_all(&dir).unwrap();
+    let planted = dir.join("900");
+    fs::write(&planted, b"in flight").unwrap();
+    for args in [
+        vec!["gc", "--meta", &meta, "--grace", "0"],
+        vec!["fsck", "--meta", &meta, "--grace", "0", "--repair"],
+    ] {
+        let out = fs.tierfs(&args);
+        assert_eq!(out.code, Some(0), "{}", out.describe());
+        assert!(planted.exists(), "{}", out.describe());
+    }
+    let out = fs.tierfs(&["gc", "--meta", &meta, "--grace", "0", "--dry-run"]);
+    assert!(
+        out.stdout
+            .contains("kept:            1 (9B): written while a client still mounted was running"),
+        "{}",
+        out.describe()
+    );
+    // Once that client is gone, nobody can commit it: a leak.
+    fs.umount(0);
+    let out = fs.tierfs(&["gc", "--meta", &meta, "--grace", "0"]);
+    out.assert_ok();
+    assert!(!planted.exists(), "{}", out.describe());
+    assert!(
+        out.stdout.contains("removed:         1 (9B)"),
+        "{}",
+        out.describe()
+    );
+}
+
+#[test]
 fn gc_and_fsck_refuse_a_target_of_another_filesystem() {
     // Issue 10, item 3 with gc: a target swapped for another filesystem's holds objects this
     // filesystem never references; gc (and fsck --repair) would take them for orphans and
