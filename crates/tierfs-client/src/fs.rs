@@ -1465,6 +1465,12 @@ impl Filesystem for TierFs {
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        if is_virtual(ino.0) {
+            // The virtual files have no attributes; the kernel asks for their ACL before a
+            // non-owner's read (FUSE_POSIX_ACL), which must find none, not a missing inode.
+            reply.error(Errno::NO_XATTR);
+            return;
+        }
         match self.run("getxattr", || {
             if let Some(cmd) = name.as_bytes().strip_prefix(PCC_XATTR) {
                 // The kernel let this through only to a reader of the file.
@@ -1486,7 +1492,12 @@ impl Filesystem for TierFs {
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        match self.run("listxattr", || Ok(self.meta.listxattr(ino.0)?)) {
+        let names = if is_virtual(ino.0) {
+            Ok(Vec::new())
+        } else {
+            self.run("listxattr", || Ok(self.meta.listxattr(ino.0)?))
+        };
+        match names {
             Ok(names) => {
                 let mut buf = Vec::new();
                 for n in names {
