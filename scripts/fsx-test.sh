@@ -119,9 +119,10 @@ sendfile = 5
 posix_fadvise = 2
 EOF
 
-# run_fsx KIND FILE SEED: fsx on FILE; its output in $WORK/KIND.fsx.log.
+# run_fsx KIND FILE SEED: fsx on FILE; its output in $WORK/KIND.fsx.log (-v: one line per
+# operation, so a run that fails or times out says how far it got).
 run_fsx() {
-    (cd "$WORK/$1" && exec timeout --kill-after=10 "$FSX_TIMEOUT" fsx -f "$WORK/fsx.toml" \
+    (cd "$WORK/$1" && exec timeout --kill-after=10 "$FSX_TIMEOUT" fsx -v -f "$WORK/fsx.toml" \
         -N "$FSX_OPS" -S "$3" -P "$WORK/$1" "$2") >"$WORK/$1.fsx.log" 2>&1
 }
 
