@@ -47,6 +47,7 @@ fi
 WORK=$(mktemp -d /tmp/tierfs-fsx.XXXXXX)
 DAEMONS=() # pids of the tierfs daemons this script started (mounted with --foreground)
 HELPERS=() # pids of fsx runs and reader loops
+KEEP=0     # 1: a run failed, keep $WORK for its logs
 
 cleanup() {
     local p m
@@ -61,7 +62,11 @@ cleanup() {
         fi
     done
     wait 2>/dev/null || true
-    rm -rf "$WORK"
+    if [ "$KEEP" = 1 ]; then
+        echo "fsx logs, daemon logs and fsx's artifacts kept in $WORK"
+    else
+        rm -rf "$WORK"
+    fi
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
@@ -119,9 +124,10 @@ sendfile = 5
 posix_fadvise = 2
 EOF
 
-# run_fsx KIND FILE SEED: fsx on FILE; its output in $WORK/KIND.fsx.log.
+# run_fsx KIND FILE SEED: fsx on FILE; its output in $WORK/KIND.fsx.log (-v: one line per
+# operation, so a run that fails or times out says how far it got).
 run_fsx() {
-    (cd "$WORK/$1" && exec timeout --kill-after=10 "$FSX_TIMEOUT" fsx -f "$WORK/fsx.toml" \
+    (cd "$WORK/$1" && exec timeout --kill-after=10 "$FSX_TIMEOUT" fsx -v -f "$WORK/fsx.toml" \
         -N "$FSX_OPS" -S "$3" -P "$WORK/$1" "$2") >"$WORK/$1.fsx.log" 2>&1
 }
 
@@ -211,9 +217,12 @@ for kind in $FSX_RUNS; do
         done_ops=$(sed -nE 's/^\[[A-Z]+ +fsx\] +([0-9]+) .*/\1/p' "$WORK/$kind.fsx.log" | tail -1)
         echo "---- fsx $kind output (tail) ----"
         tail -60 "$WORK/$kind.fsx.log"
-        for log in "$dir"/*.log; do
+        KEEP=1
+        # Daemon logs (--log-file) and their standard output/error (a panic lands there).
+        for log in "$dir"/*.log "$dir"/*.out; do
+            [ -s "$log" ] || continue
             echo "---- $(basename "$log") (tail) ----"
-            tail -30 "$log"
+            tail -30 "$log" || true
         done
         echo "fsx $kind: ${done_ops:-?} of $FSX_OPS ops, 1 failure (seed ${SEED[$kind]}): $why"
     fi

@@ -502,6 +502,59 @@ fn rw_truncate_and_rewrite_of_a_cached_file() {
     assert_reads(&fb, &want, "b reads the truncated RW-PCC file");
 }
 
+/// Issue 10 (fsx on an RW-PCC mount): fallocate on an RW-cached file changed the capacity
+/// tier's metadata, not the cache file that holds the data, so a punched hole still read the
+/// old bytes and a zero range was refused. It now applies to the cache file, and
+/// copy_file_range copies through it; the owner and, after the recall, another client read
+/// the result.
+#[test]
+fn rw_fallocate_and_copy_file_range_apply_to_the_cache_file() {
+    use std::os::fd::AsRawFd;
+    let _g = serial();
+    let (t, _) = pcc_fs(&[("a", &[]), ("b", &[])], 120);
+    let (fa, fb) = (t.p(0, "f"), t.p(1, "f"));
+    let mut want = pattern(5, 0, MIB);
+    fs::write(&fa, &want).unwrap();
+    pcc(&t, &["attach", "-w", &s(&fa)]).assert_ok();
+    assert_eq!(state(&t, &fa).typ, "readwrite");
+    let f = OpenOptions::new().read(true).write(true).open(&fa).unwrap();
+    let falloc = |mode: i32, off: usize, len: usize| {
+        // SAFETY: plain system call on an open descriptor.
+        let r = unsafe { libc::fallocate(f.as_raw_fd(), mode, off as i64, len as i64) };
+        assert_eq!(
+            r,
+            0,
+            "fallocate {mode:#x}: {}",
+            std::io::Error::last_os_error()
+        );
+    };
+    falloc(
+        libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+        1000,
+        5000,
+    );
+    want[1000..6000].fill(0);
+    falloc(libc::FALLOC_FL_ZERO_RANGE, MIB - 10, 100);
+    want[MIB - 10..].fill(0);
+    want.resize(MIB + 90, 0);
+    // copy_file_range inside the file, ranges apart.
+    let (mut i, mut o) = (200_000i64, 600_000i64);
+    // SAFETY: plain system call on an open descriptor and local offsets.
+    let n = unsafe { libc::copy_file_range(f.as_raw_fd(), &mut i, f.as_raw_fd(), &mut o, 3000, 0) };
+    assert_eq!(
+        n,
+        3000,
+        "copy_file_range: {}",
+        std::io::Error::last_os_error()
+    );
+    want.copy_within(200_000..203_000, 600_000);
+    drop(f);
+    assert_eq!(size_of(&fa), want.len() as u64);
+    assert_reads(&fa, &want, "owner after fallocate and copy_file_range");
+    after_ttl();
+    assert_reads(&fb, &want, "another client after the recall");
+}
+
 /// Seed 000: IOR `-F -C -e --posix.odirect=1` with three clients, files under RW-PCC by rule.
 #[test]
 fn ior_c_three_clients_under_rw_rule() {
