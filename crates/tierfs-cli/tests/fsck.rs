@@ -7,7 +7,6 @@ mod common;
 
 use common::*;
 use std::fs;
-use std::io::Write;
 use std::time::Duration;
 
 fn count_in(table: &str, kind: &str) -> u64 {
@@ -36,15 +35,30 @@ fn gc_reclaims_the_uploads_of_a_killed_client_and_fsck_reports_then_repairs() {
     let committed = fs.total_target_usage();
     assert!(committed >= 3 << 20);
     // Full chunks are uploaded at once, committed only at close: kill the client in between.
-    let mut f = fs::File::create(fs.p(0, "never-closed")).unwrap();
-    f.write_all(&pattern(2, 0, 4 << 20)).unwrap();
+    // The file is written and held open by a child process: a descriptor of this process would
+    // be closed in the child of every other test's fork+exec, and each such close is a FUSE
+    // flush that commits the file.
+    // (Not a shell: a command writing through a redirection closes its descriptor at exit.)
+    let mut holder = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import os, sys, time\n\
+             fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT, 0o644)\n\
+             data = memoryview(os.urandom(4 << 20))\n\
+             while data:\n    data = data[os.write(fd, data):]\n\
+             time.sleep(600)\n",
+        ])
+        .arg(fs.p(0, "never-closed"))
+        .spawn()
+        .unwrap();
     assert!(
         wait_until(Duration::from_secs(20), || fs.total_target_usage()
             >= committed + (3 << 20)),
         "the uploads of full chunks never reached the targets"
     );
     fs.kill9(0);
-    drop(f);
+    let _ = holder.kill();
+    let _ = holder.wait();
     let leaked = fs.total_target_usage() - committed;
 
     // While the uploads are younger than the grace they are in flight as far as anyone knows.
