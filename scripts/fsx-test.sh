@@ -14,11 +14,22 @@
 # fsx-rs has no ZERO_RANGE or KEEP_SIZE-only fallocate operation: those are covered by the
 # integration tests (crates/tierfs-cli/tests/datapath.rs).
 #
-# Environment: FSX_OPS (operations per run, default 1000000), FSX_SEED (seed of the first run,
-# default 20261124; run k uses FSX_SEED+k; printed), FSX_TIMEOUT (seconds per run, default
-# 780), FSX_RUNS (default "uncached pcc reader"), TIERFS_BIN (a tierfs binary to use instead of
-# building one with `cargo build --release`). Needs root (FUSE). Closing lines:
-#   fsx uncached: 1000000 ops, 0 failures      (one per run)
+# Each kind's FSX_OPS operations are done by consecutive fsx processes of FSX_SEGMENT operations
+# each (default 25,000; each a fresh seed, each starting on an empty file), not by one process:
+# fsx-rs 0.3.2 never unmaps a mapread's mapping, and every truncate must then walk all the
+# mappings left on the file, so one process's time grows with the square of its operations. On
+# the plain local disk here (ext4, no tierfs): 25,000 operations 4.3 s, 50,000 13.6 s, 100,000
+# 51 s. One 1,000,000-operation process on a tierfs mount had done about 820,000 operations
+# after 40 minutes, and without a raised vm.max_map_count it dies of ENOMEM on any filesystem
+# (about 65,000 leaked mappings). FSX_SEGMENT=$FSX_OPS gives one process.
+#
+# Environment: FSX_OPS (operations per kind, default 1000000), FSX_SEGMENT (operations per fsx
+# process, default 25000), FSX_SEED (seed of the first kind, default 20261124; kind k uses
+# FSX_SEED+k, its i-th process FSX_SEED+k+1000*i; printed), FSX_TIMEOUT (seconds for all the
+# # processes of one kind, default 780), FSX_RUNS (default "uncached pcc reader"), TIERFS_BIN (a
+# tierfs binary to use instead of building one with `cargo build --release`). Needs root
+# (FUSE). Closing lines:
+#   fsx uncached: 1000000 ops in 40 runs, 0 failures (seeds ...)      (one per kind)
 #   fsx: 3 passed, 0 failed
 # Exit status non-zero when a run failed. A failed run prints the tail of the fsx output and
 # of each tierfs daemon log of that run.
@@ -29,6 +40,7 @@ FSX_OPS=${FSX_OPS:-1000000}
 FSX_SEED=${FSX_SEED:-20261124}
 FSX_TIMEOUT=${FSX_TIMEOUT:-780}
 FSX_RUNS=${FSX_RUNS:-uncached pcc reader}
+FSX_SEGMENT=${FSX_SEGMENT:-25000}
 
 if ! command -v fsx >/dev/null 2>&1; then
     echo "== installing fsx (cargo install fsx --locked)"
@@ -75,7 +87,8 @@ trap cleanup EXIT
 # fsx panics (the PCC run did at operation 655,536, with mapread 10% of operations). Raise the
 # limit for the runs, on any filesystem the same, and put it back afterwards.
 MAP_COUNT_WAS=$(cat /proc/sys/vm/max_map_count)
-need_maps=$((FSX_OPS / 4 + 65536))
+seg_ops=$((FSX_SEGMENT < FSX_OPS ? FSX_SEGMENT : FSX_OPS))
+need_maps=$((seg_ops / 4 + 65536))
 if [ "$MAP_COUNT_WAS" -lt "$need_maps" ]; then
     echo "$need_maps" >/proc/sys/vm/max_map_count
     trap 'cleanup; echo "$MAP_COUNT_WAS" >/proc/sys/vm/max_map_count' EXIT
@@ -135,11 +148,29 @@ sendfile = 5
 posix_fadvise = 2
 EOF
 
-# run_fsx KIND FILE SEED: fsx on FILE; its output in $WORK/KIND.fsx.log (-v: one line per
-# operation, so a run that fails or times out says how far it got).
+# run_fsx KIND FILE SEED: fsx on FILE, FSX_OPS operations in runs of FSX_SEGMENT (run i uses seed
+# SEED + 1000*i; fsx starts each on an empty file); stops at the first run that fails. The
+# output of the latest run is in $WORK/KIND.fsx.log (-v: one line per operation, so a run that
+# fails or times out says how far it got); $WORK/KIND.fsx.done counts the operations completed
+# by the runs before it. All runs together get at most FSX_TIMEOUT seconds.
 run_fsx() {
-    (cd "$WORK/$1" && exec timeout --kill-after=10 "$FSX_TIMEOUT" fsx -v -f "$WORK/fsx.toml" \
-        -N "$FSX_OPS" -S "$3" -P "$WORK/$1" "$2") >"$WORK/$1.fsx.log" 2>&1
+    local kind=$1 file=$2 seed=$3 done_ops=0 n left deadline
+    deadline=$(($(date +%s) + FSX_TIMEOUT))
+    local i=0
+    echo 0 >"$WORK/$kind.fsx.done"
+    while [ "$done_ops" -lt "$FSX_OPS" ]; do
+        n=$((FSX_OPS - done_ops))
+        [ "$n" -gt "$FSX_SEGMENT" ] && n=$FSX_SEGMENT
+        left=$((deadline - $(date +%s)))
+        [ "$left" -gt 0 ] || return 124
+        (cd "$WORK/$kind" && exec timeout --kill-after=10 "$left" fsx -v -f "$WORK/fsx.toml" \
+            -N "$n" -S "$((seed + 1000 * i))" -P "$WORK/$kind" "$file") >"$WORK/$kind.fsx.log" 2>&1 ||
+            return $?
+        grep -q "All operations completed A-OK" "$WORK/$kind.fsx.log" || return 1
+        done_ops=$((done_ops + n))
+        echo "$done_ops" >"$WORK/$kind.fsx.done"
+        i=$((i + 1))
+    done
 }
 
 # reader_loop FILE ERRLOG: opens and reads FILE again and again; a failed read other than the
@@ -191,7 +222,7 @@ for kind in $FSX_RUNS; do
         exit 2
         ;;
     esac
-    echo "== fsx $kind: $FSX_OPS operations, seed ${SEED[$kind]}, at most ${FSX_TIMEOUT}s"
+    echo "== fsx $kind: $FSX_OPS operations in runs of $FSX_SEGMENT, seeds ${SEED[$kind]} + 1000*i, at most ${FSX_TIMEOUT}s"
     run_fsx "$kind" "$file" "${SEED[$kind]}" &
     PID[$kind]=$!
     HELPERS+=($!)
@@ -206,7 +237,7 @@ for kind in $FSX_RUNS; do
     why=""
     if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
         why="timed out after ${FSX_TIMEOUT}s"
-    elif [ "$rc" -ne 0 ] || ! grep -q "All operations completed A-OK" "$WORK/$kind.fsx.log"; then
+    elif [ "$rc" -ne 0 ] || [ "$(cat "$WORK/$kind.fsx.done")" -ne "$FSX_OPS" ]; then
         why="fsx exit status $rc"
     fi
     if [ "$kind" = pcc ] && [ -z "$why" ]; then
@@ -222,10 +253,11 @@ for kind in $FSX_RUNS; do
     fi
     if [ -z "$why" ]; then
         passed=$((passed + 1))
-        echo "fsx $kind: $FSX_OPS ops, 0 failures (seed ${SEED[$kind]})"
+        echo "fsx $kind: $FSX_OPS ops in $(((FSX_OPS + FSX_SEGMENT - 1) / FSX_SEGMENT)) runs, 0 failures (seeds ${SEED[$kind]} + 1000*i)"
     else
         failed=$((failed + 1))
         done_ops=$(sed -nE 's/^\[[A-Z]+ +fsx\] +([0-9]+) .*/\1/p' "$WORK/$kind.fsx.log" | tail -1)
+        done_ops=$(($(cat "$WORK/$kind.fsx.done" 2>/dev/null || echo 0) + ${done_ops:-0}))
         echo "---- fsx $kind output (tail) ----"
         tail -60 "$WORK/$kind.fsx.log"
         KEEP=1
