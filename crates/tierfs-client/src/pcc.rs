@@ -546,6 +546,7 @@ impl Pcc {
         }
         let f = self.store.open_data(ino, false).map_err(Self::cache_err)?;
         let (size, mtime) = self.local_attr(ino).unwrap_or((0, now_nanos()));
+        test_writeback_stall();
         let attr = self.data.write_back(ino, &f, size, mtime)?;
         self.meta
             .pcc_report(ino, &self.client, false, size, mtime)?;
@@ -1162,6 +1163,19 @@ impl RecallWork for Pcc {
 
     fn pass(&self) -> tierfs_meta::Result<Pass> {
         self.handle_recalls()
+    }
+}
+
+/// Test hook, in debug builds only: `TIERFS_TEST_WRITEBACK_STALL_MS=N` in the daemon's
+/// environment makes every write-back take N ms longer, as a slow capacity tier would
+/// (crates/tierfs-cli/tests/workers.rs: heartbeats go on meanwhile).
+fn test_writeback_stall() {
+    #[cfg(debug_assertions)]
+    if let Some(ms) = std::env::var("TIERFS_TEST_WRITEBACK_STALL_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        std::thread::sleep(Duration::from_millis(ms));
     }
 }
 
