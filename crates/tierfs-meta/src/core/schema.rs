@@ -248,7 +248,7 @@ pub fn tables() -> Vec<&'static str> {
                 if let Some(rest) = s.strip_prefix("CREATE TABLE ") {
                     let name = rest
                         .trim_start_matches("IF NOT EXISTS ")
-                        .split(|c: char| c == ' ' || c == '(')
+                        .split([' ', '('])
                         .next()
                         .unwrap_or("");
                     if !name.is_empty() {
