@@ -468,7 +468,10 @@ fn stop_workers(mut workers: Workers, data: &DataPath, pcc: Option<&Arc<Pcc>>) {
 
 /// Where `worker-reports` publishes: the metadata database, for `tierfs status`.
 fn publish_reports(meta: Arc<dyn tierfs_meta::MetaEngine>, session: u64) -> jobs::Publish {
-    // Until the engine stores worker reports (tierfs-meta's `Workers` domain): nowhere.
-    let _ = (meta, session);
-    Box::new(|_| Ok(()))
+    Box::new(move |snapshot| {
+        let reports: Vec<tierfs_meta::WorkerReport> =
+            snapshot.iter().map(crate::workers::report_of).collect();
+        meta.report_workers(session, &reports)
+            .map_err(|e| e.to_string())
+    })
 }

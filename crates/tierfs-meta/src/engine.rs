@@ -259,8 +259,17 @@ pub trait Admin: Send + Sync {
 /// read by registered readers (methods come with the changelog).
 pub trait Changelog: Send + Sync {}
 
-/// Reports of the clients' background workers (methods come with the workers).
-pub trait Workers: Send + Sync {}
+/// Reports of the clients' background workers: each client publishes its workers' status
+/// every few seconds (its `worker-reports` worker); `tierfs status` lists them.
+pub trait Workers: Send + Sync {
+    /// Replaces the reports of `session`'s workers with `reports` (one transaction), in that
+    /// order; drops the reports of sessions that have ended. `Invalid` if `session` has ended
+    /// (a client reaped while it was silent).
+    fn report_workers(&self, session: u64, reports: &[WorkerReport]) -> Result<()>;
+    /// The reports of the workers of every live session, by session, each session's in the
+    /// order reported (`session` set).
+    fn worker_reports(&self) -> Result<Vec<WorkerReport>>;
+}
 
 /// Every domain of the metadata engine at once: what the client holds.
 pub trait MetaEngine:

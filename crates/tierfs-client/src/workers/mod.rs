@@ -138,6 +138,22 @@ pub struct Status {
     pub last_pause: Duration,
 }
 
+/// The report of a worker's status that the metadata database keeps (`tierfs status`).
+pub fn report_of(s: &Status) -> tierfs_meta::WorkerReport {
+    tierfs_meta::WorkerReport {
+        session: 0,
+        name: s.name.clone(),
+        state: s.state.as_str().to_string(),
+        progress: s.progress.clone(),
+        runs: s.runs,
+        errors: s.errors,
+        last_run: s.last_run,
+        last_error: s.last_error.as_ref().map(|e| e.1.clone()),
+        last_error_at: s.last_error.as_ref().map(|e| e.0).unwrap_or(0),
+        reported: now_nanos(),
+    }
+}
+
 fn now_nanos() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)

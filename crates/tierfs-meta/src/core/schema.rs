@@ -85,7 +85,7 @@ const _: () = assert!(MIGRATIONS.len() as i64 == SCHEMA_VERSION);
 /// defines its [`Ddl`] and adds one line here.
 pub const V6: &[Ddl] = &[
     // crate::core::changelog::SCHEMA,
-    // crate::core::workers::SCHEMA,
+    crate::core::workers::SCHEMA,
 ];
 
 /// Version 5: each file's allocated bytes (st_blocks): bytes covered by slices that are not
