@@ -15,7 +15,8 @@
 //!   worker (state `dead`, the panic as its last error), not the daemon.
 //! - **Tranquility**: a worker that moves data ([`Worker::moves_data`]: compaction, PCC
 //!   write-back, later HSM movers) sleeps `tranquility x` the time each unit took before it
-//!   goes on (and at least that long before its next round), so that it uses at most `1 / (1 + tranquility)` of the time and leaves the disk
+//!   goes on (state `sleeping`; after the last unit of a round, at least that long before the
+//!   next round), so that it uses at most `1 / (1 + tranquility)` of the time and leaves the disk
 //!   and network to applications (config key `tranquility`, default 1).
 //! - [`Workers`] owns the threads: [`Workers::stop`] stops a group of workers (each finishes
 //!   the unit it is in, then runs its [`Worker::finish`]) and joins them, so the daemon stops
@@ -391,21 +392,27 @@ fn run(mut w: impl Worker, ctx: Ctx, tranquility: f64) {
             let r = w.work(&ctx);
             let took = t0.elapsed();
             let mut pause = Duration::ZERO;
+            let mut last_pause = Duration::ZERO;
             let next = match r {
                 Ok(Next::Done) => break,
                 Ok(Next::More) => {
                     idle_before = false;
                     if w.moves_data() {
                         pause = tranquil_pause(took, tranquility);
+                        last_pause = pause;
                     }
                     None
                 }
                 Ok(Next::Idle) => {
                     idle_before = true;
+                    // The pause is part of the wait for the next round (state idle).
+                    let mut at = round + w.interval();
                     if w.moves_data() {
-                        pause = tranquil_pause(took, tranquility);
+                        let p = tranquil_pause(took, tranquility);
+                        at = at.max(Instant::now() + p);
+                        last_pause = p;
                     }
-                    Some(round + w.interval())
+                    Some(at)
                 }
                 Err(e) => {
                     ctx.error(e);
@@ -416,7 +423,7 @@ fn run(mut w: impl Worker, ctx: Ctx, tranquility: f64) {
             {
                 let mut st = slot.status.lock();
                 st.last_unit = took;
-                st.last_pause = pause;
+                st.last_pause = last_pause;
                 st.state = if pause.is_zero() {
                     State::Idle
                 } else {
@@ -721,6 +728,23 @@ mod tests {
                 assert_eq!(*pause, unit.mul_f64(tranquility), "t = {tranquility}");
             }
         }
+        // The last unit of a round (Idle) is followed by its pause too, as part of the wait
+        // for the next round: 30 ms of work, tranquility 3, interval 1 ms.
+        let mut w = Workers::new(3.0);
+        let (mut p, _) = probe("round-mover", 1, |_| {
+            std::thread::sleep(Duration::from_millis(30));
+            Ok(Next::Idle)
+        });
+        p.moves_data = true;
+        w.spawn(p).unwrap();
+        std::thread::sleep(Duration::from_millis(600));
+        let s = status(&w, "round-mover");
+        w.stop_all();
+        assert!(s.last_unit >= Duration::from_millis(30));
+        assert_eq!(s.last_pause, s.last_unit.mul_f64(3.0));
+        // Each round takes at least 30 + 90 ms: at most 5 rounds began in 600 ms (the
+        // interval alone would allow 19).
+        assert!(s.runs <= 5, "{} rounds in 600 ms", s.runs);
         // A worker that does not move data never pauses, whatever the setting.
         let mut w = Workers::new(5.0);
         let (p, _) = probe("meta-only", 60_000, |_| {
