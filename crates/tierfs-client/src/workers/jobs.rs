@@ -394,3 +394,65 @@ impl Worker for Reports {
         Ok(Next::Idle)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::workers::Workers;
+
+    /// Counts its runs: a stand-in for the heartbeat.
+    struct Ticker(Arc<Mutex<Vec<Instant>>>);
+
+    impl Worker for Ticker {
+        fn name(&self) -> &'static str {
+            "heartbeat"
+        }
+        fn interval(&self) -> Duration {
+            Duration::from_millis(50)
+        }
+        fn work(&mut self, _ctx: &Ctx) -> Result<Next, WorkError> {
+            self.0.lock().push(Instant::now());
+            Ok(Next::Idle)
+        }
+    }
+
+    #[test]
+    fn a_failing_or_hanging_publisher_is_recorded_and_leaves_the_heartbeat_alone() {
+        let mut w = Workers::new(1.0);
+        let ticks = Arc::new(Mutex::new(Vec::new()));
+        w.spawn(Ticker(Arc::clone(&ticks))).unwrap();
+        let seen = Arc::new(Mutex::new(Vec::<Vec<String>>::new()));
+        let publish: Publish = {
+            let seen = Arc::clone(&seen);
+            Box::new(move |snap| {
+                seen.lock()
+                    .push(snap.iter().map(|s| s.name.clone()).collect());
+                // The database hangs for 1.5 s, then refuses.
+                std::thread::sleep(Duration::from_millis(1500));
+                Err("metadata database unreachable: connection refused".into())
+            })
+        };
+        w.spawn(Reports {
+            registry: w.registry(),
+            publish,
+        })
+        .unwrap();
+        let t0 = Instant::now();
+        std::thread::sleep(Duration::from_millis(1800));
+        let snap = w.snapshot();
+        w.stop_all();
+        // The heartbeat kept its period while the publisher hung.
+        let during: Vec<Instant> = ticks.lock().iter().copied().filter(|t| *t >= t0).collect();
+        assert!(during.len() >= 15, "{} heartbeats in 1.8 s", during.len());
+        // The publisher saw every worker, itself included, and its failure is kept.
+        assert_eq!(seen.lock()[0], vec!["heartbeat", "worker-reports"]);
+        let r = snap.iter().find(|s| s.name == "worker-reports").unwrap();
+        assert_eq!(r.errors, 1);
+        assert_eq!(
+            r.last_error.as_ref().unwrap().1,
+            "publishing worker reports failed: metadata database unreachable: connection refused"
+        );
+        let hb = snap.iter().find(|s| s.name == "heartbeat").unwrap();
+        assert_eq!(hb.errors, 0);
+    }
+}
