@@ -267,10 +267,17 @@ impl Registry {
     }
 }
 
+/// One started worker: its name, its slot, its thread until joined.
+struct Running {
+    name: &'static str,
+    slot: Arc<Slot>,
+    thread: Option<JoinHandle<()>>,
+}
+
 /// The daemon's workers: starts them, stops them in groups, gives their status.
 pub struct Workers {
     registry: Arc<Registry>,
-    threads: Vec<(&'static str, Arc<Slot>, Option<JoinHandle<()>>)>,
+    threads: Vec<Running>,
     tranquility: f64,
 }
 
@@ -322,27 +329,28 @@ impl Workers {
             .name(format!("tierfs-{name}"))
             .spawn(move || run(w, ctx, tranquility))?;
         self.registry.slots.lock().push(Arc::clone(&slot));
-        self.threads.push((name, slot, Some(h)));
+        self.threads.push(Running {
+            name,
+            slot,
+            thread: Some(h),
+        });
         Ok(())
     }
 
     /// Stops the workers named (each finishes its current unit and runs its
     /// [`Worker::finish`]), all at once, and waits for them. Unknown names are ignored.
     pub fn stop(&mut self, names: &[&str]) {
-        let chosen: Vec<usize> = (0..self.threads.len())
-            .filter(|i| names.contains(&self.threads[*i].0))
-            .collect();
-        for &i in &chosen {
-            let slot = &self.threads[i].1;
-            slot.stop.store(true, Ordering::Relaxed);
-            let _g = slot.wake_lock.lock();
-            slot.wake.notify_all();
+        let chosen = || self.threads.iter().filter(|r| names.contains(&r.name));
+        for r in chosen() {
+            r.slot.stop.store(true, Ordering::Relaxed);
+            let _g = r.slot.wake_lock.lock();
+            r.slot.wake.notify_all();
         }
-        for &i in &chosen {
-            if let Some(h) = self.threads[i].2.take() {
+        for r in self.threads.iter_mut().filter(|r| names.contains(&r.name)) {
+            if let Some(h) = r.thread.take() {
                 if h.join().is_err() {
                     // run() catches panics of the worker's code; this is the runner's own.
-                    tracing::error!(worker = self.threads[i].0, "worker thread panicked");
+                    tracing::error!(worker = r.name, "worker thread panicked");
                 }
             }
         }
@@ -350,7 +358,7 @@ impl Workers {
 
     /// Stops every worker still running, all at once.
     pub fn stop_all(&mut self) {
-        let names: Vec<&'static str> = self.threads.iter().map(|t| t.0).collect();
+        let names: Vec<&'static str> = self.threads.iter().map(|t| t.name).collect();
         self.stop(&names);
     }
 }
@@ -459,12 +467,14 @@ mod tests {
     use super::*;
     use std::sync::atomic::AtomicU64;
 
+    type Unit = Box<dyn FnMut(&Ctx) -> Result<Next, WorkError> + Send>;
+
     /// A worker whose units do what the test says.
     struct Probe {
         name: &'static str,
         interval: Duration,
         moves_data: bool,
-        unit: Box<dyn FnMut(&Ctx) -> Result<Next, WorkError> + Send>,
+        unit: Unit,
         finished: Arc<AtomicBool>,
     }
 
