@@ -354,12 +354,6 @@ pub trait LegacyEngine: Send + Sync {
     /// go to the trash.
     fn replace_chunk(&self, ino: Ino, chunk: u64, upto: u64, merged: &[Slice]) -> Result<bool>;
 
-    /// Makes every committed transaction durable against power loss (fsync semantics).
-    fn sync(&self) -> Result<()>;
-    /// Background housekeeping of the engine (SQLite: checkpoint the write-ahead log; every
-    /// engine: purge files replaced more than [`ORPHAN_GRACE`] ago). Each client calls it every
-    /// second or so, off the application's path.
-    fn maintain(&self) -> Result<()>;
     /// Purges files a rename replaced before `replaced_before` (their grace is over) that no
     /// client has open; returns how many. One still open is left for a pass after its last
     /// close.
@@ -458,14 +452,6 @@ pub trait LegacyEngine: Send + Sync {
     fn pcc_rule_set_quota(&self, id: u64, quota: Option<u64>) -> Result<()>;
     fn pcc_rules(&self) -> Result<Vec<PccRuleRow>>;
     fn pcc_rule_del(&self, id: u64) -> Result<()>;
-
-    // ---- notifications ----
-    /// Subscribes to events on `channels` addressed to `client` (see the module doc).
-    /// `Ok(None)`: this engine has no notifications, poll instead. An error: it has them but
-    /// cannot subscribe now (database unreachable); try again later.
-    fn listen(&self, _client: &str, _channels: &[Channel]) -> Result<Option<Box<dyn Listener>>> {
-        Ok(None)
-    }
 
     // ---- advisory locks (POSIX and flock), shared by every client ----
     /// Takes, changes or releases a lock; `WouldBlock` when another owner holds a conflicting one.

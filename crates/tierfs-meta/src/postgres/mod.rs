@@ -1266,10 +1266,6 @@ impl LegacyEngine for PgEngine {
         self.write(|c| dump::import(c, &rows))
     }
 
-    fn listen(&self, client: &str, channels: &[Channel]) -> Result<Option<Box<dyn Listener>>> {
-        self.listen_conn(client, channels)
-    }
-
     fn info(&self) -> Result<FsInfo> {
         self.read(|c| {
             let rows = c.query("SELECT key, value FROM meta_info", &[])?;
@@ -2137,17 +2133,6 @@ impl LegacyEngine for PgEngine {
             add_allocated(c, ino, before, after)?;
             Ok(true)
         })
-    }
-
-    fn sync(&self) -> Result<()> {
-        // Commits are durable when they return (synchronous_commit = on, the default).
-        Ok(())
-    }
-
-    fn maintain(&self) -> Result<()> {
-        // Vacuuming is autovacuum's job.
-        self.purge_orphans(now_nanos() - crate::engine::ORPHAN_GRACE.as_nanos() as Nanos)?;
-        Ok(())
     }
 
     fn object_refs(&self) -> Result<Vec<ObjectRef>> {

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use crate::core::schema;
 pub use crate::core::schema::SCHEMA_VERSION;
 use crate::core::SqlMeta;
-use crate::engine::{LegacyEngine, ORPHAN_GRACE};
+use crate::engine::LegacyEngine;
 use crate::error::{MetaError, Result};
 use crate::locks;
 use crate::sql::sqlite::SqliteTx;
@@ -1636,15 +1636,6 @@ impl LegacyEngine for SqliteEngine {
         })
     }
 
-    fn sync(&self) -> Result<()> {
-        self.sync_wal()
-    }
-
-    fn maintain(&self) -> Result<()> {
-        self.checkpoint()?;
-        self.purge_orphans(now_nanos() - ORPHAN_GRACE.as_nanos() as Nanos)?;
-        Ok(())
-    }
     fn export_rows(&self, sink: &mut dyn FnMut(DumpRow) -> Result<()>) -> Result<()> {
         use rusqlite::types::ValueRef;
         let c = self.writer.lock();
