@@ -290,60 +290,6 @@ pub trait LegacyEngine: Send + Sync {
     fn targets(&self) -> Result<Vec<TargetInfo>>;
     fn usage(&self) -> Result<Usage>;
 
-    // ---- namespace ----
-    fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Attr>;
-    fn getattr(&self, ino: Ino) -> Result<Attr>;
-    /// Changes attributes; a size change truncates (freeing objects beyond the new end).
-    fn setattr(&self, ino: Ino, set: &SetAttr) -> Result<Attr>;
-    /// Creates a file, directory, symlink or special file. Files get `layout` (chosen by the
-    /// caller's allocator from the parent's defaults, see [`LegacyEngine::resolve_stripe_default`]).
-    fn create(
-        &self,
-        parent: Ino,
-        name: &[u8],
-        node: &NewNode,
-        layout: Option<Layout>,
-        open_by: Option<u64>,
-    ) -> Result<Attr>;
-    fn link(&self, ino: Ino, new_parent: Ino, new_name: &[u8]) -> Result<Attr>;
-    /// Removes a name. A file whose last name goes while a client still has it open stays
-    /// readable until the last close ([`LegacyEngine::close_file`]).
-    fn unlink(&self, parent: Ino, name: &[u8]) -> Result<()>;
-    fn rmdir(&self, parent: Ino, name: &[u8]) -> Result<()>;
-    /// `flags`: libc::RENAME_NOREPLACE, libc::RENAME_EXCHANGE.
-    fn rename(
-        &self,
-        parent: Ino,
-        name: &[u8],
-        new_parent: Ino,
-        new_name: &[u8],
-        flags: u32,
-    ) -> Result<()>;
-    /// Entries after cursor `offset` (0: from the start), at most `limit`, without "." and "..".
-    fn readdir(&self, ino: Ino, offset: u64, limit: usize) -> Result<Vec<DirEntry>>;
-    fn readlink(&self, ino: Ino) -> Result<Vec<u8>>;
-
-    // ---- extended attributes ----
-    fn getxattr(&self, ino: Ino, name: &[u8]) -> Result<Vec<u8>>;
-    /// `flags`: libc::XATTR_CREATE, libc::XATTR_REPLACE, or 0.
-    fn setxattr(&self, ino: Ino, name: &[u8], value: &[u8], flags: i32) -> Result<()>;
-    fn listxattr(&self, ino: Ino) -> Result<Vec<Vec<u8>>>;
-    fn removexattr(&self, ino: Ino, name: &[u8]) -> Result<()>;
-
-    // ---- layouts and projects ----
-    /// The stripe count and size a new file in `dir` gets: the nearest ancestor's default, or the
-    /// filesystem default.
-    fn resolve_stripe_default(&self, dir: Ino) -> Result<StripeDefault>;
-    /// Sets a directory's default for new children.
-    fn set_dir_stripe(&self, dir: Ino, def: StripeDefault) -> Result<()>;
-    /// Sets an empty file's layout (fails with `NotEmpty` once it holds data).
-    fn set_file_layout(&self, ino: Ino, layout: &Layout) -> Result<()>;
-    /// Sets the project id; with `inherit`, also for a directory's existing subtree and (recorded
-    /// in the directory) for its future children.
-    fn set_projid(&self, ino: Ino, projid: u32, inherit: bool) -> Result<u64>;
-    /// (projid, inherit flag) of an inode.
-    fn get_projid(&self, ino: Ino) -> Result<(u32, bool)>;
-
     // ---- data ----
     /// Allocates `n` consecutive object ids and returns the first.
     fn alloc_object_ids(&self, n: u64) -> Result<u64>;
@@ -362,17 +308,6 @@ pub trait LegacyEngine: Send + Sync {
     /// (compaction). Returns false when the chunk changed in between; `merged`'s objects then
     /// go to the trash.
     fn replace_chunk(&self, ino: Ino, chunk: u64, upto: u64, merged: &[Slice]) -> Result<bool>;
-
-    /// Makes every committed transaction durable against power loss (fsync semantics).
-    fn sync(&self) -> Result<()>;
-    /// Background housekeeping of the engine (SQLite: checkpoint the write-ahead log; every
-    /// engine: purge files replaced more than [`ORPHAN_GRACE`] ago). Each client calls it every
-    /// second or so, off the application's path.
-    fn maintain(&self) -> Result<()>;
-    /// Purges files a rename replaced before `replaced_before` (their grace is over) that no
-    /// client has open; returns how many. One still open is left for a pass after its last
-    /// close.
-    fn purge_orphans(&self, replaced_before: Nanos) -> Result<u64>;
 
     /// Every row of the filesystem's persistent tables ([`DUMP_TABLES`]; not the sessions, open
     /// files, locks or recall requests of mounted clients), for `tierfs dump`.
@@ -399,9 +334,6 @@ pub trait LegacyEngine: Send + Sync {
     /// [`LegacyEngine::reap_sessions`] would), or drops the row of a session that no longer
     /// exists; a dirty RW-PCC lease is never dropped (false).
     fn repair_issue(&self, issue: &MetaIssue, timeout_ns: i64) -> Result<bool>;
-    /// One path of an inode from the root (`None` when it has no name left).
-    fn path_of(&self, ino: Ino) -> Result<Option<Vec<u8>>>;
-
     // ---- sessions and open files ----
     fn register_session(&self, s: &SessionInfo) -> Result<u64>;
     /// Registers a session unless another session of the same client name heartbeated within
@@ -467,14 +399,6 @@ pub trait LegacyEngine: Send + Sync {
     fn pcc_rule_set_quota(&self, id: u64, quota: Option<u64>) -> Result<()>;
     fn pcc_rules(&self) -> Result<Vec<PccRuleRow>>;
     fn pcc_rule_del(&self, id: u64) -> Result<()>;
-
-    // ---- notifications ----
-    /// Subscribes to events on `channels` addressed to `client` (see the module doc).
-    /// `Ok(None)`: this engine has no notifications, poll instead. An error: it has them but
-    /// cannot subscribe now (database unreachable); try again later.
-    fn listen(&self, _client: &str, _channels: &[Channel]) -> Result<Option<Box<dyn Listener>>> {
-        Ok(None)
-    }
 
     // ---- advisory locks (POSIX and flock), shared by every client ----
     /// Takes, changes or releases a lock; `WouldBlock` when another owner holds a conflicting one.
