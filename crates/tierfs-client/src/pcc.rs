@@ -887,23 +887,9 @@ impl Pcc {
         Ok(pass)
     }
 
-    /// Periodic work in one call (the `pcc` and `pcc-writeback` workers do these parts on their
-    /// own threads, see [`crate::workers`]): report sizes of files being written, write back
-    /// dirty files after the delay, keep the cache under its high watermark and its rules'
-    /// quotas, drop entries that went stale.
-    pub fn tick(&self) {
-        self.report_writers();
-        for ino in self.due_write_backs() {
-            if let Err(err) = self.write_back(ino) {
-                tracing::warn!(ino, "background write-back failed: {err}");
-            }
-        }
-        self.keep_within_limits();
-        self.validate_if_due();
-    }
-
-    /// Reports the size of files this client has writers of (at most once a second each):
-    /// writes by passthrough bypass the daemon, other clients see the size this way.
+    /// Periodic work, done by the `pcc` worker (see [`crate::workers::jobs`]): reports the size
+    /// of files this client has writers of (at most once a second each): writes by passthrough
+    /// bypass the daemon, other clients see the size this way.
     pub fn report_writers(&self) {
         for e in self.store.entries() {
             if e.mode != Mode::Rw || self.writers(e.ino) == 0 {
