@@ -216,3 +216,82 @@ fn a_long_pcc_writeback_does_not_delay_heartbeats() {
         "`tierfs status` never showed the pcc-writeback worker busy during the write-back"
     );
 }
+
+/// At unmount the data movers stop first, then every dirty RW-PCC file is written back while
+/// the heartbeat still runs, and only then do the heartbeat and the session end. A final
+/// write-back of 6 s (the debug-build hook) therefore never leaves the session without
+/// heartbeats. Before the workers, the loop that heartbeated was stopped before that
+/// write-back.
+#[test]
+fn the_session_heartbeats_through_the_write_back_at_unmount() {
+    let _g = serial();
+    let mut t = TestFs::with(Opts {
+        clients: 0,
+        timeout: Duration::from_secs(120),
+        ..Opts::default()
+    });
+    let stall = Duration::from_secs(6);
+    t.mount_env = vec![(
+        "TIERFS_TEST_WRITEBACK_STALL_MS".into(),
+        stall.as_millis().to_string(),
+    )];
+    // No background write-back: the file is still dirty at unmount.
+    let cfg = "heartbeat_secs = 1\nsession_timeout_secs = 30\nwriteback_delay_secs = 3600\n";
+    t.mount_with(&cached_client(&t, "a", cfg));
+    let f = t.p(0, "f");
+    fs::write(&f, b"").unwrap();
+    t.tierfs(&["pcc", "attach", "-w", &s(&f)]).assert_ok();
+    {
+        let h = OpenOptions::new().write(true).open(&f).unwrap();
+        h.write_all_at(&pattern(5, 0, 1 << 20), 0).unwrap();
+    }
+    assert!(pcc_dirty(&t, &f), "the file is not dirty after the write");
+    let mnt = s(t.mnt(0));
+    let t0 = Instant::now();
+    let (worst, samples, ended) = thread::scope(|sc| {
+        let um = sc.spawn(|| t.tierfs(&["umount", &mnt]));
+        let mut worst = 0.0f64;
+        let mut samples = 0;
+        let ended = loop {
+            let st = status(&t);
+            if !st
+                .lines()
+                .any(|l| l.trim_start().starts_with("a ") && l.contains("heartbeat "))
+            {
+                break t0.elapsed();
+            }
+            worst = worst.max(heartbeat_age(&st, "a"));
+            samples += 1;
+            assert!(
+                t0.elapsed() < Duration::from_secs(40),
+                "the session has not ended 40 s after the unmount began"
+            );
+            thread::sleep(Duration::from_millis(200));
+        };
+        um.join().unwrap().assert_ok();
+        (worst, samples, ended)
+    });
+    eprintln!("the session ended {ended:?} after the unmount began; heartbeat at most {worst:.1} s old ({samples} samples)");
+    // The final write-back happened (else this test proves nothing).
+    assert!(
+        ended >= stall - Duration::from_millis(500),
+        "the session ended after only {ended:?}"
+    );
+    assert!(samples >= 10, "only {samples} samples in {ended:?}");
+    assert!(
+        worst < 3.0,
+        "the heartbeat went {worst:.1} s stale during the write-back at unmount"
+    );
+    // And the written-back data is there for the next mount.
+    t.mnts.clear();
+    t.mount_env.clear();
+    t.mount_with(&ClientOpts {
+        name: "b".into(),
+        ..Default::default()
+    });
+    assert_eq!(
+        read_all(&t.p(0, "f")).unwrap(),
+        pattern(5, 0, 1 << 20),
+        "the data written back at unmount"
+    );
+}
