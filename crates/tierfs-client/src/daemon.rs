@@ -398,7 +398,7 @@ fn start_workers(
     publish: jobs::Publish,
 ) -> Result<Workers, DaemonError> {
     let spawn_err = |e: std::io::Error| DaemonError::Other(format!("cannot start a worker: {e}"));
-    let mut w = Workers::new(cfg.tranquility);
+    let mut w = Workers::with_metrics(cfg.tranquility, Arc::clone(metrics));
     let health = jobs::Health::new();
     let heartbeat = Duration::from_secs(cfg.heartbeat_secs);
     let gc_every = Duration::from_secs(cfg.gc_interval_secs);

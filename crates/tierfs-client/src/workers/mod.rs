@@ -181,6 +181,7 @@ impl Slot {
 pub struct Ctx {
     slot: Arc<Slot>,
     name: &'static str,
+    metrics: Option<Arc<crate::metrics::Metrics>>,
 }
 
 impl Ctx {
@@ -214,9 +215,14 @@ impl Ctx {
 
     /// Counts a unit of work done by a worker that runs its own loop.
     pub fn count_run(&self) {
-        let mut st = self.slot.status.lock();
-        st.runs += 1;
-        st.last_run = now_nanos();
+        {
+            let mut st = self.slot.status.lock();
+            st.runs += 1;
+            st.last_run = now_nanos();
+        }
+        if let Some(m) = &self.metrics {
+            m.worker_run(self.name);
+        }
     }
 
     /// Records (and logs) an error that does not end the unit (e.g. one file of several
@@ -230,9 +236,14 @@ impl Ctx {
     /// Records an error without logging it (the worker logs in its own way, e.g. once per
     /// outage).
     pub fn note_error(&self, msg: String) {
-        let mut st = self.slot.status.lock();
-        st.errors += 1;
-        st.last_error = Some((now_nanos(), msg));
+        {
+            let mut st = self.slot.status.lock();
+            st.errors += 1;
+            st.last_error = Some((now_nanos(), msg));
+        }
+        if let Some(m) = &self.metrics {
+            m.worker_error(self.name);
+        }
     }
 
     /// The worker's stop flag, for code that runs its own loop and takes one.
@@ -279,6 +290,7 @@ pub struct Workers {
     registry: Arc<Registry>,
     threads: Vec<Running>,
     tranquility: f64,
+    metrics: Option<Arc<crate::metrics::Metrics>>,
 }
 
 impl Workers {
@@ -288,7 +300,15 @@ impl Workers {
             registry: Arc::new(Registry::default()),
             threads: Vec::new(),
             tranquility,
+            metrics: None,
         }
+    }
+
+    /// Also counts runs, errors and tranquility pauses in `metrics` (`tierfs_worker_*`).
+    pub fn with_metrics(tranquility: f64, metrics: Arc<crate::metrics::Metrics>) -> Workers {
+        let mut w = Workers::new(tranquility);
+        w.metrics = Some(metrics);
+        w
     }
 
     pub fn registry(&self) -> Arc<Registry> {
@@ -322,6 +342,7 @@ impl Workers {
         let ctx = Ctx {
             slot: Arc::clone(&slot),
             name,
+            metrics: self.metrics.clone(),
         };
         let tranquility = self.tranquility;
         let h = std::thread::Builder::new()
@@ -391,12 +412,8 @@ fn run(mut w: impl Worker, ctx: Ctx, tranquility: f64) {
                 round = Instant::now();
             }
             let t0 = Instant::now();
-            {
-                let mut st = slot.status.lock();
-                st.state = State::Busy;
-                st.runs += 1;
-                st.last_run = now_nanos();
-            }
+            slot.set_state(State::Busy);
+            ctx.count_run();
             let r = w.work(&ctx);
             let took = t0.elapsed();
             let mut pause = Duration::ZERO;
@@ -438,6 +455,9 @@ fn run(mut w: impl Worker, ctx: Ctx, tranquility: f64) {
                     State::Sleeping
                 };
             }
+            if let Some(m) = ctx.metrics.as_ref().filter(|_| !last_pause.is_zero()) {
+                m.worker_paused(name, last_pause);
+            }
             if !pause.is_zero() && !ctx.sleep(pause) {
                 break;
             }
@@ -455,9 +475,7 @@ fn run(mut w: impl Worker, ctx: Ctx, tranquility: f64) {
     if let Err(p) = outcome {
         let msg = format!("panicked: {}", panic_text(p.as_ref()));
         tracing::error!(worker = name, "{msg}");
-        let mut st = slot.status.lock();
-        st.errors += 1;
-        st.last_error = Some((now_nanos(), msg));
+        ctx.note_error(msg);
     }
     slot.set_state(State::Dead);
 }
@@ -767,6 +785,46 @@ mod tests {
             > 5));
         assert_eq!(status(&w, "meta-only").last_pause, Duration::ZERO);
         w.stop_all();
+    }
+
+    #[test]
+    fn runs_errors_and_pauses_are_counted_in_the_metrics() {
+        let m = Arc::new(crate::metrics::Metrics::new());
+        let mut w = Workers::with_metrics(1.0, Arc::clone(&m));
+        let n = Arc::new(AtomicU64::new(0));
+        let (mut p, _) = {
+            let n = Arc::clone(&n);
+            probe("mover", 60_000, move |_| {
+                let i = n.fetch_add(1, Ordering::SeqCst);
+                std::thread::sleep(Duration::from_millis(10));
+                match i {
+                    0 | 1 => Ok(Next::More),
+                    // then it waits its 60 s interval
+                    _ => Err(WorkError::Failed("target unreachable".into())),
+                }
+            })
+        };
+        p.moves_data = true;
+        w.spawn(p).unwrap();
+        assert!(wait_for(Duration::from_secs(2), || n
+            .load(Ordering::SeqCst)
+            >= 3));
+        std::thread::sleep(Duration::from_millis(100));
+        w.stop_all();
+        let text = m.render();
+        let value = |key: &str| -> f64 {
+            text.lines()
+                .find_map(|l| l.strip_prefix(key)?.strip_prefix(' '))
+                .unwrap_or_else(|| panic!("no {key} in\n{text}"))
+                .trim()
+                .parse()
+                .unwrap()
+        };
+        assert_eq!(value("tierfs_worker_runs_total{worker=\"mover\"}"), 3.0);
+        assert_eq!(value("tierfs_worker_errors_total{worker=\"mover\"}"), 1.0);
+        // The two units that did work were each followed by a pause of at least 10 ms.
+        let paused = value("tierfs_worker_paused_seconds_total{worker=\"mover\"}");
+        assert!(paused >= 0.020, "paused {paused} s");
     }
 
     #[test]
