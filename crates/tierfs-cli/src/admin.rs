@@ -419,6 +419,8 @@ fn print_status(engine: Arc<dyn MetaEngine>) -> Result<()> {
         println!("clients:    {} mounted", sessions.len());
     }
     let now = now_nanos();
+    // A database the workers cannot report to (an error here) still shows everything else.
+    let reports = engine.worker_reports();
     for (s, l) in sessions {
         let dead = match l {
             Liveness::Gone(why) => format!("  DEAD: {why}"),
@@ -434,8 +436,48 @@ fn print_status(engine: Arc<dyn MetaEngine>) -> Result<()> {
             (now - s.heartbeat) as f64 / 1e9,
             s.version
         );
+        match &reports {
+            Ok(all) => print_workers(all.iter().filter(|r| r.session == s.id), now),
+            Err(e) => println!("    workers: cannot read their reports: {e}"),
+        }
     }
     Ok(())
+}
+
+/// One session's workers, as its daemon last reported them: a header with the report's age,
+/// then `worker NAME STATE last run T ago  runs N  errors N  PROGRESS`, and the last error
+/// (with its age) on a line of its own.
+fn print_workers<'a>(reports: impl Iterator<Item = &'a tierfs_meta::WorkerReport>, now: i64) {
+    let reports: Vec<_> = reports.collect();
+    let ago = |t: i64| {
+        if t == 0 {
+            "never".to_string()
+        } else {
+            format!("{:.1}s ago", (now - t) as f64 / 1e9)
+        }
+    };
+    let Some(first) = reports.first() else {
+        println!("    workers: none reported (yet)");
+        return;
+    };
+    println!("    workers (reported {}):", ago(first.reported));
+    for r in reports {
+        let mut line = format!(
+            "    worker {:<15} {:<8} last run {}  runs {}  errors {}",
+            r.name,
+            r.state,
+            ago(r.last_run),
+            r.runs,
+            r.errors
+        );
+        if !r.progress.is_empty() {
+            line.push_str(&format!("  {}", r.progress));
+        }
+        println!("{line}");
+        if let Some(e) = &r.last_error {
+            println!("      last error {}: {e}", ago(r.last_error_at));
+        }
+    }
 }
 
 pub fn status(a: StatusArgs) -> Result<()> {

@@ -14,6 +14,8 @@
 //! heartbeat_secs = 2           # session heartbeat period
 //! session_timeout_secs = 30    # a client silent this long is considered gone
 //! gc_interval_secs = 1         # how often deleted objects are removed from targets
+//! tranquility = 1.0            # background data movers (compaction, PCC write-back) pause
+//!                              # this many times as long as each unit of work took (0: never)
 //! log_level = "info"
 //! posix_acl = true             # POSIX ACLs (false: as ext4's noacl, setfacl gets EOPNOTSUPP)
 //! metrics = "127.0.0.1:9567"   # serve Prometheus metrics here (off by default)
@@ -45,6 +47,7 @@ pub struct ClientConfig {
     pub heartbeat_secs: u64,
     pub session_timeout_secs: u64,
     pub gc_interval_secs: u64,
+    pub tranquility: f64,
     pub log_level: String,
     pub posix_acl: bool,
     pub metrics: Option<String>,
@@ -73,6 +76,7 @@ impl Default for ClientConfig {
             heartbeat_secs: 2,
             session_timeout_secs: 30,
             gc_interval_secs: 1,
+            tranquility: 1.0,
             log_level: "info".into(),
             posix_acl: true,
             metrics: None,
@@ -124,6 +128,12 @@ impl ClientConfig {
         if self.heartbeat_secs == 0 || self.session_timeout_secs <= self.heartbeat_secs {
             return Err("session_timeout_secs must exceed heartbeat_secs (> 0)".into());
         }
+        if !(self.tranquility >= 0.0 && self.tranquility <= 100.0) {
+            return Err(format!(
+                "tranquility {} is out of range 0..100",
+                self.tranquility
+            ));
+        }
         self.cache_bytes()?;
         if !(0.0 < self.cache_low_watermark
             && self.cache_low_watermark < self.cache_high_watermark
@@ -172,6 +182,26 @@ mod tests {
         assert!(ClientConfig::from_toml("attr_ttl = -1.0").is_err());
         assert!(ClientConfig::from_toml("fuse_threads = 0").is_err());
         assert!(ClientConfig::from_toml("attr_ttl = \"x\"").is_err());
+    }
+
+    #[test]
+    fn tranquility_defaults_to_one_and_is_checked() {
+        assert_eq!(ClientConfig::default().tranquility, 1.0);
+        assert_eq!(
+            ClientConfig::from_toml("tranquility = 0.0")
+                .unwrap()
+                .tranquility,
+            0.0
+        );
+        assert_eq!(
+            ClientConfig::from_toml("tranquility = 2.5")
+                .unwrap()
+                .tranquility,
+            2.5
+        );
+        let e = ClientConfig::from_toml("tranquility = -1.0").unwrap_err();
+        assert!(e.contains("tranquility"), "{e}");
+        assert!(ClientConfig::from_toml("tranquility = nan").is_err());
     }
 
     #[test]

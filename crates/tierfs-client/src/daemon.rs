@@ -1,9 +1,9 @@
-//! The client daemon: opens the filesystem, registers a session, mounts FUSE, keeps the session
-//! alive (heartbeat, dead-client reaping, garbage collection) and unmounts cleanly on
-//! SIGTERM/SIGINT.
+//! The client daemon: opens the filesystem, registers a session, mounts FUSE, starts the
+//! background workers (heartbeat, dead-client reaping, close recording, PCC, garbage
+//! collection, compaction, maintenance: see [`crate::workers`]) and unmounts cleanly on
+//! SIGTERM/SIGINT, stopping the workers in order.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -19,6 +19,7 @@ use crate::fs::TierFs;
 use crate::lease::Recaller;
 use crate::metrics::Metrics;
 use crate::pcc::{Pcc, PccConfig};
+use crate::workers::{jobs, Workers};
 
 #[derive(Debug, Error)]
 pub enum DaemonError {
@@ -331,114 +332,26 @@ pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Resul
     };
     let _ = notifier.set(fsession.notifier());
     let mut unmounter = fsession.unmount_callable();
-    let stop = Arc::new(AtomicBool::new(false));
 
-    // Heartbeat, reaping of dead clients, garbage collection.
-    let bg = {
-        let stop = Arc::clone(&stop);
-        let meta = meta.clone();
-        let data = Arc::clone(&data);
-        let cfg = cfg.clone();
-        let pcc = pcc.clone();
-        std::thread::Builder::new()
-            .name("tierfs-session".into())
-            .spawn(move || {
-                let tick = Duration::from_millis(50);
-                let mut since_hb = Duration::ZERO;
-                // Since when heartbeats have succeeded without a break (mounting counts as one).
-                let mut healthy_since = std::time::Instant::now();
-                let mut since_gc = Duration::ZERO;
-                let mut ticks = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    std::thread::sleep(tick);
-                    if let Err(e) = data.drain_closes(session) {
-                        tracing::warn!("recording closes failed: {e}");
-                    }
-                    ticks += 1;
-                    if let Some(p) = &pcc {
-                        if ticks.is_multiple_of(4) {
-                            p.tick();
-                        }
-                    }
-                    since_hb += tick;
-                    since_gc += tick;
-                    if since_hb >= Duration::from_secs(cfg.heartbeat_secs) {
-                        since_hb = Duration::ZERO;
-                        let timeout = Duration::from_secs(cfg.session_timeout_secs);
-                        match meta.heartbeat(session) {
-                            Ok(()) => {}
-                            Err(e) => {
-                                tracing::warn!("heartbeat failed: {e}");
-                                healthy_since = std::time::Instant::now();
-                            }
-                        }
-                        // Reap only after this client has itself been heartbeating for a whole
-                        // session timeout: after a database outage nobody could heartbeat, and
-                        // the first client back must not take the others for dead before they
-                        // had the chance to heartbeat again.
-                        // Daemons that ran on this machine and are gone: at once.
-                        match crate::liveness::end_gone_sessions(meta.as_ref()) {
-                            Ok(0) => {}
-                            Ok(n) => tracing::info!("ended {n} session(s) of dead local daemons"),
-                            Err(e) => tracing::warn!("ending dead local sessions failed: {e}"),
-                        }
-                        if healthy_since.elapsed() >= timeout {
-                            match meta.reap_sessions(timeout.as_nanos() as i64) {
-                                Ok(0) => {}
-                                Ok(n) => tracing::info!("reaped {n} dead client session(s)"),
-                                Err(e) => tracing::warn!("reaping sessions failed: {e}"),
-                            }
-                        }
-                    }
-                    if since_gc >= Duration::from_secs(cfg.gc_interval_secs) {
-                        since_gc = Duration::ZERO;
-                        if let Err(e) = data.collect_garbage() {
-                            tracing::warn!("garbage collection failed: {e}");
-                        }
-                        match data.compact(64) {
-                            Ok(0) => {}
-                            Ok(n) => tracing::debug!("compacted {n} chunk(s)"),
-                            Err(e) => tracing::warn!("compaction failed: {e}"),
-                        }
-                        if let Err(e) = meta.maintain() {
-                            tracing::warn!("metadata maintenance failed: {e}");
-                        }
-                    }
-                }
-            })
-            .map_err(|e| DaemonError::Other(e.to_string()))?
-    };
-
-    // PCC recalls on a thread of their own: another client's open waits on them, and a long
-    // write-back must not hold up heartbeats. Woken by the engine's notifications where it has
-    // them, polling otherwise (see recall.rs).
-    let recalls = match &pcc {
-        Some(p) => {
-            let p = Arc::clone(p);
-            let stop = Arc::clone(&stop);
-            let metrics = Arc::clone(&metrics);
-            Some(
-                std::thread::Builder::new()
-                    .name("tierfs-pcc-recall".into())
-                    .spawn(move || {
-                        crate::recall::run(&*p, &metrics, &stop, &crate::recall::Timing::default())
-                    })
-                    .map_err(|e| DaemonError::Other(e.to_string()))?,
-            )
-        }
-        None => None,
-    };
+    // The background workers, each on its own thread (see workers.rs).
+    let workers = start_workers(
+        &cfg,
+        session,
+        &meta,
+        &data,
+        pcc.as_ref(),
+        &metrics,
+        publish_reports(meta.clone(), session),
+    )?;
 
     // Signals: unmount cleanly.
     {
-        let stop = Arc::clone(&stop);
         let mp = mountpoint.clone();
         std::thread::Builder::new()
             .name("tierfs-signals".into())
             .spawn(move || {
                 let sig = sigs.wait();
                 tracing::info!("signal {sig}: unmounting {}", mp.display());
-                stop.store(true, Ordering::Relaxed);
                 if unmounter.unmount().is_err() {
                     let _ = detach(&mp);
                 }
@@ -454,20 +367,111 @@ pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Resul
     );
     ready(Ok(()));
     let result = fsession.run();
-    stop.store(true, Ordering::Relaxed);
-    let _ = bg.join();
-    if let Some(r) = recalls {
-        let _ = r.join();
-    }
-    data.flush_all();
-    if let Some(p) = &pcc {
-        p.write_back_all();
-    }
-    let _ = data.drain_closes(session);
+    stop_workers(workers, &data, pcc.as_ref());
     if let Err(e) = meta.unregister_session(session) {
         tracing::warn!("could not end the session: {e}");
     }
     drop(rt);
     tracing::info!("unmounted {}", mountpoint.display());
     result.map_err(|e| DaemonError::Other(format!("FUSE session ended with an error: {e}")))
+}
+
+/// Names of the workers that stop first at unmount: those that move data or clean up, so that
+/// no unit of theirs runs once the final write-backs begin.
+const STOP_FIRST: &[&str] = &[
+    "pcc-recall",
+    "pcc",
+    "pcc-writeback",
+    "compactor",
+    "gc",
+    "maintenance",
+];
+
+/// Starts the daemon's workers; `publish` is where `worker-reports` sends their status.
+fn start_workers(
+    cfg: &ClientConfig,
+    session: u64,
+    meta: &Arc<dyn tierfs_meta::MetaEngine>,
+    data: &Arc<DataPath>,
+    pcc: Option<&Arc<Pcc>>,
+    metrics: &Arc<Metrics>,
+    publish: jobs::Publish,
+) -> Result<Workers, DaemonError> {
+    let spawn_err = |e: std::io::Error| DaemonError::Other(format!("cannot start a worker: {e}"));
+    let mut w = Workers::with_metrics(cfg.tranquility, Arc::clone(metrics));
+    let health = jobs::Health::new();
+    let heartbeat = Duration::from_secs(cfg.heartbeat_secs);
+    let gc_every = Duration::from_secs(cfg.gc_interval_secs);
+    w.spawn(jobs::Heartbeat {
+        meta: meta.clone(),
+        session,
+        every: heartbeat,
+        health: Arc::clone(&health),
+    })
+    .map_err(spawn_err)?;
+    w.spawn(jobs::SessionReaper {
+        meta: meta.clone(),
+        every: heartbeat,
+        timeout: Duration::from_secs(cfg.session_timeout_secs),
+        health,
+    })
+    .map_err(spawn_err)?;
+    w.spawn(jobs::CloseRecorder {
+        data: Arc::clone(data),
+        session,
+    })
+    .map_err(spawn_err)?;
+    if let Some(p) = pcc {
+        w.spawn(jobs::PccUpkeep { pcc: Arc::clone(p) })
+            .map_err(spawn_err)?;
+        w.spawn(jobs::PccWriteback::new(Arc::clone(p)))
+            .map_err(spawn_err)?;
+        // Another client's open waits on recalls: never behind a write-back.
+        w.spawn(jobs::PccRecall {
+            pcc: Arc::clone(p),
+            metrics: Arc::clone(metrics),
+        })
+        .map_err(spawn_err)?;
+    }
+    w.spawn(jobs::Gc {
+        data: Arc::clone(data),
+        every: gc_every,
+    })
+    .map_err(spawn_err)?;
+    w.spawn(jobs::Compactor::new(Arc::clone(data), gc_every))
+        .map_err(spawn_err)?;
+    w.spawn(jobs::Maintenance {
+        meta: meta.clone(),
+        every: gc_every,
+    })
+    .map_err(spawn_err)?;
+    let registry = w.registry();
+    w.spawn(jobs::Reports { registry, publish })
+        .map_err(spawn_err)?;
+    Ok(w)
+}
+
+/// Unmount, after FUSE has stopped: the data movers and cleaners stop (each ends the unit it
+/// is in); buffered writes are flushed and every dirty RW-PCC file is written back while the
+/// session still heartbeats; the close recorder records the last closes; the reports stop;
+/// heartbeat and session reaper stop last, just before the session ends.
+fn stop_workers(mut workers: Workers, data: &DataPath, pcc: Option<&Arc<Pcc>>) {
+    workers.stop(STOP_FIRST);
+    data.flush_all();
+    if let Some(p) = pcc {
+        p.write_back_all();
+    }
+    workers.stop(&["close-recorder"]);
+    workers.stop(&["worker-reports"]);
+    workers.stop(&["session-reaper", "heartbeat"]);
+}
+
+/// Where `worker-reports` publishes: the metadata database, for `tierfs status`.
+fn publish_reports(meta: Arc<dyn tierfs_meta::MetaEngine>, session: u64) -> jobs::Publish {
+    Box::new(move |snapshot| {
+        let reports: Vec<tierfs_meta::WorkerReport> =
+            snapshot.iter().map(crate::workers::report_of).collect();
+        meta.report_workers(session, &reports)
+            .map_err(|e| e.to_string())
+    })
 }

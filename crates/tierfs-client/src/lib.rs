@@ -10,7 +10,9 @@
 //! - [`lease`]: recalling another client's RW-PCC lease before an open or truncate (every
 //!   client, with a cache or not).
 //! - [`liveness`]: whether a session's daemon still runs, when it ran on this machine.
-//! - [`recall`]: the thread that gives RW-PCC leases back on request (notified or polling).
+//! - [`recall`]: the loop that gives RW-PCC leases back on request (notified or polling).
+//! - [`workers`]: the background workers (heartbeat, reaper, close recorder, PCC, GC,
+//!   compaction, maintenance, recalls), each on its own thread, with state and last error.
 
 pub mod acl;
 pub mod config;
@@ -23,6 +25,7 @@ pub mod liveness;
 pub mod metrics;
 pub mod pcc;
 pub mod recall;
+pub mod workers;
 
 pub use config::ClientConfig;
 pub use daemon::{mount, MountRequest};

@@ -33,6 +33,9 @@ pub struct Metrics {
     recall_given_back: Family<Labels, Counter>,
     recall_subscriptions: Counter,
     recall_listening: Gauge,
+    worker_runs: Family<Labels, Counter>,
+    worker_errors: Family<Labels, Counter>,
+    worker_paused: Family<Labels, Counter<f64, std::sync::atomic::AtomicU64>>,
     /// In-memory states of files (data/mod.rs `FileState`), set where they come and go.
     pub file_states: Gauge,
     /// Bytes buffered by writers and not yet committed, over all files.
@@ -131,6 +134,25 @@ impl Metrics {
             "1 while the PCC recall thread listens for notifications, 0 while it polls",
             recall_listening.clone(),
         );
+        let worker_runs = Family::<Labels, Counter>::default();
+        registry.register(
+            "worker_runs",
+            "Units of work each background worker did (docs/architecture.md, \"Background \
+             workers\")",
+            worker_runs.clone(),
+        );
+        let worker_errors = Family::<Labels, Counter>::default();
+        registry.register(
+            "worker_errors",
+            "Errors of each background worker",
+            worker_errors.clone(),
+        );
+        let worker_paused = Family::<Labels, Counter<f64, std::sync::atomic::AtomicU64>>::default();
+        registry.register(
+            "worker_paused_seconds",
+            "Time each data-moving worker paused for tranquility (yielding to applications)",
+            worker_paused.clone(),
+        );
         let file_states = Gauge::default();
         registry.register(
             "file_states",
@@ -160,6 +182,9 @@ impl Metrics {
             recall_given_back,
             recall_subscriptions,
             recall_listening,
+            worker_runs,
+            worker_errors,
+            worker_paused,
             handles: Default::default(),
         }
     }
@@ -224,6 +249,27 @@ impl Metrics {
         if given_back > 0 {
             self.recall_given_back.get_or_create(&l).inc_by(given_back);
         }
+    }
+
+    /// A background worker did a unit of work.
+    pub fn worker_run(&self, worker: &str) {
+        self.worker_runs
+            .get_or_create(&vec![("worker".to_string(), worker.to_string())])
+            .inc();
+    }
+
+    /// A background worker recorded an error.
+    pub fn worker_error(&self, worker: &str) {
+        self.worker_errors
+            .get_or_create(&vec![("worker".to_string(), worker.to_string())])
+            .inc();
+    }
+
+    /// A data-moving worker paused `d` for tranquility.
+    pub fn worker_paused(&self, worker: &str, d: std::time::Duration) {
+        self.worker_paused
+            .get_or_create(&vec![("worker".to_string(), worker.to_string())])
+            .inc_by(d.as_secs_f64());
     }
 
     /// The PCC recall thread started (`true`) or stopped listening for notifications.

@@ -546,6 +546,7 @@ impl Pcc {
         }
         let f = self.store.open_data(ino, false).map_err(Self::cache_err)?;
         let (size, mtime) = self.local_attr(ino).unwrap_or((0, now_nanos()));
+        test_writeback_stall();
         let attr = self.data.write_back(ino, &f, size, mtime)?;
         self.meta
             .pcc_report(ino, &self.client, false, size, mtime)?;
@@ -886,30 +887,60 @@ impl Pcc {
         Ok(pass)
     }
 
-    /// Periodic work: write back dirty files after the delay, report sizes of files being
-    /// written, keep the cache under its high watermark, drop entries that went stale.
-    pub fn tick(&self) {
-        let now = now_nanos();
+    /// Periodic work, done by the `pcc` worker (see [`crate::workers::jobs`]): reports the size
+    /// of files this client has writers of (at most once a second each): writes by passthrough
+    /// bypass the daemon, other clients see the size this way.
+    pub fn report_writers(&self) {
         for e in self.store.entries() {
-            if e.mode != Mode::Rw {
+            if e.mode != Mode::Rw || self.writers(e.ino) == 0 {
                 continue;
             }
-            if self.writers(e.ino) > 0 {
-                let due = self
-                    .last_report
-                    .lock()
-                    .get(&e.ino)
-                    .map(|t| t.elapsed() > Duration::from_secs(1))
-                    .unwrap_or(true);
-                if due {
-                    let _ = self.report(e.ino, true);
-                }
-            } else if e.dirty && now - e.last_write > self.cfg.writeback_delay.as_nanos() as i64 {
-                if let Err(err) = self.write_back(e.ino) {
-                    tracing::warn!(ino = e.ino, "background write-back failed: {err}");
-                }
+            let due = self
+                .last_report
+                .lock()
+                .get(&e.ino)
+                .map(|t| t.elapsed() > Duration::from_secs(1))
+                .unwrap_or(true);
+            if due {
+                let _ = self.report(e.ino, true);
             }
         }
+    }
+
+    /// Dirty RW files without writers on this client whose last write is older than the
+    /// write-back delay: due for a background write-back.
+    pub fn due_write_backs(&self) -> Vec<Ino> {
+        let now = now_nanos();
+        self.store
+            .entries()
+            .into_iter()
+            .filter(|e| self.write_back_due(e, now))
+            .map(|e| e.ino)
+            .collect()
+    }
+
+    fn write_back_due(&self, e: &Entry, now: i64) -> bool {
+        e.mode == Mode::Rw
+            && e.dirty
+            && self.writers(e.ino) == 0
+            && now - e.last_write > self.cfg.writeback_delay.as_nanos() as i64
+    }
+
+    /// Writes `ino` back if it is still due (a file listed by [`Pcc::due_write_backs`] may
+    /// have been given back, written back or opened for writing since). Whether it was.
+    pub fn write_back_if_due(&self, ino: Ino) -> Result<bool> {
+        match self.store.get(ino) {
+            Some(e) if self.write_back_due(&e, now_nanos()) => {
+                self.write_back(ino)?;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    /// Evicts down to the low watermark when the cache is fuller than the high one, and files
+    /// of a rule past its quota.
+    pub fn keep_within_limits(&self) {
         let high = (self.cfg.capacity as f64 * self.cfg.high_watermark) as u64;
         if self.used() > high {
             self.make_room(0);
@@ -924,6 +955,10 @@ impl Pcc {
                 }
             }
         }
+    }
+
+    /// Validates the cache (see `validate`) if the last pass is 5 s old.
+    pub fn validate_if_due(&self) {
         let due = {
             let mut g = self.last_validate.lock();
             let due = g
@@ -1162,6 +1197,19 @@ impl RecallWork for Pcc {
 
     fn pass(&self) -> tierfs_meta::Result<Pass> {
         self.handle_recalls()
+    }
+}
+
+/// Test hook, in debug builds only: `TIERFS_TEST_WRITEBACK_STALL_MS=N` in the daemon's
+/// environment makes every write-back take N ms longer, as a slow capacity tier would
+/// (crates/tierfs-cli/tests/workers.rs: heartbeats go on meanwhile).
+fn test_writeback_stall() {
+    #[cfg(debug_assertions)]
+    if let Some(ms) = std::env::var("TIERFS_TEST_WRITEBACK_STALL_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        std::thread::sleep(Duration::from_millis(ms));
     }
 }
 

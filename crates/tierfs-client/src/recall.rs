@@ -92,6 +92,22 @@ impl Source {
 
 /// Runs the recall thread until `stop` is set.
 pub fn run(work: &dyn RecallWork, metrics: &Metrics, stop: &AtomicBool, t: &Timing) {
+    run_observed(work, metrics, stop, t, &mut |_, _| {})
+}
+
+/// What [`run_observed`] tells its observer after each pass: whether it listens for
+/// notifications (else it polls), and the pass's outcome.
+pub type PassObserver<'a> = dyn FnMut(bool, &tierfs_meta::Result<Pass>) + 'a;
+
+/// [`run`], telling `observe` about each pass (the `pcc-recall` worker counts them and keeps
+/// the last error, see [`crate::workers`]).
+pub fn run_observed(
+    work: &dyn RecallWork,
+    metrics: &Metrics,
+    stop: &AtomicBool,
+    t: &Timing,
+    observe: &mut PassObserver<'_>,
+) {
     let mut listener: Option<Box<dyn Listener>> = None;
     // False once the engine said it has no notifications: then only poll.
     let mut notifications = true;
@@ -109,7 +125,9 @@ pub fn run(work: &dyn RecallWork, metrics: &Metrics, stop: &AtomicBool, t: &Timi
     loop {
         if let Some(src) = due.take() {
             last_pass = Instant::now();
-            match work.pass() {
+            let outcome = work.pass();
+            observe(listener.is_some(), &outcome);
+            match outcome {
                 Ok(p) => {
                     metrics.recall_wakeup(src.label(), p.given_back);
                     waiting = p.waiting;

@@ -47,6 +47,7 @@ pub fn run_all(factory: &Factory<'_>) {
             replaced_file_stays_openable_for_its_grace,
         ),
         ("sessions_and_reaping", sessions_and_reaping),
+        ("worker_reports", worker_reports),
         ("fsck_queries_and_repairs", fsck_queries_and_repairs),
         ("locks", locks),
         ("stripe_defaults_and_projects", stripe_defaults_and_projects),
@@ -635,6 +636,81 @@ fn sessions_and_reaping(e: &dyn MetaEngine) {
     assert_eq!(won.len(), 1, "one of four concurrent registrations of 'u'");
     e.unregister_session(won[0]).unwrap();
     assert!(e.sessions().unwrap().is_empty());
+}
+
+/// Worker reports: replaced per session in order, listed only for live sessions, refused for
+/// an ended session, gone with their session.
+fn worker_reports(e: &dyn MetaEngine) {
+    let s = SessionInfo {
+        id: 0,
+        client_name: "a".into(),
+        host: "h".into(),
+        pid: 1,
+        mountpoint: "/mnt/a".into(),
+        version: "0".into(),
+        started: 0,
+        heartbeat: 0,
+    };
+    let a = e.register_session(&s).unwrap();
+    let b = e
+        .register_session(&SessionInfo {
+            client_name: "b".into(),
+            ..s.clone()
+        })
+        .unwrap();
+    assert!(e.worker_reports().unwrap().is_empty());
+    let report = |name: &str, runs: u64, err: Option<&str>| WorkerReport {
+        session: 0,
+        name: name.into(),
+        state: "idle".into(),
+        progress: format!("{name} progress"),
+        runs,
+        errors: err.is_some() as u64,
+        last_run: 1_000 + runs as i64,
+        last_error: err.map(str::to_string),
+        last_error_at: if err.is_some() { 77 } else { 0 },
+        reported: 5_000,
+    };
+    // Order as reported (not by name).
+    e.report_workers(
+        a,
+        &[report("heartbeat", 3, None), report("gc", 1, Some("boom"))],
+    )
+    .unwrap();
+    e.report_workers(b, &[report("heartbeat", 9, None)])
+        .unwrap();
+    let got = e.worker_reports().unwrap();
+    let mut want_a0 = report("heartbeat", 3, None);
+    want_a0.session = a;
+    let mut want_a1 = report("gc", 1, Some("boom"));
+    want_a1.session = a;
+    let mut want_b = report("heartbeat", 9, None);
+    want_b.session = b;
+    let mut want = vec![want_a0, want_a1, want_b];
+    want.sort_by_key(|r| r.session);
+    assert_eq!(got, want);
+    // A new report replaces the session's rows entirely.
+    e.report_workers(a, &[report("compactor", 4, None)])
+        .unwrap();
+    let got: Vec<(u64, String)> = e
+        .worker_reports()
+        .unwrap()
+        .into_iter()
+        .map(|r| (r.session, r.name))
+        .collect();
+    assert!(got.contains(&(a, "compactor".into())), "{got:?}");
+    assert!(!got.contains(&(a, "heartbeat".into())), "{got:?}");
+    assert!(got.contains(&(b, "heartbeat".into())), "{got:?}");
+    // An ended session's reports are not listed, and it cannot report any more.
+    e.unregister_session(b).unwrap();
+    assert!(e.worker_reports().unwrap().iter().all(|r| r.session == a));
+    assert!(matches!(
+        e.report_workers(b, &[report("heartbeat", 10, None)]),
+        Err(MetaError::Invalid(_))
+    ));
+    // An empty report clears the session's rows.
+    e.report_workers(a, &[]).unwrap();
+    assert!(e.worker_reports().unwrap().is_empty());
 }
 
 /// What `tierfs fsck` and `tierfs gc` ask of an engine: object references, the id counter,

@@ -271,6 +271,26 @@ pub struct SessionInfo {
     pub heartbeat: Nanos,
 }
 
+/// One background worker of a client, as the client last reported it (`tierfs status`).
+/// Times are the client's, in nanoseconds since the epoch; 0 for never.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerReport {
+    /// The session of the client that runs the worker (set by the engine when read).
+    pub session: u64,
+    pub name: String,
+    /// idle, busy, sleeping or dead.
+    pub state: String,
+    /// What it is doing or last did ("" if nothing to say).
+    pub progress: String,
+    pub runs: u64,
+    pub errors: u64,
+    pub last_run: Nanos,
+    pub last_error: Option<String>,
+    pub last_error_at: Nanos,
+    /// When the client made the report.
+    pub reported: Nanos,
+}
+
 /// Separates the host name from the process identity in a session's `host` column.
 pub const HOST_ID_SEP: char = '#';
 

@@ -137,6 +137,19 @@ pub fn tierfs_run<S: AsRef<str>>(
     cred: Option<(u32, u32)>,
     netns: Option<&str>,
 ) -> CmdOut {
+    tierfs_run_env(scratch, args, timeout, cred, netns, &[])
+}
+
+/// Like `tierfs_run`, with `env` (name, value) added to the command's environment (a daemon
+/// that `tierfs mount` starts inherits it).
+pub fn tierfs_run_env<S: AsRef<str>>(
+    scratch: &Path,
+    args: &[S],
+    timeout: Duration,
+    cred: Option<(u32, u32)>,
+    netns: Option<&str>,
+    env: &[(String, String)],
+) -> CmdOut {
     use std::os::unix::process::CommandExt;
     let args: Vec<String> = args.iter().map(|s| s.as_ref().to_string()).collect();
     let seq = CMD_SEQ.fetch_add(1, Ordering::SeqCst);
@@ -162,7 +175,8 @@ pub fn tierfs_run<S: AsRef<str>>(
         .stdout(out_f)
         .stderr(err_f)
         .env_remove("RUST_LOG")
-        .env("RUST_BACKTRACE", "0");
+        .env("RUST_BACKTRACE", "0")
+        .envs(env.iter().map(|(k, v)| (k, v)));
     if let Some((uid, gid)) = cred {
         // std drops the supplementary groups when root sets a uid
         cmd.uid(uid).gid(gid);
@@ -502,6 +516,9 @@ pub struct TestFs {
     pub opts: Opts,
     pub mnts: Vec<PathBuf>,
     pub cluster: Cluster,
+    /// Environment (name, value) added to the `tierfs mount` commands from now on (the
+    /// daemons' test hooks, e.g. `TIERFS_TEST_WRITEBACK_STALL_MS`); empty by default.
+    pub mount_env: Vec<(String, String)>,
     _watchdog: Watchdog,
     db: Option<TestDb>,
     dir: tempfile::TempDir,
@@ -530,6 +547,7 @@ impl TestFs {
             opts: opts.clone(),
             mnts: Vec::new(),
             cluster,
+            mount_env: Vec::new(),
             _watchdog: watchdog,
             db,
             dir,
@@ -598,7 +616,14 @@ impl TestFs {
 
     /// Runs `tierfs mount ARGS` for client `idx`, from its network namespace in cluster mode.
     fn run_mount(&self, args: &[String], idx: usize) -> CmdOut {
-        tierfs_run(self.root(), args, CMD_TIMEOUT, None, self.netns_of(idx))
+        tierfs_run_env(
+            self.root(),
+            args,
+            CMD_TIMEOUT,
+            None,
+            self.netns_of(idx),
+            &self.mount_env,
+        )
     }
 
     pub fn mnt(&self, i: usize) -> &Path {

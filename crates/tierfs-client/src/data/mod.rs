@@ -990,6 +990,11 @@ impl DataPath {
         Ok(done)
     }
 
+    /// Chunks waiting to be looked at by [`DataPath::compact`].
+    pub fn compact_pending(&self) -> usize {
+        self.compact_candidates.lock().len()
+    }
+
     /// Deletes objects nobody references any more; returns how many went.
     pub fn collect_garbage(&self) -> Result<usize> {
         let items = self.meta.trash(512)?;

@@ -53,8 +53,7 @@
 
 mod dump;
 pub mod pgpass;
-mod pool;
-mod schema;
+pub(crate) mod pool;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -62,12 +61,17 @@ use std::time::{Duration, Instant};
 use postgres::error::SqlState;
 use postgres::Row;
 
-use crate::engine::{Channel, Listener, MetaEngine, Notice};
+use crate::core::schema;
+pub use crate::core::schema::SCHEMA_VERSION;
+use crate::core::SqlMeta;
+use crate::engine::{Channel, LegacyEngine, Listener, Notice};
 use crate::error::{MetaError, Result};
 use crate::locks;
+use crate::sql::postgres::PgTx;
+use crate::sql::{Dialect, DialectKind, Driver, Tx};
 use crate::types::*;
-use pool::{PgConn, Pool, P};
-pub use schema::SCHEMA_VERSION;
+pub(crate) use pool::PgConn;
+use pool::{Pool, P};
 
 /// Attempts of one transaction before giving up with `Busy`.
 pub const MAX_RETRIES: u32 = 40;
@@ -77,7 +81,6 @@ pub const MAX_RETRIES: u32 = 40;
 pub const RETRY_BUDGET: Duration = Duration::from_secs(10);
 /// Connections one engine keeps open at most.
 pub const POOL_MAX: usize = 16;
-const MAX_LINKS: i64 = 65000;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// The channel revoke requests are announced on.
 pub const REVOKE_CHANNEL: &str = "tierfs_pcc_revoke";
@@ -237,6 +240,7 @@ pub fn redact(s: &str) -> String {
 pub struct PgEngine {
     url: PgUrl,
     pool: Pool,
+    dialect: Dialect,
 }
 
 const ATTR_COLS: &str =
@@ -386,44 +390,6 @@ fn lock1(c: &mut PgConn, ino: Ino) -> Result<Attr> {
     lock_inodes(c, &[ino])?
         .remove(&ino)
         .ok_or(MetaError::NotFound)
-}
-
-fn check_name(name: &[u8]) -> Result<()> {
-    if name.len() > NAME_MAX {
-        return Err(MetaError::NameTooLong);
-    }
-    if name.is_empty() || name.contains(&b'/') || name.contains(&0) {
-        return Err(MetaError::Invalid("bad file name".into()));
-    }
-    Ok(())
-}
-
-fn is_dir(a: &Attr) -> Result<()> {
-    if a.kind != Kind::Dir {
-        return Err(MetaError::NotDir);
-    }
-    Ok(())
-}
-
-fn dir_attr(c: &mut PgConn, ino: Ino) -> Result<Attr> {
-    let a = get_attr(c, ino)?;
-    is_dir(&a)?;
-    Ok(a)
-}
-
-/// (dentry id, ino, kind) of a name.
-fn find_dentry(c: &mut PgConn, parent: Ino, name: &[u8]) -> Result<Option<(i64, Ino, Kind)>> {
-    Ok(c.opt(
-        "SELECT id, ino, kind FROM dentries WHERE parent = $1 AND name = $2",
-        &[&(parent as i64), &name],
-    )?
-    .map(|r| {
-        (
-            r.get::<_, i64>(0),
-            r.get::<_, i64>(1) as u64,
-            Kind::from_i64(r.get(2)).unwrap_or(Kind::File),
-        )
-    }))
 }
 
 fn touch_dir(c: &mut PgConn, dir: Ino, now: Nanos, nlink_delta: i64) -> Result<()> {
@@ -608,34 +574,6 @@ fn trash_slices(c: &mut PgConn, ino: Ino, where_sql: &str, args: &[i64]) -> Resu
     Ok(())
 }
 
-/// Deletes an inode whose last name is gone, or marks it orphan while a client has it open.
-fn drop_inode(c: &mut PgConn, ino: Ino) -> Result<()> {
-    // Marks it orphan if some client has it open; no row back means nobody has.
-    let open = c
-        .opt(
-            "UPDATE inodes SET orphan = 1 WHERE ino = $1 \
-             AND EXISTS (SELECT 1 FROM open_files WHERE ino = $1) RETURNING ino",
-            &[&(ino as i64)],
-        )?
-        .is_some();
-    if open {
-        return Ok(());
-    }
-    purge_inode(c, ino)
-}
-
-/// Retires a file whose last name a rename replaced: kept openable for
-/// [`crate::engine::ORPHAN_GRACE`] (`orphan = 2`) whether or not a client has it open now (see
-/// the SQLite twin), purged by `purge_orphans` once the grace is over and nobody has it open.
-fn retire_inode(c: &mut PgConn, ino: Ino) -> Result<()> {
-    let ino_i = ino as i64;
-    c.exec("UPDATE inodes SET orphan = 2 WHERE ino = $1", &[&ino_i])?;
-    // Leases and recall requests go now, as on unlink.
-    c.exec("DELETE FROM pcc_leases WHERE ino = $1", &[&ino_i])?;
-    c.exec("DELETE FROM pcc_revokes WHERE ino = $1", &[&ino_i])?;
-    Ok(())
-}
-
 fn purge_inode(c: &mut PgConn, ino: Ino) -> Result<()> {
     trash_slices(c, ino, "TRUE", &[])?;
     // One round trip: data-modifying CTEs all run.
@@ -673,60 +611,6 @@ fn zero_range(c: &mut PgConn, ino: Ino, stripe_size: u64, off: u64, len: u64) ->
     insert_slices(c, ino, &v)?;
     let after = chunks_allocated(c, ino, &chunks)?;
     add_allocated(c, ino, before, after)
-}
-
-/// Changes a file's size: shrinking frees whole chunks beyond the end and zeroes the tail of the
-/// last one, so that growing again later reads zeros.
-fn truncate(c: &mut PgConn, a: &Attr, new_size: u64) -> Result<()> {
-    if new_size < a.size {
-        if let Some(l) = &a.layout {
-            let cs = l.stripe_size;
-            let first_gone = new_size.div_ceil(cs);
-            let gone: Vec<u64> = c
-                .query(
-                    "SELECT DISTINCT chunk FROM slices WHERE ino = $1 AND chunk >= $2",
-                    &[&(a.ino as i64), &(first_gone as i64)],
-                )?
-                .iter()
-                .map(|r| r.get::<_, i64>(0) as u64)
-                .collect();
-            let freed = chunks_allocated(c, a.ino, &gone)?;
-            trash_slices(c, a.ino, "chunk >= $2", &[first_gone as i64])?;
-            add_allocated(c, a.ino, freed, 0)?;
-            if !new_size.is_multiple_of(cs) {
-                let chunk = new_size / cs;
-                let off = new_size % cs;
-                let beyond = c.exists(
-                    "SELECT EXISTS (SELECT 1 FROM slices WHERE ino = $1 AND chunk = $2 \
-                     AND off + len > $3)",
-                    &[&(a.ino as i64), &(chunk as i64), &(off as i64)],
-                )?;
-                if beyond {
-                    zero_range(c, a.ino, cs, new_size, cs - off)?;
-                }
-            }
-        }
-    }
-    Ok(())
-}
-
-fn is_ancestor(c: &mut PgConn, maybe_ancestor: Ino, mut ino: Ino) -> Result<bool> {
-    let mut hops = 0;
-    while ino != ROOT_INO && hops < 100_000 {
-        if ino == maybe_ancestor {
-            return Ok(true);
-        }
-        ino = c.i64("SELECT parent FROM inodes WHERE ino = $1", &[&(ino as i64)])? as u64;
-        hops += 1;
-    }
-    Ok(ino == maybe_ancestor)
-}
-
-fn resolve_time(t: TimeSet, now: Nanos) -> Nanos {
-    match t {
-        TimeSet::Now => now,
-        TimeSet::At(n) => n,
-    }
 }
 
 fn lock_typ_to_i64(t: LockType) -> i64 {
@@ -875,6 +759,7 @@ impl PgEngine {
         Ok(PgEngine {
             pool: Pool::new(cfg, POOL_MAX, Duration::from_secs(30)),
             url,
+            dialect: Dialect::new(DialectKind::Postgres),
         })
     }
 
@@ -900,7 +785,7 @@ impl PgEngine {
                     supported: SCHEMA_VERSION,
                 })
             }
-            Some(v) if v < SCHEMA_VERSION => e.migrate()?,
+            Some(v) if v < SCHEMA_VERSION => schema::migrate(&e)?,
             Some(_) => {}
         }
         Ok(e)
@@ -908,52 +793,33 @@ impl PgEngine {
 
     /// The schema version, or None when the database holds no tierfs tables.
     fn schema_version(&self) -> Result<Option<i64>> {
-        let (mut c, _) = self.pool.get()?;
-        let exists = c.exists("SELECT to_regclass('schema_version') IS NOT NULL", &[])?;
-        if !exists {
-            return Ok(None);
-        }
-        Ok(c.opt("SELECT version FROM schema_version", &[])?
-            .map(|r| r.get::<_, i64>(0)))
+        Driver::read(self, |tx| {
+            if !tx.exists("SELECT to_regclass('schema_version') IS NOT NULL", &[])? {
+                return Ok(None);
+            }
+            tx.query_opt("SELECT version FROM schema_version", &[])?
+                .map(|r| r.i64(0))
+                .transpose()
+        })
     }
 
-    /// Applies the migrations the database lacks, one transaction each, under an advisory
-    /// lock (another client may be migrating at the same time).
-    fn migrate(&self) -> Result<()> {
+    /// Runs `f` in one READ COMMITTED transaction under the migration advisory lock, taken
+    /// before anything is read (so it sees what another migrator committed meanwhile).
+    fn exclusive_tx<T>(&self, mut f: impl FnMut(&mut dyn Tx) -> Result<T>) -> Result<T> {
         let (mut c, _) = self.pool.get()?;
-        loop {
-            c.batch("BEGIN")?;
-            let r = (|| -> Result<bool> {
-                c.exec(
-                    "SELECT pg_advisory_xact_lock($1)",
-                    &[&schema::MIGRATION_LOCK],
-                )
-                .map(|_| ())?;
-                c.batch(schema::VERSION_TABLE)?;
-                let v = c.i64("SELECT version FROM schema_version", &[])?;
-                if v >= SCHEMA_VERSION {
-                    return Ok(true);
-                }
-                c.batch(schema::MIGRATIONS[v as usize])?;
-                if v + 1 == 5 {
-                    // v5 added each file's allocated bytes: count them for the existing files.
-                    recount_all(&mut c)?;
-                }
-                c.exec("UPDATE schema_version SET version = $1", &[&(v + 1)])?;
-                Ok(false)
-            })();
-            match r {
-                Ok(done) => {
-                    c.batch("COMMIT")?;
-                    if done {
-                        return Ok(());
-                    }
-                }
-                Err(e) => {
-                    let _ = c.batch("ROLLBACK");
-                    c.discard();
-                    return Err(e);
-                }
+        c.batch(&format!(
+            "BEGIN; SELECT pg_advisory_xact_lock({})",
+            schema::PG_MIGRATION_LOCK
+        ))?;
+        match f(&mut PgTx::new(&mut c, &self.dialect)) {
+            Ok(v) => {
+                c.batch("COMMIT")?;
+                Ok(v)
+            }
+            Err(e) => {
+                let _ = c.batch("ROLLBACK");
+                c.discard();
+                Err(e)
             }
         }
     }
@@ -974,14 +840,16 @@ impl PgEngine {
                 return Err(MetaError::AlreadyFormatted(name));
             }
             let (mut c, _) = e.pool.get()?;
-            let drop = format!("DROP TABLE IF EXISTS {} CASCADE", schema::TABLES.join(", "));
+            let mut tables = schema::tables();
+            tables.push("schema_version");
+            let drop = format!("DROP TABLE IF EXISTS {} CASCADE", tables.join(", "));
             c.batch(&format!(
                 "BEGIN; SELECT pg_advisory_xact_lock({}); {drop}; COMMIT",
-                schema::MIGRATION_LOCK
+                schema::PG_MIGRATION_LOCK
             ))?;
         }
         e.pool.clear();
-        e.migrate()?;
+        schema::migrate(&e)?;
         let now = now_nanos();
         let uuid = uuid::Uuid::new_v4().to_string();
         e.write(|c| {
@@ -1026,13 +894,16 @@ impl PgEngine {
 
     /// Runs `f` in one REPEATABLE READ transaction, retrying serialization failures and
     /// deadlocks with backoff. The closure may run several times.
-    fn write<T>(&self, f: impl Fn(&mut PgConn) -> Result<T>) -> Result<T> {
+    fn write<T>(&self, mut f: impl FnMut(&mut PgConn) -> Result<T>) -> Result<T> {
         self.write_commit(|c| f(c).map(Ok))?
     }
 
     /// Like `write`, but an inner `Err` is committed (work done before a reported failure,
     /// such as trashing the objects of a file that went away, is kept).
-    fn write_commit<T>(&self, f: impl Fn(&mut PgConn) -> Result<Result<T>>) -> Result<Result<T>> {
+    fn write_commit<T>(
+        &self,
+        mut f: impl FnMut(&mut PgConn) -> Result<Result<T>>,
+    ) -> Result<Result<T>> {
         let mut attempt = 0u32;
         let mut stale = 0u32;
         let started = Instant::now();
@@ -1097,7 +968,7 @@ impl PgEngine {
     }
 
     /// Runs read-only `f` outside a transaction (each statement sees one snapshot).
-    fn read<T>(&self, f: impl Fn(&mut PgConn) -> Result<T>) -> Result<T> {
+    fn read<T>(&self, mut f: impl FnMut(&mut PgConn) -> Result<T>) -> Result<T> {
         let mut stale = 0u32;
         loop {
             let (mut c, reused) = self.pool.get()?;
@@ -1112,6 +983,20 @@ impl PgEngine {
                 other => return other,
             }
         }
+    }
+
+    /// A LISTEN connection of its own, outside the pool (see the module doc).
+    fn listen_conn(&self, client: &str, channels: &[Channel]) -> Result<Option<Box<dyn Listener>>> {
+        let mut conn = self.pool.connect()?;
+        let mut sql = String::new();
+        for ch in channels {
+            sql.push_str(&format!("LISTEN {};", pg_channel(*ch)));
+        }
+        conn.batch_execute(&sql).map_err(pg_err)?;
+        Ok(Some(Box::new(PgListener {
+            conn,
+            client: client.to_string(),
+        })))
     }
 
     /// Closes the idle pooled connections (the next calls connect anew).
@@ -1196,7 +1081,57 @@ fn session_from_row(r: &Row) -> SessionInfo {
     }
 }
 
-impl MetaEngine for PgEngine {
+/// The PostgreSQL engine: the shared core over the PostgreSQL driver.
+pub type PgMeta = SqlMeta<PgEngine>;
+
+impl SqlMeta<PgEngine> {
+    /// Opens a formatted filesystem, migrating its schema if it is older than this build.
+    pub fn open(url: &str) -> Result<PgMeta> {
+        Ok(SqlMeta::new(PgEngine::open(url)?))
+    }
+
+    /// Creates a new filesystem in the (existing) database; see [`PgEngine::format`].
+    pub fn format(url: &str, p: &FormatParams) -> Result<PgMeta> {
+        Ok(SqlMeta::new(PgEngine::format(url, p)?))
+    }
+}
+
+impl Driver for PgEngine {
+    fn dialect(&self) -> &Dialect {
+        &self.dialect
+    }
+
+    fn write_commit<T>(
+        &self,
+        mut f: impl FnMut(&mut dyn Tx) -> Result<Result<T>>,
+    ) -> Result<Result<T>> {
+        PgEngine::write_commit(self, |c| f(&mut PgTx::new(c, &self.dialect)))
+    }
+
+    fn read<T>(&self, mut f: impl FnMut(&mut dyn Tx) -> Result<T>) -> Result<T> {
+        PgEngine::read(self, |c| f(&mut PgTx::new(c, &self.dialect)))
+    }
+
+    fn exclusive<T>(&self, f: impl FnMut(&mut dyn Tx) -> Result<T>) -> Result<T> {
+        self.exclusive_tx(f)
+    }
+
+    fn sync(&self) -> Result<()> {
+        // Commits are durable once they return (synchronous_commit = on).
+        Ok(())
+    }
+
+    fn maintain(&self) -> Result<()> {
+        // Housekeeping is autovacuum's.
+        Ok(())
+    }
+
+    fn listen(&self, client: &str, channels: &[Channel]) -> Result<Option<Box<dyn Listener>>> {
+        self.listen_conn(client, channels)
+    }
+}
+
+impl LegacyEngine for PgEngine {
     fn export_rows(&self, sink: &mut dyn FnMut(DumpRow) -> Result<()>) -> Result<()> {
         let rows = self.write(dump::export)?;
         for r in rows {
@@ -1208,19 +1143,6 @@ impl MetaEngine for PgEngine {
     fn import_rows(&self, rows: &mut dyn Iterator<Item = Result<DumpRow>>) -> Result<u64> {
         let rows: Vec<DumpRow> = rows.collect::<Result<_>>()?;
         self.write(|c| dump::import(c, &rows))
-    }
-
-    fn listen(&self, client: &str, channels: &[Channel]) -> Result<Option<Box<dyn Listener>>> {
-        let mut conn = self.pool.connect()?;
-        let mut sql = String::new();
-        for ch in channels {
-            sql.push_str(&format!("LISTEN {};", pg_channel(*ch)));
-        }
-        conn.batch_execute(&sql).map_err(pg_err)?;
-        Ok(Some(Box::new(PgListener {
-            conn,
-            client: client.to_string(),
-        })))
     }
 
     fn info(&self) -> Result<FsInfo> {
@@ -1282,674 +1204,6 @@ impl MetaEngine for PgEngine {
                 inodes: inodes as u64,
                 bytes: (bytes + inline).max(0) as u64,
             })
-        })
-    }
-
-    fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Attr> {
-        if name.len() > NAME_MAX {
-            return Err(MetaError::NameTooLong);
-        }
-        let sql = format!(
-            "SELECT {} FROM dentries d JOIN inodes i ON i.ino = d.ino \
-             WHERE d.parent = $1 AND d.name = $2",
-            ATTR_COLS
-                .split(", ")
-                .map(|x| format!("i.{x}"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
-        self.read(|c| match c.opt(&sql, &[&(parent as i64), &name])? {
-            Some(r) => Ok(attr_from_row(&r)),
-            None => {
-                dir_attr(c, parent)?;
-                Err(MetaError::NotFound)
-            }
-        })
-    }
-
-    fn getattr(&self, ino: Ino) -> Result<Attr> {
-        self.read(|c| get_attr(c, ino))
-    }
-
-    fn setattr(&self, ino: Ino, set: &SetAttr) -> Result<Attr> {
-        self.write(|c| {
-            let mut a = lock1(c, ino)?;
-            let now = now_nanos();
-            let mut changed = false;
-            if let Some(size) = set.size {
-                if a.kind == Kind::Dir {
-                    return Err(MetaError::IsDir);
-                }
-                if a.kind != Kind::File {
-                    return Err(MetaError::Invalid("truncate of a special file".into()));
-                }
-                truncate(c, &a, size)?;
-                a.size = size;
-                a.data_version += 1;
-                a.mtime = now;
-                changed = true;
-            }
-            if let Some(p) = set.perm {
-                a.perm = p & 0o7777;
-                changed = true;
-            }
-            if let Some(u) = set.uid {
-                a.uid = u;
-                changed = true;
-            }
-            if let Some(g) = set.gid {
-                a.gid = g;
-                changed = true;
-            }
-            if let Some(t) = set.atime {
-                a.atime = resolve_time(t, now);
-                changed = true;
-            }
-            if let Some(t) = set.mtime {
-                a.mtime = resolve_time(t, now);
-                changed = true;
-            }
-            if changed {
-                a.ctime = set.ctime.unwrap_or(now);
-            } else if let Some(ct) = set.ctime {
-                a.ctime = ct;
-            }
-            c.exec(
-                "UPDATE inodes SET perm=$2, uid=$3, gid=$4, size=$5, atime=$6, mtime=$7, ctime=$8, \
-                 data_version=$9 WHERE ino=$1",
-                &[
-                    &(ino as i64),
-                    &(a.perm as i64),
-                    &(a.uid as i64),
-                    &(a.gid as i64),
-                    &(a.size as i64),
-                    &a.atime,
-                    &a.mtime,
-                    &a.ctime,
-                    &(a.data_version as i64),
-                ],
-            )?;
-            Ok(a)
-        })
-    }
-
-    fn create(
-        &self,
-        parent: Ino,
-        name: &[u8],
-        node: &NewNode,
-        layout: Option<Layout>,
-        open_by: Option<u64>,
-    ) -> Result<Attr> {
-        check_name(name)?;
-        let lock = format!(
-            "WITH l AS (SELECT ino FROM inodes WHERE ino = $1 FOR UPDATE) \
-             UPDATE inodes i SET ino = i.ino FROM l WHERE i.ino = l.ino \
-             RETURNING {}, EXISTS (SELECT 1 FROM dentries WHERE parent = $1 AND name = $2)",
-            ATTR_COLS
-                .split(", ")
-                .map(|x| format!("i.{x}"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
-        // The inode, its name, the parent's times and link count, and the opener's open count,
-        // in one statement (the parent row is already locked by this transaction).
-        let insert = format!(
-            "WITH n AS (INSERT INTO inodes (kind, perm, uid, gid, nlink, size, rdev, atime, mtime, \
-                 ctime, crtime, projid, projinherit, stripe_size, stripe_targets, parent, symlink) \
-               SELECT $1,$2,$3,$4,$5,$6,$7,$8,$8,$8,$8, \
-                      CASE WHEN p.projinherit <> 0 THEN p.projid ELSE 0 END, \
-                      CASE WHEN p.projinherit <> 0 AND $1::BIGINT = {dir} THEN 1 ELSE 0 END, \
-                      $9,$10,$11,$12 \
-               FROM inodes p WHERE p.ino = $11 RETURNING {ATTR_COLS}), \
-             d AS (INSERT INTO dentries (parent, name, ino, kind) \
-                   SELECT $11, $13, n.ino, $1 FROM n), \
-             t AS (UPDATE inodes SET mtime = $8, ctime = $8, nlink = nlink + $14 WHERE ino = $11), \
-             o AS (INSERT INTO open_files (session, ino, count) \
-                   SELECT $15::BIGINT, n.ino, 1 FROM n WHERE $15::BIGINT IS NOT NULL) \
-             SELECT * FROM n",
-            dir = Kind::Dir as i64
-        );
-        self.write(|c| {
-            let row = c.one(&lock, &[&(parent as i64), &name])?;
-            let p = attr_from_row(&row);
-            is_dir(&p)?;
-            if p.nlink == 0 {
-                return Err(MetaError::NotFound);
-            }
-            if row.get::<_, bool>(ATTR_COLS.split(", ").count()) {
-                return Err(MetaError::Exists);
-            }
-            let now = now_nanos();
-            let mut perm = node.perm & 0o7777;
-            let mut gid = node.gid;
-            if p.perm & libc::S_ISGID != 0 {
-                gid = p.gid;
-                if node.kind == Kind::Dir {
-                    perm |= libc::S_ISGID;
-                }
-            }
-            let nlink: i64 = if node.kind == Kind::Dir { 2 } else { 1 };
-            let size = node.symlink.as_ref().map(|s| s.len()).unwrap_or(0) as i64;
-            let (ss, st) = match (&layout, node.kind) {
-                (Some(l), Kind::File) => (l.stripe_size as i64, l.encode_targets()),
-                _ => (0, String::new()),
-            };
-            let parent_links: i64 = if node.kind == Kind::Dir { 1 } else { 0 };
-            let opener: Option<i64> = open_by.map(|s| s as i64);
-            let row = c.one(
-                &insert,
-                &[
-                    &(node.kind as i64),
-                    &(perm as i64),
-                    &(node.uid as i64),
-                    &(gid as i64),
-                    &nlink,
-                    &size,
-                    &(node.rdev as i64),
-                    &now,
-                    &ss,
-                    &st,
-                    &(parent as i64),
-                    &node.symlink.as_deref(),
-                    &name,
-                    &parent_links,
-                    &opener,
-                ],
-            )?;
-            Ok(attr_from_row(&row))
-        })
-    }
-
-    fn link(&self, ino: Ino, new_parent: Ino, new_name: &[u8]) -> Result<Attr> {
-        check_name(new_name)?;
-        self.write(|c| {
-            let mut locked = lock_inodes(c, &[ino, new_parent])?;
-            let a = locked.remove(&ino).ok_or(MetaError::NotFound)?;
-            if a.kind == Kind::Dir {
-                return Err(MetaError::NotPermitted);
-            }
-            if a.nlink as i64 >= MAX_LINKS {
-                return Err(MetaError::TooManyLinks);
-            }
-            let p = locked.remove(&new_parent).ok_or(MetaError::NotFound)?;
-            is_dir(&p)?;
-            if p.nlink == 0 {
-                return Err(MetaError::NotFound);
-            }
-            if find_dentry(c, new_parent, new_name)?.is_some() {
-                return Err(MetaError::Exists);
-            }
-            let now = now_nanos();
-            c.exec(
-                "INSERT INTO dentries (parent, name, ino, kind) VALUES ($1,$2,$3,$4)",
-                &[
-                    &(new_parent as i64),
-                    &new_name,
-                    &(ino as i64),
-                    &(a.kind as i64),
-                ],
-            )?;
-            c.exec(
-                "UPDATE inodes SET nlink = nlink + 1, ctime = $2, orphan = 0 WHERE ino = $1",
-                &[&(ino as i64), &now],
-            )?;
-            touch_dir(c, new_parent, now, 0)?;
-            get_attr(c, ino)
-        })
-    }
-
-    fn unlink(&self, parent: Ino, name: &[u8]) -> Result<()> {
-        self.write(|c| {
-            let Some((id, ino, kind)) = find_dentry(c, parent, name)? else {
-                dir_attr(c, parent)?;
-                return Err(MetaError::NotFound);
-            };
-            let locked = lock_inodes(c, &[parent, ino])?;
-            is_dir(locked.get(&parent).ok_or(MetaError::NotFound)?)?;
-            if kind == Kind::Dir {
-                return Err(MetaError::IsDir);
-            }
-            let now = now_nanos();
-            let nlink = c
-                .opt(
-                    "WITH d AS (DELETE FROM dentries WHERE id = $3), \
-                          t AS (UPDATE inodes SET mtime = $2, ctime = $2 WHERE ino = $4) \
-                     UPDATE inodes SET nlink = nlink - 1, ctime = $2 WHERE ino = $1 RETURNING nlink",
-                    &[&(ino as i64), &now, &id, &(parent as i64)],
-                )?
-                .map(|r| r.get::<_, i64>(0));
-            if matches!(nlink, Some(n) if n <= 0) {
-                drop_inode(c, ino)?;
-            }
-            Ok(())
-        })
-    }
-
-    fn rmdir(&self, parent: Ino, name: &[u8]) -> Result<()> {
-        if name == b"." {
-            return Err(MetaError::Invalid("rmdir of '.'".into()));
-        }
-        if name == b".." {
-            return Err(MetaError::NotEmpty);
-        }
-        self.write(|c| {
-            let Some((id, ino, kind)) = find_dentry(c, parent, name)? else {
-                dir_attr(c, parent)?;
-                return Err(MetaError::NotFound);
-            };
-            let locked = lock_inodes(c, &[parent, ino])?;
-            is_dir(locked.get(&parent).ok_or(MetaError::NotFound)?)?;
-            if kind != Kind::Dir {
-                return Err(MetaError::NotDir);
-            }
-            if c.exists(
-                "SELECT EXISTS (SELECT 1 FROM dentries WHERE parent = $1)",
-                &[&(ino as i64)],
-            )? {
-                return Err(MetaError::NotEmpty);
-            }
-            let now = now_nanos();
-            c.exec("DELETE FROM dentries WHERE id = $1", &[&id])?;
-            c.exec("DELETE FROM xattrs WHERE ino = $1", &[&(ino as i64)])?;
-            c.exec("DELETE FROM inodes WHERE ino = $1", &[&(ino as i64)])?;
-            touch_dir(c, parent, now, -1)?;
-            Ok(())
-        })
-    }
-
-    fn rename(
-        &self,
-        parent: Ino,
-        name: &[u8],
-        new_parent: Ino,
-        new_name: &[u8],
-        flags: u32,
-    ) -> Result<()> {
-        check_name(new_name)?;
-        let exchange = flags & libc::RENAME_EXCHANGE != 0;
-        let noreplace = flags & libc::RENAME_NOREPLACE != 0;
-        if exchange && noreplace {
-            return Err(MetaError::Invalid(
-                "RENAME_EXCHANGE with RENAME_NOREPLACE".into(),
-            ));
-        }
-        if flags & !(libc::RENAME_EXCHANGE | libc::RENAME_NOREPLACE) != 0 {
-            return Err(MetaError::Invalid("unsupported rename flags".into()));
-        }
-        self.write(|c| {
-            // Look first (this fixes the snapshot), then lock: a change to either directory
-            // since the snapshot makes the locks fail and the transaction retry.
-            dir_attr(c, parent)?;
-            dir_attr(c, new_parent)?;
-            let (sid, sino, skind) = find_dentry(c, parent, name)?.ok_or(MetaError::NotFound)?;
-            let dst = find_dentry(c, new_parent, new_name)?;
-            if parent == new_parent && name == new_name {
-                return if noreplace {
-                    Err(MetaError::Exists)
-                } else {
-                    Ok(())
-                };
-            }
-            let moves_dir = parent != new_parent
-                && (skind == Kind::Dir
-                    || (exchange && matches!(dst, Some((_, _, Kind::Dir)))));
-            if moves_dir {
-                c.exec(
-                    "INSERT INTO counters (name, value) VALUES ('rename_lock', 1) \
-                     ON CONFLICT (name) DO UPDATE SET value = counters.value + 1",
-                    &[],
-                )?;
-            }
-            let mut set = vec![parent, new_parent, sino];
-            if let Some((_, dino, _)) = dst {
-                set.push(dino);
-            }
-            let locked = lock_inodes(c, &set)?;
-            if !locked.contains_key(&parent) || !locked.contains_key(&new_parent) {
-                return Err(MetaError::NotFound);
-            }
-            let now = now_nanos();
-            if skind == Kind::Dir && is_ancestor(c, sino, new_parent)? {
-                return Err(MetaError::Invalid(
-                    "cannot move a directory into itself".into(),
-                ));
-            }
-            if exchange {
-                let (did, dino, dkind) = dst.ok_or(MetaError::NotFound)?;
-                if dkind == Kind::Dir && is_ancestor(c, dino, parent)? {
-                    return Err(MetaError::Invalid(
-                        "cannot move a directory into itself".into(),
-                    ));
-                }
-                c.exec(
-                    "UPDATE dentries SET ino = $2, kind = $3 WHERE id = $1",
-                    &[&sid, &(dino as i64), &(dkind as i64)],
-                )?;
-                c.exec(
-                    "UPDATE dentries SET ino = $2, kind = $3 WHERE id = $1",
-                    &[&did, &(sino as i64), &(skind as i64)],
-                )?;
-                let mut dp = 0i64;
-                let mut dn = 0i64;
-                if skind == Kind::Dir {
-                    c.exec(
-                        "UPDATE inodes SET parent = $2 WHERE ino = $1",
-                        &[&(sino as i64), &(new_parent as i64)],
-                    )?;
-                    dp -= 1;
-                    dn += 1;
-                }
-                if dkind == Kind::Dir {
-                    c.exec(
-                        "UPDATE inodes SET parent = $2 WHERE ino = $1",
-                        &[&(dino as i64), &(parent as i64)],
-                    )?;
-                    dp += 1;
-                    dn -= 1;
-                }
-                for ino in [sino, dino] {
-                    c.exec(
-                        "UPDATE inodes SET ctime = $2 WHERE ino = $1",
-                        &[&(ino as i64), &now],
-                    )?;
-                }
-                if parent == new_parent {
-                    touch_dir(c, parent, now, 0)?;
-                } else {
-                    touch_dir(c, parent, now, dp)?;
-                    touch_dir(c, new_parent, now, dn)?;
-                }
-                return Ok(());
-            }
-            let mut new_parent_nlink = 0i64;
-            if let Some((did, dino, dkind)) = dst {
-                if noreplace {
-                    return Err(MetaError::Exists);
-                }
-                if dino == sino {
-                    // Two names of one file: POSIX says do nothing.
-                    return Ok(());
-                }
-                if dkind == Kind::Dir {
-                    if skind != Kind::Dir {
-                        return Err(MetaError::IsDir);
-                    }
-                    if c.exists(
-                        "SELECT EXISTS (SELECT 1 FROM dentries WHERE parent = $1)",
-                        &[&(dino as i64)],
-                    )? {
-                        return Err(MetaError::NotEmpty);
-                    }
-                    c.exec("DELETE FROM dentries WHERE id = $1", &[&did])?;
-                    c.exec("DELETE FROM xattrs WHERE ino = $1", &[&(dino as i64)])?;
-                    c.exec("DELETE FROM inodes WHERE ino = $1", &[&(dino as i64)])?;
-                    new_parent_nlink -= 1;
-                } else {
-                    if skind == Kind::Dir {
-                        return Err(MetaError::NotDir);
-                    }
-                    c.exec("DELETE FROM dentries WHERE id = $1", &[&did])?;
-                    let nlink = c.i64(
-                        "UPDATE inodes SET nlink = nlink - 1, ctime = $2 WHERE ino = $1 RETURNING nlink",
-                        &[&(dino as i64), &now],
-                    )?;
-                    if nlink <= 0 {
-                        retire_inode(c, dino)?;
-                    }
-                }
-            }
-            c.exec(
-                "UPDATE dentries SET parent = $2, name = $3 WHERE id = $1",
-                &[&sid, &(new_parent as i64), &new_name],
-            )?;
-            c.exec(
-                "UPDATE inodes SET ctime = $2 WHERE ino = $1",
-                &[&(sino as i64), &now],
-            )?;
-            if skind == Kind::Dir && parent != new_parent {
-                c.exec(
-                    "UPDATE inodes SET parent = $2 WHERE ino = $1",
-                    &[&(sino as i64), &(new_parent as i64)],
-                )?;
-                touch_dir(c, parent, now, -1)?;
-                new_parent_nlink += 1;
-            } else if parent != new_parent {
-                touch_dir(c, parent, now, 0)?;
-            }
-            touch_dir(c, new_parent, now, new_parent_nlink)?;
-            Ok(())
-        })
-    }
-
-    fn readdir(&self, ino: Ino, offset: u64, limit: usize) -> Result<Vec<DirEntry>> {
-        self.read(|c| {
-            dir_attr(c, ino)?;
-            Ok(c.query(
-                "SELECT id, name, ino, kind FROM dentries WHERE parent = $1 AND id > $2 \
-                 ORDER BY id LIMIT $3",
-                &[&(ino as i64), &(offset as i64), &(limit as i64)],
-            )?
-            .iter()
-            .map(|r| DirEntry {
-                offset: r.get::<_, i64>(0) as u64,
-                name: r.get(1),
-                ino: r.get::<_, i64>(2) as u64,
-                kind: Kind::from_i64(r.get(3)).unwrap_or(Kind::File),
-            })
-            .collect())
-        })
-    }
-
-    fn readlink(&self, ino: Ino) -> Result<Vec<u8>> {
-        self.read(|c| {
-            let r = c.one(
-                "SELECT kind, symlink FROM inodes WHERE ino = $1",
-                &[&(ino as i64)],
-            )?;
-            let (kind, target): (i64, Option<Vec<u8>>) = (r.get(0), r.get(1));
-            if kind != Kind::Symlink as i64 {
-                return Err(MetaError::Invalid("not a symlink".into()));
-            }
-            Ok(target.unwrap_or_default())
-        })
-    }
-
-    fn getxattr(&self, ino: Ino, name: &[u8]) -> Result<Vec<u8>> {
-        self.read(|c| {
-            match c.opt(
-                "SELECT value FROM xattrs WHERE ino = $1 AND name = $2",
-                &[&(ino as i64), &name],
-            )? {
-                Some(r) => Ok(r.get(0)),
-                None => Err(if get_attr(c, ino).is_err() {
-                    MetaError::NotFound
-                } else {
-                    MetaError::NoAttr
-                }),
-            }
-        })
-    }
-
-    fn setxattr(&self, ino: Ino, name: &[u8], value: &[u8], flags: i32) -> Result<()> {
-        if name.is_empty() || name.len() > 255 {
-            return Err(MetaError::Invalid("bad xattr name".into()));
-        }
-        self.write(|c| {
-            lock1(c, ino)?;
-            let exists = c.exists(
-                "SELECT EXISTS (SELECT 1 FROM xattrs WHERE ino = $1 AND name = $2)",
-                &[&(ino as i64), &name],
-            )?;
-            if flags & libc::XATTR_CREATE != 0 && exists {
-                return Err(MetaError::Exists);
-            }
-            if flags & libc::XATTR_REPLACE != 0 && !exists {
-                return Err(MetaError::NoAttr);
-            }
-            c.exec(
-                "INSERT INTO xattrs (ino, name, value) VALUES ($1, $2, $3) \
-                 ON CONFLICT (ino, name) DO UPDATE SET value = EXCLUDED.value",
-                &[&(ino as i64), &name, &value],
-            )?;
-            c.exec(
-                "UPDATE inodes SET ctime = $2 WHERE ino = $1",
-                &[&(ino as i64), &now_nanos()],
-            )?;
-            Ok(())
-        })
-    }
-
-    fn listxattr(&self, ino: Ino) -> Result<Vec<Vec<u8>>> {
-        self.read(|c| {
-            get_attr(c, ino)?;
-            Ok(c.query(
-                "SELECT name FROM xattrs WHERE ino = $1 ORDER BY name",
-                &[&(ino as i64)],
-            )?
-            .iter()
-            .map(|r| r.get(0))
-            .collect())
-        })
-    }
-
-    fn removexattr(&self, ino: Ino, name: &[u8]) -> Result<()> {
-        self.write(|c| {
-            lock1(c, ino)?;
-            let n = c.exec(
-                "DELETE FROM xattrs WHERE ino = $1 AND name = $2",
-                &[&(ino as i64), &name],
-            )?;
-            if n == 0 {
-                return Err(MetaError::NoAttr);
-            }
-            c.exec(
-                "UPDATE inodes SET ctime = $2 WHERE ino = $1",
-                &[&(ino as i64), &now_nanos()],
-            )?;
-            Ok(())
-        })
-    }
-
-    fn resolve_stripe_default(&self, dir: Ino) -> Result<StripeDefault> {
-        let info = self.info()?;
-        self.read(|c| {
-            let mut out = StripeDefault::default();
-            let mut ino = dir;
-            for _ in 0..100_000 {
-                let r = c.one(
-                    "SELECT def_stripe_count, def_stripe_size, parent FROM inodes WHERE ino = $1",
-                    &[&(ino as i64)],
-                )?;
-                let (cnt, size, parent): (i64, i64, i64) = (r.get(0), r.get(1), r.get(2));
-                if out.stripe_count == 0 && cnt > 0 {
-                    out.stripe_count = cnt as u32;
-                }
-                if out.stripe_size == 0 && size > 0 {
-                    out.stripe_size = size as u64;
-                }
-                if (out.stripe_count > 0 && out.stripe_size > 0) || ino == ROOT_INO {
-                    break;
-                }
-                ino = parent as u64;
-            }
-            if out.stripe_count == 0 {
-                out.stripe_count = info.default_stripe_count;
-            }
-            if out.stripe_size == 0 {
-                out.stripe_size = info.default_stripe_size;
-            }
-            Ok(out)
-        })
-    }
-
-    fn set_dir_stripe(&self, dir: Ino, def: StripeDefault) -> Result<()> {
-        self.write(|c| {
-            is_dir(&lock1(c, dir)?)?;
-            c.exec(
-                "UPDATE inodes SET def_stripe_count = $2, def_stripe_size = $3, ctime = $4 WHERE ino = $1",
-                &[
-                    &(dir as i64),
-                    &(def.stripe_count as i64),
-                    &(def.stripe_size as i64),
-                    &now_nanos(),
-                ],
-            )?;
-            Ok(())
-        })
-    }
-
-    fn set_file_layout(&self, ino: Ino, layout: &Layout) -> Result<()> {
-        self.write(|c| {
-            let a = lock1(c, ino)?;
-            if a.kind != Kind::File {
-                return Err(MetaError::Invalid("not a regular file".into()));
-            }
-            let has_data = c.exists(
-                "SELECT EXISTS (SELECT 1 FROM slices WHERE ino = $1)",
-                &[&(ino as i64)],
-            )?;
-            if has_data || a.size > 0 {
-                return Err(MetaError::NotEmpty);
-            }
-            c.exec(
-                "UPDATE inodes SET stripe_size = $2, stripe_targets = $3, ctime = $4 WHERE ino = $1",
-                &[
-                    &(ino as i64),
-                    &(layout.stripe_size as i64),
-                    &layout.encode_targets(),
-                    &now_nanos(),
-                ],
-            )?;
-            Ok(())
-        })
-    }
-
-    fn set_projid(&self, ino: Ino, projid: u32, inherit: bool) -> Result<u64> {
-        self.write(|c| {
-            let a = lock1(c, ino)?;
-            let now = now_nanos();
-            let inh: i64 = if inherit && a.kind == Kind::Dir { 1 } else { 0 };
-            c.exec(
-                "UPDATE inodes SET projid = $2, projinherit = $3, ctime = $4 WHERE ino = $1",
-                &[&(ino as i64), &(projid as i64), &inh, &now],
-            )?;
-            let mut count = 1u64;
-            if inherit && a.kind == Kind::Dir {
-                let mut queue = vec![ino];
-                while let Some(dir) = queue.pop() {
-                    let children: Vec<(i64, i64)> = c
-                        .query(
-                            "SELECT ino, kind FROM dentries WHERE parent = $1",
-                            &[&(dir as i64)],
-                        )?
-                        .iter()
-                        .map(|r| (r.get(0), r.get(1)))
-                        .collect();
-                    for (child, kind) in children {
-                        let is_d = kind == Kind::Dir as i64;
-                        c.exec(
-                            "UPDATE inodes SET projid = $2, projinherit = $3, ctime = $4 WHERE ino = $1",
-                            &[&child, &(projid as i64), &(if is_d { 1i64 } else { 0 }), &now],
-                        )?;
-                        count += 1;
-                        if is_d {
-                            queue.push(child as u64);
-                        }
-                    }
-                }
-            }
-            Ok(count)
-        })
-    }
-
-    fn get_projid(&self, ino: Ino) -> Result<(u32, bool)> {
-        self.read(|c| {
-            let r = c.one(
-                "SELECT projid, projinherit FROM inodes WHERE ino = $1",
-                &[&(ino as i64)],
-            )?;
-            Ok((r.get::<_, i64>(0) as u32, r.get::<_, i64>(1) != 0))
         })
     }
 
@@ -2090,17 +1344,6 @@ impl MetaEngine for PgEngine {
             add_allocated(c, ino, before, after)?;
             Ok(true)
         })
-    }
-
-    fn sync(&self) -> Result<()> {
-        // Commits are durable when they return (synchronous_commit = on, the default).
-        Ok(())
-    }
-
-    fn maintain(&self) -> Result<()> {
-        // Vacuuming is autovacuum's job.
-        self.purge_orphans(now_nanos() - crate::engine::ORPHAN_GRACE.as_nanos() as Nanos)?;
-        Ok(())
     }
 
     fn object_refs(&self) -> Result<Vec<ObjectRef>> {
@@ -2278,36 +1521,6 @@ impl MetaEngine for PgEngine {
         })
     }
 
-    fn path_of(&self, ino: Ino) -> Result<Option<Vec<u8>>> {
-        self.read(|c| {
-            let mut parts: Vec<Vec<u8>> = Vec::new();
-            let mut cur = ino;
-            while cur != ROOT_INO {
-                let Some(r) = c.opt(
-                    "SELECT parent, name FROM dentries WHERE ino = $1 ORDER BY id LIMIT 1",
-                    &[&(cur as i64)],
-                )?
-                else {
-                    return Ok(None);
-                };
-                parts.push(r.get(1));
-                cur = r.get::<_, i64>(0) as u64;
-                if parts.len() > 4096 {
-                    return Err(MetaError::Invalid(format!("inode {ino}: its path loops")));
-                }
-            }
-            let mut path = Vec::new();
-            for p in parts.iter().rev() {
-                path.push(b'/');
-                path.extend_from_slice(p);
-            }
-            if path.is_empty() {
-                path.push(b'/');
-            }
-            Ok(Some(path))
-        })
-    }
-
     fn register_session(&self, s: &SessionInfo) -> Result<u64> {
         self.write(|c| {
             let now = now_nanos();
@@ -2412,39 +1625,6 @@ impl MetaEngine for PgEngine {
             lock1(c, ino)?;
             record_open(c, session, ino)?;
             Ok(())
-        })
-    }
-
-    fn purge_orphans(&self, replaced_before: Nanos) -> Result<u64> {
-        let due: Vec<i64> = self.read(|c| {
-            Ok(c.query(
-                "SELECT ino FROM inodes WHERE orphan = 2 AND ctime < $1 ORDER BY ino LIMIT 1000",
-                &[&replaced_before],
-            )?
-            .iter()
-            .map(|r| r.get::<_, i64>(0))
-            .collect())
-        })?;
-        if due.is_empty() {
-            return Ok(0);
-        }
-        self.write(|c| {
-            let inos: Vec<Ino> = due.iter().map(|i| *i as Ino).collect();
-            lock_inodes(c, &inos)?;
-            let mut n = 0;
-            for ino in inos {
-                // Still a replaced file, and not open (the purge after its last close waits for
-                // a later pass).
-                if c.exists(
-                    "SELECT EXISTS (SELECT 1 FROM inodes WHERE ino = $1 AND orphan = 2) \
-                     AND NOT EXISTS (SELECT 1 FROM open_files WHERE ino = $1)",
-                    &[&(ino as i64)],
-                )? {
-                    purge_inode(c, ino)?;
-                    n += 1;
-                }
-            }
-            Ok(n)
         })
     }
 

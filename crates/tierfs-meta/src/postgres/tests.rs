@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::*;
+use crate::engine::{Admin, FileData, MetaEngine, Namespace, Pcc};
 
 /// How long the whole test may take once the server runs.
 const TEST_LIMIT: Duration = Duration::from_secs(420);
@@ -209,7 +210,7 @@ fn all_checks(server: &Server) {
     let t = Instant::now();
     crate::conformance::run_all(&|| {
         let db = server.fresh_db();
-        let e = PgEngine::format(&db.url, &params()).expect("format");
+        let e = PgMeta::format(&db.url, &params()).expect("format");
         (
             Box::new(db) as Box<dyn std::any::Any>,
             Box::new(e) as Box<dyn MetaEngine>,
@@ -217,29 +218,56 @@ fn all_checks(server: &Server) {
     });
     eprintln!("conformance suite on PostgreSQL: {:?}", t.elapsed());
     schema_and_format(server);
+    a_v5_filesystem_upgrades_and_keeps_every_file(server);
     dump_from_sqlite_loads_into_postgres_and_back(server);
     concurrent_creates_renames_and_commits(server);
     revoke_notifications(server);
     lost_connections_recover(server);
 }
 
+/// A v5 filesystem written by the engine before the shared core (a pg_dump of it) opens,
+/// upgrades and keeps every file; see `crate::core::upgrade_tests`.
+fn a_v5_filesystem_upgrades_and_keeps_every_file(server: &Server) {
+    let db = server.fresh_db();
+    crate::core::upgrade_tests::load_v5_pg(&db.url);
+    let e = PgMeta::open(&db.url).unwrap();
+    crate::core::upgrade_tests::verify(&e);
+    drop(e);
+    let mut admin = postgres::Client::connect(&db.url, postgres::NoTls).unwrap();
+    let v: i64 = admin
+        .query_one("SELECT version FROM schema_version", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(v, SCHEMA_VERSION);
+    // Opening again (already upgraded) works.
+    let e = PgMeta::open(&db.url).unwrap();
+    assert!(e.lookup(ROOT_INO, b"dir").is_ok());
+}
+
+/// Drops the tables of schema versions past 5 (part of turning a database back into v4 or v1).
+fn drop_tables_after_v5(admin: &mut postgres::Client) {
+    for t in crate::core::schema::tables_added_after(5) {
+        admin.batch_execute(&format!("DROP TABLE {t}")).unwrap();
+    }
+}
+
 fn schema_and_format(server: &Server) {
     let db = server.fresh_db();
     assert!(matches!(
-        PgEngine::open(&db.url),
+        PgMeta::open(&db.url),
         Err(MetaError::NotFormatted(_))
     ));
-    let e = PgEngine::format(&db.url, &params()).unwrap();
+    let e = PgMeta::format(&db.url, &params()).unwrap();
     assert_eq!(e.info().unwrap().schema_version, SCHEMA_VERSION);
     assert!(matches!(
-        PgEngine::format(&db.url, &params()),
+        PgMeta::format(&db.url, &params()),
         Err(MetaError::AlreadyFormatted(n)) if n == "conformance"
     ));
     e.create(ROOT_INO, b"x", &file(), None, None).unwrap();
     let mut p = params();
     p.force = true;
     drop(e);
-    let e = PgEngine::format(&db.url, &p).unwrap();
+    let e = PgMeta::format(&db.url, &p).unwrap();
     assert!(matches!(e.lookup(ROOT_INO, b"x"), Err(MetaError::NotFound)));
     assert_eq!(
         e.create(ROOT_INO, b"y", &file(), None, None).unwrap().ino,
@@ -247,7 +275,7 @@ fn schema_and_format(server: &Server) {
         "inode numbers start after the root"
     );
     // Two engines on one database see each other.
-    let other = PgEngine::open(&db.url).unwrap();
+    let other = PgMeta::open(&db.url).unwrap();
     assert_eq!(other.lookup(ROOT_INO, b"y").unwrap().ino, 2);
     // A version from the future is refused; an old one is migrated.
     let mut admin = postgres::Client::connect(&db.url, postgres::NoTls).unwrap();
@@ -255,7 +283,7 @@ fn schema_and_format(server: &Server) {
         .batch_execute("UPDATE schema_version SET version = 99")
         .unwrap();
     assert!(matches!(
-        PgEngine::open(&db.url),
+        PgMeta::open(&db.url),
         Err(MetaError::SchemaTooNew { found: 99, .. })
     ));
     // Version 4 -> 5: the allocated bytes of existing files are counted.
@@ -290,7 +318,8 @@ fn schema_and_format(server: &Server) {
             "ALTER TABLE inodes DROP COLUMN allocated; UPDATE schema_version SET version = 4",
         )
         .unwrap();
-    let e = PgEngine::open(&db.url).unwrap();
+    drop_tables_after_v5(&mut admin);
+    let e = PgMeta::open(&db.url).unwrap();
     assert_eq!(
         e.getattr(z.ino).unwrap().allocated,
         150,
@@ -304,7 +333,8 @@ fn schema_and_format(server: &Server) {
              UPDATE schema_version SET version = 1",
         )
         .unwrap();
-    let e = PgEngine::open(&db.url).unwrap();
+    drop_tables_after_v5(&mut admin);
+    let e = PgMeta::open(&db.url).unwrap();
     let v: i64 = admin
         .query_one("SELECT version FROM schema_version", &[])
         .unwrap()
@@ -313,10 +343,10 @@ fn schema_and_format(server: &Server) {
     assert!(e.pcc_rules().unwrap().is_empty());
     // Unknown databases and unreachable servers are clear errors.
     assert!(matches!(
-        PgEngine::open(&server.url_of("no_such_db")),
+        PgMeta::open(&server.url_of("no_such_db")),
         Err(MetaError::Db(m)) if m.contains("does not exist")
     ));
-    let dead = PgEngine::open("postgres://tierfs@127.0.0.1:1/x");
+    let dead = PgMeta::open("postgres://tierfs@127.0.0.1:1/x");
     match dead {
         Err(e @ MetaError::Unavailable(_)) => assert_eq!(e.errno(), libc::EIO),
         other => panic!("expected Unavailable, got {:?}", other.err()),
@@ -325,7 +355,7 @@ fn schema_and_format(server: &Server) {
 
 fn concurrent_creates_renames_and_commits(server: &Server) {
     let db = server.fresh_db();
-    let e = Arc::new(PgEngine::format(&db.url, &params()).unwrap());
+    let e = Arc::new(PgMeta::format(&db.url, &params()).unwrap());
     let a = e.create(ROOT_INO, b"a", &dir(), None, None).unwrap().ino;
     let b = e.create(ROOT_INO, b"b", &dir(), None, None).unwrap().ino;
     let f = e
@@ -413,7 +443,7 @@ fn concurrent_creates_renames_and_commits(server: &Server) {
 
 fn revoke_notifications(server: &Server) {
     let db = server.fresh_db();
-    let e = PgEngine::format(&db.url, &params()).unwrap();
+    let e = PgMeta::format(&db.url, &params()).unwrap();
     let f = e.create(ROOT_INO, b"f", &file(), None, None).unwrap().ino;
     let g = e.create(ROOT_INO, b"g", &file(), None, None).unwrap().ino;
     e.pcc_acquire(f, "a").unwrap();
@@ -456,7 +486,7 @@ fn revoke_notifications(server: &Server) {
 
 fn lost_connections_recover(server: &Server) {
     let db = server.fresh_db();
-    let e = PgEngine::format(&db.url, &params()).unwrap();
+    let e = PgMeta::format(&db.url, &params()).unwrap();
     e.create(ROOT_INO, b"f", &file(), None, None).unwrap();
     // Connections killed under the engine: the next calls reconnect without an error.
     let mut admin = server.admin();
@@ -523,9 +553,9 @@ fn lost_connections_recover(server: &Server) {
 /// The migration path: a filesystem made on SQLite, dumped, loaded into PostgreSQL, used there,
 /// dumped again and loaded back into SQLite.
 fn dump_from_sqlite_loads_into_postgres_and_back(server: &Server) {
-    use crate::sqlite::SqliteEngine;
+    use crate::sqlite::SqliteMeta;
     let tmp = tempfile::tempdir().expect("tempdir");
-    let lite = SqliteEngine::format(&tmp.path().join("m.db"), &params()).expect("format sqlite");
+    let lite = SqliteMeta::format(&tmp.path().join("m.db"), &params()).expect("format sqlite");
     let layout = Layout {
         stripe_size: 1 << 20,
         targets: vec![1],
@@ -568,7 +598,7 @@ fn dump_from_sqlite_loads_into_postgres_and_back(server: &Server) {
     .expect("export sqlite");
 
     let db = server.fresh_db();
-    let pg = PgEngine::format(&db.url, &params()).expect("format pg");
+    let pg = PgMeta::format(&db.url, &params()).expect("format pg");
     let n = pg
         .import_rows(&mut rows.clone().into_iter().map(Ok))
         .expect("import into pg");
@@ -604,7 +634,7 @@ fn dump_from_sqlite_loads_into_postgres_and_back(server: &Server) {
     })
     .expect("export pg");
     let dir2 = tempfile::tempdir().expect("tempdir");
-    let lite2 = SqliteEngine::format(&dir2.path().join("m.db"), &params()).expect("format sqlite");
+    let lite2 = SqliteMeta::format(&dir2.path().join("m.db"), &params()).expect("format sqlite");
     lite2
         .import_rows(&mut back.into_iter().map(Ok))
         .expect("import into sqlite");

@@ -7,24 +7,25 @@
 //! past the busy timeout. Reads use a small pool of reader connections, which WAL lets run
 //! beside the writer.
 
-mod schema;
-
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
+use rusqlite::{params, Connection, OptionalExtension};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::engine::{MetaEngine, ORPHAN_GRACE};
+use crate::core::schema;
+pub use crate::core::schema::SCHEMA_VERSION;
+use crate::core::SqlMeta;
+use crate::engine::LegacyEngine;
 use crate::error::{MetaError, Result};
 use crate::locks;
+use crate::sql::sqlite::SqliteTx;
+use crate::sql::{Dialect, DialectKind, Driver, Tx};
 use crate::types::*;
-pub use schema::SCHEMA_VERSION;
 
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 const MAX_RETRIES: u32 = 8;
-const MAX_LINKS: i64 = 65000;
 
 impl From<rusqlite::Error> for MetaError {
     fn from(e: rusqlite::Error) -> Self {
@@ -53,6 +54,7 @@ pub struct SqliteEngine {
     /// Past this many bytes of write-ahead log, [`MetaEngine::maintain`] checkpoints it whole and
     /// truncates it ([`WAL_LIMIT`]).
     wal_limit: u64,
+    dialect: Dialect,
 }
 
 /// The write-ahead log's size past which `maintain` runs a `TRUNCATE` checkpoint instead of a
@@ -178,39 +180,6 @@ fn get_attr(c: &Connection, ino: Ino) -> Result<Attr> {
         .query_row([ino as i64], row_to_attr)
         .optional()?
         .ok_or(MetaError::NotFound)
-}
-
-fn check_name(name: &[u8]) -> Result<()> {
-    if name.len() > NAME_MAX {
-        return Err(MetaError::NameTooLong);
-    }
-    if name.is_empty() || name.contains(&b'/') || name.contains(&0) {
-        return Err(MetaError::Invalid("bad file name".into()));
-    }
-    Ok(())
-}
-
-fn dir_attr(c: &Connection, ino: Ino) -> Result<Attr> {
-    let a = get_attr(c, ino)?;
-    if a.kind != Kind::Dir {
-        return Err(MetaError::NotDir);
-    }
-    Ok(a)
-}
-
-/// (dentry id, ino, kind) of a name.
-fn find_dentry(c: &Connection, parent: Ino, name: &[u8]) -> Result<Option<(i64, Ino, Kind)>> {
-    Ok(
-        c.prepare_cached("SELECT id, ino, kind FROM dentries WHERE parent = ?1 AND name = ?2")?
-            .query_row(params![parent as i64, name], |r| {
-                Ok((
-                    r.get::<_, i64>(0)?,
-                    r.get::<_, i64>(1)? as u64,
-                    Kind::from_i64(r.get(2)?).unwrap_or(Kind::File),
-                ))
-            })
-            .optional()?,
-    )
 }
 
 fn touch_dir(c: &Connection, dir: Ino, now: Nanos, nlink_delta: i64) -> Result<()> {
@@ -357,36 +326,6 @@ fn is_open(c: &Connection, ino: Ino) -> Result<bool> {
     )
 }
 
-fn set_orphan(c: &Connection, ino: Ino, orphan: i64) -> Result<()> {
-    c.prepare_cached("UPDATE inodes SET orphan = ?2 WHERE ino = ?1")?
-        .execute(params![ino as i64, orphan])?;
-    Ok(())
-}
-
-/// Deletes an inode whose last name is gone, or marks it orphan while a client has it open.
-fn drop_inode(c: &Connection, ino: Ino) -> Result<()> {
-    if is_open(c, ino)? {
-        return set_orphan(c, ino, 1);
-    }
-    purge_inode(c, ino)
-}
-
-/// Retires a file whose last name a rename replaced: kept openable for [`ORPHAN_GRACE`]
-/// (`orphan = 2`), whether or not a client has it open now, and purged by
-/// [`MetaEngine::purge_orphans`] once the grace is over and nobody has it open. (Marking it an
-/// open orphan when open, purged at the last close, took the grace away from exactly the files
-/// of the "write a temporary file, rename it over the live name" loop: the writer's close of
-/// the previous version is still in its batch when the next rename replaces it.)
-fn retire_inode(c: &Connection, ino: Ino) -> Result<()> {
-    set_orphan(c, ino, 2)?;
-    // Leases and recall requests go now, as on unlink.
-    c.prepare_cached("DELETE FROM pcc_leases WHERE ino = ?1")?
-        .execute([ino as i64])?;
-    c.prepare_cached("DELETE FROM pcc_revokes WHERE ino = ?1")?
-        .execute([ino as i64])?;
-    Ok(())
-}
-
 fn purge_inode(c: &Connection, ino: Ino) -> Result<()> {
     trash_slices(c, ino, "1 = 1", &[])?;
     c.prepare_cached("DELETE FROM xattrs WHERE ino = ?1")?
@@ -426,66 +365,6 @@ fn zero_range(c: &Connection, ino: Ino, stripe_size: u64, off: u64, len: u64) ->
         pos += n;
     }
     Ok(())
-}
-
-/// Changes a file's size: shrinking frees whole chunks beyond the end and zeroes the tail of the
-/// last one, so that growing again later reads zeros.
-fn truncate(c: &Connection, a: &Attr, new_size: u64) -> Result<()> {
-    if new_size < a.size {
-        if let Some(l) = &a.layout {
-            let cs = l.stripe_size;
-            let first_gone = new_size.div_ceil(cs);
-            let gone: Vec<u64> = {
-                let mut st = c.prepare_cached(
-                    "SELECT DISTINCT chunk FROM slices WHERE ino = ?1 AND chunk >= ?2",
-                )?;
-                let rows = st.query_map(params![a.ino as i64, first_gone as i64], |r| {
-                    Ok(r.get::<_, i64>(0)? as u64)
-                })?;
-                rows.collect::<rusqlite::Result<Vec<_>>>()?
-            };
-            let freed = chunks_allocated(c, a.ino, &gone)?;
-            trash_slices(c, a.ino, "chunk >= ?2", &[first_gone as i64])?;
-            add_allocated(c, a.ino, freed, 0)?;
-            if !new_size.is_multiple_of(cs) {
-                let chunk = new_size / cs;
-                let off = new_size % cs;
-                let beyond: bool = c
-                    .prepare_cached(
-                        "SELECT EXISTS (SELECT 1 FROM slices WHERE ino = ?1 AND chunk = ?2 \
-                         AND off + len > ?3)",
-                    )?
-                    .query_row(params![a.ino as i64, chunk as i64, off as i64], |r| {
-                        r.get(0)
-                    })?;
-                if beyond {
-                    zero_range(c, a.ino, cs, new_size, cs - off)?;
-                }
-            }
-        }
-    }
-    Ok(())
-}
-
-fn is_ancestor(c: &Connection, maybe_ancestor: Ino, mut ino: Ino) -> Result<bool> {
-    let mut hops = 0;
-    while ino != ROOT_INO && hops < 100_000 {
-        if ino == maybe_ancestor {
-            return Ok(true);
-        }
-        ino = c
-            .prepare_cached("SELECT parent FROM inodes WHERE ino = ?1")?
-            .query_row([ino as i64], |r| r.get::<_, i64>(0))? as u64;
-        hops += 1;
-    }
-    Ok(ino == maybe_ancestor)
-}
-
-fn resolve_time(t: TimeSet, now: Nanos) -> Nanos {
-    match t {
-        TimeSet::Now => now,
-        TimeSet::At(n) => n,
-    }
 }
 
 fn lock_typ_to_i64(t: LockType) -> i64 {
@@ -554,6 +433,7 @@ impl SqliteEngine {
             readers: Mutex::new(Vec::new()),
             unsynced: AtomicBool::new(true),
             wal_limit: WAL_LIMIT,
+            dialect: Dialect::new(DialectKind::Sqlite),
         })
     }
 
@@ -582,23 +462,8 @@ impl SqliteEngine {
                 supported: SCHEMA_VERSION,
             });
         }
-        e.migrate(version)?;
+        schema::migrate(&e)?;
         Ok(e)
-    }
-
-    fn migrate(&self, from: i64) -> Result<()> {
-        let mut c = self.writer.lock();
-        for v in from..SCHEMA_VERSION {
-            let tx = c.transaction_with_behavior(TransactionBehavior::Exclusive)?;
-            tx.execute_batch(schema::MIGRATIONS[v as usize])?;
-            if v + 1 == 5 {
-                // v5 added each file's allocated bytes: count them for the existing files.
-                recount_all(&tx)?;
-            }
-            tx.pragma_update(None, "user_version", v + 1)?;
-            tx.commit()?;
-        }
-        Ok(())
     }
 
     /// Creates a new filesystem: schema, settings, targets and the root directory.
@@ -633,7 +498,7 @@ impl SqliteEngine {
             }
         }
         let e = Self::new(path)?;
-        e.migrate(0)?;
+        schema::migrate(&e)?;
         let now = now_nanos();
         let uuid = uuid::Uuid::new_v4().to_string();
         e.write(|tx| {
@@ -670,7 +535,16 @@ impl SqliteEngine {
     }
 
     /// Runs `f` in a write transaction, retrying with backoff while the database is busy.
-    fn write<T>(&self, f: impl Fn(&Connection) -> Result<T>) -> Result<T> {
+    fn write<T>(&self, mut f: impl FnMut(&Connection) -> Result<T>) -> Result<T> {
+        self.write_commit_conn(|c| f(c).map(Ok))?
+    }
+
+    /// Like `write`, but an inner `Err` is committed (work done before a reported failure is
+    /// kept); an outer one rolls back.
+    fn write_commit_conn<T>(
+        &self,
+        mut f: impl FnMut(&Connection) -> Result<Result<T>>,
+    ) -> Result<Result<T>> {
         let c = self.writer.lock();
         self.unsynced.store(true, Ordering::Relaxed);
         let mut attempt = 0u32;
@@ -705,8 +579,62 @@ impl SqliteEngine {
         }
     }
 
+    /// Makes every committed transaction durable (fsync of the write-ahead log).
+    fn sync_wal(&self) -> Result<()> {
+        // Commits run with synchronous=NORMAL: they survive a crash of the process but may be
+        // lost with power. Syncing the write-ahead log makes every committed transaction durable,
+        // exactly what synchronous=FULL would do at each commit.
+        // Writers wait meanwhile, so nothing commits between the check and the fsync.
+        let _w = self.writer.lock();
+        if !self.unsynced.swap(false, Ordering::Relaxed) {
+            return Ok(());
+        }
+        let mut wal = self.path.as_os_str().to_owned();
+        wal.push("-wal");
+        let r = match std::fs::File::open(PathBuf::from(&wal)) {
+            Ok(f) => f
+                .sync_all()
+                .map_err(|e| MetaError::Db(format!("fsync of the WAL: {e}"))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(MetaError::Db(format!("open of the WAL: {e}"))),
+        };
+        if r.is_err() {
+            self.unsynced.store(true, Ordering::Relaxed);
+        }
+        r
+    }
+
+    /// Checkpoints the write-ahead log (truncating it past its limit).
+    fn checkpoint(&self) -> Result<()> {
+        // Copy the write-ahead log back into the database without blocking writers or waiting
+        // for readers; the log is reset once every reader has moved past it.
+        self.read(|c| {
+            c.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))?;
+            Ok(())
+        })?;
+        let mut wal = self.path.clone().into_os_string();
+        wal.push("-wal");
+        let wal_len = std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0);
+        if wal_len > self.wal_limit {
+            // On the writer connection, so this process's writers wait behind it rather than
+            // retry; other clients' writers wait through their busy timeout.
+            let c = self.writer.lock();
+            let (busy, log, done): (i64, i64, i64) =
+                c.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+                })?;
+            if busy != 0 {
+                tracing::debug!(
+                    "write-ahead log of {wal_len} bytes: truncating checkpoint blocked \
+                     ({done} of {log} frames copied); trying again next time"
+                );
+            }
+        }
+        Ok(())
+    }
+
     /// Runs `f` on a pooled reader connection (WAL lets readers run beside the writer).
-    fn read<T>(&self, f: impl Fn(&Connection) -> Result<T>) -> Result<T> {
+    fn read<T>(&self, mut f: impl FnMut(&Connection) -> Result<T>) -> Result<T> {
         let conn = self.readers.lock().pop();
         let conn = match conn {
             Some(c) => c,
@@ -734,7 +662,52 @@ impl SqliteEngine {
     }
 }
 
-impl MetaEngine for SqliteEngine {
+/// The SQLite engine: the shared core over the SQLite driver.
+pub type SqliteMeta = SqlMeta<SqliteEngine>;
+
+impl SqlMeta<SqliteEngine> {
+    /// Opens a formatted filesystem, migrating its schema if it is older than this build.
+    pub fn open(path: &Path) -> Result<SqliteMeta> {
+        Ok(SqlMeta::new(SqliteEngine::open(path)?))
+    }
+
+    /// Creates a new filesystem: schema, settings, targets and the root directory.
+    pub fn format(path: &Path, p: &FormatParams) -> Result<SqliteMeta> {
+        Ok(SqlMeta::new(SqliteEngine::format(path, p)?))
+    }
+}
+
+impl Driver for SqliteEngine {
+    fn dialect(&self) -> &Dialect {
+        &self.dialect
+    }
+
+    fn write_commit<T>(
+        &self,
+        mut f: impl FnMut(&mut dyn Tx) -> Result<Result<T>>,
+    ) -> Result<Result<T>> {
+        self.write_commit_conn(|c| f(&mut SqliteTx::new(c, &self.dialect)))
+    }
+
+    fn read<T>(&self, mut f: impl FnMut(&mut dyn Tx) -> Result<T>) -> Result<T> {
+        SqliteEngine::read(self, |c| f(&mut SqliteTx::new(c, &self.dialect)))
+    }
+
+    fn exclusive<T>(&self, mut f: impl FnMut(&mut dyn Tx) -> Result<T>) -> Result<T> {
+        // One writer at a time, across processes: BEGIN IMMEDIATE is already exclusive.
+        self.write(|c| f(&mut SqliteTx::new(c, &self.dialect)))
+    }
+
+    fn sync(&self) -> Result<()> {
+        self.sync_wal()
+    }
+
+    fn maintain(&self) -> Result<()> {
+        self.checkpoint()
+    }
+}
+
+impl LegacyEngine for SqliteEngine {
     fn info(&self) -> Result<FsInfo> {
         self.read(|c| {
             let mut st = c.prepare_cached("SELECT key, value FROM meta_info")?;
@@ -799,615 +772,6 @@ impl MetaEngine for SqliteEngine {
                 inodes: inodes as u64,
                 bytes: (bytes + inline).max(0) as u64,
             })
-        })
-    }
-
-    fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Attr> {
-        if name.len() > NAME_MAX {
-            return Err(MetaError::NameTooLong);
-        }
-        self.read(|c| {
-            let sql = format!(
-                "SELECT {} FROM dentries d JOIN inodes i ON i.ino = d.ino \
-                 WHERE d.parent = ?1 AND d.name = ?2",
-                ATTR_COLS
-                    .split(", ")
-                    .map(|x| format!("i.{x}"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            );
-            match c
-                .prepare_cached(&sql)?
-                .query_row(params![parent as i64, name], row_to_attr)
-                .optional()?
-            {
-                Some(a) => Ok(a),
-                None => {
-                    dir_attr(c, parent)?;
-                    Err(MetaError::NotFound)
-                }
-            }
-        })
-    }
-
-    fn getattr(&self, ino: Ino) -> Result<Attr> {
-        self.read(|c| get_attr(c, ino))
-    }
-
-    fn setattr(&self, ino: Ino, set: &SetAttr) -> Result<Attr> {
-        self.write(|tx| {
-            let mut a = get_attr(tx, ino)?;
-            let now = now_nanos();
-            let mut changed = false;
-            if let Some(size) = set.size {
-                if a.kind == Kind::Dir {
-                    return Err(MetaError::IsDir);
-                }
-                if a.kind != Kind::File {
-                    return Err(MetaError::Invalid("truncate of a special file".into()));
-                }
-                truncate(tx, &a, size)?;
-                a.size = size;
-                a.data_version += 1;
-                a.mtime = now;
-                changed = true;
-            }
-            if let Some(p) = set.perm {
-                a.perm = p & 0o7777;
-                changed = true;
-            }
-            if let Some(u) = set.uid {
-                a.uid = u;
-                changed = true;
-            }
-            if let Some(g) = set.gid {
-                a.gid = g;
-                changed = true;
-            }
-            if let Some(t) = set.atime {
-                a.atime = resolve_time(t, now);
-                changed = true;
-            }
-            if let Some(t) = set.mtime {
-                a.mtime = resolve_time(t, now);
-                changed = true;
-            }
-            if changed {
-                a.ctime = set.ctime.unwrap_or(now);
-            } else if let Some(ct) = set.ctime {
-                a.ctime = ct;
-            }
-            tx.prepare_cached(
-                "UPDATE inodes SET perm=?2, uid=?3, gid=?4, size=?5, atime=?6, mtime=?7, ctime=?8, \
-                 data_version=?9 WHERE ino=?1",
-            )?
-            .execute(params![
-                ino as i64,
-                a.perm as i64,
-                a.uid as i64,
-                a.gid as i64,
-                a.size as i64,
-                a.atime,
-                a.mtime,
-                a.ctime,
-                a.data_version as i64
-            ])?;
-            Ok(a)
-        })
-    }
-
-    fn create(
-        &self,
-        parent: Ino,
-        name: &[u8],
-        node: &NewNode,
-        layout: Option<Layout>,
-        open_by: Option<u64>,
-    ) -> Result<Attr> {
-        check_name(name)?;
-        self.write(|tx| {
-            let p = dir_attr(tx, parent)?;
-            if p.nlink == 0 {
-                return Err(MetaError::NotFound);
-            }
-            if find_dentry(tx, parent, name)?.is_some() {
-                return Err(MetaError::Exists);
-            }
-            let now = now_nanos();
-            let mut perm = node.perm & 0o7777;
-            let mut gid = node.gid;
-            if p.perm & libc::S_ISGID != 0 {
-                gid = p.gid;
-                if node.kind == Kind::Dir {
-                    perm |= libc::S_ISGID;
-                }
-            }
-            let (projid, projinherit): (i64, i64) = tx
-                .prepare_cached("SELECT projid, projinherit FROM inodes WHERE ino = ?1")?
-                .query_row([parent as i64], |r| Ok((r.get(0)?, r.get(1)?)))?;
-            let (child_proj, child_inherit) = if projinherit != 0 {
-                (projid, if node.kind == Kind::Dir { 1 } else { 0 })
-            } else {
-                (0, 0)
-            };
-            let nlink = if node.kind == Kind::Dir { 2 } else { 1 };
-            let size = node.symlink.as_ref().map(|s| s.len()).unwrap_or(0) as i64;
-            let (ss, st) = match (&layout, node.kind) {
-                (Some(l), Kind::File) => (l.stripe_size as i64, l.encode_targets()),
-                _ => (0, String::new()),
-            };
-            tx.prepare_cached(
-                "INSERT INTO inodes (kind, perm, uid, gid, nlink, size, rdev, atime, mtime, ctime, \
-                 crtime, projid, projinherit, stripe_size, stripe_targets, parent, symlink) \
-                 VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?8,?8,?8,?9,?10,?11,?12,?13,?14)",
-            )?
-            .execute(params![
-                node.kind as i64,
-                perm as i64,
-                node.uid as i64,
-                gid as i64,
-                nlink,
-                size,
-                node.rdev as i64,
-                now,
-                child_proj,
-                child_inherit,
-                ss,
-                st,
-                parent as i64,
-                node.symlink.as_deref()
-            ])?;
-            let ino = tx.last_insert_rowid() as u64;
-            tx.prepare_cached(
-                "INSERT INTO dentries (parent, name, ino, kind) VALUES (?1,?2,?3,?4)",
-            )?
-            .execute(params![parent as i64, name, ino as i64, node.kind as i64])?;
-            touch_dir(tx, parent, now, if node.kind == Kind::Dir { 1 } else { 0 })?;
-            if let Some(session) = open_by {
-                record_open(tx, session, ino)?;
-            }
-            get_attr(tx, ino)
-        })
-    }
-
-    fn link(&self, ino: Ino, new_parent: Ino, new_name: &[u8]) -> Result<Attr> {
-        check_name(new_name)?;
-        self.write(|tx| {
-            let a = get_attr(tx, ino)?;
-            if a.kind == Kind::Dir {
-                return Err(MetaError::NotPermitted);
-            }
-            if a.nlink as i64 >= MAX_LINKS {
-                return Err(MetaError::TooManyLinks);
-            }
-            let p = dir_attr(tx, new_parent)?;
-            if p.nlink == 0 {
-                return Err(MetaError::NotFound);
-            }
-            if find_dentry(tx, new_parent, new_name)?.is_some() {
-                return Err(MetaError::Exists);
-            }
-            let now = now_nanos();
-            tx.prepare_cached(
-                "INSERT INTO dentries (parent, name, ino, kind) VALUES (?1,?2,?3,?4)",
-            )?
-            .execute(params![
-                new_parent as i64,
-                new_name,
-                ino as i64,
-                a.kind as i64
-            ])?;
-            tx.prepare_cached(
-                "UPDATE inodes SET nlink = nlink + 1, ctime = ?2, orphan = 0 WHERE ino = ?1",
-            )?
-            .execute(params![ino as i64, now])?;
-            touch_dir(tx, new_parent, now, 0)?;
-            get_attr(tx, ino)
-        })
-    }
-
-    fn unlink(&self, parent: Ino, name: &[u8]) -> Result<()> {
-        self.write(|tx| {
-            dir_attr(tx, parent)?;
-            let (id, ino, kind) = find_dentry(tx, parent, name)?.ok_or(MetaError::NotFound)?;
-            if kind == Kind::Dir {
-                return Err(MetaError::IsDir);
-            }
-            let now = now_nanos();
-            tx.prepare_cached("DELETE FROM dentries WHERE id = ?1")?
-                .execute([id])?;
-            tx.prepare_cached("UPDATE inodes SET nlink = nlink - 1, ctime = ?2 WHERE ino = ?1")?
-                .execute(params![ino as i64, now])?;
-            touch_dir(tx, parent, now, 0)?;
-            let nlink: i64 = tx
-                .prepare_cached("SELECT nlink FROM inodes WHERE ino = ?1")?
-                .query_row([ino as i64], |r| r.get(0))?;
-            if nlink <= 0 {
-                drop_inode(tx, ino)?;
-            }
-            Ok(())
-        })
-    }
-
-    fn rmdir(&self, parent: Ino, name: &[u8]) -> Result<()> {
-        if name == b"." {
-            return Err(MetaError::Invalid("rmdir of '.'".into()));
-        }
-        if name == b".." {
-            return Err(MetaError::NotEmpty);
-        }
-        self.write(|tx| {
-            dir_attr(tx, parent)?;
-            let (id, ino, kind) = find_dentry(tx, parent, name)?.ok_or(MetaError::NotFound)?;
-            if kind != Kind::Dir {
-                return Err(MetaError::NotDir);
-            }
-            let nonempty: bool = tx
-                .prepare_cached("SELECT EXISTS (SELECT 1 FROM dentries WHERE parent = ?1)")?
-                .query_row([ino as i64], |r| r.get(0))?;
-            if nonempty {
-                return Err(MetaError::NotEmpty);
-            }
-            let now = now_nanos();
-            tx.prepare_cached("DELETE FROM dentries WHERE id = ?1")?
-                .execute([id])?;
-            tx.prepare_cached("DELETE FROM xattrs WHERE ino = ?1")?
-                .execute([ino as i64])?;
-            tx.prepare_cached("DELETE FROM inodes WHERE ino = ?1")?
-                .execute([ino as i64])?;
-            touch_dir(tx, parent, now, -1)?;
-            Ok(())
-        })
-    }
-
-    fn rename(
-        &self,
-        parent: Ino,
-        name: &[u8],
-        new_parent: Ino,
-        new_name: &[u8],
-        flags: u32,
-    ) -> Result<()> {
-        check_name(new_name)?;
-        let exchange = flags & libc::RENAME_EXCHANGE != 0;
-        let noreplace = flags & libc::RENAME_NOREPLACE != 0;
-        if exchange && noreplace {
-            return Err(MetaError::Invalid(
-                "RENAME_EXCHANGE with RENAME_NOREPLACE".into(),
-            ));
-        }
-        if flags & !(libc::RENAME_EXCHANGE | libc::RENAME_NOREPLACE) != 0 {
-            return Err(MetaError::Invalid("unsupported rename flags".into()));
-        }
-        self.write(|tx| {
-            dir_attr(tx, parent)?;
-            dir_attr(tx, new_parent)?;
-            let (sid, sino, skind) = find_dentry(tx, parent, name)?.ok_or(MetaError::NotFound)?;
-            let dst = find_dentry(tx, new_parent, new_name)?;
-            let now = now_nanos();
-            if parent == new_parent && name == new_name {
-                return if noreplace {
-                    Err(MetaError::Exists)
-                } else {
-                    Ok(())
-                };
-            }
-            if skind == Kind::Dir && is_ancestor(tx, sino, new_parent)? {
-                return Err(MetaError::Invalid(
-                    "cannot move a directory into itself".into(),
-                ));
-            }
-            if exchange {
-                let (did, dino, dkind) = dst.ok_or(MetaError::NotFound)?;
-                if dkind == Kind::Dir && is_ancestor(tx, dino, parent)? {
-                    return Err(MetaError::Invalid(
-                        "cannot move a directory into itself".into(),
-                    ));
-                }
-                tx.prepare_cached("UPDATE dentries SET ino = ?2, kind = ?3 WHERE id = ?1")?
-                    .execute(params![sid, dino as i64, dkind as i64])?;
-                tx.prepare_cached("UPDATE dentries SET ino = ?2, kind = ?3 WHERE id = ?1")?
-                    .execute(params![did, sino as i64, skind as i64])?;
-                let mut dp = 0i64;
-                let mut dn = 0i64;
-                if skind == Kind::Dir {
-                    tx.execute(
-                        "UPDATE inodes SET parent = ?2 WHERE ino = ?1",
-                        params![sino as i64, new_parent as i64],
-                    )?;
-                    dp -= 1;
-                    dn += 1;
-                }
-                if dkind == Kind::Dir {
-                    tx.execute(
-                        "UPDATE inodes SET parent = ?2 WHERE ino = ?1",
-                        params![dino as i64, parent as i64],
-                    )?;
-                    dp += 1;
-                    dn -= 1;
-                }
-                for ino in [sino, dino] {
-                    tx.execute(
-                        "UPDATE inodes SET ctime = ?2 WHERE ino = ?1",
-                        params![ino as i64, now],
-                    )?;
-                }
-                if parent == new_parent {
-                    touch_dir(tx, parent, now, 0)?;
-                } else {
-                    touch_dir(tx, parent, now, dp)?;
-                    touch_dir(tx, new_parent, now, dn)?;
-                }
-                return Ok(());
-            }
-            let mut new_parent_nlink = 0i64;
-            if let Some((did, dino, dkind)) = dst {
-                if noreplace {
-                    return Err(MetaError::Exists);
-                }
-                if dino == sino {
-                    // Two names of one file: POSIX says do nothing.
-                    return Ok(());
-                }
-                if dkind == Kind::Dir {
-                    if skind != Kind::Dir {
-                        return Err(MetaError::IsDir);
-                    }
-                    let nonempty: bool = tx
-                        .prepare_cached("SELECT EXISTS (SELECT 1 FROM dentries WHERE parent = ?1)")?
-                        .query_row([dino as i64], |r| r.get(0))?;
-                    if nonempty {
-                        return Err(MetaError::NotEmpty);
-                    }
-                    tx.execute("DELETE FROM dentries WHERE id = ?1", [did])?;
-                    tx.execute("DELETE FROM xattrs WHERE ino = ?1", [dino as i64])?;
-                    tx.execute("DELETE FROM inodes WHERE ino = ?1", [dino as i64])?;
-                    new_parent_nlink -= 1;
-                } else {
-                    if skind == Kind::Dir {
-                        return Err(MetaError::NotDir);
-                    }
-                    tx.execute("DELETE FROM dentries WHERE id = ?1", [did])?;
-                    tx.execute(
-                        "UPDATE inodes SET nlink = nlink - 1, ctime = ?2 WHERE ino = ?1",
-                        params![dino as i64, now],
-                    )?;
-                    let nlink: i64 = tx.query_row(
-                        "SELECT nlink FROM inodes WHERE ino = ?1",
-                        [dino as i64],
-                        |r| r.get(0),
-                    )?;
-                    if nlink <= 0 {
-                        retire_inode(tx, dino)?;
-                    }
-                }
-            }
-            tx.prepare_cached("UPDATE dentries SET parent = ?2, name = ?3 WHERE id = ?1")?
-                .execute(params![sid, new_parent as i64, new_name])?;
-            tx.execute(
-                "UPDATE inodes SET ctime = ?2 WHERE ino = ?1",
-                params![sino as i64, now],
-            )?;
-            if skind == Kind::Dir && parent != new_parent {
-                tx.execute(
-                    "UPDATE inodes SET parent = ?2 WHERE ino = ?1",
-                    params![sino as i64, new_parent as i64],
-                )?;
-                touch_dir(tx, parent, now, -1)?;
-                new_parent_nlink += 1;
-            } else if parent != new_parent {
-                touch_dir(tx, parent, now, 0)?;
-            }
-            touch_dir(tx, new_parent, now, new_parent_nlink)?;
-            Ok(())
-        })
-    }
-
-    fn readdir(&self, ino: Ino, offset: u64, limit: usize) -> Result<Vec<DirEntry>> {
-        self.read(|c| {
-            dir_attr(c, ino)?;
-            let mut st = c.prepare_cached(
-                "SELECT id, name, ino, kind FROM dentries WHERE parent = ?1 AND id > ?2 ORDER BY id LIMIT ?3",
-            )?;
-            let rows = st.query_map(params![ino as i64, offset as i64, limit as i64], |r| {
-                Ok(DirEntry {
-                    offset: r.get::<_, i64>(0)? as u64,
-                    name: r.get(1)?,
-                    ino: r.get::<_, i64>(2)? as u64,
-                    kind: Kind::from_i64(r.get(3)?).unwrap_or(Kind::File),
-                })
-            })?;
-            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
-        })
-    }
-
-    fn readlink(&self, ino: Ino) -> Result<Vec<u8>> {
-        self.read(|c| {
-            let (kind, target): (i64, Option<Vec<u8>>) = c
-                .prepare_cached("SELECT kind, symlink FROM inodes WHERE ino = ?1")?
-                .query_row([ino as i64], |r| Ok((r.get(0)?, r.get(1)?)))?;
-            if kind != Kind::Symlink as i64 {
-                return Err(MetaError::Invalid("not a symlink".into()));
-            }
-            Ok(target.unwrap_or_default())
-        })
-    }
-
-    fn getxattr(&self, ino: Ino, name: &[u8]) -> Result<Vec<u8>> {
-        self.read(|c| {
-            c.prepare_cached("SELECT value FROM xattrs WHERE ino = ?1 AND name = ?2")?
-                .query_row(params![ino as i64, name], |r| r.get(0))
-                .optional()?
-                .ok_or_else(|| {
-                    if get_attr(c, ino).is_err() {
-                        MetaError::NotFound
-                    } else {
-                        MetaError::NoAttr
-                    }
-                })
-        })
-    }
-
-    fn setxattr(&self, ino: Ino, name: &[u8], value: &[u8], flags: i32) -> Result<()> {
-        if name.is_empty() || name.len() > 255 {
-            return Err(MetaError::Invalid("bad xattr name".into()));
-        }
-        self.write(|tx| {
-            get_attr(tx, ino)?;
-            let exists: bool = tx
-                .prepare_cached(
-                    "SELECT EXISTS (SELECT 1 FROM xattrs WHERE ino = ?1 AND name = ?2)",
-                )?
-                .query_row(params![ino as i64, name], |r| r.get(0))?;
-            if flags & libc::XATTR_CREATE != 0 && exists {
-                return Err(MetaError::Exists);
-            }
-            if flags & libc::XATTR_REPLACE != 0 && !exists {
-                return Err(MetaError::NoAttr);
-            }
-            tx.prepare_cached(
-                "INSERT OR REPLACE INTO xattrs (ino, name, value) VALUES (?1, ?2, ?3)",
-            )?
-            .execute(params![ino as i64, name, value])?;
-            tx.prepare_cached("UPDATE inodes SET ctime = ?2 WHERE ino = ?1")?
-                .execute(params![ino as i64, now_nanos()])?;
-            Ok(())
-        })
-    }
-
-    fn listxattr(&self, ino: Ino) -> Result<Vec<Vec<u8>>> {
-        self.read(|c| {
-            get_attr(c, ino)?;
-            let mut st =
-                c.prepare_cached("SELECT name FROM xattrs WHERE ino = ?1 ORDER BY name")?;
-            let rows = st.query_map([ino as i64], |r| r.get(0))?;
-            Ok(rows.collect::<rusqlite::Result<Vec<Vec<u8>>>>()?)
-        })
-    }
-
-    fn removexattr(&self, ino: Ino, name: &[u8]) -> Result<()> {
-        self.write(|tx| {
-            get_attr(tx, ino)?;
-            let n = tx
-                .prepare_cached("DELETE FROM xattrs WHERE ino = ?1 AND name = ?2")?
-                .execute(params![ino as i64, name])?;
-            if n == 0 {
-                return Err(MetaError::NoAttr);
-            }
-            tx.prepare_cached("UPDATE inodes SET ctime = ?2 WHERE ino = ?1")?
-                .execute(params![ino as i64, now_nanos()])?;
-            Ok(())
-        })
-    }
-
-    fn resolve_stripe_default(&self, dir: Ino) -> Result<StripeDefault> {
-        let info = self.info()?;
-        self.read(|c| {
-            let mut out = StripeDefault::default();
-            let mut ino = dir;
-            for _ in 0..100_000 {
-                let (cnt, size, parent): (i64, i64, i64) = c
-                    .prepare_cached(
-                        "SELECT def_stripe_count, def_stripe_size, parent FROM inodes WHERE ino = ?1",
-                    )?
-                    .query_row([ino as i64], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
-                if out.stripe_count == 0 && cnt > 0 {
-                    out.stripe_count = cnt as u32;
-                }
-                if out.stripe_size == 0 && size > 0 {
-                    out.stripe_size = size as u64;
-                }
-                if (out.stripe_count > 0 && out.stripe_size > 0) || ino == ROOT_INO {
-                    break;
-                }
-                ino = parent as u64;
-            }
-            if out.stripe_count == 0 {
-                out.stripe_count = info.default_stripe_count;
-            }
-            if out.stripe_size == 0 {
-                out.stripe_size = info.default_stripe_size;
-            }
-            Ok(out)
-        })
-    }
-
-    fn set_dir_stripe(&self, dir: Ino, def: StripeDefault) -> Result<()> {
-        self.write(|tx| {
-            dir_attr(tx, dir)?;
-            tx.execute(
-                "UPDATE inodes SET def_stripe_count = ?2, def_stripe_size = ?3, ctime = ?4 WHERE ino = ?1",
-                params![dir as i64, def.stripe_count as i64, def.stripe_size as i64, now_nanos()],
-            )?;
-            Ok(())
-        })
-    }
-
-    fn set_file_layout(&self, ino: Ino, layout: &Layout) -> Result<()> {
-        self.write(|tx| {
-            let a = get_attr(tx, ino)?;
-            if a.kind != Kind::File {
-                return Err(MetaError::Invalid("not a regular file".into()));
-            }
-            let has_data: bool = tx
-                .prepare_cached("SELECT EXISTS (SELECT 1 FROM slices WHERE ino = ?1)")?
-                .query_row([ino as i64], |r| r.get(0))?;
-            if has_data || a.size > 0 {
-                return Err(MetaError::NotEmpty);
-            }
-            tx.execute(
-                "UPDATE inodes SET stripe_size = ?2, stripe_targets = ?3, ctime = ?4 WHERE ino = ?1",
-                params![ino as i64, layout.stripe_size as i64, layout.encode_targets(), now_nanos()],
-            )?;
-            Ok(())
-        })
-    }
-
-    fn set_projid(&self, ino: Ino, projid: u32, inherit: bool) -> Result<u64> {
-        self.write(|tx| {
-            let a = get_attr(tx, ino)?;
-            let now = now_nanos();
-            let inh = if inherit && a.kind == Kind::Dir { 1 } else { 0 };
-            tx.execute(
-                "UPDATE inodes SET projid = ?2, projinherit = ?3, ctime = ?4 WHERE ino = ?1",
-                params![ino as i64, projid as i64, inh, now],
-            )?;
-            let mut count = 1u64;
-            if inherit && a.kind == Kind::Dir {
-                // Walk the subtree breadth first.
-                let mut queue = vec![ino];
-                while let Some(dir) = queue.pop() {
-                    let children: Vec<(i64, i64)> = {
-                        let mut st =
-                            tx.prepare_cached("SELECT ino, kind FROM dentries WHERE parent = ?1")?;
-                        let rows = st.query_map([dir as i64], |r| Ok((r.get(0)?, r.get(1)?)))?;
-                        rows.collect::<rusqlite::Result<Vec<_>>>()?
-                    };
-                    for (child, kind) in children {
-                        let is_dir = kind == Kind::Dir as i64;
-                        tx.execute(
-                            "UPDATE inodes SET projid = ?2, projinherit = ?3, ctime = ?4 WHERE ino = ?1",
-                            params![child, projid as i64, if is_dir { 1 } else { 0 }, now],
-                        )?;
-                        count += 1;
-                        if is_dir {
-                            queue.push(child as u64);
-                        }
-                    }
-                }
-            }
-            Ok(count)
-        })
-    }
-
-    fn get_projid(&self, ino: Ino) -> Result<(u32, bool)> {
-        self.read(|c| {
-            c.prepare_cached("SELECT projid, projinherit FROM inodes WHERE ino = ?1")?
-                .query_row([ino as i64], |r| {
-                    Ok((r.get::<_, i64>(0)? as u32, r.get::<_, i64>(1)? != 0))
-                })
-                .optional()?
-                .ok_or(MetaError::NotFound)
         })
     }
 
@@ -1537,59 +901,6 @@ impl MetaEngine for SqliteEngine {
             add_allocated(tx, ino, before, chunk_allocated(tx, ino, chunk)?)?;
             Ok(true)
         })
-    }
-
-    fn sync(&self) -> Result<()> {
-        // Commits run with synchronous=NORMAL: they survive a crash of the process but may be
-        // lost with power. Syncing the write-ahead log makes every committed transaction durable,
-        // exactly what synchronous=FULL would do at each commit.
-        // Writers wait meanwhile, so nothing commits between the check and the fsync.
-        let _w = self.writer.lock();
-        if !self.unsynced.swap(false, Ordering::Relaxed) {
-            return Ok(());
-        }
-        let mut wal = self.path.as_os_str().to_owned();
-        wal.push("-wal");
-        let r = match std::fs::File::open(PathBuf::from(&wal)) {
-            Ok(f) => f
-                .sync_all()
-                .map_err(|e| MetaError::Db(format!("fsync of the WAL: {e}"))),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(MetaError::Db(format!("open of the WAL: {e}"))),
-        };
-        if r.is_err() {
-            self.unsynced.store(true, Ordering::Relaxed);
-        }
-        r
-    }
-
-    fn maintain(&self) -> Result<()> {
-        // Copy the write-ahead log back into the database without blocking writers or waiting
-        // for readers; the log is reset once every reader has moved past it.
-        self.read(|c| {
-            c.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))?;
-            Ok(())
-        })?;
-        let mut wal = self.path.clone().into_os_string();
-        wal.push("-wal");
-        let wal_len = std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0);
-        if wal_len > self.wal_limit {
-            // On the writer connection, so this process's writers wait behind it rather than
-            // retry; other clients' writers wait through their busy timeout.
-            let c = self.writer.lock();
-            let (busy, log, done): (i64, i64, i64) =
-                c.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
-                    Ok((r.get(0)?, r.get(1)?, r.get(2)?))
-                })?;
-            if busy != 0 {
-                tracing::debug!(
-                    "write-ahead log of {wal_len} bytes: truncating checkpoint blocked \
-                     ({done} of {log} frames copied); trying again next time"
-                );
-            }
-        }
-        self.purge_orphans(now_nanos() - ORPHAN_GRACE.as_nanos() as Nanos)?;
-        Ok(())
     }
 
     fn export_rows(&self, sink: &mut dyn FnMut(DumpRow) -> Result<()>) -> Result<()> {
@@ -1878,38 +1189,6 @@ impl MetaEngine for SqliteEngine {
         })
     }
 
-    fn path_of(&self, ino: Ino) -> Result<Option<Vec<u8>>> {
-        self.read(|c| {
-            let mut parts: Vec<Vec<u8>> = Vec::new();
-            let mut cur = ino;
-            while cur != ROOT_INO {
-                let row: Option<(i64, Vec<u8>)> = c
-                    .prepare_cached(
-                        "SELECT parent, name FROM dentries WHERE ino = ?1 ORDER BY id LIMIT 1",
-                    )?
-                    .query_row([cur as i64], |r| Ok((r.get(0)?, r.get(1)?)))
-                    .optional()?;
-                let Some((parent, name)) = row else {
-                    return Ok(None);
-                };
-                parts.push(name);
-                cur = parent as u64;
-                if parts.len() > 4096 {
-                    return Err(MetaError::Invalid(format!("inode {ino}: its path loops")));
-                }
-            }
-            let mut path = Vec::new();
-            for p in parts.iter().rev() {
-                path.push(b'/');
-                path.extend_from_slice(p);
-            }
-            if path.is_empty() {
-                path.push(b'/');
-            }
-            Ok(Some(path))
-        })
-    }
-
     fn register_session(&self, s: &SessionInfo) -> Result<u64> {
         self.write(|tx| {
             let now = now_nanos();
@@ -1996,37 +1275,6 @@ impl MetaEngine for SqliteEngine {
             get_attr(tx, ino)?;
             record_open(tx, session, ino)?;
             Ok(())
-        })
-    }
-
-    fn purge_orphans(&self, replaced_before: Nanos) -> Result<u64> {
-        let due: Vec<i64> = self.read(|c| {
-            let mut st = c.prepare_cached(
-                "SELECT ino FROM inodes WHERE orphan = 2 AND ctime < ?1 LIMIT 1000",
-            )?;
-            let rows = st.query_map([replaced_before], |r| r.get(0))?;
-            Ok(rows.collect::<rusqlite::Result<Vec<i64>>>()?)
-        })?;
-        if due.is_empty() {
-            return Ok(0);
-        }
-        self.write(|tx| {
-            let mut n = 0;
-            for ino in &due {
-                // Still a replaced file, and not open (the purge after its last close waits for
-                // a later pass).
-                let still: bool = tx
-                    .prepare_cached(
-                        "SELECT EXISTS (SELECT 1 FROM inodes WHERE ino = ?1 AND orphan = 2) \
-                         AND NOT EXISTS (SELECT 1 FROM open_files WHERE ino = ?1)",
-                    )?
-                    .query_row([ino], |r| r.get(0))?;
-                if still {
-                    purge_inode(tx, *ino as Ino)?;
-                    n += 1;
-                }
-            }
-            Ok(n)
         })
     }
 
@@ -2429,11 +1677,11 @@ fn end_session(c: &Connection, session: u64) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::{Admin, FileData, MetaEngine, Namespace, Pcc};
 
-    fn fresh() -> (tempfile::TempDir, SqliteEngine) {
+    fn fresh() -> (tempfile::TempDir, SqliteMeta) {
         let d = tempfile::tempdir().unwrap();
-        let e =
-            SqliteEngine::format(&d.path().join("m.db"), &crate::conformance::params()).unwrap();
+        let e = SqliteMeta::format(&d.path().join("m.db"), &crate::conformance::params()).unwrap();
         (d, e)
     }
 
@@ -2451,11 +1699,11 @@ mod tests {
     #[test]
     fn maintain_truncates_a_write_ahead_log_past_its_limit() {
         let (d, mut e) = fresh();
-        e.wal_limit = 256 << 10;
+        e.driver_mut().wal_limit = 256 << 10;
         let wal = d.path().join("m.db-wal");
         let root = e.getattr(crate::ROOT_INO).unwrap();
         let mut i = 0u32;
-        while std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0) <= e.wal_limit {
+        while std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0) <= e.driver().wal_limit {
             let node = NewNode {
                 kind: Kind::File,
                 perm: 0o644,
@@ -2471,9 +1719,9 @@ mod tests {
         e.maintain().unwrap();
         let len = std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0);
         assert!(
-            len < e.wal_limit,
+            len < e.driver().wal_limit,
             "log of {len} bytes after maintain (limit {})",
-            e.wal_limit
+            e.driver().wal_limit
         );
         // nothing is lost by the truncation
         assert_eq!(e.readdir(root.ino, 0, 100_000).unwrap().len() as u32, i);
@@ -2482,11 +1730,11 @@ mod tests {
     #[test]
     fn format_refuses_a_formatted_file_without_force() {
         let (d, _e) = fresh();
-        let r = SqliteEngine::format(&d.path().join("m.db"), &crate::conformance::params());
+        let r = SqliteMeta::format(&d.path().join("m.db"), &crate::conformance::params());
         assert!(matches!(r, Err(MetaError::AlreadyFormatted(_))));
         let mut p = crate::conformance::params();
         p.force = true;
-        assert!(SqliteEngine::format(&d.path().join("m.db"), &p).is_ok());
+        assert!(SqliteMeta::format(&d.path().join("m.db"), &p).is_ok());
     }
 
     #[test]
@@ -2503,13 +1751,17 @@ mod tests {
                  ALTER TABLE inodes DROP COLUMN allocated; PRAGMA user_version = 3;",
             )
             .unwrap();
+            for t in schema::tables_added_after(5) {
+                c.execute_batch(&format!("DROP TABLE {t}")).unwrap();
+            }
         }
-        let e = SqliteEngine::open(&path).unwrap();
+        let e = SqliteMeta::open(&path).unwrap();
         let rules = e.pcc_rules().unwrap();
         assert_eq!((rules[0].id, rules[0].quota), (r, None));
         e.pcc_rule_set_quota(r, Some(1 << 30)).unwrap();
         assert_eq!(e.pcc_rules().unwrap()[0].quota, Some(1 << 30));
         let v: i64 = e
+            .driver()
             .writer
             .lock()
             .pragma_query_value(None, "user_version", |r| r.get(0))
@@ -2563,14 +1815,18 @@ mod tests {
             let c = Connection::open(&path).unwrap();
             c.execute_batch("ALTER TABLE inodes DROP COLUMN allocated; PRAGMA user_version = 4;")
                 .unwrap();
+            for t in schema::tables_added_after(5) {
+                c.execute_batch(&format!("DROP TABLE {t}")).unwrap();
+            }
         }
-        let e = SqliteEngine::open(&path).unwrap();
+        let e = SqliteMeta::open(&path).unwrap();
         assert_eq!(
             e.getattr(f.ino).unwrap().allocated,
             160,
             "counted at migration"
         );
         let v: i64 = e
+            .driver()
             .writer
             .lock()
             .pragma_query_value(None, "user_version", |r| r.get(0))
@@ -2582,13 +1838,13 @@ mod tests {
     fn open_refuses_unformatted_and_missing() {
         let d = tempfile::tempdir().unwrap();
         assert!(matches!(
-            SqliteEngine::open(&d.path().join("none.db")),
+            SqliteMeta::open(&d.path().join("none.db")),
             Err(MetaError::NotFormatted(_))
         ));
         let p = d.path().join("empty.db");
         Connection::open(&p).unwrap();
         assert!(matches!(
-            SqliteEngine::open(&p),
+            SqliteMeta::open(&p),
             Err(MetaError::NotFormatted(_))
         ));
     }
@@ -2656,7 +1912,7 @@ mod tests {
     #[test]
     fn two_engines_on_one_file_see_each_other() {
         let (d, a) = fresh();
-        let b = SqliteEngine::open(&d.path().join("m.db")).unwrap();
+        let b = SqliteMeta::open(&d.path().join("m.db")).unwrap();
         let node = NewNode {
             kind: Kind::Dir,
             perm: 0o755,

@@ -1,0 +1,458 @@
+//! The daemon's workers (see [`super`] for the machinery and docs/architecture.md for the list
+//! and the order they stop in at unmount).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use tierfs_meta::{Ino, MetaEngine};
+
+use super::{Ctx, Next, Registry, State, Status, WorkError, Worker};
+use crate::data::DataPath;
+use crate::metrics::Metrics;
+use crate::pcc::Pcc;
+
+/// How often the `worker-reports` worker publishes the workers' status to the database.
+pub const REPORT_INTERVAL: Duration = Duration::from_secs(3);
+/// How often the close recorder records the closes queued by FUSE releases.
+pub const CLOSE_INTERVAL: Duration = Duration::from_millis(50);
+/// How often the PCC workers look at the cache (write-back due, writers' sizes, watermarks).
+pub const PCC_INTERVAL: Duration = Duration::from_millis(200);
+/// Chunks the compactor looks at per round (one round per `gc_interval_secs`).
+pub const COMPACT_PER_ROUND: usize = 64;
+
+/// Since when this client's heartbeats have succeeded without a break (mounting counts as
+/// one): the session reaper reaps others only after a whole session timeout of it.
+pub struct Health {
+    since: Mutex<Instant>,
+}
+
+impl Health {
+    pub fn new() -> Arc<Health> {
+        Arc::new(Health {
+            since: Mutex::new(Instant::now()),
+        })
+    }
+
+    fn broken(&self) {
+        *self.since.lock() = Instant::now();
+    }
+
+    fn healthy_for(&self) -> Duration {
+        self.since.lock().elapsed()
+    }
+}
+
+/// `heartbeat`: the session's heartbeat, alone on its thread (it takes no lock of the client's
+/// that another worker holds; the engine's own write lock is held for one statement at a time).
+pub struct Heartbeat {
+    pub meta: Arc<dyn MetaEngine>,
+    pub session: u64,
+    pub every: Duration,
+    pub health: Arc<Health>,
+}
+
+impl Worker for Heartbeat {
+    fn name(&self) -> &'static str {
+        "heartbeat"
+    }
+    fn interval(&self) -> Duration {
+        self.every
+    }
+    fn work(&mut self, _ctx: &Ctx) -> Result<Next, WorkError> {
+        match self.meta.heartbeat(self.session) {
+            Ok(()) => Ok(Next::Idle),
+            Err(e) => {
+                self.health.broken();
+                Err(format!("heartbeat failed: {e}").into())
+            }
+        }
+    }
+}
+
+/// `session-reaper`: ends the sessions of daemons that ran on this machine and are gone (at
+/// once), and of clients silent for a session timeout (only after this client has itself been
+/// heartbeating for a whole session timeout: after a database outage nobody could heartbeat,
+/// and the first client back must not take the others for dead before they had the chance to
+/// heartbeat again).
+pub struct SessionReaper {
+    pub meta: Arc<dyn MetaEngine>,
+    pub every: Duration,
+    pub timeout: Duration,
+    pub health: Arc<Health>,
+}
+
+impl Worker for SessionReaper {
+    fn name(&self) -> &'static str {
+        "session-reaper"
+    }
+    fn interval(&self) -> Duration {
+        self.every
+    }
+    fn work(&mut self, ctx: &Ctx) -> Result<Next, WorkError> {
+        let mut failed = None;
+        match crate::liveness::end_gone_sessions(self.meta.as_ref()) {
+            Ok(0) => {}
+            Ok(n) => tracing::info!("ended {n} session(s) of dead local daemons"),
+            Err(e) => failed = Some(format!("ending dead local sessions failed: {e}")),
+        }
+        if self.health.healthy_for() >= self.timeout {
+            match self.meta.reap_sessions(self.timeout.as_nanos() as i64) {
+                Ok(0) => {}
+                Ok(n) => {
+                    tracing::info!("reaped {n} dead client session(s)");
+                    ctx.progress(format!("last reaped {n} session(s)"));
+                }
+                Err(e) => failed = Some(format!("reaping sessions failed: {e}")),
+            }
+        }
+        match failed {
+            Some(e) => Err(e.into()),
+            None => Ok(Next::Idle),
+        }
+    }
+}
+
+/// `close-recorder`: records the closes that FUSE releases queued (one transaction per
+/// batch); at unmount it records what is left.
+pub struct CloseRecorder {
+    pub data: Arc<DataPath>,
+    pub session: u64,
+}
+
+impl Worker for CloseRecorder {
+    fn name(&self) -> &'static str {
+        "close-recorder"
+    }
+    fn interval(&self) -> Duration {
+        CLOSE_INTERVAL
+    }
+    fn work(&mut self, _ctx: &Ctx) -> Result<Next, WorkError> {
+        self.data
+            .drain_closes(self.session)
+            .map_err(|e| format!("recording closes failed: {e}"))?;
+        Ok(Next::Idle)
+    }
+    fn finish(&mut self, ctx: &Ctx) {
+        if let Err(e) = self.data.drain_closes(self.session) {
+            ctx.error(format!("recording closes at unmount failed: {e}"));
+        }
+    }
+}
+
+/// `pcc`: reports the sizes of cached files being written, keeps the cache under its high
+/// watermark and its rules' quotas, and validates entries (every 5 s).
+pub struct PccUpkeep {
+    pub pcc: Arc<Pcc>,
+}
+
+impl Worker for PccUpkeep {
+    fn name(&self) -> &'static str {
+        "pcc"
+    }
+    fn interval(&self) -> Duration {
+        PCC_INTERVAL
+    }
+    fn work(&mut self, _ctx: &Ctx) -> Result<Next, WorkError> {
+        self.pcc.report_writers();
+        self.pcc.keep_within_limits();
+        self.pcc.validate_if_due();
+        Ok(Next::Idle)
+    }
+}
+
+/// `pcc-writeback`: writes dirty RW-PCC files back to the capacity tier once their last write
+/// is `writeback_delay_secs` old, one file per unit (a data mover: tranquility pauses apply).
+pub struct PccWriteback {
+    pub pcc: Arc<Pcc>,
+    pub queue: std::collections::VecDeque<Ino>,
+}
+
+impl PccWriteback {
+    pub fn new(pcc: Arc<Pcc>) -> Self {
+        PccWriteback {
+            pcc,
+            queue: Default::default(),
+        }
+    }
+}
+
+impl Worker for PccWriteback {
+    fn name(&self) -> &'static str {
+        "pcc-writeback"
+    }
+    fn interval(&self) -> Duration {
+        PCC_INTERVAL
+    }
+    fn moves_data(&self) -> bool {
+        true
+    }
+    fn work(&mut self, ctx: &Ctx) -> Result<Next, WorkError> {
+        if self.queue.is_empty() {
+            self.queue = self.pcc.due_write_backs().into();
+        }
+        let Some(ino) = self.queue.pop_front() else {
+            ctx.progress("");
+            return Ok(Next::Idle);
+        };
+        ctx.progress(format!(
+            "writing back inode {ino} ({} more due)",
+            self.queue.len()
+        ));
+        if let Err(e) = self.pcc.write_back_if_due(ino) {
+            // The file is due again at the next round; the others go on now.
+            ctx.error(format!("background write-back of inode {ino} failed: {e}"));
+        }
+        // The last of the queue: wait a round before looking again (a file that keeps
+        // failing is not retried in a tight loop).
+        Ok(if self.queue.is_empty() {
+            Next::Idle
+        } else {
+            Next::More
+        })
+    }
+}
+
+/// `pcc-recall`: gives RW-PCC leases back when other clients ask (see [`crate::recall`]: woken
+/// by notifications where the engine has them, polling otherwise). Its one unit is the recall
+/// loop, which runs until the worker is stopped; each pass counts as a run.
+pub struct PccRecall {
+    pub pcc: Arc<Pcc>,
+    pub metrics: Arc<Metrics>,
+}
+
+impl Worker for PccRecall {
+    fn name(&self) -> &'static str {
+        "pcc-recall"
+    }
+    fn interval(&self) -> Duration {
+        Duration::from_secs(1)
+    }
+    fn work(&mut self, ctx: &Ctx) -> Result<Next, WorkError> {
+        ctx.state(State::Idle);
+        let mut failing = false;
+        let mut mode = None;
+        crate::recall::run_observed(
+            &*self.pcc,
+            &self.metrics,
+            ctx.stop_flag(),
+            &crate::recall::Timing::default(),
+            &mut |listening, outcome| {
+                ctx.count_run();
+                if mode != Some(listening) {
+                    mode = Some(listening);
+                    ctx.progress(if listening {
+                        "listening for recall requests"
+                    } else {
+                        "polling for recall requests"
+                    });
+                }
+                match outcome {
+                    Ok(_) => failing = false,
+                    Err(e) => {
+                        // recall::run logs once per run of failures; counted here likewise.
+                        if !failing {
+                            failing = true;
+                            ctx.note_error(format!("reading PCC recall requests failed: {e}"));
+                        }
+                    }
+                }
+            },
+        );
+        Ok(Next::Done)
+    }
+}
+
+/// `gc`: deletes objects nobody references any more (up to 512 per round).
+pub struct Gc {
+    pub data: Arc<DataPath>,
+    pub every: Duration,
+}
+
+impl Worker for Gc {
+    fn name(&self) -> &'static str {
+        "gc"
+    }
+    fn interval(&self) -> Duration {
+        self.every
+    }
+    fn work(&mut self, ctx: &Ctx) -> Result<Next, WorkError> {
+        let n = self
+            .data
+            .collect_garbage()
+            .map_err(|e| format!("garbage collection failed: {e}"))?;
+        if n > 0 {
+            ctx.progress(format!("deleted {n} object(s) last round"));
+        }
+        Ok(Next::Idle)
+    }
+}
+
+/// `compactor`: rewrites chunks that gathered many slices as one object each, one chunk per
+/// unit, up to [`COMPACT_PER_ROUND`] per round (a data mover: tranquility pauses apply).
+pub struct Compactor {
+    pub data: Arc<DataPath>,
+    pub every: Duration,
+    pub looked_at: usize,
+    pub compacted: usize,
+}
+
+impl Compactor {
+    pub fn new(data: Arc<DataPath>, every: Duration) -> Self {
+        Compactor {
+            data,
+            every,
+            looked_at: 0,
+            compacted: 0,
+        }
+    }
+}
+
+impl Worker for Compactor {
+    fn name(&self) -> &'static str {
+        "compactor"
+    }
+    fn interval(&self) -> Duration {
+        self.every
+    }
+    fn moves_data(&self) -> bool {
+        true
+    }
+    fn work(&mut self, ctx: &Ctx) -> Result<Next, WorkError> {
+        let pending = self.data.compact_pending();
+        if pending == 0 || self.looked_at >= COMPACT_PER_ROUND {
+            if self.compacted > 0 {
+                tracing::debug!("compacted {} chunk(s)", self.compacted);
+            }
+            self.looked_at = 0;
+            self.compacted = 0;
+            ctx.progress(if pending == 0 {
+                String::new()
+            } else {
+                format!("{pending} chunk(s) waiting")
+            });
+            return Ok(Next::Idle);
+        }
+        ctx.progress(format!("{pending} chunk(s) waiting"));
+        self.looked_at += 1;
+        match self.data.compact(1) {
+            Ok(n) => {
+                self.compacted += n;
+                Ok(Next::More)
+            }
+            Err(e) => {
+                self.looked_at = 0;
+                self.compacted = 0;
+                Err(format!("compaction failed: {e}").into())
+            }
+        }
+    }
+}
+
+/// `maintenance`: the metadata engine's upkeep (e.g. SQLite's write-ahead log checkpoints).
+pub struct Maintenance {
+    pub meta: Arc<dyn MetaEngine>,
+    pub every: Duration,
+}
+
+impl Worker for Maintenance {
+    fn name(&self) -> &'static str {
+        "maintenance"
+    }
+    fn interval(&self) -> Duration {
+        self.every
+    }
+    fn work(&mut self, _ctx: &Ctx) -> Result<Next, WorkError> {
+        self.meta
+            .maintain()
+            .map_err(|e| format!("metadata maintenance failed: {e}"))?;
+        Ok(Next::Idle)
+    }
+}
+
+/// Where the `worker-reports` worker publishes the workers' status.
+pub type Publish = Box<dyn Fn(&[Status]) -> Result<(), String> + Send>;
+
+/// `worker-reports`: publishes every worker's status (its own included) every
+/// [`REPORT_INTERVAL`], for `tierfs status`. Its own thread: a slow or failing database write
+/// here never touches the heartbeat.
+pub struct Reports {
+    pub registry: Arc<Registry>,
+    pub publish: Publish,
+}
+
+impl Worker for Reports {
+    fn name(&self) -> &'static str {
+        "worker-reports"
+    }
+    fn interval(&self) -> Duration {
+        REPORT_INTERVAL
+    }
+    fn work(&mut self, _ctx: &Ctx) -> Result<Next, WorkError> {
+        let snapshot = self.registry.snapshot();
+        (self.publish)(&snapshot).map_err(|e| format!("publishing worker reports failed: {e}"))?;
+        Ok(Next::Idle)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::workers::Workers;
+
+    /// Counts its runs: a stand-in for the heartbeat.
+    struct Ticker(Arc<Mutex<Vec<Instant>>>);
+
+    impl Worker for Ticker {
+        fn name(&self) -> &'static str {
+            "heartbeat"
+        }
+        fn interval(&self) -> Duration {
+            Duration::from_millis(50)
+        }
+        fn work(&mut self, _ctx: &Ctx) -> Result<Next, WorkError> {
+            self.0.lock().push(Instant::now());
+            Ok(Next::Idle)
+        }
+    }
+
+    #[test]
+    fn a_failing_or_hanging_publisher_is_recorded_and_leaves_the_heartbeat_alone() {
+        let mut w = Workers::new(1.0);
+        let ticks = Arc::new(Mutex::new(Vec::new()));
+        w.spawn(Ticker(Arc::clone(&ticks))).unwrap();
+        let seen = Arc::new(Mutex::new(Vec::<Vec<String>>::new()));
+        let publish: Publish = {
+            let seen = Arc::clone(&seen);
+            Box::new(move |snap| {
+                seen.lock()
+                    .push(snap.iter().map(|s| s.name.clone()).collect());
+                // The database hangs for 1.5 s, then refuses.
+                std::thread::sleep(Duration::from_millis(1500));
+                Err("metadata database unreachable: connection refused".into())
+            })
+        };
+        w.spawn(Reports {
+            registry: w.registry(),
+            publish,
+        })
+        .unwrap();
+        let t0 = Instant::now();
+        std::thread::sleep(Duration::from_millis(1800));
+        let snap = w.snapshot();
+        w.stop_all();
+        // The heartbeat kept its period while the publisher hung.
+        let during: Vec<Instant> = ticks.lock().iter().copied().filter(|t| *t >= t0).collect();
+        assert!(during.len() >= 15, "{} heartbeats in 1.8 s", during.len());
+        // The publisher saw every worker, itself included, and its failure is kept.
+        assert_eq!(seen.lock()[0], vec!["heartbeat", "worker-reports"]);
+        let r = snap.iter().find(|s| s.name == "worker-reports").unwrap();
+        assert_eq!(r.errors, 1);
+        assert_eq!(
+            r.last_error.as_ref().unwrap().1,
+            "publishing worker reports failed: metadata database unreachable: connection refused"
+        );
+        let hb = snap.iter().find(|s| s.name == "heartbeat").unwrap();
+        assert_eq!(hb.errors, 0);
+    }
+}
