@@ -50,9 +50,9 @@ impl Fault {
                 "injected: {op} timed out after {} ms",
                 d.as_millis()
             )),
-            Fault::LostReply => MetaError::Unavailable(format!(
-                "injected: connection dropped after {op} committed"
-            )),
+            Fault::LostReply => {
+                MetaError::Unavailable(format!("injected: connection dropped after {op} committed"))
+            }
         }
     }
 }
@@ -398,7 +398,10 @@ mod tests {
     fn fail_always_holds_until_cleared_and_covers_every_operation() {
         let (_d, e) = wrapped();
         e.plan().fail_always(None, Fault::Disconnect);
-        assert!(matches!(e.getattr(ROOT_INO), Err(MetaError::Unavailable(_))));
+        assert!(matches!(
+            e.getattr(ROOT_INO),
+            Err(MetaError::Unavailable(_))
+        ));
         assert!(matches!(e.info(), Err(MetaError::Unavailable(_))));
         assert!(matches!(file(&e, "d"), Err(MetaError::Unavailable(_))));
         e.plan().clear();
