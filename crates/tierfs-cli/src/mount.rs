@@ -60,6 +60,7 @@ pub fn mount(a: MountArgs, log_level: &str) -> Result<()> {
             meta_url: a.meta.clone(),
             mountpoint: a.mountpoint.clone(),
             config: cfg,
+            engine: None,
         };
         let mut reported = false;
         let r = tierfs_client::mount(req, |res| {

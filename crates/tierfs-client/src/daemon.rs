@@ -10,7 +10,7 @@ use std::time::Duration;
 use fuser::{MountOption, Notifier, SessionACL};
 use thiserror::Error;
 
-use tierfs_meta::{open_engine, MetaError, SessionInfo};
+use tierfs_meta::{open_engine, MetaEngine, MetaError, SessionInfo};
 use tierfs_store::{StoreError, TargetSet};
 
 use crate::config::ClientConfig;
@@ -42,11 +42,29 @@ pub enum DaemonError {
 }
 
 /// What `tierfs mount` asks for.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct MountRequest {
     pub meta_url: String,
     pub mountpoint: PathBuf,
     pub config: ClientConfig,
+    /// The metadata engine to use instead of opening `meta_url` (which still names the
+    /// filesystem in `.tierfs-info`): tests mount a client in their own process over a
+    /// failure-injecting engine (`tierfs_meta::faulty`).
+    pub engine: Option<Arc<dyn MetaEngine>>,
+}
+
+impl std::fmt::Debug for MountRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MountRequest")
+            .field(
+                "meta_url",
+                &tierfs_meta::postgres::without_password(&self.meta_url),
+            )
+            .field("mountpoint", &self.mountpoint)
+            .field("config", &self.config)
+            .field("engine", &self.engine.as_ref().map(|_| "given"))
+            .finish()
+    }
 }
 
 /// Is `path` a mount point now (per /proc/self/mountinfo)? Returns "TYPE SOURCE", e.g.
@@ -191,7 +209,10 @@ pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Resul
     let sigs = block_signals();
     let cfg = req.config.clone();
     let mountpoint = prepare_mountpoint(&req.mountpoint)?;
-    let meta = open_engine(&req.meta_url)?;
+    let meta = match &req.engine {
+        Some(e) => Arc::clone(e),
+        None => open_engine(&req.meta_url)?,
+    };
     let info = meta.info()?;
     let tlist: Vec<(u32, String, u64)> = meta
         .targets()?
@@ -383,6 +404,7 @@ const STOP_FIRST: &[&str] = &[
     "pcc",
     "pcc-writeback",
     "compactor",
+    "commit-retry",
     "gc",
     "maintenance",
 ];
@@ -419,6 +441,10 @@ fn start_workers(
     w.spawn(jobs::CloseRecorder {
         data: Arc::clone(data),
         session,
+    })
+    .map_err(spawn_err)?;
+    w.spawn(jobs::CommitRetry {
+        data: Arc::clone(data),
     })
     .map_err(spawn_err)?;
     if let Some(p) = pcc {

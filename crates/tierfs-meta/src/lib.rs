@@ -14,6 +14,7 @@ pub mod conformance;
 pub mod core;
 pub mod engine;
 pub mod error;
+pub mod faulty;
 pub mod locks;
 pub mod postgres;
 pub mod sql;

@@ -78,6 +78,9 @@ struct Pending {
     sealed_len: u64,
     /// Set once the piece is sealed and its upload started.
     upload: Option<(u32, u64, Upload)>,
+    /// A sealed piece's bytes (a reference, not a copy), kept until its slice is committed:
+    /// a commit that fails puts the piece back, and a failed upload must be made again.
+    sealed: Option<Bytes>,
 }
 
 #[derive(Default)]
@@ -284,10 +287,13 @@ impl DataPath {
                 }
                 Some(i) => {
                     if let Err(e) = self.flush(i) {
+                        // Its data stays buffered for its next commit; this writer cannot get
+                        // under the limit now (the engine or a target does not answer).
                         tracing::warn!(ino = i, "commit to stay within buffer_limit_mb: {e}");
                         if let Some(st) = self.existing(i) {
                             st.inner.lock().deferred_error.get_or_insert(e.errno());
                         }
+                        return Err(e);
                     }
                 }
                 None => {
@@ -512,6 +518,7 @@ impl DataPath {
                         data: piece.to_vec(),
                         sealed_len: 0,
                         upload: None,
+                        sealed: None,
                     });
                 }
                 let full = {
@@ -524,6 +531,7 @@ impl DataPath {
                     let p = inner.pending.last_mut().expect("just pushed");
                     let bytes = Bytes::from(std::mem::take(&mut p.data));
                     p.sealed_len = bytes.len() as u64;
+                    p.sealed = Some(bytes.clone());
                     p.upload = Some((target, obj, self.spawn_upload(target, obj, bytes)));
                 }
             }
@@ -577,15 +585,16 @@ impl DataPath {
             let taken = std::mem::take(&mut inner.pending_bytes);
             (p, inner.pending_end, taken)
         };
-        // The bytes stop counting against buffer_limit once this commit is over, whatever
-        // its outcome (a failure is reported to the caller; the bytes are gone either way).
+        // The bytes stop counting against buffer_limit once this commit is over, unless it
+        // failed and they were put back for the next one.
         struct Unbuffer<'a>(&'a DataPath, usize);
         impl Drop for Unbuffer<'_> {
             fn drop(&mut self) {
                 self.0.unbuffer(self.1);
             }
         }
-        let _unbuffer = Unbuffer(self, taken);
+        let mut unbuffer = Unbuffer(self, taken);
+        let mut pending = pending;
         if pending.is_empty() {
             return Ok(None);
         }
@@ -600,12 +609,15 @@ impl DataPath {
         let mut reserved: Vec<(u32, u64)> = Vec::new();
         let mut packs: HashMap<u32, Vec<u8>> = HashMap::new();
         let mut packed: Vec<(usize, u32)> = Vec::new();
-        for p in pending {
-            match p.upload {
+        // (index in `pending`, index in `waits`, target, object) of each sealed piece
+        let mut sealed: Vec<(usize, usize, u32, u64)> = Vec::new();
+        for (i, p) in pending.iter_mut().enumerate() {
+            match p.upload.take() {
                 Some((target, obj, handle)) => {
                     let len = p.sealed_len;
                     reserved.push((target, len));
                     slices.push(Slice::whole_object(p.chunk, p.off, target, obj, len));
+                    sealed.push((i, waits.len(), target, obj));
                     waits.push(handle);
                 }
                 None if inline && p.chunk == 0 => {
@@ -616,7 +628,7 @@ impl DataPath {
                         chunk: p.chunk,
                         off: p.off,
                         len,
-                        data: SliceData::Inline(p.data),
+                        data: SliceData::Inline(p.data.clone()),
                     });
                 }
                 None => {
@@ -662,9 +674,10 @@ impl DataPath {
         }
         let results = self.rt.block_on(futures::future::join_all(waits));
         let mut failure: Option<ClientError> = None;
-        for r in results {
+        let mut uploaded = vec![false; results.len()];
+        for (k, r) in results.into_iter().enumerate() {
             match r {
-                Ok(Ok(())) => {}
+                Ok(Ok(())) => uploaded[k] = true,
                 Ok(Err(e)) => failure = Some(e.into()),
                 Err(e) => failure = Some(StoreError::Io(e.to_string()).into()),
             }
@@ -676,8 +689,36 @@ impl DataPath {
                 .commit_slices(ino, &slices, end, now_nanos())
                 .map_err(ClientError::from),
         };
-        for (t, n) in reserved {
-            self.space.release(t, n);
+        let put_back =
+            matches!(&result, Err(e) if !matches!(e, ClientError::Meta(MetaError::NotFound)));
+        if put_back {
+            // Nothing of this commit may be lost: the pieces go back in front of what was
+            // written meanwhile, for the next flush, fsync or close (or the background retry
+            // of files nobody has open), and stay counted and reserved. A sealed piece whose
+            // upload succeeded keeps its object; one whose upload failed is uploaded again.
+            // If the commit did land and only its answer was lost, the next commit writes the
+            // same bytes at the same places again.
+            for &(i, k, target, obj) in &sealed {
+                let p = &mut pending[i];
+                if uploaded[k] {
+                    p.upload = Some((target, obj, self.rt.spawn(async { Ok(()) })));
+                } else {
+                    p.data = p.sealed.take().map(|b| b.to_vec()).unwrap_or_default();
+                    p.sealed_len = 0;
+                }
+            }
+            unbuffer.1 = 0;
+            let mut inner = st.inner.lock();
+            let later = std::mem::take(&mut inner.pending);
+            inner.pending = pending;
+            inner.pending.extend(later);
+            inner.pending_bytes += taken;
+            inner.pending_end = inner.pending_end.max(end);
+            self.metrics.commit_retries_pending.inc();
+        } else {
+            for (t, n) in reserved {
+                self.space.release(t, n);
+            }
         }
         self.space.invalidate();
         let mut inner = st.inner.lock();
@@ -1022,6 +1063,33 @@ impl DataPath {
         self.meta.trash_done(&done)?;
         self.space.invalidate();
         Ok(done.len())
+    }
+
+    /// Commits the buffered writes of files nobody has open any more, kept after a failed
+    /// commit at their last close (the engine or a target did not answer), and lets their
+    /// states go. Called now and then by a background worker; returns how many committed.
+    pub fn retry_unflushed(&self) -> usize {
+        let waiting: Vec<Ino> = self
+            .files
+            .lock()
+            .iter()
+            .filter(|(_, st)| {
+                let inner = st.inner.lock();
+                inner.opens == 0 && !inner.pending.is_empty()
+            })
+            .map(|(i, _)| *i)
+            .collect();
+        let mut done = 0;
+        for ino in waiting {
+            match self.flush(ino) {
+                Ok(_) => {
+                    done += 1;
+                    self.drop_state(ino, false);
+                }
+                Err(e) => tracing::warn!(ino, "committing writes kept after a failed close: {e}"),
+            }
+        }
+        done
     }
 
     /// Flushes every file with buffered writes (unmount).

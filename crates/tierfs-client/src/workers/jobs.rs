@@ -263,6 +263,28 @@ impl Worker for PccRecall {
     }
 }
 
+/// `commit-retry`: commits the buffered writes of files closed while their commit failed (the
+/// engine or a target did not answer), about once a second until it works.
+pub struct CommitRetry {
+    pub data: Arc<DataPath>,
+}
+
+impl Worker for CommitRetry {
+    fn name(&self) -> &'static str {
+        "commit-retry"
+    }
+    fn interval(&self) -> Duration {
+        Duration::from_secs(1)
+    }
+    fn work(&mut self, ctx: &Ctx) -> Result<Next, WorkError> {
+        let n = self.data.retry_unflushed();
+        if n > 0 {
+            ctx.progress(format!("committed the kept writes of {n} closed file(s)"));
+        }
+        Ok(Next::Idle)
+    }
+}
+
 /// `gc`: deletes objects nobody references any more (up to 512 per round).
 pub struct Gc {
     pub data: Arc<DataPath>,

@@ -1,0 +1,268 @@
+//! Metadata failures injected under a real FUSE mount: what the application sees (the errno)
+//! and that nothing acknowledged is lost.
+//!
+//! Each test formats a filesystem with the harness, mounts one client in this test process
+//! over a [`FaultyEngine`] (the engine the URL opens, wrapped so the test can fail chosen
+//! calls), and a second client with the normal `tierfs mount` daemon, which checks the results
+//! from outside.
+
+mod common;
+
+use std::fs;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::{mpsc, Arc};
+use std::thread;
+use std::time::Duration;
+
+use common::*;
+use tierfs_client::config::ClientConfig;
+use tierfs_client::daemon::{mount, MountRequest};
+use tierfs_meta::faulty::{Fault, FaultPlan, FaultyEngine};
+use tierfs_meta::{open_engine, MetaEngine};
+
+/// A client mounted in this process over a failure-injecting engine.
+struct FaultyMount {
+    mnt: PathBuf,
+    plan: Arc<FaultPlan>,
+    serve: Option<thread::JoinHandle<()>>,
+}
+
+impl FaultyMount {
+    fn new(fs: &TestFs, name: &str) -> FaultyMount {
+        let mnt = fs.root().join(format!("faulty-{name}"));
+        std::fs::create_dir_all(&mnt).unwrap();
+        let plan = FaultPlan::new();
+        let inner = open_engine(&fs.meta_url()).expect("open the engine");
+        let engine: Arc<dyn MetaEngine> = Arc::new(FaultyEngine::new(inner, Arc::clone(&plan)));
+        let config = ClientConfig {
+            client_name: Some(name.to_string()),
+            ..ClientConfig::default()
+        };
+        let req = MountRequest {
+            meta_url: fs.meta_url(),
+            mountpoint: mnt.clone(),
+            config,
+            engine: Some(engine),
+        };
+        let (tx, rx) = mpsc::channel();
+        let serve = thread::Builder::new()
+            .name(format!("faulty-{name}"))
+            .spawn(move || {
+                let tx2 = tx.clone();
+                let r = mount(req, move |ready| {
+                    let _ = tx2.send(ready);
+                });
+                if let Err(e) = r {
+                    let _ = tx.send(Err(e.to_string()));
+                }
+            })
+            .unwrap();
+        match rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(Ok(())) => {}
+            other => panic!("in-process mount failed: {other:?}"),
+        }
+        assert!(is_fuse_mounted(&mnt));
+        FaultyMount {
+            mnt,
+            plan,
+            serve: Some(serve),
+        }
+    }
+
+    fn p(&self, rel: &str) -> PathBuf {
+        self.mnt.join(rel)
+    }
+}
+
+impl Drop for FaultyMount {
+    fn drop(&mut self) {
+        self.plan.clear();
+        let _ = std::process::Command::new("fusermount3")
+            .arg("-u")
+            .arg(&self.mnt)
+            .status();
+        if is_fuse_mounted(&self.mnt) {
+            let _ = std::process::Command::new("fusermount3")
+                .arg("-uz")
+                .arg(&self.mnt)
+                .status();
+        }
+        if let Some(h) = self.serve.take() {
+            // The session ends once the kernel lets go of the mount; bounded.
+            let deadline = std::time::Instant::now() + Duration::from_secs(20);
+            while !h.is_finished() && std::time::Instant::now() < deadline {
+                thread::sleep(Duration::from_millis(50));
+            }
+            if h.is_finished() {
+                let _ = h.join();
+            }
+        }
+    }
+}
+
+fn eio<T: std::fmt::Debug>(r: std::io::Result<T>, what: &str) {
+    assert_errno(r, libc::EIO, what);
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+fn read_all(p: &Path) -> Vec<u8> {
+    let mut v = Vec::new();
+    fs::File::open(p).unwrap().read_to_end(&mut v).unwrap();
+    v
+}
+
+#[test]
+fn a_failed_create_is_eio_and_leaves_no_name() {
+    let fs = TestFs::new(1);
+    let m = FaultyMount::new(&fs, "faulty");
+    for fault in [Fault::Error, Fault::Disconnect] {
+        let before = m.plan.injected("create");
+        m.plan.fail_next("create", 1, fault);
+        eio(
+            fs::File::create(m.p("a")),
+            &format!("create under {fault:?}"),
+        );
+        assert_eq!(m.plan.injected("create"), before + 1, "{fault:?}");
+        assert!(!m.p("a").exists(), "{fault:?}: a failed create left a name");
+        // (readdir, not a lookup: a lookup would leave a negative entry in the other
+        // client's kernel for the entry timeout)
+        let names: Vec<_> = fs::read_dir(fs.mnt(0))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert!(
+            !names.iter().any(|n| n == "a"),
+            "{fault:?}: the other client lists a name"
+        );
+        // The mount goes on working.
+        fs::write(m.p("a"), b"fine").unwrap();
+        assert_eq!(read_all(&fs.p(0, "a")), b"fine");
+        fs::remove_file(m.p("a")).unwrap();
+    }
+}
+
+#[test]
+fn a_timed_out_lookup_is_eio_and_the_mount_stays_usable() {
+    let fs = TestFs::new(1);
+    let m = FaultyMount::new(&fs, "faulty");
+    fs::write(fs.p(0, "seen"), b"x").unwrap();
+    m.plan
+        .fail_next("lookup", 1, Fault::Timeout(Duration::from_millis(500)));
+    eio(fs::metadata(m.p("seen")), "stat under a timed-out lookup");
+    assert_eq!(fs::metadata(m.p("seen")).unwrap().len(), 1);
+}
+
+#[test]
+fn a_failed_commit_at_fsync_is_eio_and_the_data_is_kept_for_the_next_one() {
+    let fs = TestFs::new(1);
+    let m = FaultyMount::new(&fs, "faulty");
+    // Both a small file (its data inline in the database) and one of several stripes (whole
+    // objects uploaded before the commit).
+    for (name, len) in [("small", 3000usize), ("big", 5 << 20)] {
+        let data = pattern(len, len as u8);
+        let mut f = fs::File::create(m.p(name)).unwrap();
+        f.write_all(&data).unwrap();
+        let before = m.plan.injected("commit_slices");
+        m.plan.fail_next("commit_slices", 1, Fault::Error);
+        eio(f.sync_all(), &format!("{name}: fsync whose commit fails"));
+        assert_eq!(m.plan.injected("commit_slices"), before + 1, "{name}");
+        f.sync_all()
+            .unwrap_or_else(|e| panic!("{name}: fsync after the failure: {e}"));
+        drop(f);
+        assert_eq!(
+            read_all(&fs.p(0, name)),
+            data,
+            "{name}: the other client reads what was written"
+        );
+    }
+}
+
+#[test]
+fn a_commit_whose_answer_is_lost_neither_loses_nor_duplicates_data() {
+    let fs = TestFs::new(1);
+    let m = FaultyMount::new(&fs, "faulty");
+    let mut f = fs::OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .read(true)
+        .write(true)
+        .open(m.p("f"))
+        .unwrap();
+    let first = pattern(200_000, 1);
+    f.write_all(&first).unwrap();
+    f.sync_all().unwrap();
+    // An overwrite in the middle and an append, committed, whose answer is lost.
+    let mid = pattern(50_000, 7);
+    f.write_all_at(&mid, 10_000).unwrap();
+    f.seek(SeekFrom::End(0)).unwrap();
+    let tail = pattern(30_000, 9);
+    f.write_all(&tail).unwrap();
+    m.plan.fail_next("commit_slices", 1, Fault::LostReply);
+    eio(f.sync_all(), "fsync whose commit's answer is lost");
+    m.plan.clear();
+    f.sync_all().unwrap();
+    drop(f);
+    let mut want = first.clone();
+    want[10_000..60_000].copy_from_slice(&mid);
+    want.extend_from_slice(&tail);
+    let got = read_all(&fs.p(0, "f"));
+    assert_eq!(got.len(), want.len(), "size after a lost answer");
+    assert!(got == want, "contents after a lost answer");
+}
+
+#[test]
+fn a_failed_close_keeps_the_data_and_commits_it_once_the_engine_is_back() {
+    let fs = TestFs::new(1);
+    let m = FaultyMount::new(&fs, "faulty");
+    let data = pattern(300_000, 3);
+    let mut f = fs::File::create(m.p("c")).unwrap();
+    f.write_all(&data).unwrap();
+    m.plan.fail_always(Some("commit_slices"), Fault::Disconnect);
+    // close(2) reports the flush's error (FUSE flush), and the data stays buffered.
+    let fd = std::os::fd::IntoRawFd::into_raw_fd(f);
+    let rc = unsafe { libc::close(fd) };
+    assert_eq!(rc, -1, "close whose commit fails");
+    assert_eq!(errno(), libc::EIO);
+    thread::sleep(Duration::from_millis(300));
+    m.plan.clear();
+    // The client commits it in the background once the engine answers again.
+    let ok = wait_until(Duration::from_secs(20), || {
+        fs::metadata(fs.p(0, "c")).map(|s| s.len()).unwrap_or(0) == data.len() as u64
+    });
+    assert!(
+        ok,
+        "the buffered data was never committed after the failed close"
+    );
+    assert_eq!(read_all(&fs.p(0, "c")), data);
+}
+
+#[test]
+fn an_engine_down_for_a_while_fails_calls_then_everything_is_there() {
+    let fs = TestFs::new(1);
+    let m = FaultyMount::new(&fs, "faulty");
+    fs::create_dir(m.p("d")).unwrap();
+    let before = pattern(100_000, 5);
+    fs::write(m.p("d/kept"), &before).unwrap();
+    m.plan.fail_always(None, Fault::Disconnect);
+    eio(
+        fs::File::create(m.p("d/new")),
+        "create while the engine is down",
+    );
+    eio(
+        fs::read_dir(m.p("d")).and_then(|mut r| r.next().transpose()),
+        "readdir while down",
+    );
+    thread::sleep(Duration::from_secs(2)); // heartbeats and background work fail meanwhile
+    m.plan.clear();
+    assert_eq!(read_all(&m.p("d/kept")), before);
+    assert_eq!(read_all(&fs.p(0, "d/kept")), before);
+    fs::write(m.p("d/new"), b"after").unwrap();
+    assert_eq!(read_all(&fs.p(0, "d/new")), b"after");
+}
