@@ -26,7 +26,6 @@
 
 use crate::error::{MetaError, Result};
 use crate::sql::{DialectKind, Driver, Tx};
-use crate::types::{now_nanos, FormatParams, Kind};
 use crate::vals;
 
 /// Statements of neutral DDL (see the module doc), run in order.
@@ -400,81 +399,6 @@ pub fn migrate<D: Driver>(d: &D) -> Result<()> {
             return Ok(());
         }
     }
-}
-
-/// Opens a filesystem: refuses a database without a tierfs schema (`what` names it in the
-/// error) or with a newer one than this build, and migrates an older one.
-pub fn open<D: Driver>(d: &D, what: &str) -> Result<()> {
-    match d.read(read_version)? {
-        None => Err(MetaError::NotFormatted(format!(
-            "{what} holds no tierfs schema"
-        ))),
-        Some(v) if v > SCHEMA_VERSION => Err(MetaError::SchemaTooNew {
-            found: v,
-            supported: SCHEMA_VERSION,
-        }),
-        Some(v) if v < SCHEMA_VERSION => migrate(d),
-        Some(_) => Ok(()),
-    }
-}
-
-/// Checks format parameters before anything is touched.
-pub fn check_format(p: &FormatParams) -> Result<()> {
-    if p.targets.is_empty() {
-        return Err(MetaError::Invalid(
-            "at least one storage target is needed".into(),
-        ));
-    }
-    Ok(())
-}
-
-/// Creates a new filesystem in an empty database: the schema, its settings, counters and
-/// targets, and the root directory (inode 1; new inodes start at 2).
-pub fn format<D: Driver>(d: &D, p: &FormatParams) -> Result<()> {
-    check_format(p)?;
-    migrate(d)?;
-    let now = now_nanos();
-    let uuid = uuid::Uuid::new_v4().to_string();
-    d.write(|tx| {
-        let kv = [
-            ("name", p.name.clone()),
-            ("uuid", uuid.clone()),
-            ("stripe_count", p.stripe_count.to_string()),
-            ("stripe_size", p.stripe_size.to_string()),
-            ("inline_threshold", p.inline_threshold.to_string()),
-            ("created", now.to_string()),
-        ];
-        for (k, v) in kv {
-            tx.exec(
-                "INSERT INTO meta_info (key, value) VALUES ($1, $2)",
-                vals![k, v],
-            )?;
-        }
-        tx.exec(
-            "INSERT INTO counters (name, value) VALUES ('next_object', 1)",
-            vals![],
-        )?;
-        for (i, (url, cap)) in p.targets.iter().enumerate() {
-            tx.exec(
-                "INSERT INTO targets (id, url, capacity) VALUES ($1, $2, $3)",
-                vals![i, url, *cap],
-            )?;
-        }
-        tx.exec(
-            "INSERT INTO inodes (ino, kind, perm, uid, gid, nlink, atime, mtime, ctime, crtime, \
-             parent) VALUES (1, $1, $2, 0, 0, 2, $3, $3, $3, $3, 1)",
-            vals![Kind::Dir as i64, 0o755, now],
-        )?;
-        if tx.dialect().is_postgres() {
-            // The root took ino 1 by hand: the sequence must hand out 2 next. (SQLite's
-            // AUTOINCREMENT already counts the explicit 1.)
-            tx.exec(
-                "SELECT setval(pg_get_serial_sequence('inodes', 'ino'), 1)",
-                vals![],
-            )?;
-        }
-        Ok(())
-    })
 }
 
 #[cfg(test)]
