@@ -336,23 +336,6 @@ pub trait LegacyEngine: Send + Sync {
     fn get_projid(&self, ino: Ino) -> Result<(u32, bool)>;
 
     // ---- data ----
-    /// Allocates `n` consecutive object ids and returns the first.
-    fn alloc_object_ids(&self, n: u64) -> Result<u64>;
-    /// The slices of one chunk in commit order.
-    fn read_chunk(&self, ino: Ino, chunk: u64) -> Result<Vec<Slice>>;
-    /// Records written slices (in write order) and extends the size to at least `new_end`;
-    /// bumps the data version and mtime/ctime. Returns the new attributes.
-    fn commit_slices(&self, ino: Ino, slices: &[Slice], new_end: u64, mtime: Nanos)
-        -> Result<Attr>;
-    /// Reserves space: extends the size to `off+len` unless `keep_size`. With `zero`, the range
-    /// reads as zeros afterwards (FALLOC_FL_PUNCH_HOLE with `keep_size`, FALLOC_FL_ZERO_RANGE
-    /// with or without): zero slices cover the part inside the old size, and the size grows
-    /// to `off+len` unless `keep_size`.
-    fn fallocate(&self, ino: Ino, off: u64, len: u64, keep_size: bool, zero: bool) -> Result<Attr>;
-    /// Replaces all slices of a chunk by `merged` if the chunk's newest slice is still `upto`
-    /// (compaction). Returns false when the chunk changed in between; `merged`'s objects then
-    /// go to the trash.
-    fn replace_chunk(&self, ino: Ino, chunk: u64, upto: u64, merged: &[Slice]) -> Result<bool>;
 
     /// Makes every committed transaction durable against power loss (fsync semantics).
     fn sync(&self) -> Result<()>;
@@ -411,13 +394,6 @@ pub trait LegacyEngine: Send + Sync {
     fn close_files(&self, session: u64, inos: &[Ino]) -> Result<()>;
 
     // ---- garbage ----
-    /// Objects no longer referenced and not in use by an open file.
-    fn trash(&self, limit: usize) -> Result<Vec<TrashItem>>;
-    /// Forgets trash entries whose objects were deleted, and releases their space.
-    fn trash_done(&self, ids: &[u64]) -> Result<()>;
-
-    /// Replaces all of a file's data by `slices` and sets its size (RW-PCC write-back).
-    fn rewrite_data(&self, ino: Ino, slices: &[Slice], size: u64, mtime: Nanos) -> Result<Attr>;
 
     // ---- persistent client cache ----
     fn pcc_lease(&self, ino: Ino) -> Result<Option<PccLease>>;

@@ -225,32 +225,6 @@ fn touch_dir(c: &Connection, dir: Ino, now: Nanos, nlink_delta: i64) -> Result<(
     Ok(())
 }
 
-/// Columns `slice_from_row` reads, in order.
-const SLICE_COLS: &str = "seq, chunk, off, len, target, obj, inline, obj_off, obj_size";
-
-fn slice_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Slice> {
-    let target: Option<i64> = r.get(4)?;
-    let obj: Option<i64> = r.get(5)?;
-    let inline: Option<Vec<u8>> = r.get(6)?;
-    let data = match (target, obj, inline) {
-        (Some(t), Some(o), _) => SliceData::Object {
-            target: t as u32,
-            obj: o as u64,
-            obj_off: r.get::<_, i64>(7)? as u64,
-            obj_size: r.get::<_, i64>(8)? as u64,
-        },
-        (_, _, Some(b)) => SliceData::Inline(b),
-        _ => SliceData::Zero,
-    };
-    Ok(Slice {
-        seq: r.get::<_, i64>(0)? as u64,
-        chunk: r.get::<_, i64>(1)? as u64,
-        off: r.get::<_, i64>(2)? as u64,
-        len: r.get::<_, i64>(3)? as u64,
-        data,
-    })
-}
-
 fn insert_slice(c: &Connection, ino: Ino, s: &Slice) -> Result<()> {
     let (target, obj, obj_off, obj_size, inline) = match &s.data {
         SliceData::Object {
@@ -283,36 +257,6 @@ fn insert_slice(c: &Connection, ino: Ino, s: &Slice) -> Result<()> {
         obj_off,
         obj_size
     ])?;
-    Ok(())
-}
-
-/// The distinct objects (target, obj, size) that `slices` bring.
-fn objects_of(slices: &[Slice]) -> Vec<(u32, u64, u64)> {
-    let mut v: Vec<(u32, u64, u64)> = slices
-        .iter()
-        .filter_map(|s| match s.data {
-            SliceData::Object {
-                target,
-                obj,
-                obj_size,
-                ..
-            } => Some((target, obj, obj_size)),
-            _ => None,
-        })
-        .collect();
-    v.sort_unstable();
-    v.dedup();
-    v
-}
-
-/// Counts new objects against their targets.
-fn account_objects(c: &Connection, objs: &[(u32, u64, u64)]) -> Result<()> {
-    for (target, _obj, size) in objs {
-        c.prepare_cached(
-            "UPDATE targets SET used = used + ?2, objects = objects + 1 WHERE id = ?1",
-        )?
-        .execute(params![*target as i64, *size as i64])?;
-    }
     Ok(())
 }
 
@@ -1519,134 +1463,6 @@ impl LegacyEngine for SqliteEngine {
         })
     }
 
-    fn alloc_object_ids(&self, n: u64) -> Result<u64> {
-        self.write(|tx| {
-            let next: i64 = tx
-                .prepare_cached(
-                    "UPDATE counters SET value = value + ?1 WHERE name = 'next_object' RETURNING value",
-                )?
-                .query_row([n as i64], |r| r.get(0))?;
-            Ok((next - n as i64) as u64)
-        })
-    }
-
-    fn read_chunk(&self, ino: Ino, chunk: u64) -> Result<Vec<Slice>> {
-        self.read(|c| {
-            let mut st = c.prepare_cached(&format!(
-                "SELECT {SLICE_COLS} FROM slices WHERE ino = ?1 AND chunk = ?2 ORDER BY seq"
-            ))?;
-            let rows = st.query_map(params![ino as i64, chunk as i64], slice_from_row)?;
-            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
-        })
-    }
-
-    fn commit_slices(
-        &self,
-        ino: Ino,
-        slices: &[Slice],
-        new_end: u64,
-        mtime: Nanos,
-    ) -> Result<Attr> {
-        // `None`: the file went away while its data was uploading. The trash records of its
-        // objects must commit, so the transaction succeeds and the error is returned after.
-        let r = self.write(|tx| {
-            let a = match get_attr(tx, ino) {
-                Ok(a) => a,
-                Err(MetaError::NotFound) => {
-                    let objs = objects_of(slices);
-                    account_objects(tx, &objs)?;
-                    for (target, obj, size) in objs {
-                        tx.execute(
-                            "INSERT INTO trash (ino, target, obj, len) VALUES (?1,?2,?3,?4)",
-                            params![ino as i64, target as i64, obj as i64, size as i64],
-                        )?;
-                    }
-                    return Ok(None);
-                }
-                Err(e) => return Err(e),
-            };
-            account_objects(tx, &objects_of(slices))?;
-            let chunks: Vec<u64> = slices.iter().map(|s| s.chunk).collect();
-            let before = chunks_allocated(tx, ino, &chunks)?;
-            for s in slices {
-                insert_slice(tx, ino, s)?;
-            }
-            add_allocated(tx, ino, before, chunks_allocated(tx, ino, &chunks)?)?;
-            let size = a.size.max(new_end);
-            tx.prepare_cached(
-                "UPDATE inodes SET size = ?2, mtime = ?3, ctime = ?3, data_version = data_version + 1 \
-                 WHERE ino = ?1",
-            )?
-            .execute(params![ino as i64, size as i64, mtime])?;
-            get_attr(tx, ino).map(Some)
-        })?;
-        r.ok_or(MetaError::NotFound)
-    }
-
-    fn fallocate(&self, ino: Ino, off: u64, len: u64, keep_size: bool, zero: bool) -> Result<Attr> {
-        self.write(|tx| {
-            let a = get_attr(tx, ino)?;
-            if a.kind != Kind::File {
-                return Err(MetaError::Invalid("fallocate on a non-regular file".into()));
-            }
-            let now = now_nanos();
-            if zero {
-                let end = (off + len).min(a.size);
-                if let Some(l) = &a.layout {
-                    if end > off {
-                        zero_range(tx, ino, l.stripe_size, off, end - off)?;
-                    }
-                }
-                let size = if keep_size { a.size } else { a.size.max(off + len) };
-                tx.execute(
-                    "UPDATE inodes SET size = ?3, mtime = ?2, ctime = ?2, data_version = data_version + 1 WHERE ino = ?1",
-                    params![ino as i64, now, size as i64],
-                )?;
-            } else if !keep_size && off + len > a.size {
-                tx.execute(
-                    "UPDATE inodes SET size = ?2, ctime = ?3, data_version = data_version + 1 WHERE ino = ?1",
-                    params![ino as i64, (off + len) as i64, now],
-                )?;
-            }
-            get_attr(tx, ino)
-        })
-    }
-
-    fn replace_chunk(&self, ino: Ino, chunk: u64, upto: u64, merged: &[Slice]) -> Result<bool> {
-        self.write(|tx| {
-            let newest: Option<i64> = tx.query_row(
-                "SELECT MAX(seq) FROM slices WHERE ino = ?1 AND chunk = ?2",
-                params![ino as i64, chunk as i64],
-                |r| r.get(0),
-            )?;
-            if newest != Some(upto as i64) {
-                // The chunk changed: the merged objects are garbage.
-                let objs = objects_of(merged);
-                account_objects(tx, &objs)?;
-                for (target, obj, size) in objs {
-                    tx.execute(
-                        "INSERT INTO trash (ino, target, obj, len) VALUES (?1,?2,?3,?4)",
-                        params![ino as i64, target as i64, obj as i64, size as i64],
-                    )?;
-                }
-                return Ok(false);
-            }
-            let before = chunk_allocated(tx, ino, chunk)?;
-            trash_slices(
-                tx,
-                ino,
-                "chunk = ?2 AND seq <= ?3",
-                &[chunk as i64, upto as i64],
-            )?;
-            account_objects(tx, &objects_of(merged))?;
-            for s in merged {
-                insert_slice(tx, ino, s)?;
-            }
-            add_allocated(tx, ino, before, chunk_allocated(tx, ino, chunk)?)?;
-            Ok(true)
-        })
-    }
-
     fn sync(&self) -> Result<()> {
         self.sync_wal()
     }
@@ -2112,60 +1928,6 @@ impl LegacyEngine for SqliteEngine {
                 purge_if_orphan(tx, ino)?;
             }
             Ok(())
-        })
-    }
-
-    fn trash(&self, limit: usize) -> Result<Vec<TrashItem>> {
-        self.read(|c| {
-            let mut st = c.prepare_cached(
-                "SELECT id, target, obj, len FROM trash t \
-                 WHERE NOT EXISTS (SELECT 1 FROM open_files o WHERE o.ino = t.ino) ORDER BY id LIMIT ?1",
-            )?;
-            let rows = st.query_map([limit as i64], |r| {
-                Ok(TrashItem {
-                    id: r.get::<_, i64>(0)? as u64,
-                    target: r.get::<_, i64>(1)? as u32,
-                    obj: r.get::<_, i64>(2)? as u64,
-                    len: r.get::<_, i64>(3)? as u64,
-                })
-            })?;
-            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
-        })
-    }
-
-    fn trash_done(&self, ids: &[u64]) -> Result<()> {
-        self.write(|tx| {
-            for id in ids {
-                let row: Option<(i64, i64)> = tx
-                    .prepare_cached("DELETE FROM trash WHERE id = ?1 RETURNING target, len")?
-                    .query_row([*id as i64], |r| Ok((r.get(0)?, r.get(1)?)))
-                    .optional()?;
-                if let Some((target, len)) = row {
-                    tx.prepare_cached(
-                        "UPDATE targets SET used = MAX(used - ?2, 0), objects = MAX(objects - 1, 0) WHERE id = ?1",
-                    )?
-                    .execute(params![target, len])?;
-                }
-            }
-            Ok(())
-        })
-    }
-
-    fn rewrite_data(&self, ino: Ino, slices: &[Slice], size: u64, mtime: Nanos) -> Result<Attr> {
-        self.write(|tx| {
-            get_attr(tx, ino)?;
-            trash_slices(tx, ino, "1 = 1", &[])?;
-            account_objects(tx, &objects_of(slices))?;
-            for s in slices {
-                insert_slice(tx, ino, s)?;
-            }
-            recount_file(tx, ino)?;
-            tx.prepare_cached(
-                "UPDATE inodes SET size = ?2, mtime = ?3, ctime = ?4, data_version = data_version + 1 \
-                 WHERE ino = ?1",
-            )?
-            .execute(params![ino as i64, size as i64, mtime, now_nanos()])?;
-            get_attr(tx, ino)
         })
     }
 
