@@ -377,21 +377,6 @@ pub trait LegacyEngine: Send + Sync {
     fn path_of(&self, ino: Ino) -> Result<Option<Vec<u8>>>;
 
     // ---- sessions and open files ----
-    fn register_session(&self, s: &SessionInfo) -> Result<u64>;
-    /// Registers a session unless another session of the same client name heartbeated within
-    /// `timeout_ns` ([`MetaError::ClientNameInUse`]); the check and the insert are one
-    /// transaction, so two mounts of one name at once cannot both succeed.
-    fn register_session_unique(&self, s: &SessionInfo, timeout_ns: i64) -> Result<u64>;
-    fn heartbeat(&self, session: u64) -> Result<()>;
-    fn unregister_session(&self, session: u64) -> Result<()>;
-    fn sessions(&self) -> Result<Vec<SessionInfo>>;
-    /// Removes sessions whose heartbeat is older than `timeout_ns`, with their open files and
-    /// locks; returns how many went.
-    fn reap_sessions(&self, timeout_ns: i64) -> Result<usize>;
-    fn open_file(&self, session: u64, ino: Ino) -> Result<()>;
-    /// Drops one open of each of `inos` by `session` (one transaction); a file with no names
-    /// left is deleted at its last close on every client.
-    fn close_files(&self, session: u64, inos: &[Ino]) -> Result<()>;
 
     // ---- garbage ----
 
@@ -421,8 +406,6 @@ pub trait LegacyEngine: Send + Sync {
     fn pcc_revokes_for(&self, client: &str) -> Result<Vec<Ino>>;
     /// Every lease `client` holds (recovery after a restart).
     fn pcc_leases_of(&self, client: &str) -> Result<Vec<PccLease>>;
-    /// Whether a client with this name has a session whose heartbeat is newer than `timeout_ns`.
-    fn client_alive(&self, client: &str, timeout_ns: i64) -> Result<bool>;
     fn pcc_rule_add(
         &self,
         mode: &str,

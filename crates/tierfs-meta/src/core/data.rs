@@ -388,7 +388,6 @@ pub(crate) fn trash_slices(tx: &mut dyn Tx, ino: Ino, sel: SliceSel) -> Result<(
 
 /// Deletes a file whose last name is gone and that nobody holds: its slices (objects to the
 /// trash), xattrs, locks, lease, recall requests and inode.
-#[allow(dead_code)] // until the sessions port and the namespace port use it
 pub(crate) fn purge_inode(tx: &mut dyn Tx, ino: Ino) -> Result<()> {
     trash_slices(tx, ino, SliceSel::All)?;
     if tx.dialect().is_postgres() {

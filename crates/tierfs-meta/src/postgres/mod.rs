@@ -723,15 +723,6 @@ fn lease_of(c: &mut PgConn, ino: Ino) -> Result<Option<PccLease>> {
     .map(|r| lease_from_row(&r)))
 }
 
-fn record_open(c: &mut PgConn, session: u64, ino: Ino) -> Result<()> {
-    c.exec(
-        "INSERT INTO open_files (session, ino, count) VALUES ($1, $2, 1) \
-         ON CONFLICT (ino, session) DO UPDATE SET count = open_files.count + 1",
-        &[&(session as i64), &(ino as i64)],
-    )?;
-    Ok(())
-}
-
 fn locks_of(c: &mut PgConn, ino: Ino) -> Result<Vec<LockRange>> {
     Ok(c.query(
         "SELECT session, owner, flock, typ, start, \"end\", pid FROM locks WHERE ino = $1",
@@ -1141,19 +1132,6 @@ impl Listener for PgListener {
                 Err(e) => return Err(pg_err(e)),
             }
         }
-    }
-}
-
-fn session_from_row(r: &Row) -> SessionInfo {
-    SessionInfo {
-        id: r.get::<_, i64>(0) as u64,
-        client_name: r.get(1),
-        host: r.get(2),
-        pid: r.get::<_, i64>(3) as u32,
-        mountpoint: r.get(4),
-        version: r.get(5),
-        started: r.get(6),
-        heartbeat: r.get(7),
     }
 }
 
@@ -2167,113 +2145,6 @@ impl LegacyEngine for PgEngine {
         })
     }
 
-    fn register_session(&self, s: &SessionInfo) -> Result<u64> {
-        self.write(|c| {
-            let now = now_nanos();
-            Ok(c.i64(
-                "INSERT INTO sessions (client_name, host, pid, mountpoint, version, started, heartbeat) \
-                 VALUES ($1,$2,$3,$4,$5,$6,$6) RETURNING id",
-                &[
-                    &s.client_name,
-                    &s.host,
-                    &(s.pid as i64),
-                    &s.mountpoint,
-                    &s.version,
-                    &now,
-                ],
-            )? as u64)
-        })
-    }
-
-    fn register_session_unique(&self, s: &SessionInfo, timeout_ns: i64) -> Result<u64> {
-        self.write(|c| {
-            // READ COMMITTED (allowed before the first query): the check after the lock sees
-            // a session another mount of the same name committed while this one waited.
-            c.batch("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")?;
-            let key = format!("tierfs client name {}", s.client_name);
-            c.query("SELECT pg_advisory_xact_lock(hashtext($1))", &[&key])?;
-            let now = now_nanos();
-            let live = c.query(
-                "SELECT id, client_name, host, pid, mountpoint, version, started, heartbeat \
-                 FROM sessions WHERE client_name = $1 AND heartbeat >= $2 ORDER BY id LIMIT 1",
-                &[&s.client_name, &(now - timeout_ns)],
-            )?;
-            if let Some(r) = live.first() {
-                return Err(MetaError::ClientNameInUse(format!(
-                    "'{}' is already mounted ({}); unmount it first, or mount with another --client-name",
-                    s.client_name,
-                    session_from_row(r).describe()
-                )));
-            }
-            Ok(c.i64(
-                "INSERT INTO sessions (client_name, host, pid, mountpoint, version, started, heartbeat) \
-                 VALUES ($1,$2,$3,$4,$5,$6,$6) RETURNING id",
-                &[
-                    &s.client_name,
-                    &s.host,
-                    &(s.pid as i64),
-                    &s.mountpoint,
-                    &s.version,
-                    &now,
-                ],
-            )? as u64)
-        })
-    }
-
-    fn heartbeat(&self, session: u64) -> Result<()> {
-        self.write(|c| {
-            let n = c.exec(
-                "UPDATE sessions SET heartbeat = $2 WHERE id = $1",
-                &[&(session as i64), &now_nanos()],
-            )?;
-            if n == 0 {
-                return Err(MetaError::NotFound);
-            }
-            Ok(())
-        })
-    }
-
-    fn unregister_session(&self, session: u64) -> Result<()> {
-        self.write(|c| end_sessions(c, &[session as i64]))
-    }
-
-    fn sessions(&self) -> Result<Vec<SessionInfo>> {
-        self.read(|c| {
-            Ok(c.query(
-                "SELECT id, client_name, host, pid, mountpoint, version, started, heartbeat \
-                 FROM sessions ORDER BY id",
-                &[],
-            )?
-            .iter()
-            .map(session_from_row)
-            .collect())
-        })
-    }
-
-    fn reap_sessions(&self, timeout_ns: i64) -> Result<usize> {
-        self.write(|c| {
-            let limit = now_nanos() - timeout_ns;
-            let dead: Vec<i64> = c
-                .query(
-                    "SELECT id FROM sessions WHERE heartbeat < $1 ORDER BY id",
-                    &[&limit],
-                )?
-                .iter()
-                .map(|r| r.get(0))
-                .collect();
-            end_sessions(c, &dead)?;
-            Ok(dead.len())
-        })
-    }
-
-    fn open_file(&self, session: u64, ino: Ino) -> Result<()> {
-        self.write(|c| {
-            lock1(c, ino)?;
-            record_open(c, session, ino)?;
-            Ok(())
-        })
-    }
-
     fn purge_orphans(&self, replaced_before: Nanos) -> Result<u64> {
         let due: Vec<i64> = self.read(|c| {
             Ok(c.query(
@@ -2304,28 +2175,6 @@ impl LegacyEngine for PgEngine {
                 }
             }
             Ok(n)
-        })
-    }
-
-    fn close_files(&self, session: u64, inos: &[Ino]) -> Result<()> {
-        if inos.is_empty() {
-            return Ok(());
-        }
-        self.write(|c| {
-            lock_inodes(c, inos)?;
-            for ino in inos {
-                let ino = *ino;
-                c.exec(
-                    "UPDATE open_files SET count = count - 1 WHERE session = $1 AND ino = $2",
-                    &[&(session as i64), &(ino as i64)],
-                )?;
-                c.exec(
-                    "DELETE FROM open_files WHERE session = $1 AND ino = $2 AND count <= 0",
-                    &[&(session as i64), &(ino as i64)],
-                )?;
-                purge_if_orphan(c, ino)?;
-            }
-            Ok(())
         })
     }
 
@@ -2451,15 +2300,6 @@ impl LegacyEngine for PgEngine {
             .iter()
             .map(lease_from_row)
             .collect())
-        })
-    }
-
-    fn client_alive(&self, client: &str, timeout_ns: i64) -> Result<bool> {
-        self.read(|c| {
-            c.exists(
-                "SELECT EXISTS (SELECT 1 FROM sessions WHERE client_name = $1 AND heartbeat >= $2)",
-                &[&client, &(now_nanos() - timeout_ns)],
-            )
         })
     }
 

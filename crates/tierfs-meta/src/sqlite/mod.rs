@@ -1790,95 +1790,6 @@ impl LegacyEngine for SqliteEngine {
         })
     }
 
-    fn register_session(&self, s: &SessionInfo) -> Result<u64> {
-        self.write(|tx| {
-            let now = now_nanos();
-            tx.execute(
-                "INSERT INTO sessions (client_name, host, pid, mountpoint, version, started, heartbeat) \
-                 VALUES (?1,?2,?3,?4,?5,?6,?6)",
-                params![s.client_name, s.host, s.pid as i64, s.mountpoint, s.version, now],
-            )?;
-            Ok(tx.last_insert_rowid() as u64)
-        })
-    }
-
-    fn register_session_unique(&self, s: &SessionInfo, timeout_ns: i64) -> Result<u64> {
-        self.write(|tx| {
-            let now = now_nanos();
-            let live = {
-                let mut st = tx.prepare_cached(
-                    "SELECT id, client_name, host, pid, mountpoint, version, started, heartbeat \
-                     FROM sessions WHERE client_name = ?1 AND heartbeat >= ?2 ORDER BY id LIMIT 1",
-                )?;
-                let mut rows = st.query_map(params![s.client_name, now - timeout_ns], session_from_row)?;
-                rows.next().transpose()?
-            };
-            if let Some(l) = live {
-                return Err(MetaError::ClientNameInUse(format!(
-                    "'{}' is already mounted ({}); unmount it first, or mount with another --client-name",
-                    s.client_name,
-                    l.describe()
-                )));
-            }
-            tx.execute(
-                "INSERT INTO sessions (client_name, host, pid, mountpoint, version, started, heartbeat) \
-                 VALUES (?1,?2,?3,?4,?5,?6,?6)",
-                params![s.client_name, s.host, s.pid as i64, s.mountpoint, s.version, now],
-            )?;
-            Ok(tx.last_insert_rowid() as u64)
-        })
-    }
-
-    fn heartbeat(&self, session: u64) -> Result<()> {
-        self.write(|tx| {
-            let n = tx.execute(
-                "UPDATE sessions SET heartbeat = ?2 WHERE id = ?1",
-                params![session as i64, now_nanos()],
-            )?;
-            if n == 0 {
-                return Err(MetaError::NotFound);
-            }
-            Ok(())
-        })
-    }
-
-    fn unregister_session(&self, session: u64) -> Result<()> {
-        self.write(|tx| end_session(tx, session))
-    }
-
-    fn sessions(&self) -> Result<Vec<SessionInfo>> {
-        self.read(|c| {
-            let mut st = c.prepare_cached(
-                "SELECT id, client_name, host, pid, mountpoint, version, started, heartbeat FROM sessions ORDER BY id",
-            )?;
-            let rows = st.query_map([], session_from_row)?;
-            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
-        })
-    }
-
-    fn reap_sessions(&self, timeout_ns: i64) -> Result<usize> {
-        self.write(|tx| {
-            let limit = now_nanos() - timeout_ns;
-            let dead: Vec<i64> = {
-                let mut st = tx.prepare_cached("SELECT id FROM sessions WHERE heartbeat < ?1")?;
-                let rows = st.query_map([limit], |r| r.get(0))?;
-                rows.collect::<rusqlite::Result<Vec<_>>>()?
-            };
-            for id in &dead {
-                end_session(tx, *id as u64)?;
-            }
-            Ok(dead.len())
-        })
-    }
-
-    fn open_file(&self, session: u64, ino: Ino) -> Result<()> {
-        self.write(|tx| {
-            get_attr(tx, ino)?;
-            record_open(tx, session, ino)?;
-            Ok(())
-        })
-    }
-
     fn purge_orphans(&self, replaced_before: Nanos) -> Result<u64> {
         let due: Vec<i64> = self.read(|c| {
             let mut st = c.prepare_cached(
@@ -1907,27 +1818,6 @@ impl LegacyEngine for SqliteEngine {
                 }
             }
             Ok(n)
-        })
-    }
-
-    fn close_files(&self, session: u64, inos: &[Ino]) -> Result<()> {
-        if inos.is_empty() {
-            return Ok(());
-        }
-        self.write(|tx| {
-            for ino in inos {
-                let ino = *ino;
-                tx.prepare_cached(
-                    "UPDATE open_files SET count = count - 1 WHERE session = ?1 AND ino = ?2",
-                )?
-                .execute(params![session as i64, ino as i64])?;
-                tx.prepare_cached(
-                    "DELETE FROM open_files WHERE session = ?1 AND ino = ?2 AND count <= 0",
-                )?
-                .execute(params![session as i64, ino as i64])?;
-                purge_if_orphan(tx, ino)?;
-            }
-            Ok(())
         })
     }
 
@@ -2036,15 +1926,6 @@ impl LegacyEngine for SqliteEngine {
             )?;
             let rows = st.query_map([client], lease_from_row)?;
             Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
-        })
-    }
-
-    fn client_alive(&self, client: &str, timeout_ns: i64) -> Result<bool> {
-        self.read(|c| {
-            Ok(c.prepare_cached(
-                "SELECT EXISTS (SELECT 1 FROM sessions WHERE client_name = ?1 AND heartbeat >= ?2)",
-            )?
-            .query_row(params![client, now_nanos() - timeout_ns], |r| r.get(0))?)
         })
     }
 
@@ -2219,20 +2100,6 @@ const UNHELD: &str =
     "i.kind != 2 AND i.ino != 1 AND i.orphan != 2 AND (i.orphan = 1 OR i.nlink = 0) \
      AND NOT EXISTS (SELECT 1 FROM open_files o WHERE o.ino = i.ino) \
      AND NOT EXISTS (SELECT 1 FROM dentries d WHERE d.ino = i.ino)";
-
-/// Removes a session with its open files (purging orphans it was the last to hold) and locks.
-fn session_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<SessionInfo> {
-    Ok(SessionInfo {
-        id: r.get::<_, i64>(0)? as u64,
-        client_name: r.get(1)?,
-        host: r.get(2)?,
-        pid: r.get::<_, i64>(3)? as u32,
-        mountpoint: r.get(4)?,
-        version: r.get(5)?,
-        started: r.get(6)?,
-        heartbeat: r.get(7)?,
-    })
-}
 
 fn end_session(c: &Connection, session: u64) -> Result<()> {
     let inos: Vec<i64> = {
