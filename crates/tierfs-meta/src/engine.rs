@@ -427,10 +427,4 @@ pub trait LegacyEngine: Send + Sync {
     }
 
     // ---- advisory locks (POSIX and flock), shared by every client ----
-    /// Takes, changes or releases a lock; `WouldBlock` when another owner holds a conflicting one.
-    fn set_lock(&self, ino: Ino, lock: &LockRange) -> Result<()>;
-    /// The first lock conflicting with `lock`, if any.
-    fn test_lock(&self, ino: Ino, lock: &LockRange) -> Result<Option<LockRange>>;
-    /// Releases every lock of one owner on one inode (at close).
-    fn release_locks(&self, ino: Ino, session: u64, owner: u64, flock: bool) -> Result<()>;
 }

@@ -65,7 +65,6 @@ use postgres::Row;
 use crate::core::SqlMeta;
 use crate::engine::{Channel, LegacyEngine, Listener, Notice};
 use crate::error::{MetaError, Result};
-use crate::locks;
 use crate::sql::postgres::PgTx;
 use crate::sql::{Dialect, DialectKind, Driver, Tx};
 use crate::types::*;
@@ -672,39 +671,6 @@ fn resolve_time(t: TimeSet, now: Nanos) -> Nanos {
     }
 }
 
-fn lock_typ_to_i64(t: LockType) -> i64 {
-    match t {
-        LockType::Read => 0,
-        LockType::Write => 1,
-        LockType::Unlock => 2,
-    }
-}
-
-fn lock_from_row(r: &Row) -> LockRange {
-    let end: i64 = r.get(5);
-    LockRange {
-        session: r.get::<_, i64>(0) as u64,
-        owner: r.get::<_, i64>(1) as u64,
-        flock: r.get::<_, i64>(2) != 0,
-        typ: if r.get::<_, i64>(3) == 1 {
-            LockType::Write
-        } else {
-            LockType::Read
-        },
-        start: r.get::<_, i64>(4) as u64,
-        end: if end == i64::MAX {
-            u64::MAX
-        } else {
-            end as u64
-        },
-        pid: r.get::<_, i64>(6) as u32,
-    }
-}
-
-fn lock_end_to_i64(end: u64) -> i64 {
-    end.min(i64::MAX as u64) as i64
-}
-
 fn lease_from_row(r: &Row) -> PccLease {
     PccLease {
         ino: r.get::<_, i64>(0) as u64,
@@ -721,16 +687,6 @@ fn lease_of(c: &mut PgConn, ino: Ino) -> Result<Option<PccLease>> {
         &[&(ino as i64)],
     )?
     .map(|r| lease_from_row(&r)))
-}
-
-fn locks_of(c: &mut PgConn, ino: Ino) -> Result<Vec<LockRange>> {
-    Ok(c.query(
-        "SELECT session, owner, flock, typ, start, \"end\", pid FROM locks WHERE ino = $1",
-        &[&(ino as i64)],
-    )?
-    .iter()
-    .map(lock_from_row)
-    .collect())
 }
 
 fn purge_if_orphan(c: &mut PgConn, ino: Ino) -> Result<()> {
@@ -2366,72 +2322,6 @@ impl LegacyEngine for PgEngine {
             if c.exec("DELETE FROM pcc_rules WHERE id = $1", &[&(id as i64)])? == 0 {
                 return Err(MetaError::NotFound);
             }
-            Ok(())
-        })
-    }
-
-    fn set_lock(&self, ino: Ino, lock: &LockRange) -> Result<()> {
-        self.write(|c| {
-            lock_inodes(c, &[ino])?;
-            let held = locks_of(c, ino)?;
-            if lock.typ != LockType::Unlock && held.iter().any(|h| locks::conflicts(h, lock)) {
-                return Err(MetaError::WouldBlock);
-            }
-            let own: Vec<LockRange> = held
-                .into_iter()
-                .filter(|h| {
-                    h.session == lock.session && h.owner == lock.owner && h.flock == lock.flock
-                })
-                .collect();
-            let next = locks::apply(&own, lock);
-            c.exec(
-                "DELETE FROM locks WHERE ino = $1 AND session = $2 AND owner = $3 AND flock = $4",
-                &[
-                    &(ino as i64),
-                    &(lock.session as i64),
-                    &(lock.owner as i64),
-                    &(lock.flock as i64),
-                ],
-            )?;
-            for l in next {
-                c.exec(
-                    "INSERT INTO locks (ino, session, owner, flock, typ, start, \"end\", pid) \
-                     VALUES ($1,$2,$3,$4,$5,$6,$7,$8)",
-                    &[
-                        &(ino as i64),
-                        &(l.session as i64),
-                        &(l.owner as i64),
-                        &(l.flock as i64),
-                        &lock_typ_to_i64(l.typ),
-                        &(l.start as i64),
-                        &lock_end_to_i64(l.end),
-                        &(l.pid as i64),
-                    ],
-                )?;
-            }
-            Ok(())
-        })
-    }
-
-    fn test_lock(&self, ino: Ino, lock: &LockRange) -> Result<Option<LockRange>> {
-        self.read(|c| {
-            Ok(locks_of(c, ino)?
-                .into_iter()
-                .find(|h| locks::conflicts(h, lock)))
-        })
-    }
-
-    fn release_locks(&self, ino: Ino, session: u64, owner: u64, flock: bool) -> Result<()> {
-        self.write(|c| {
-            c.exec(
-                "DELETE FROM locks WHERE ino = $1 AND session = $2 AND owner = $3 AND flock = $4",
-                &[
-                    &(ino as i64),
-                    &(session as i64),
-                    &(owner as i64),
-                    &(flock as i64),
-                ],
-            )?;
             Ok(())
         })
     }

@@ -19,7 +19,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use crate::core::SqlMeta;
 use crate::engine::{LegacyEngine, ORPHAN_GRACE};
 use crate::error::{MetaError, Result};
-use crate::locks;
 use crate::sql::sqlite::SqliteTx;
 use crate::sql::{Dialect, DialectKind, Driver, Tx};
 use crate::types::*;
@@ -434,39 +433,6 @@ fn resolve_time(t: TimeSet, now: Nanos) -> Nanos {
         TimeSet::Now => now,
         TimeSet::At(n) => n,
     }
-}
-
-fn lock_typ_to_i64(t: LockType) -> i64 {
-    match t {
-        LockType::Read => 0,
-        LockType::Write => 1,
-        LockType::Unlock => 2,
-    }
-}
-
-fn lock_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<LockRange> {
-    let end: i64 = r.get(5)?;
-    Ok(LockRange {
-        session: r.get::<_, i64>(0)? as u64,
-        owner: r.get::<_, i64>(1)? as u64,
-        flock: r.get::<_, i64>(2)? != 0,
-        typ: if r.get::<_, i64>(3)? == 1 {
-            LockType::Write
-        } else {
-            LockType::Read
-        },
-        start: r.get::<_, i64>(4)? as u64,
-        end: if end == i64::MAX {
-            u64::MAX
-        } else {
-            end as u64
-        },
-        pid: r.get::<_, i64>(6)? as u32,
-    })
-}
-
-fn lock_end_to_i64(end: u64) -> i64 {
-    end.min(i64::MAX as u64) as i64
 }
 
 impl SqliteEngine {
@@ -1990,61 +1956,6 @@ impl LegacyEngine for SqliteEngine {
             Ok(())
         })
     }
-
-    fn set_lock(&self, ino: Ino, lock: &LockRange) -> Result<()> {
-        self.write(|tx| {
-            let held = locks_of(tx, ino)?;
-            if lock.typ != LockType::Unlock && held.iter().any(|h| locks::conflicts(h, lock)) {
-                return Err(MetaError::WouldBlock);
-            }
-            let own: Vec<LockRange> = held
-                .into_iter()
-                .filter(|h| h.session == lock.session && h.owner == lock.owner && h.flock == lock.flock)
-                .collect();
-            let next = locks::apply(&own, lock);
-            tx.prepare_cached("DELETE FROM locks WHERE ino = ?1 AND session = ?2 AND owner = ?3 AND flock = ?4")?
-                .execute(params![ino as i64, lock.session as i64, lock.owner as i64, lock.flock as i64])?;
-            for l in next {
-                tx.prepare_cached(
-                    "INSERT INTO locks (ino, session, owner, flock, typ, start, end, pid) VALUES (?1,?2,?3,?4,?5,?6,?7,?8)",
-                )?
-                .execute(params![
-                    ino as i64,
-                    l.session as i64,
-                    l.owner as i64,
-                    l.flock as i64,
-                    lock_typ_to_i64(l.typ),
-                    l.start as i64,
-                    lock_end_to_i64(l.end),
-                    l.pid as i64
-                ])?;
-            }
-            Ok(())
-        })
-    }
-
-    fn test_lock(&self, ino: Ino, lock: &LockRange) -> Result<Option<LockRange>> {
-        self.read(|c| {
-            Ok(locks_of(c, ino)?
-                .into_iter()
-                .find(|h| locks::conflicts(h, lock)))
-        })
-    }
-
-    fn release_locks(&self, ino: Ino, session: u64, owner: u64, flock: bool) -> Result<()> {
-        self.write(|tx| {
-            tx.prepare_cached(
-                "DELETE FROM locks WHERE ino = ?1 AND session = ?2 AND owner = ?3 AND flock = ?4",
-            )?
-            .execute(params![
-                ino as i64,
-                session as i64,
-                owner as i64,
-                flock as i64
-            ])?;
-            Ok(())
-        })
-    }
 }
 
 fn lease_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<PccLease> {
@@ -2072,14 +1983,6 @@ fn record_open(c: &Connection, session: u64, ino: Ino) -> Result<()> {
     )?
     .execute(params![session as i64, ino as i64])?;
     Ok(())
-}
-
-fn locks_of(c: &Connection, ino: Ino) -> Result<Vec<LockRange>> {
-    let mut st = c.prepare_cached(
-        "SELECT session, owner, flock, typ, start, end, pid FROM locks WHERE ino = ?1",
-    )?;
-    let rows = st.query_map([ino as i64], lock_from_row)?;
-    Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
 }
 
 fn purge_if_orphan(c: &Connection, ino: Ino) -> Result<()> {
