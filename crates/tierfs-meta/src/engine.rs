@@ -337,12 +337,6 @@ pub trait LegacyEngine: Send + Sync {
 
     // ---- data ----
 
-    /// Makes every committed transaction durable against power loss (fsync semantics).
-    fn sync(&self) -> Result<()>;
-    /// Background housekeeping of the engine (SQLite: checkpoint the write-ahead log; every
-    /// engine: purge files replaced more than [`ORPHAN_GRACE`] ago). Each client calls it every
-    /// second or so, off the application's path.
-    fn maintain(&self) -> Result<()>;
     /// Purges files a rename replaced before `replaced_before` (their grace is over) that no
     /// client has open; returns how many. One still open is left for a pass after its last
     /// close.
@@ -381,14 +375,6 @@ pub trait LegacyEngine: Send + Sync {
     // ---- garbage ----
 
     // ---- persistent client cache ----
-
-    // ---- notifications ----
-    /// Subscribes to events on `channels` addressed to `client` (see the module doc).
-    /// `Ok(None)`: this engine has no notifications, poll instead. An error: it has them but
-    /// cannot subscribe now (database unreachable); try again later.
-    fn listen(&self, _client: &str, _channels: &[Channel]) -> Result<Option<Box<dyn Listener>>> {
-        Ok(None)
-    }
 
     // ---- advisory locks (POSIX and flock), shared by every client ----
 }
