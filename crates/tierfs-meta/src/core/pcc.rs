@@ -2,7 +2,7 @@
 //! give a lease back, and attach rules with their quotas.
 
 use super::common::{attr_from_row, ATTR_COLS};
-use super::data::{lock1, lock_rows};
+use super::common::{lock1, lock_rows};
 use super::SqlMeta;
 use crate::engine::Pcc;
 use crate::error::{MetaError, Result};
