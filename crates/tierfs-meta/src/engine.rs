@@ -276,11 +276,6 @@ impl<T> MetaEngine for T where
 /// The wide trait the engines implemented before the shared core existed. Transitional:
 /// [`crate::core::SqlMeta`] delegates the domains not ported yet to it; it goes once all are.
 pub trait LegacyEngine: Send + Sync {
-    /// Filesystem-wide settings.
-    fn info(&self) -> Result<FsInfo>;
-    fn targets(&self) -> Result<Vec<TargetInfo>>;
-    fn usage(&self) -> Result<Usage>;
-
     // ---- namespace ----
     fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Attr>;
     fn getattr(&self, ino: Ino) -> Result<Attr>;
@@ -342,31 +337,7 @@ pub trait LegacyEngine: Send + Sync {
     /// close.
     fn purge_orphans(&self, replaced_before: Nanos) -> Result<u64>;
 
-    /// Every row of the filesystem's persistent tables ([`DUMP_TABLES`]; not the sessions, open
-    /// files, locks or recall requests of mounted clients), for `tierfs dump`.
-    fn export_rows(&self, _sink: &mut dyn FnMut(DumpRow) -> Result<()>) -> Result<()> {
-        Err(MetaError::Invalid("this engine cannot dump yet".into()))
-    }
-    /// Loads rows from a dump into a freshly formatted, empty filesystem (one transaction).
-    fn import_rows(&self, _rows: &mut dyn Iterator<Item = Result<DumpRow>>) -> Result<u64> {
-        Err(MetaError::Invalid("this engine cannot load yet".into()))
-    }
-
     // ---- consistency checks (`tierfs fsck`, `tierfs gc`) ----
-    /// Every reference to a storage object: each slice that reads one, and each trash row.
-    fn object_refs(&self) -> Result<Vec<ObjectRef>>;
-    /// The first object id not yet handed out (ids at or above it belong to no client yet).
-    fn object_id_counter(&self) -> Result<u64>;
-    /// Problems in the metadata alone: dangling directory entries, files without names that
-    /// nobody holds, open files, locks and RW-PCC leases of sessions that are gone or whose
-    /// heartbeat is older than `timeout_ns`.
-    fn meta_issues(&self, timeout_ns: i64) -> Result<Vec<MetaIssue>>;
-    /// Repairs one issue found by [`LegacyEngine::meta_issues`] in one transaction, if it still
-    /// holds (checked again inside it, so a client that came back meanwhile keeps its rows).
-    /// Returns whether something changed. A stale open or lock ends its whole dead session (as
-    /// [`LegacyEngine::reap_sessions`] would), or drops the row of a session that no longer
-    /// exists; a dirty RW-PCC lease is never dropped (false).
-    fn repair_issue(&self, issue: &MetaIssue, timeout_ns: i64) -> Result<bool>;
     /// One path of an inode from the root (`None` when it has no name left).
     fn path_of(&self, ino: Ino) -> Result<Option<Vec<u8>>>;
 

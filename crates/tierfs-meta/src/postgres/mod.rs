@@ -51,7 +51,6 @@
 //! and when [`Listener::wait`] fails (connection lost) falls back to polling and listens again
 //! later.
 
-mod dump;
 pub mod pgpass;
 pub(crate) mod pool;
 
@@ -325,38 +324,6 @@ fn add_allocated(c: &mut PgConn, ino: Ino, before: u64, after: u64) -> Result<()
             "UPDATE inodes SET allocated = GREATEST(0, allocated + $2) WHERE ino = $1",
             &[&(ino as i64), &(after as i64 - before as i64)],
         )?;
-    }
-    Ok(())
-}
-
-/// Counts a file's allocated bytes from all its slices.
-fn recount_file(c: &mut PgConn, ino: Ino) -> Result<()> {
-    let chunks: Vec<u64> = c
-        .query(
-            "SELECT DISTINCT chunk FROM slices WHERE ino = $1",
-            &[&(ino as i64)],
-        )?
-        .iter()
-        .map(|r| r.get::<_, i64>(0) as u64)
-        .collect();
-    let n = chunks_allocated(c, ino, &chunks)?;
-    c.exec(
-        "UPDATE inodes SET allocated = $2 WHERE ino = $1",
-        &[&(ino as i64), &(n as i64)],
-    )?;
-    Ok(())
-}
-
-/// Counts every file's allocated bytes (migration to v5, load of a dump).
-pub(super) fn recount_all(c: &mut PgConn) -> Result<()> {
-    let inos: Vec<Ino> = c
-        .query("SELECT DISTINCT ino FROM slices", &[])?
-        .iter()
-        .map(|r| r.get::<_, i64>(0) as u64)
-        .collect();
-    c.exec("UPDATE inodes SET allocated = 0", &[])?;
-    for ino in inos {
-        recount_file(c, ino)?;
     }
     Ok(())
 }
@@ -671,57 +638,6 @@ fn resolve_time(t: TimeSet, now: Nanos) -> Nanos {
     }
 }
 
-fn purge_if_orphan(c: &mut PgConn, ino: Ino) -> Result<()> {
-    let orphan = c
-        .opt(
-            "SELECT orphan, EXISTS (SELECT 1 FROM open_files WHERE ino = $1) \
-             FROM inodes WHERE ino = $1",
-            &[&(ino as i64)],
-        )?
-        .map(|r| (r.get::<_, i64>(0), r.get::<_, bool>(1)));
-    if let Some((1, false)) = orphan {
-        purge_inode(c, ino)?;
-    }
-    Ok(())
-}
-
-/// The condition (on `inodes i`) of a file without names that nobody holds (see the SQLite
-/// twin).
-const UNHELD: &str =
-    "i.kind != 2 AND i.ino != 1 AND i.orphan != 2 AND (i.orphan = 1 OR i.nlink = 0) \
-     AND NOT EXISTS (SELECT 1 FROM open_files o WHERE o.ino = i.ino) \
-     AND NOT EXISTS (SELECT 1 FROM dentries d WHERE d.ino = i.ino)";
-
-/// Removes sessions with their open files (purging orphans they were the last to hold) and
-/// locks.
-fn end_sessions(c: &mut PgConn, sessions: &[i64]) -> Result<()> {
-    if sessions.is_empty() {
-        return Ok(());
-    }
-    let sessions = sessions.to_vec();
-    let inos: Vec<Ino> = c
-        .query(
-            "SELECT DISTINCT ino FROM open_files WHERE session = ANY($1)",
-            &[&sessions],
-        )?
-        .iter()
-        .map(|r| r.get::<_, i64>(0) as u64)
-        .collect();
-    lock_inodes(c, &inos)?;
-    c.exec(
-        "DELETE FROM open_files WHERE session = ANY($1)",
-        &[&sessions],
-    )?;
-    let mut sorted = inos;
-    sorted.sort_unstable();
-    for ino in sorted {
-        purge_if_orphan(c, ino)?;
-    }
-    c.exec("DELETE FROM locks WHERE session = ANY($1)", &[&sessions])?;
-    c.exec("DELETE FROM sessions WHERE id = ANY($1)", &[&sessions])?;
-    Ok(())
-}
-
 /// Backoff before retry `attempt` (1-based): 2 ms doubling to 256 ms, with jitter.
 fn backoff(attempt: u32) -> Duration {
     let base = 2u64 << attempt.min(7);
@@ -824,7 +740,9 @@ impl PgEngine {
         let e = Self::new(url)?;
         if let Some(v) = e.schema_version()? {
             if v > 0 && !p.force {
-                let name = e.info().map(|i| i.name).unwrap_or_default();
+                let name = crate::core::admin::fs_info(&e)
+                    .map(|i| i.name)
+                    .unwrap_or_default();
                 return Err(MetaError::AlreadyFormatted(name));
             }
             let (mut c, _) = e.pool.get()?;
@@ -1107,81 +1025,6 @@ impl Driver for PgEngine {
 }
 
 impl LegacyEngine for PgEngine {
-    fn export_rows(&self, sink: &mut dyn FnMut(DumpRow) -> Result<()>) -> Result<()> {
-        let rows = self.write(dump::export)?;
-        for r in rows {
-            sink(r)?;
-        }
-        Ok(())
-    }
-
-    fn import_rows(&self, rows: &mut dyn Iterator<Item = Result<DumpRow>>) -> Result<u64> {
-        let rows: Vec<DumpRow> = rows.collect::<Result<_>>()?;
-        self.write(|c| dump::import(c, &rows))
-    }
-
-    fn info(&self) -> Result<FsInfo> {
-        self.read(|c| {
-            let rows = c.query("SELECT key, value FROM meta_info", &[])?;
-            let mut info = FsInfo {
-                name: String::new(),
-                uuid: String::new(),
-                default_stripe_count: 1,
-                default_stripe_size: 1 << 20,
-                inline_threshold: 0,
-                created: 0,
-                schema_version: SCHEMA_VERSION,
-            };
-            for r in rows {
-                let (k, v): (String, String) = (r.get(0), r.get(1));
-                match k.as_str() {
-                    "name" => info.name = v,
-                    "uuid" => info.uuid = v,
-                    "stripe_count" => info.default_stripe_count = v.parse().unwrap_or(1),
-                    "stripe_size" => info.default_stripe_size = v.parse().unwrap_or(1 << 20),
-                    "inline_threshold" => info.inline_threshold = v.parse().unwrap_or(0),
-                    "created" => info.created = v.parse().unwrap_or(0),
-                    _ => {}
-                }
-            }
-            Ok(info)
-        })
-    }
-
-    fn targets(&self) -> Result<Vec<TargetInfo>> {
-        self.read(|c| {
-            Ok(c.query(
-                "SELECT id, url, capacity, used, objects FROM targets ORDER BY id",
-                &[],
-            )?
-            .iter()
-            .map(|r| TargetInfo {
-                id: r.get::<_, i64>(0) as u32,
-                url: r.get(1),
-                capacity: r.get::<_, i64>(2) as u64,
-                used: r.get::<_, i64>(3).max(0) as u64,
-                objects: r.get::<_, i64>(4).max(0) as u64,
-            })
-            .collect())
-        })
-    }
-
-    fn usage(&self) -> Result<Usage> {
-        self.read(|c| {
-            let r = c.one(
-                "SELECT (SELECT COUNT(*) FROM inodes), \
-                        (SELECT COALESCE(SUM(used), 0)::BIGINT FROM targets), \
-                        (SELECT COALESCE(SUM(len), 0)::BIGINT FROM slices WHERE inline IS NOT NULL)",
-                &[],
-            )?;
-            let (inodes, bytes, inline): (i64, i64, i64) = (r.get(0), r.get(1), r.get(2));
-            Ok(Usage {
-                inodes: inodes as u64,
-                bytes: (bytes + inline).max(0) as u64,
-            })
-        })
-    }
-
     fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Attr> {
         if name.len() > NAME_MAX {
             return Err(MetaError::NameTooLong);
@@ -1729,7 +1572,7 @@ impl LegacyEngine for PgEngine {
     }
 
     fn resolve_stripe_default(&self, dir: Ino) -> Result<StripeDefault> {
-        let info = self.info()?;
+        let info = crate::core::admin::fs_info(self)?;
         self.read(|c| {
             let mut out = StripeDefault::default();
             let mut ino = dir;
@@ -1847,181 +1690,6 @@ impl LegacyEngine for PgEngine {
                 &[&(ino as i64)],
             )?;
             Ok((r.get::<_, i64>(0) as u32, r.get::<_, i64>(1) != 0))
-        })
-    }
-
-    fn object_refs(&self) -> Result<Vec<ObjectRef>> {
-        self.read(|c| {
-            Ok(c.query(
-                "SELECT target, obj, ino, obj_off + len, NULL::BIGINT FROM slices \
-                 WHERE obj IS NOT NULL \
-                 UNION ALL SELECT target, obj, ino, len, id FROM trash",
-                &[],
-            )?
-            .iter()
-            .map(|r| ObjectRef {
-                target: r.get::<_, i64>(0) as u32,
-                obj: r.get::<_, i64>(1) as u64,
-                ino: r.get::<_, i64>(2) as u64,
-                end: r.get::<_, i64>(3) as u64,
-                trash: r.get::<_, Option<i64>>(4).map(|i| i as u64),
-            })
-            .collect())
-        })
-    }
-
-    fn object_id_counter(&self) -> Result<u64> {
-        self.read(|c| {
-            let r = c.one("SELECT value FROM counters WHERE name = 'next_object'", &[])?;
-            Ok(r.get::<_, i64>(0) as u64)
-        })
-    }
-
-    fn meta_issues(&self, timeout_ns: i64) -> Result<Vec<MetaIssue>> {
-        let limit = now_nanos() - timeout_ns;
-        self.read(|c| {
-            let mut out = Vec::new();
-            for r in c.query(
-                "SELECT d.parent, d.name, d.ino FROM dentries d \
-                 WHERE NOT EXISTS (SELECT 1 FROM inodes i WHERE i.ino = d.ino) ORDER BY d.id",
-                &[],
-            )? {
-                out.push(MetaIssue::DanglingEntry {
-                    parent: r.get::<_, i64>(0) as u64,
-                    name: r.get(1),
-                    ino: r.get::<_, i64>(2) as u64,
-                });
-            }
-            let sql = format!("SELECT i.ino FROM inodes i WHERE {UNHELD} ORDER BY i.ino");
-            for r in c.query(&sql, &[])? {
-                out.push(MetaIssue::UnheldOrphan {
-                    ino: r.get::<_, i64>(0) as u64,
-                });
-            }
-            for r in c.query(
-                "SELECT o.ino, o.session FROM open_files o WHERE NOT EXISTS \
-                 (SELECT 1 FROM sessions s WHERE s.id = o.session AND s.heartbeat >= $1) \
-                 ORDER BY o.session, o.ino",
-                &[&limit],
-            )? {
-                out.push(MetaIssue::StaleOpen {
-                    ino: r.get::<_, i64>(0) as u64,
-                    session: r.get::<_, i64>(1) as u64,
-                });
-            }
-            for r in c.query(
-                "SELECT DISTINCT l.ino, l.session FROM locks l WHERE NOT EXISTS \
-                 (SELECT 1 FROM sessions s WHERE s.id = l.session AND s.heartbeat >= $1) \
-                 ORDER BY l.session, l.ino",
-                &[&limit],
-            )? {
-                out.push(MetaIssue::StaleLock {
-                    ino: r.get::<_, i64>(0) as u64,
-                    session: r.get::<_, i64>(1) as u64,
-                });
-            }
-            for r in c.query(
-                "SELECT l.ino, l.client, l.dirty FROM pcc_leases l WHERE NOT EXISTS \
-                 (SELECT 1 FROM sessions s WHERE s.client_name = l.client AND s.heartbeat >= $1) \
-                 ORDER BY l.ino",
-                &[&limit],
-            )? {
-                out.push(MetaIssue::StaleLease {
-                    ino: r.get::<_, i64>(0) as u64,
-                    client: r.get(1),
-                    dirty: r.get::<_, i64>(2) != 0,
-                });
-            }
-            Ok(out)
-        })
-    }
-
-    fn repair_issue(&self, issue: &MetaIssue, timeout_ns: i64) -> Result<bool> {
-        let limit = now_nanos() - timeout_ns;
-        self.write(|c| {
-            // The session of a stale row: Some(true) alive, Some(false) dead, None gone.
-            fn session_state(c: &mut PgConn, session: u64, limit: i64) -> Result<Option<bool>> {
-                Ok(c.opt(
-                    "SELECT heartbeat >= $2 FROM sessions WHERE id = $1 FOR UPDATE",
-                    &[&(session as i64), &limit],
-                )?
-                .map(|r| r.get::<_, bool>(0)))
-            }
-            match issue {
-                MetaIssue::DanglingEntry { parent, name, ino } => {
-                    lock_inodes(c, &[*parent])?;
-                    let kind = c
-                        .opt(
-                            "DELETE FROM dentries WHERE parent = $1 AND name = $2 AND ino = $3 \
-                             AND NOT EXISTS (SELECT 1 FROM inodes WHERE ino = $3) RETURNING kind",
-                            &[&(*parent as i64), name, &(*ino as i64)],
-                        )?
-                        .map(|r| r.get::<_, i64>(0));
-                    match kind {
-                        Some(k) => {
-                            if k == Kind::Dir as i64 {
-                                touch_dir(c, *parent, now_nanos(), -1)?;
-                            }
-                            Ok(true)
-                        }
-                        None => Ok(false),
-                    }
-                }
-                MetaIssue::UnheldOrphan { ino } => {
-                    lock_inodes(c, &[*ino])?;
-                    let sql = format!(
-                        "SELECT EXISTS (SELECT 1 FROM inodes i WHERE i.ino = $1 AND {UNHELD})"
-                    );
-                    let still = c.exists(&sql, &[&(*ino as i64)])?;
-                    if still {
-                        purge_inode(c, *ino)?;
-                    }
-                    Ok(still)
-                }
-                MetaIssue::StaleOpen { ino, session } => match session_state(c, *session, limit)? {
-                    Some(true) => Ok(false),
-                    Some(false) => {
-                        end_sessions(c, &[*session as i64])?;
-                        Ok(true)
-                    }
-                    None => {
-                        lock_inodes(c, &[*ino])?;
-                        let n = c.exec(
-                            "DELETE FROM open_files WHERE session = $1 AND ino = $2",
-                            &[&(*session as i64), &(*ino as i64)],
-                        )?;
-                        purge_if_orphan(c, *ino)?;
-                        Ok(n > 0)
-                    }
-                },
-                MetaIssue::StaleLock { ino, session } => match session_state(c, *session, limit)? {
-                    Some(true) => Ok(false),
-                    Some(false) => {
-                        end_sessions(c, &[*session as i64])?;
-                        Ok(true)
-                    }
-                    None => {
-                        let n = c.exec(
-                            "DELETE FROM locks WHERE session = $1 AND ino = $2",
-                            &[&(*session as i64), &(*ino as i64)],
-                        )?;
-                        Ok(n > 0)
-                    }
-                },
-                MetaIssue::StaleLease { ino, client, .. } => {
-                    lock_inodes(c, &[*ino])?;
-                    let n = c.exec(
-                        "DELETE FROM pcc_leases WHERE ino = $1 AND client = $2 AND dirty = 0 \
-                         AND NOT EXISTS (SELECT 1 FROM sessions s \
-                             WHERE s.client_name = $2 AND s.heartbeat >= $3)",
-                        &[&(*ino as i64), client, &limit],
-                    )?;
-                    if n > 0 {
-                        c.exec("DELETE FROM pcc_revokes WHERE ino = $1", &[&(*ino as i64)])?;
-                    }
-                    Ok(n > 0)
-                }
-            }
         })
     }
 
