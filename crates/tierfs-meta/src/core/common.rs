@@ -514,6 +514,40 @@ pub fn purge_if_orphan(tx: &mut dyn Tx, ino: Ino) -> Result<()> {
     Ok(())
 }
 
+/// An `UPDATE` of one inode row (`... WHERE ino = $1`) that gives back the inode's new
+/// attributes: on PostgreSQL in the same round trip (`RETURNING`); on SQLite as the update
+/// followed by a read, because SQLite runs `RETURNING` like a trigger, with a statement journal
+/// for every execution, which costs more than the second statement (measured: a third fewer
+/// commits per second with it). `NotFound` when the inode does not exist.
+pub struct AttrUpdate {
+    sql: &'static str,
+    returning: OnceLock<String>,
+}
+
+impl AttrUpdate {
+    pub const fn new(sql: &'static str) -> AttrUpdate {
+        AttrUpdate {
+            sql,
+            returning: OnceLock::new(),
+        }
+    }
+
+    /// Runs the update with `params` (`$1` is `ino`).
+    pub fn run(&self, tx: &mut dyn Tx, ino: Ino, params: &[Value]) -> Result<Attr> {
+        if tx.dialect().is_postgres() {
+            let sql = self
+                .returning
+                .get_or_init(|| format!("{} RETURNING {ATTR_COLS}", self.sql));
+            attr_from_row(&tx.one(sql, params)?)
+        } else {
+            if tx.exec(self.sql, params)? == 0 {
+                return Err(MetaError::NotFound);
+            }
+            get_attr(tx, ino)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

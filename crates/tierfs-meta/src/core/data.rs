@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
 use super::common::{
-    add_slices, apply_allocated, attr_from_row, get_attr, insert_slices, lock1, lock_rows,
-    slice_from_row, trash_slices, zero_range, ChunkRows, SliceSel, ATTR_COLS, SLICE_COLS,
+    add_slices, apply_allocated, get_attr, insert_slices, lock1, lock_rows, slice_from_row,
+    trash_slices, zero_range, AttrUpdate, ChunkRows, SliceSel, SLICE_COLS,
 };
 use super::SqlMeta;
 use crate::engine::FileData;
@@ -69,10 +69,6 @@ fn trash_new_objects(tx: &mut dyn Tx, ino: Ino, slices: &[Slice]) -> Result<()> 
 }
 
 /// `SELECT`/`RETURNING` list of the inode columns, for updates that return the new attributes.
-fn returning(sql_head: &'static str, cell: &'static OnceLock<String>) -> &'static str {
-    cell.get_or_init(|| format!("{sql_head} RETURNING {ATTR_COLS}"))
-}
-
 impl<D: Driver> FileData for SqlMeta<D> {
     fn alloc_object_ids(&self, n: u64) -> Result<u64> {
         self.d.write(|tx| {
@@ -106,12 +102,10 @@ impl<D: Driver> FileData for SqlMeta<D> {
         new_end: u64,
         mtime: Nanos,
     ) -> Result<Attr> {
-        static SQL: OnceLock<String> = OnceLock::new();
-        let update = returning(
+        static UPDATE: AttrUpdate = AttrUpdate::new(
             "UPDATE inodes SET size = GREATEST(size, $2), mtime = $3, ctime = $3, \
              data_version = data_version + 1, allocated = GREATEST(0, allocated + $4) \
              WHERE ino = $1",
-            &SQL,
         );
         self.d.write_commit(|tx| {
             if let Err(e) = lock1(tx, ino) {
@@ -124,7 +118,7 @@ impl<D: Driver> FileData for SqlMeta<D> {
                 return Err(e);
             }
             let delta = add_slices(tx, ino, slices)?;
-            let a = attr_from_row(&tx.one(update, vals![ino, new_end, mtime, delta])?)?;
+            let a = UPDATE.run(tx, ino, vals![ino, new_end, mtime, delta])?;
             // changelog: MTIME (data written: size, mtime and data version changed)
             account_objects(tx, &objects_of(slices))?;
             Ok(Ok(a))
@@ -205,11 +199,9 @@ impl<D: Driver> FileData for SqlMeta<D> {
     }
 
     fn rewrite_data(&self, ino: Ino, slices: &[Slice], size: u64, mtime: Nanos) -> Result<Attr> {
-        static SQL: OnceLock<String> = OnceLock::new();
-        let update = returning(
+        static UPDATE: AttrUpdate = AttrUpdate::new(
             "UPDATE inodes SET size = $2, mtime = $3, ctime = $4, \
              data_version = data_version + 1, allocated = $5 WHERE ino = $1",
-            &SQL,
         );
         // The file holds exactly `slices` afterwards: its allocated bytes follow from them.
         let mut per = ChunkRows::new();
@@ -223,8 +215,7 @@ impl<D: Driver> FileData for SqlMeta<D> {
             lock1(tx, ino)?;
             trash_slices(tx, ino, SliceSel::All)?;
             insert_slices(tx, ino, slices)?;
-            let a =
-                attr_from_row(&tx.one(update, vals![ino, size, mtime, now_nanos(), allocated])?)?;
+            let a = UPDATE.run(tx, ino, vals![ino, size, mtime, now_nanos(), allocated])?;
             // changelog: MTIME (all data replaced by the RW-PCC write-back; TRUNC as well when
             // the size shrank)
             account_objects(tx, &objects_of(slices))?;
