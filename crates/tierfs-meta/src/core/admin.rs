@@ -187,10 +187,7 @@ pub(crate) fn fs_info<D: Driver>(d: &D) -> Result<FsInfo> {
     })
 }
 
-impl<D: Driver> Admin for SqlMeta<D>
-where
-    SqlMeta<D>: Namespace,
-{
+impl<D: Driver> Admin for SqlMeta<D> {
     fn info(&self) -> Result<FsInfo> {
         fs_info(&self.d)
     }

@@ -8,7 +8,7 @@ use std::sync::OnceLock;
 
 use super::common::{
     add_slices, apply_allocated, get_attr, insert_slices, lock1, lock_rows, slice_from_row,
-    trash_slices, zero_range, AttrUpdate, ChunkRows, SliceSel, SLICE_COLS,
+    trash_slices, zero_range, AttrUpdate, ChunkRows, SLICE_COLS,
 };
 use super::SqlMeta;
 use crate::engine::FileData;
@@ -87,8 +87,8 @@ impl<D: Driver> FileData for SqlMeta<D> {
         });
         self.d.read(|tx| {
             let mut v = Vec::new();
-            tx.query_each(sql, vals![ino, chunk], &mut |r| {
-                v.push(slice_from_row(r)?);
+            tx.query_each(sql, vals![ino, chunk], &mut |mut r| {
+                v.push(slice_from_row(&mut r)?);
                 Ok(())
             })?;
             Ok(v)
@@ -185,7 +185,12 @@ impl<D: Driver> FileData for SqlMeta<D> {
                 return Ok(false);
             }
             let before = allocated_bytes(&rows);
-            trash_slices(tx, ino, SliceSel::ChunkUpTo(chunk, upto))?;
+            trash_slices(
+                tx,
+                ino,
+                "chunk = $2 AND seq <= $3",
+                &[chunk as i64, upto as i64],
+            )?;
             // Every slice of the chunk went (`upto` was the newest): the merged ones are all.
             insert_slices(tx, ino, merged)?;
             account_objects(tx, &objects_of(merged))?;
@@ -213,7 +218,7 @@ impl<D: Driver> FileData for SqlMeta<D> {
         let allocated: u64 = per.values().map(|v| allocated_bytes(v)).sum();
         self.d.write(|tx| {
             lock1(tx, ino)?;
-            trash_slices(tx, ino, SliceSel::All)?;
+            trash_slices(tx, ino, "TRUE", &[])?;
             insert_slices(tx, ino, slices)?;
             let a = UPDATE.run(tx, ino, vals![ino, size, mtime, now_nanos(), allocated])?;
             // changelog: MTIME (all data replaced by the RW-PCC write-back; TRUNC as well when
