@@ -330,39 +330,7 @@ pub fn slice_from_row(r: &mut Row) -> Result<Slice> {
 
 /// Inserts one slice (its `seq` is the next one: commit order).
 pub fn insert_slice(tx: &mut dyn Tx, ino: Ino, s: &Slice) -> Result<()> {
-    let (target, obj, obj_off, obj_size, inline): (Option<i64>, Option<i64>, i64, i64, Value) =
-        match &s.data {
-            SliceData::Object {
-                target,
-                obj,
-                obj_off,
-                obj_size,
-            } => (
-                Some(*target as i64),
-                Some(*obj as i64),
-                *obj_off as i64,
-                *obj_size as i64,
-                Value::Null,
-            ),
-            SliceData::Inline(b) => (None, None, 0, 0, Value::Blob(b.clone())),
-            SliceData::Zero => (None, None, 0, 0, Value::Null),
-        };
-    tx.exec(
-        "INSERT INTO slices (ino, chunk, off, len, target, obj, inline, obj_off, obj_size) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
-        &[
-            ino.into(),
-            s.chunk.into(),
-            s.off.into(),
-            s.len.into(),
-            target.into(),
-            obj.into(),
-            inline,
-            obj_off.into(),
-            obj_size.into(),
-        ],
-    )?;
-    Ok(())
+    insert_slices(tx, ino, std::slice::from_ref(s))
 }
 
 /// Deletes the selected slices of `ino` (`where_sql` uses `$2`.. for `args`); objects no
@@ -404,55 +372,77 @@ pub fn trash_slices(tx: &mut dyn Tx, ino: Ino, where_sql: &str, args: &[i64]) ->
 
 /// Deletes an inode and everything that belongs to it; its objects go to the trash.
 pub fn purge_inode(tx: &mut dyn Tx, ino: Ino) -> Result<()> {
-    trash_slices(tx, ino, "TRUE", &[])?;
     if tx.dialect().is_postgres() {
-        // One round trip: data-modifying CTEs all run.
-        tx.exec(
-            "WITH x AS (DELETE FROM xattrs WHERE ino = $1), \
-                  l AS (DELETE FROM locks WHERE ino = $1), \
-                  p AS (DELETE FROM pcc_leases WHERE ino = $1), \
-                  r AS (DELETE FROM pcc_revokes WHERE ino = $1) \
-             DELETE FROM inodes WHERE ino = $1",
-            vals![ino],
-        )?;
-    } else {
-        for sql in [
-            "DELETE FROM xattrs WHERE ino = $1",
-            "DELETE FROM locks WHERE ino = $1",
-            "DELETE FROM pcc_leases WHERE ino = $1",
-            "DELETE FROM pcc_revokes WHERE ino = $1",
-            "DELETE FROM inodes WHERE ino = $1",
-        ] {
-            tx.exec(sql, vals![ino])?;
-        }
+        tx.exec(pg_purge_sql(false), vals![ino])?;
+        return Ok(());
+    }
+    trash_slices(tx, ino, "TRUE", &[])?;
+    for sql in [
+        "DELETE FROM xattrs WHERE ino = $1",
+        "DELETE FROM locks WHERE ino = $1",
+        "DELETE FROM pcc_leases WHERE ino = $1",
+        "DELETE FROM pcc_revokes WHERE ino = $1",
+        "DELETE FROM inodes WHERE ino = $1",
+    ] {
+        tx.exec(sql, vals![ino])?;
     }
     Ok(())
+}
+
+/// PostgreSQL: [`purge_inode`] in one round trip (data-modifying CTEs all run, on one
+/// snapshot): the slices go, their objects no other file's slice reads go to the trash (the
+/// snapshot still shows this file's slices, hence `x.ino <> $1`: every one of them goes), and
+/// the inode with its xattrs, locks, lease and recall request. With `if_unheld`
+/// ([`drop_inode`]), first marks the file an open orphan when some client has it open, and
+/// then purges nothing.
+fn pg_purge_sql(if_unheld: bool) -> &'static str {
+    static S: OnceLock<[String; 2]> = OnceLock::new();
+    let v = S.get_or_init(|| {
+        let make = |guarded: bool| {
+            let (head, cond) = if guarded {
+                (
+                    "WITH o AS (UPDATE inodes SET orphan = 1 WHERE ino = $1 \
+                     AND EXISTS (SELECT 1 FROM open_files WHERE ino = $1) RETURNING ino), ",
+                    " AND NOT EXISTS (SELECT 1 FROM o)",
+                )
+            } else {
+                ("WITH ", "")
+            };
+            format!(
+                "{head}s AS (DELETE FROM slices WHERE ino = $1{cond} \
+                     RETURNING target, obj, obj_size), \
+                 t AS (INSERT INTO trash (ino, target, obj, len) \
+                     SELECT DISTINCT $1::BIGINT, s.target, s.obj, s.obj_size FROM s \
+                     WHERE s.target IS NOT NULL AND s.obj IS NOT NULL \
+                     AND NOT EXISTS (SELECT 1 FROM slices x WHERE x.obj = s.obj AND x.ino <> $1)), \
+                 x AS (DELETE FROM xattrs WHERE ino = $1{cond}), \
+                 l AS (DELETE FROM locks WHERE ino = $1{cond}), \
+                 p AS (DELETE FROM pcc_leases WHERE ino = $1{cond}), \
+                 r AS (DELETE FROM pcc_revokes WHERE ino = $1{cond}) \
+                 DELETE FROM inodes WHERE ino = $1{cond}"
+            )
+        };
+        [make(false), make(true)]
+    });
+    &v[if_unheld as usize]
 }
 
 /// Deletes an inode whose last name is gone, or marks it orphan (`orphan = 1`) while a client
 /// has it open (the last close purges it).
 pub fn drop_inode(tx: &mut dyn Tx, ino: Ino) -> Result<()> {
-    let open = if tx.dialect().is_postgres() {
-        // One round trip; no row back means nobody has it open.
-        tx.query_opt(
-            "UPDATE inodes SET orphan = 1 WHERE ino = $1 \
-             AND EXISTS (SELECT 1 FROM open_files WHERE ino = $1) RETURNING ino",
-            vals![ino],
-        )?
-        .is_some()
-    } else {
-        // SQLite: `UPDATE ... RETURNING` opens a statement journal even when it changes
-        // nothing; the usual case (not open) is one plain read.
-        let open = tx.exists(
-            "SELECT EXISTS (SELECT 1 FROM open_files WHERE ino = $1)",
-            vals![ino],
-        )?;
-        if open {
-            tx.exec("UPDATE inodes SET orphan = 1 WHERE ino = $1", vals![ino])?;
-        }
-        open
-    };
+    if tx.dialect().is_postgres() {
+        // The open check, the mark and the purge in one round trip.
+        tx.exec(pg_purge_sql(true), vals![ino])?;
+        return Ok(());
+    }
+    // SQLite: `UPDATE ... RETURNING` opens a statement journal even when it changes nothing;
+    // the usual case (not open) is one plain read.
+    let open = tx.exists(
+        "SELECT EXISTS (SELECT 1 FROM open_files WHERE ino = $1)",
+        vals![ino],
+    )?;
     if open {
+        tx.exec("UPDATE inodes SET orphan = 1 WHERE ino = $1", vals![ino])?;
         return Ok(());
     }
     purge_inode(tx, ino)
@@ -485,6 +475,223 @@ pub fn purge_if_orphan(tx: &mut dyn Tx, ino: Ino) -> Result<()> {
         }
     }
     Ok(())
+}
+
+// ---- Written with the file data port (core2) ----
+
+/// Takes the row locks of `inos` where the engine has row locks (PostgreSQL); nothing on
+/// SQLite, whose one writer at a time needs none (and which the old SQLite engine never ran).
+pub fn lock_rows(tx: &mut dyn Tx, inos: &[Ino]) -> Result<()> {
+    if tx.dialect().row_locks() {
+        lock_inodes(tx, inos)?;
+    }
+    Ok(())
+}
+
+/// The row values of one slice of `ino`, in the order of [`insert_sql`]'s columns.
+fn slice_values(ino: Ino, s: &Slice, out: &mut Vec<Value>) {
+    let (target, obj, obj_off, obj_size, inline) = match &s.data {
+        SliceData::Object {
+            target,
+            obj,
+            obj_off,
+            obj_size,
+        } => (
+            Value::from(*target),
+            Value::from(*obj),
+            *obj_off,
+            *obj_size,
+            Value::Null,
+        ),
+        SliceData::Inline(b) => (Value::Null, Value::Null, 0, 0, Value::from(b.as_slice())),
+        SliceData::Zero => (Value::Null, Value::Null, 0, 0, Value::Null),
+    };
+    out.extend([
+        Value::from(ino),
+        Value::from(s.chunk),
+        Value::from(s.off),
+        Value::from(s.len),
+        target,
+        obj,
+        inline,
+        Value::from(obj_off),
+        Value::from(obj_size),
+    ]);
+}
+
+/// Rows one insert statement takes at most (a commit of more slices takes several).
+const INSERT_ROWS: usize = 16;
+
+/// `INSERT INTO slices ... VALUES (...), (...)` with `rows` rows (1..=[`INSERT_ROWS`]); each
+/// size is built once. Rows are inserted in the order given, so their `seq` follows it.
+fn insert_sql(rows: usize) -> &'static str {
+    static SQL: OnceLock<Vec<String>> = OnceLock::new();
+    let all = SQL.get_or_init(|| {
+        (1..=INSERT_ROWS)
+            .map(|n| {
+                let mut s = String::from(
+                    "INSERT INTO slices (ino, chunk, off, len, target, obj, inline, obj_off, \
+                     obj_size) VALUES ",
+                );
+                for r in 0..n {
+                    if r > 0 {
+                        s.push_str(", ");
+                    }
+                    s.push('(');
+                    for c in 0..9 {
+                        if c > 0 {
+                            s.push(',');
+                        }
+                        s.push_str(&format!("${}", r * 9 + c + 1));
+                    }
+                    s.push(')');
+                }
+                s
+            })
+            .collect()
+    });
+    &all[rows - 1]
+}
+
+/// Inserts `slices` in order (their `seq` follows that order): one statement per
+/// [`INSERT_ROWS`] slices.
+pub fn insert_slices(tx: &mut dyn Tx, ino: Ino, slices: &[Slice]) -> Result<()> {
+    let mut vals = Vec::with_capacity(9 * slices.len().min(INSERT_ROWS));
+    for part in slices.chunks(INSERT_ROWS) {
+        vals.clear();
+        for s in part {
+            slice_values(ino, s, &mut vals);
+        }
+        tx.exec(insert_sql(part.len()), &vals)?;
+    }
+    Ok(())
+}
+
+/// Each chunk's slices as `(off, len, zero)` in commit order (what [`allocated_bytes`] reads).
+pub type ChunkRows = BTreeMap<u64, Vec<(u64, u64, bool)>>;
+
+/// `(off, len, zero)` of each slice of the chunks `chunks` of `ino`, per chunk, in commit
+/// order: one statement.
+fn chunk_rows(tx: &mut dyn Tx, ino: Ino, chunks: &[u64]) -> Result<ChunkRows> {
+    let mut out = ChunkRows::new();
+    for c in chunks {
+        out.entry(*c).or_default();
+    }
+    let list: Vec<u64> = out.keys().copied().collect();
+    let mut push = |r: crate::sql::Row| -> Result<()> {
+        out.entry(r.u64(0)?)
+            .or_default()
+            .push((r.u64(1)?, r.u64(2)?, r.bool(3)?));
+        Ok(())
+    };
+    if list.len() == 1 {
+        tx.query_each(
+            "SELECT chunk, off, len, obj IS NULL AND inline IS NULL FROM slices \
+             WHERE ino = $1 AND chunk = $2 ORDER BY seq",
+            vals![ino, list[0]],
+            &mut push,
+        )?;
+    } else {
+        tx.query_each(
+            "SELECT chunk, off, len, obj IS NULL AND inline IS NULL FROM slices \
+             WHERE ino = $1 AND chunk = ANY($2) ORDER BY chunk, seq",
+            vals![ino, &list[..]],
+            &mut push,
+        )?;
+    }
+    Ok(out)
+}
+
+/// Inserts `slices` (in order, newest last) into `ino`'s chunks and returns by how much the
+/// file's allocated bytes change. The caller holds the inode (see the module doc) and applies
+/// the change (folded into its own update of the inode, or [`apply_allocated`]).
+pub fn add_slices(tx: &mut dyn Tx, ino: Ino, slices: &[Slice]) -> Result<i64> {
+    if slices.is_empty() {
+        return Ok(0);
+    }
+    let chunks: Vec<u64> = slices.iter().map(|s| s.chunk).collect();
+    let mut rows = chunk_rows(tx, ino, &chunks)?;
+    let before: u64 = rows.values().map(|v| allocated_bytes(v)).sum();
+    insert_slices(tx, ino, slices)?;
+    for s in slices {
+        rows.entry(s.chunk)
+            .or_default()
+            .push((s.off, s.len, matches!(s.data, SliceData::Zero)));
+    }
+    let after: u64 = rows.values().map(|v| allocated_bytes(v)).sum();
+    Ok(after as i64 - before as i64)
+}
+
+/// Moves a file's allocated bytes by `delta` (nothing when it is 0).
+pub fn apply_allocated(tx: &mut dyn Tx, ino: Ino, delta: i64) -> Result<()> {
+    if delta != 0 {
+        tx.exec(
+            "UPDATE inodes SET allocated = GREATEST(0, allocated + $2) WHERE ino = $1",
+            vals![ino, delta],
+        )?;
+    }
+    Ok(())
+}
+
+/// The zero slices that make `[off, off+len)` of a file read as zeros, chunk by chunk.
+fn zero_slices(stripe_size: u64, off: u64, len: u64) -> Vec<Slice> {
+    let mut v = Vec::new();
+    let mut pos = off;
+    let end = off + len;
+    while pos < end {
+        let chunk = pos / stripe_size;
+        let coff = pos % stripe_size;
+        let n = (stripe_size - coff).min(end - pos);
+        v.push(Slice {
+            seq: 0,
+            chunk,
+            off: coff,
+            len: n,
+            data: SliceData::Zero,
+        });
+        pos += n;
+    }
+    v
+}
+
+/// Zeroes `[off, off+len)` of a file by adding zero slices (truncate, fallocate); returns the
+/// change of its allocated bytes, which the caller applies.
+pub fn zero_range(tx: &mut dyn Tx, ino: Ino, stripe_size: u64, off: u64, len: u64) -> Result<i64> {
+    add_slices(tx, ino, &zero_slices(stripe_size, off, len))
+}
+
+/// An `UPDATE` of one inode row (`... WHERE ino = $1`) that gives back the inode's new
+/// attributes: on PostgreSQL in the same round trip (`RETURNING`); on SQLite as the update
+/// followed by a read, because SQLite runs `RETURNING` like a trigger, with a statement journal
+/// for every execution, which costs more than the second statement (measured: a third fewer
+/// commits per second with it). `NotFound` when the inode does not exist.
+pub struct AttrUpdate {
+    sql: &'static str,
+    returning: OnceLock<String>,
+}
+
+impl AttrUpdate {
+    pub const fn new(sql: &'static str) -> AttrUpdate {
+        AttrUpdate {
+            sql,
+            returning: OnceLock::new(),
+        }
+    }
+
+    /// Runs the update with `params` (`$1` is `ino`).
+    pub fn run(&self, tx: &mut dyn Tx, ino: Ino, params: &[Value]) -> Result<Attr> {
+        if tx.dialect().is_postgres() {
+            let sql = self
+                .returning
+                .get_or_init(|| format!("{} RETURNING {ATTR_COLS}", self.sql));
+            attr_from_row(&tx.one(sql, params)?)
+        } else {
+            if tx.exec(self.sql, params)? == 0 {
+                return Err(MetaError::NotFound);
+            }
+            get_attr(tx, ino)
+        }
+    }
 }
 
 #[cfg(test)]

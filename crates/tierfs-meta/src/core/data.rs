@@ -1,20 +1,100 @@
-//! The file data domain: object ids, slices, fallocate, compaction, trash.
+//! The file data domain: object ids, slices, fallocate, compaction, RW-PCC write-back, trash.
 //!
-//! Not ported yet: delegates to the engine's [`LegacyEngine`] methods.
+//! The helpers it shares with the other domains (row locks, slice inserts with their
+//! allocated-bytes accounting, trash, purge) are in [`super::common`].
 
+use std::collections::BTreeMap;
+use std::sync::OnceLock;
+
+use super::common::{
+    add_slices, apply_allocated, get_attr, insert_slices, lock1, lock_rows, slice_from_row,
+    trash_slices, zero_range, AttrUpdate, ChunkRows, SLICE_COLS,
+};
 use super::SqlMeta;
-use crate::engine::{FileData, LegacyEngine};
-use crate::error::Result;
-use crate::sql::Driver;
+use crate::engine::FileData;
+use crate::error::{MetaError, Result};
+use crate::sql::{Driver, Tx};
 use crate::types::*;
+use crate::vals;
 
-impl<D: Driver + LegacyEngine> FileData for SqlMeta<D> {
+/// The distinct objects (target, obj, size) that `slices` bring.
+fn objects_of(slices: &[Slice]) -> Vec<(u32, u64, u64)> {
+    let mut v: Vec<(u32, u64, u64)> = slices
+        .iter()
+        .filter_map(|s| match s.data {
+            SliceData::Object {
+                target,
+                obj,
+                obj_size,
+                ..
+            } => Some((target, obj, obj_size)),
+            _ => None,
+        })
+        .collect();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+/// Counts new objects against their targets: one update per target, in ascending target
+/// order (the lock order after inode rows).
+fn account_objects(tx: &mut dyn Tx, objs: &[(u32, u64, u64)]) -> Result<()> {
+    let mut per: BTreeMap<u32, (u64, u64)> = BTreeMap::new();
+    for (target, _obj, size) in objs {
+        let e = per.entry(*target).or_default();
+        e.0 += size;
+        e.1 += 1;
+    }
+    for (target, (bytes, count)) in per {
+        tx.exec(
+            "UPDATE targets SET used = used + $2, objects = objects + $3 WHERE id = $1",
+            vals![target, bytes, count],
+        )?;
+    }
+    Ok(())
+}
+
+/// Objects that no slice will ever reference (a commit to a file that went away, a compaction
+/// that lost its race): counted against their targets and put in the trash at once.
+fn trash_new_objects(tx: &mut dyn Tx, ino: Ino, slices: &[Slice]) -> Result<()> {
+    let objs = objects_of(slices);
+    account_objects(tx, &objs)?;
+    for (target, obj, size) in objs {
+        tx.exec(
+            "INSERT INTO trash (ino, target, obj, len) VALUES ($1, $2, $3, $4)",
+            vals![ino, target, obj, size],
+        )?;
+    }
+    Ok(())
+}
+
+/// `SELECT`/`RETURNING` list of the inode columns, for updates that return the new attributes.
+impl<D: Driver> FileData for SqlMeta<D> {
     fn alloc_object_ids(&self, n: u64) -> Result<u64> {
-        LegacyEngine::alloc_object_ids(&self.d, n)
+        self.d.write(|tx| {
+            let next = tx.int(
+                "UPDATE counters SET value = value + $1 WHERE name = 'next_object' RETURNING value",
+                vals![n],
+            )?;
+            Ok((next - n as i64) as u64)
+        })
     }
+
     fn read_chunk(&self, ino: Ino, chunk: u64) -> Result<Vec<Slice>> {
-        LegacyEngine::read_chunk(&self.d, ino, chunk)
+        static SQL: OnceLock<String> = OnceLock::new();
+        let sql = SQL.get_or_init(|| {
+            format!("SELECT {SLICE_COLS} FROM slices WHERE ino = $1 AND chunk = $2 ORDER BY seq")
+        });
+        self.d.read(|tx| {
+            let mut v = Vec::new();
+            tx.query_each(sql, vals![ino, chunk], &mut |mut r| {
+                v.push(slice_from_row(&mut r)?);
+                Ok(())
+            })?;
+            Ok(v)
+        })
     }
+
     fn commit_slices(
         &self,
         ino: Ino,
@@ -22,21 +102,178 @@ impl<D: Driver + LegacyEngine> FileData for SqlMeta<D> {
         new_end: u64,
         mtime: Nanos,
     ) -> Result<Attr> {
-        LegacyEngine::commit_slices(&self.d, ino, slices, new_end, mtime)
+        static UPDATE: AttrUpdate = AttrUpdate::new(
+            "UPDATE inodes SET size = GREATEST(size, $2), mtime = $3, ctime = $3, \
+             data_version = data_version + 1, allocated = GREATEST(0, allocated + $4) \
+             WHERE ino = $1",
+        );
+        self.d.write_commit(|tx| {
+            if let Err(e) = lock1(tx, ino) {
+                if matches!(e, MetaError::NotFound) {
+                    // The file went away while its data was uploading: the objects are
+                    // garbage (committed, unlike the error).
+                    trash_new_objects(tx, ino, slices)?;
+                    return Ok(Err(MetaError::NotFound));
+                }
+                return Err(e);
+            }
+            let delta = add_slices(tx, ino, slices)?;
+            let a = UPDATE.run(tx, ino, vals![ino, new_end, mtime, delta])?;
+            // changelog: MTIME (data written: size, mtime and data version changed)
+            account_objects(tx, &objects_of(slices))?;
+            Ok(Ok(a))
+        })?
     }
+
     fn fallocate(&self, ino: Ino, off: u64, len: u64, keep_size: bool, zero: bool) -> Result<Attr> {
-        LegacyEngine::fallocate(&self.d, ino, off, len, keep_size, zero)
+        self.d.write(|tx| {
+            let a = lock1(tx, ino)?;
+            if a.kind != Kind::File {
+                return Err(MetaError::Invalid("fallocate on a non-regular file".into()));
+            }
+            let now = now_nanos();
+            if zero {
+                let end = (off + len).min(a.size);
+                let mut delta = 0;
+                if let Some(l) = &a.layout {
+                    if end > off {
+                        delta = zero_range(tx, ino, l.stripe_size, off, end - off)?;
+                    }
+                }
+                let size = if keep_size {
+                    a.size
+                } else {
+                    a.size.max(off + len)
+                };
+                tx.exec(
+                    "UPDATE inodes SET size = $3, mtime = $2, ctime = $2, \
+                     data_version = data_version + 1, allocated = GREATEST(0, allocated + $4) \
+                     WHERE ino = $1",
+                    vals![ino, now, size, delta],
+                )?;
+                // changelog: MTIME (a range now reads as zeros; the size may have grown)
+            } else if !keep_size && off + len > a.size {
+                tx.exec(
+                    "UPDATE inodes SET size = $2, ctime = $3, data_version = data_version + 1 \
+                     WHERE ino = $1",
+                    vals![ino, off + len, now],
+                )?;
+                // changelog: CTIME (the size grew: space reserved)
+            }
+            get_attr(tx, ino)
+        })
     }
+
     fn replace_chunk(&self, ino: Ino, chunk: u64, upto: u64, merged: &[Slice]) -> Result<bool> {
-        LegacyEngine::replace_chunk(&self.d, ino, chunk, upto, merged)
+        self.d.write(|tx| {
+            lock_rows(tx, &[ino])?;
+            let mut newest: Option<u64> = None;
+            let mut rows = Vec::new();
+            tx.query_each(
+                "SELECT seq, off, len, obj IS NULL AND inline IS NULL FROM slices \
+                 WHERE ino = $1 AND chunk = $2 ORDER BY seq",
+                vals![ino, chunk],
+                &mut |r| {
+                    newest = Some(r.u64(0)?);
+                    rows.push((r.u64(1)?, r.u64(2)?, r.bool(3)?));
+                    Ok(())
+                },
+            )?;
+            if newest != Some(upto) {
+                // The chunk changed (or the file went): the merged objects are garbage.
+                trash_new_objects(tx, ino, merged)?;
+                return Ok(false);
+            }
+            let before = allocated_bytes(&rows);
+            trash_slices(
+                tx,
+                ino,
+                "chunk = $2 AND seq <= $3",
+                &[chunk as i64, upto as i64],
+            )?;
+            // Every slice of the chunk went (`upto` was the newest): the merged ones are all.
+            insert_slices(tx, ino, merged)?;
+            account_objects(tx, &objects_of(merged))?;
+            let after: Vec<(u64, u64, bool)> = merged
+                .iter()
+                .map(|s| (s.off, s.len, matches!(s.data, SliceData::Zero)))
+                .collect();
+            apply_allocated(tx, ino, allocated_bytes(&after) as i64 - before as i64)?;
+            Ok(true)
+        })
     }
+
     fn rewrite_data(&self, ino: Ino, slices: &[Slice], size: u64, mtime: Nanos) -> Result<Attr> {
-        LegacyEngine::rewrite_data(&self.d, ino, slices, size, mtime)
+        static UPDATE: AttrUpdate = AttrUpdate::new(
+            "UPDATE inodes SET size = $2, mtime = $3, ctime = $4, \
+             data_version = data_version + 1, allocated = $5 WHERE ino = $1",
+        );
+        // The file holds exactly `slices` afterwards: its allocated bytes follow from them.
+        let mut per = ChunkRows::new();
+        for s in slices {
+            per.entry(s.chunk)
+                .or_default()
+                .push((s.off, s.len, matches!(s.data, SliceData::Zero)));
+        }
+        let allocated: u64 = per.values().map(|v| allocated_bytes(v)).sum();
+        self.d.write(|tx| {
+            lock1(tx, ino)?;
+            trash_slices(tx, ino, "TRUE", &[])?;
+            insert_slices(tx, ino, slices)?;
+            let a = UPDATE.run(tx, ino, vals![ino, size, mtime, now_nanos(), allocated])?;
+            // changelog: MTIME (all data replaced by the RW-PCC write-back; TRUNC as well when
+            // the size shrank)
+            account_objects(tx, &objects_of(slices))?;
+            Ok(a)
+        })
     }
+
     fn trash(&self, limit: usize) -> Result<Vec<TrashItem>> {
-        LegacyEngine::trash(&self.d, limit)
+        self.d.read(|tx| {
+            let mut v = Vec::new();
+            tx.query_each(
+                "SELECT id, target, obj, len FROM trash t \
+                 WHERE NOT EXISTS (SELECT 1 FROM open_files o WHERE o.ino = t.ino) \
+                 ORDER BY id LIMIT $1",
+                vals![limit],
+                &mut |r| {
+                    v.push(TrashItem {
+                        id: r.u64(0)?,
+                        target: r.u32(1)?,
+                        obj: r.u64(2)?,
+                        len: r.u64(3)?,
+                    });
+                    Ok(())
+                },
+            )?;
+            Ok(v)
+        })
     }
+
     fn trash_done(&self, ids: &[u64]) -> Result<()> {
-        LegacyEngine::trash_done(&self.d, ids)
+        if ids.is_empty() {
+            return Ok(());
+        }
+        self.d.write(|tx| {
+            let mut per: BTreeMap<i64, (i64, i64)> = BTreeMap::new();
+            tx.query_each(
+                "DELETE FROM trash WHERE id = ANY($1) RETURNING target, len",
+                vals![ids],
+                &mut |r| {
+                    let e = per.entry(r.i64(0)?).or_default();
+                    e.0 += r.i64(1)?;
+                    e.1 += 1;
+                    Ok(())
+                },
+            )?;
+            for (target, (bytes, count)) in per {
+                tx.exec(
+                    "UPDATE targets SET used = GREATEST(used - $2, 0), \
+                     objects = GREATEST(objects - $3, 0) WHERE id = $1",
+                    vals![target, bytes, count],
+                )?;
+            }
+            Ok(())
+        })
     }
 }
