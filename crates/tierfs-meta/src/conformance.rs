@@ -459,6 +459,8 @@ fn open_unlinked_file_survives(e: &dyn MetaEngine) {
         .unwrap();
     e.open_file(1, f.ino).unwrap();
     e.open_file(2, f.ino).unwrap();
+    // Session 2 opens it twice: one close leaves it open there.
+    e.open_file(2, f.ino).unwrap();
     e.unlink(ROOT_INO, b"f").unwrap();
     assert!(e.lookup(ROOT_INO, b"f").is_err());
     assert_eq!(
@@ -469,6 +471,8 @@ fn open_unlinked_file_survives(e: &dyn MetaEngine) {
     assert!(e.trash(10).unwrap().is_empty());
     e.close_files(1, &[f.ino]).unwrap();
     assert!(e.getattr(f.ino).is_ok(), "client 2 still has it open");
+    e.close_files(2, &[f.ino]).unwrap();
+    assert!(e.getattr(f.ino).is_ok(), "client 2 still has it open once");
     e.close_files(2, &[f.ino]).unwrap();
     assert!(matches!(e.getattr(f.ino), Err(MetaError::NotFound)));
     let t = e.trash(10).unwrap();
