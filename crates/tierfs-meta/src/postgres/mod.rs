@@ -276,23 +276,7 @@ impl PgEngine {
     /// Opens a formatted filesystem, migrating its schema if it is older than this build.
     pub fn open(url: &str) -> Result<PgEngine> {
         let e = Self::new(url)?;
-        let version = e.schema_version()?;
-        match version {
-            None | Some(0) => {
-                return Err(MetaError::NotFormatted(format!(
-                    "{} holds no tierfs schema",
-                    e.url
-                )))
-            }
-            Some(v) if v > SCHEMA_VERSION => {
-                return Err(MetaError::SchemaTooNew {
-                    found: v,
-                    supported: SCHEMA_VERSION,
-                })
-            }
-            Some(v) if v < SCHEMA_VERSION => schema::migrate(&e)?,
-            Some(_) => {}
-        }
+        schema::open(&e, &e.url.to_string())?;
         Ok(e)
     }
 

@@ -109,23 +109,7 @@ impl SqliteEngine {
             )));
         }
         let e = Self::new(path)?;
-        let version: i64 = e
-            .writer
-            .lock()
-            .pragma_query_value(None, "user_version", |r| r.get(0))?;
-        if version == 0 {
-            return Err(MetaError::NotFormatted(format!(
-                "{} holds no tierfs schema",
-                path.display()
-            )));
-        }
-        if version > SCHEMA_VERSION {
-            return Err(MetaError::SchemaTooNew {
-                found: version,
-                supported: SCHEMA_VERSION,
-            });
-        }
-        schema::migrate(&e)?;
+        schema::open(&e, &path.display().to_string())?;
         Ok(e)
     }
 
