@@ -6,6 +6,7 @@
 //! - [`postgres::PgEngine`]: the cluster engine (PostgreSQL), same schema and semantics.
 //! - [`conformance`]: the test suite every engine must pass.
 
+pub mod changelog;
 pub mod conformance;
 pub mod engine;
 pub mod error;
