@@ -159,6 +159,11 @@ pub struct MountArgs {
     /// Capacity of the persistent client cache, e.g. 200G (default 10G).
     #[arg(long)]
     pub cache_size: Option<String>,
+    /// Where changelog records take the writer's job id from: the name of an environment
+    /// variable of the writing process (e.g. SLURM_JOB_ID), procname_uid (process name and
+    /// uid, as Lustre), or disable (the default). Config key jobid_var.
+    #[arg(long)]
+    pub jobid_var: Option<String>,
 }
 
 #[derive(Debug, Args)]
