@@ -5,8 +5,8 @@
 
 use std::time::Instant;
 
-use tierfs_meta::postgres::PgEngine;
-use tierfs_meta::sqlite::SqliteEngine;
+use tierfs_meta::postgres::PgMeta;
+use tierfs_meta::sqlite::SqliteMeta;
 use tierfs_meta::{FormatParams, Kind, Layout, MetaEngine, NewNode, ROOT_INO};
 
 fn main() {
@@ -26,11 +26,11 @@ fn main() {
     };
     let e: Box<dyn MetaEngine> =
         if place.starts_with("postgres://") || place.starts_with("postgresql://") {
-            Box::new(PgEngine::format(place, &p).expect("format"))
+            Box::new(PgMeta::format(place, &p).expect("format"))
         } else {
             let dir = std::path::PathBuf::from(place);
             std::fs::create_dir_all(&dir).expect("create dir");
-            Box::new(SqliteEngine::format(&dir.join("m.db"), &p).expect("format"))
+            Box::new(SqliteMeta::format(&dir.join("m.db"), &p).expect("format"))
         };
     let node = NewNode {
         kind: Kind::File,

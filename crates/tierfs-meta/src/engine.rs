@@ -1,8 +1,12 @@
-//! The `MetaEngine` trait: everything the client needs from the metadata database.
+//! What the client needs from the metadata database, as one trait per domain: [`Namespace`],
+//! [`FileData`], [`Sessions`], [`Pcc`], [`Locks`], [`Admin`], [`Changelog`] and [`Workers`].
+//! [`MetaEngine`] is all of them at once (a blanket impl), which is what the client holds
+//! (`Arc<dyn MetaEngine>`); a test can implement the domains with a mock or a
+//! failure-injecting engine.
 //!
-//! Every method is one atomic transaction. Implementations: [`crate::sqlite::SqliteEngine`],
-//! [`crate::postgres::PgEngine`]. The conformance suite in [`crate::conformance`] runs against
-//! every implementation.
+//! Every method is one atomic transaction. The implementation is [`crate::core::SqlMeta`] over
+//! a [`crate::sql::Driver`] (SQLite or PostgreSQL). The conformance suite in
+//! [`crate::conformance`] runs against every engine.
 //!
 //! **Notifications.** An engine may push events to clients ([`MetaEngine::listen`]): today
 //! requests to give back an RW-PCC lease ([`Channel::PccRevoke`]). They only wake a client up
@@ -50,19 +54,14 @@ pub trait Listener: Send {
     fn wait(&mut self, timeout: Duration) -> Result<Vec<Notice>>;
 }
 
-pub trait MetaEngine: Send + Sync {
-    /// Filesystem-wide settings.
-    fn info(&self) -> Result<FsInfo>;
-    fn targets(&self) -> Result<Vec<TargetInfo>>;
-    fn usage(&self) -> Result<Usage>;
-
-    // ---- namespace ----
+/// The namespace: names, attributes, extended attributes, layouts and projects.
+pub trait Namespace: Send + Sync {
     fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Attr>;
     fn getattr(&self, ino: Ino) -> Result<Attr>;
     /// Changes attributes; a size change truncates (freeing objects beyond the new end).
     fn setattr(&self, ino: Ino, set: &SetAttr) -> Result<Attr>;
     /// Creates a file, directory, symlink or special file. Files get `layout` (chosen by the
-    /// caller's allocator from the parent's defaults, see [`MetaEngine::resolve_stripe_default`]).
+    /// caller's allocator from the parent's defaults, see [`Namespace::resolve_stripe_default`]).
     fn create(
         &self,
         parent: Ino,
@@ -74,6 +73,232 @@ pub trait MetaEngine: Send + Sync {
     fn link(&self, ino: Ino, new_parent: Ino, new_name: &[u8]) -> Result<Attr>;
     /// Removes a name. A file whose last name goes while a client still has it open stays
     /// readable until the last close ([`MetaEngine::close_file`]).
+    fn unlink(&self, parent: Ino, name: &[u8]) -> Result<()>;
+    fn rmdir(&self, parent: Ino, name: &[u8]) -> Result<()>;
+    /// `flags`: libc::RENAME_NOREPLACE, libc::RENAME_EXCHANGE.
+    fn rename(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        new_parent: Ino,
+        new_name: &[u8],
+        flags: u32,
+    ) -> Result<()>;
+    /// Entries after cursor `offset` (0: from the start), at most `limit`, without "." and "..".
+    fn readdir(&self, ino: Ino, offset: u64, limit: usize) -> Result<Vec<DirEntry>>;
+    fn readlink(&self, ino: Ino) -> Result<Vec<u8>>;
+    fn getxattr(&self, ino: Ino, name: &[u8]) -> Result<Vec<u8>>;
+    /// `flags`: libc::XATTR_CREATE, libc::XATTR_REPLACE, or 0.
+    fn setxattr(&self, ino: Ino, name: &[u8], value: &[u8], flags: i32) -> Result<()>;
+    fn listxattr(&self, ino: Ino) -> Result<Vec<Vec<u8>>>;
+    fn removexattr(&self, ino: Ino, name: &[u8]) -> Result<()>;
+    /// The stripe count and size a new file in `dir` gets: the nearest ancestor's default, or the
+    /// filesystem default.
+    fn resolve_stripe_default(&self, dir: Ino) -> Result<StripeDefault>;
+    /// Sets a directory's default for new children.
+    fn set_dir_stripe(&self, dir: Ino, def: StripeDefault) -> Result<()>;
+    /// Sets an empty file's layout (fails with `NotEmpty` once it holds data).
+    fn set_file_layout(&self, ino: Ino, layout: &Layout) -> Result<()>;
+    /// Sets the project id; with `inherit`, also for a directory's existing subtree and (recorded
+    /// in the directory) for its future children.
+    fn set_projid(&self, ino: Ino, projid: u32, inherit: bool) -> Result<u64>;
+    /// (projid, inherit flag) of an inode.
+    fn get_projid(&self, ino: Ino) -> Result<(u32, bool)>;
+    /// One path of an inode from the root (`None` when it has no name left).
+    fn path_of(&self, ino: Ino) -> Result<Option<Vec<u8>>>;
+    /// Purges files a rename replaced before `replaced_before` (their grace is over) that no
+    /// client has open; returns how many. One still open is left for a pass after its last
+    /// close.
+    fn purge_orphans(&self, replaced_before: Nanos) -> Result<u64>;
+}
+
+/// File data: object ids, slices, space reservation, compaction, and the trash of objects no
+/// longer referenced.
+pub trait FileData: Send + Sync {
+    /// Allocates `n` consecutive object ids and returns the first.
+    fn alloc_object_ids(&self, n: u64) -> Result<u64>;
+    /// The slices of one chunk in commit order.
+    fn read_chunk(&self, ino: Ino, chunk: u64) -> Result<Vec<Slice>>;
+    /// Records written slices (in write order) and extends the size to at least `new_end`;
+    /// bumps the data version and mtime/ctime. Returns the new attributes.
+    fn commit_slices(&self, ino: Ino, slices: &[Slice], new_end: u64, mtime: Nanos)
+        -> Result<Attr>;
+    /// Reserves space: extends the size to `off+len` unless `keep_size`. With `zero`, the range
+    /// reads as zeros afterwards (FALLOC_FL_PUNCH_HOLE with `keep_size`, FALLOC_FL_ZERO_RANGE
+    /// with or without): zero slices cover the part inside the old size, and the size grows
+    /// to `off+len` unless `keep_size`.
+    fn fallocate(&self, ino: Ino, off: u64, len: u64, keep_size: bool, zero: bool) -> Result<Attr>;
+    /// Replaces all slices of a chunk by `merged` if the chunk's newest slice is still `upto`
+    /// (compaction). Returns false when the chunk changed in between; `merged`'s objects then
+    /// go to the trash.
+    fn replace_chunk(&self, ino: Ino, chunk: u64, upto: u64, merged: &[Slice]) -> Result<bool>;
+    /// Replaces all of a file's data by `slices` and sets its size (RW-PCC write-back).
+    fn rewrite_data(&self, ino: Ino, slices: &[Slice], size: u64, mtime: Nanos) -> Result<Attr>;
+    /// Objects no longer referenced and not in use by an open file.
+    fn trash(&self, limit: usize) -> Result<Vec<TrashItem>>;
+    /// Forgets trash entries whose objects were deleted, and releases their space.
+    fn trash_done(&self, ids: &[u64]) -> Result<()>;
+}
+
+/// Client sessions and the files they hold open.
+pub trait Sessions: Send + Sync {
+    fn register_session(&self, s: &SessionInfo) -> Result<u64>;
+    /// Registers a session unless another session of the same client name heartbeated within
+    /// `timeout_ns` ([`MetaError::ClientNameInUse`]); the check and the insert are one
+    /// transaction, so two mounts of one name at once cannot both succeed.
+    fn register_session_unique(&self, s: &SessionInfo, timeout_ns: i64) -> Result<u64>;
+    fn heartbeat(&self, session: u64) -> Result<()>;
+    fn unregister_session(&self, session: u64) -> Result<()>;
+    fn sessions(&self) -> Result<Vec<SessionInfo>>;
+    /// Removes sessions whose heartbeat is older than `timeout_ns`, with their open files and
+    /// locks; returns how many went.
+    fn reap_sessions(&self, timeout_ns: i64) -> Result<usize>;
+    fn open_file(&self, session: u64, ino: Ino) -> Result<()>;
+    /// Drops one open of each of `inos` by `session` (one transaction); a file with no names
+    /// left is deleted at its last close on every client.
+    fn close_files(&self, session: u64, inos: &[Ino]) -> Result<()>;
+    /// Whether a client with this name has a session whose heartbeat is newer than `timeout_ns`.
+    fn client_alive(&self, client: &str, timeout_ns: i64) -> Result<bool>;
+}
+
+/// The persistent client cache: RW-PCC leases and attach rules.
+pub trait Pcc: Send + Sync {
+    fn pcc_lease(&self, ino: Ino) -> Result<Option<PccLease>>;
+    /// Takes the RW-PCC lease of a file for `client` (a new generation; the file's data version
+    /// moves so read-only copies elsewhere are dropped). `WouldBlock` while another client
+    /// holds it; `InUse` while a session of another client has the file open (its handles
+    /// would go on writing to the capacity tier, and the owner's write-back would then lose
+    /// those writes); taking it again as the holder returns the held lease.
+    fn pcc_acquire(&self, ino: Ino, client: &str) -> Result<PccLease>;
+    /// The owner reports its cached file: dirty or clean, and its size and mtime, which every
+    /// client then sees.
+    fn pcc_report(
+        &self,
+        ino: Ino,
+        client: &str,
+        dirty: bool,
+        size: u64,
+        mtime: Nanos,
+    ) -> Result<Attr>;
+    /// Gives the lease back (and drops any request to give it back).
+    fn pcc_release(&self, ino: Ino, client: &str) -> Result<()>;
+    /// Asks the owner of a lease to give it back.
+    fn pcc_request_revoke(&self, ino: Ino, requester: &str) -> Result<()>;
+    /// Files whose lease `client` holds and someone asked back.
+    fn pcc_revokes_for(&self, client: &str) -> Result<Vec<Ino>>;
+    /// Every lease `client` holds (recovery after a restart).
+    fn pcc_leases_of(&self, client: &str) -> Result<Vec<PccLease>>;
+    fn pcc_rule_add(
+        &self,
+        mode: &str,
+        client: Option<&str>,
+        rule: &str,
+        quota: Option<u64>,
+    ) -> Result<u64>;
+    /// Sets or clears (None) a rule's quota; NotFound when there is no such rule.
+    fn pcc_rule_set_quota(&self, id: u64, quota: Option<u64>) -> Result<()>;
+    fn pcc_rules(&self) -> Result<Vec<PccRuleRow>>;
+    fn pcc_rule_del(&self, id: u64) -> Result<()>;
+}
+
+/// Advisory locks (POSIX and flock), shared by every client.
+pub trait Locks: Send + Sync {
+    /// Takes, changes or releases a lock; `WouldBlock` when another owner holds a conflicting one.
+    fn set_lock(&self, ino: Ino, lock: &LockRange) -> Result<()>;
+    /// The first lock conflicting with `lock`, if any.
+    fn test_lock(&self, ino: Ino, lock: &LockRange) -> Result<Option<LockRange>>;
+    /// Releases every lock of one owner on one inode (at close).
+    fn release_locks(&self, ino: Ino, session: u64, owner: u64, flock: bool) -> Result<()>;
+}
+
+/// Filesystem-wide information, durability, housekeeping, dump and load, consistency checks
+/// (`tierfs fsck`, `tierfs gc`) and notifications.
+pub trait Admin: Send + Sync {
+    /// Filesystem-wide settings.
+    fn info(&self) -> Result<FsInfo>;
+    fn targets(&self) -> Result<Vec<TargetInfo>>;
+    fn usage(&self) -> Result<Usage>;
+    /// Makes every committed transaction durable against power loss (fsync semantics).
+    fn sync(&self) -> Result<()>;
+    /// Background housekeeping of the engine (SQLite: checkpoint the write-ahead log; every
+    /// engine: purge files replaced more than [`ORPHAN_GRACE`] ago). Each client calls it every
+    /// second or so, off the application's path.
+    fn maintain(&self) -> Result<()>;
+    /// Every row of the filesystem's persistent tables ([`DUMP_TABLES`]; not the sessions, open
+    /// files, locks or recall requests of mounted clients), for `tierfs dump`.
+    fn export_rows(&self, _sink: &mut dyn FnMut(DumpRow) -> Result<()>) -> Result<()> {
+        Err(MetaError::Invalid("this engine cannot dump yet".into()))
+    }
+    /// Loads rows from a dump into a freshly formatted, empty filesystem (one transaction).
+    fn import_rows(&self, _rows: &mut dyn Iterator<Item = Result<DumpRow>>) -> Result<u64> {
+        Err(MetaError::Invalid("this engine cannot load yet".into()))
+    }
+    /// Every reference to a storage object: each slice that reads one, and each trash row.
+    fn object_refs(&self) -> Result<Vec<ObjectRef>>;
+    /// The first object id not yet handed out (ids at or above it belong to no client yet).
+    fn object_id_counter(&self) -> Result<u64>;
+    /// Problems in the metadata alone: dangling directory entries, files without names that
+    /// nobody holds, open files, locks and RW-PCC leases of sessions that are gone or whose
+    /// heartbeat is older than `timeout_ns`.
+    fn meta_issues(&self, timeout_ns: i64) -> Result<Vec<MetaIssue>>;
+    /// Repairs one issue found by [`Admin::meta_issues`] in one transaction, if it still
+    /// holds (checked again inside it, so a client that came back meanwhile keeps its rows).
+    /// Returns whether something changed. A stale open or lock ends its whole dead session (as
+    /// [`Sessions::reap_sessions`] would), or drops the row of a session that no longer
+    /// exists; a dirty RW-PCC lease is never dropped (false).
+    fn repair_issue(&self, issue: &MetaIssue, timeout_ns: i64) -> Result<bool>;
+    /// Subscribes to events on `channels` addressed to `client` (see the module doc).
+    /// `Ok(None)`: this engine has no notifications, poll instead. An error: it has them but
+    /// cannot subscribe now (database unreachable); try again later.
+    fn listen(&self, _client: &str, _channels: &[Channel]) -> Result<Option<Box<dyn Listener>>> {
+        Ok(None)
+    }
+}
+
+/// The changelog (Lustre's model): records written in the same transaction as each change,
+/// read by registered readers (methods come with the changelog).
+pub trait Changelog: Send + Sync {}
+
+/// Reports of the clients' background workers (methods come with the workers).
+pub trait Workers: Send + Sync {}
+
+/// Every domain of the metadata engine at once: what the client holds.
+pub trait MetaEngine:
+    Namespace + FileData + Sessions + Pcc + Locks + Admin + Changelog + Workers
+{
+}
+
+impl<T> MetaEngine for T where
+    T: Namespace + FileData + Sessions + Pcc + Locks + Admin + Changelog + Workers + ?Sized
+{
+}
+
+/// The wide trait the engines implemented before the shared core existed. Transitional:
+/// [`crate::core::SqlMeta`] delegates the domains not ported yet to it; it goes once all are.
+pub trait LegacyEngine: Send + Sync {
+    /// Filesystem-wide settings.
+    fn info(&self) -> Result<FsInfo>;
+    fn targets(&self) -> Result<Vec<TargetInfo>>;
+    fn usage(&self) -> Result<Usage>;
+
+    // ---- namespace ----
+    fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Attr>;
+    fn getattr(&self, ino: Ino) -> Result<Attr>;
+    /// Changes attributes; a size change truncates (freeing objects beyond the new end).
+    fn setattr(&self, ino: Ino, set: &SetAttr) -> Result<Attr>;
+    /// Creates a file, directory, symlink or special file. Files get `layout` (chosen by the
+    /// caller's allocator from the parent's defaults, see [`LegacyEngine::resolve_stripe_default`]).
+    fn create(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        node: &NewNode,
+        layout: Option<Layout>,
+        open_by: Option<u64>,
+    ) -> Result<Attr>;
+    fn link(&self, ino: Ino, new_parent: Ino, new_name: &[u8]) -> Result<Attr>;
+    /// Removes a name. A file whose last name goes while a client still has it open stays
+    /// readable until the last close ([`LegacyEngine::close_file`]).
     fn unlink(&self, parent: Ino, name: &[u8]) -> Result<()>;
     fn rmdir(&self, parent: Ino, name: &[u8]) -> Result<()>;
     /// `flags`: libc::RENAME_NOREPLACE, libc::RENAME_EXCHANGE.
@@ -159,10 +384,10 @@ pub trait MetaEngine: Send + Sync {
     /// nobody holds, open files, locks and RW-PCC leases of sessions that are gone or whose
     /// heartbeat is older than `timeout_ns`.
     fn meta_issues(&self, timeout_ns: i64) -> Result<Vec<MetaIssue>>;
-    /// Repairs one issue found by [`MetaEngine::meta_issues`] in one transaction, if it still
+    /// Repairs one issue found by [`LegacyEngine::meta_issues`] in one transaction, if it still
     /// holds (checked again inside it, so a client that came back meanwhile keeps its rows).
     /// Returns whether something changed. A stale open or lock ends its whole dead session (as
-    /// [`MetaEngine::reap_sessions`] would), or drops the row of a session that no longer
+    /// [`LegacyEngine::reap_sessions`] would), or drops the row of a session that no longer
     /// exists; a dirty RW-PCC lease is never dropped (false).
     fn repair_issue(&self, issue: &MetaIssue, timeout_ns: i64) -> Result<bool>;
     /// One path of an inode from the root (`None` when it has no name left).

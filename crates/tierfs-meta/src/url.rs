@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use crate::engine::MetaEngine;
 use crate::error::{MetaError, Result};
-use crate::postgres::{PgEngine, PgUrl};
-use crate::sqlite::SqliteEngine;
+use crate::postgres::{PgMeta, PgUrl};
+use crate::sqlite::SqliteMeta;
 use crate::types::FormatParams;
 
 /// A parsed metadata URL.
@@ -37,16 +37,16 @@ impl MetaUrl {
 /// Opens an existing filesystem's metadata engine.
 pub fn open_engine(url: &str) -> Result<Arc<dyn MetaEngine>> {
     match MetaUrl::parse(url)? {
-        MetaUrl::Sqlite(p) => Ok(Arc::new(SqliteEngine::open(&p)?)),
-        MetaUrl::Postgres(u) => Ok(Arc::new(PgEngine::open(u.secret())?)),
+        MetaUrl::Sqlite(p) => Ok(Arc::new(SqliteMeta::open(&p)?)),
+        MetaUrl::Postgres(u) => Ok(Arc::new(PgMeta::open(u.secret())?)),
     }
 }
 
 /// Formats a new filesystem and returns its engine.
 pub fn format_engine(url: &str, params: &FormatParams) -> Result<Arc<dyn MetaEngine>> {
     match MetaUrl::parse(url)? {
-        MetaUrl::Sqlite(p) => Ok(Arc::new(SqliteEngine::format(&p, params)?)),
-        MetaUrl::Postgres(u) => Ok(Arc::new(PgEngine::format(u.secret(), params)?)),
+        MetaUrl::Sqlite(p) => Ok(Arc::new(SqliteMeta::format(&p, params)?)),
+        MetaUrl::Postgres(u) => Ok(Arc::new(PgMeta::format(u.secret(), params)?)),
     }
 }
 

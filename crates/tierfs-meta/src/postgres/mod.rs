@@ -53,7 +53,7 @@
 
 mod dump;
 pub mod pgpass;
-mod pool;
+pub(crate) mod pool;
 mod schema;
 
 use std::collections::BTreeMap;
@@ -62,11 +62,15 @@ use std::time::{Duration, Instant};
 use postgres::error::SqlState;
 use postgres::Row;
 
-use crate::engine::{Channel, Listener, MetaEngine, Notice};
+use crate::core::SqlMeta;
+use crate::engine::{Channel, LegacyEngine, Listener, Notice};
 use crate::error::{MetaError, Result};
 use crate::locks;
+use crate::sql::postgres::PgTx;
+use crate::sql::{Dialect, DialectKind, Driver, Tx};
 use crate::types::*;
-use pool::{PgConn, Pool, P};
+pub(crate) use pool::PgConn;
+use pool::{Pool, P};
 pub use schema::SCHEMA_VERSION;
 
 /// Attempts of one transaction before giving up with `Busy`.
@@ -237,6 +241,7 @@ pub fn redact(s: &str) -> String {
 pub struct PgEngine {
     url: PgUrl,
     pool: Pool,
+    dialect: Dialect,
 }
 
 const ATTR_COLS: &str =
@@ -875,6 +880,7 @@ impl PgEngine {
         Ok(PgEngine {
             pool: Pool::new(cfg, POOL_MAX, Duration::from_secs(30)),
             url,
+            dialect: Dialect::new(DialectKind::Postgres),
         })
     }
 
@@ -1026,13 +1032,16 @@ impl PgEngine {
 
     /// Runs `f` in one REPEATABLE READ transaction, retrying serialization failures and
     /// deadlocks with backoff. The closure may run several times.
-    fn write<T>(&self, f: impl Fn(&mut PgConn) -> Result<T>) -> Result<T> {
+    fn write<T>(&self, mut f: impl FnMut(&mut PgConn) -> Result<T>) -> Result<T> {
         self.write_commit(|c| f(c).map(Ok))?
     }
 
     /// Like `write`, but an inner `Err` is committed (work done before a reported failure,
     /// such as trashing the objects of a file that went away, is kept).
-    fn write_commit<T>(&self, f: impl Fn(&mut PgConn) -> Result<Result<T>>) -> Result<Result<T>> {
+    fn write_commit<T>(
+        &self,
+        mut f: impl FnMut(&mut PgConn) -> Result<Result<T>>,
+    ) -> Result<Result<T>> {
         let mut attempt = 0u32;
         let mut stale = 0u32;
         let started = Instant::now();
@@ -1097,7 +1106,7 @@ impl PgEngine {
     }
 
     /// Runs read-only `f` outside a transaction (each statement sees one snapshot).
-    fn read<T>(&self, f: impl Fn(&mut PgConn) -> Result<T>) -> Result<T> {
+    fn read<T>(&self, mut f: impl FnMut(&mut PgConn) -> Result<T>) -> Result<T> {
         let mut stale = 0u32;
         loop {
             let (mut c, reused) = self.pool.get()?;
@@ -1112,6 +1121,20 @@ impl PgEngine {
                 other => return other,
             }
         }
+    }
+
+    /// A LISTEN connection of its own, outside the pool (see the module doc).
+    fn listen_conn(&self, client: &str, channels: &[Channel]) -> Result<Option<Box<dyn Listener>>> {
+        let mut conn = self.pool.connect()?;
+        let mut sql = String::new();
+        for ch in channels {
+            sql.push_str(&format!("LISTEN {};", pg_channel(*ch)));
+        }
+        conn.batch_execute(&sql).map_err(pg_err)?;
+        Ok(Some(Box::new(PgListener {
+            conn,
+            client: client.to_string(),
+        })))
     }
 
     /// Closes the idle pooled connections (the next calls connect anew).
@@ -1196,7 +1219,53 @@ fn session_from_row(r: &Row) -> SessionInfo {
     }
 }
 
-impl MetaEngine for PgEngine {
+/// The PostgreSQL engine: the shared core over the PostgreSQL driver.
+pub type PgMeta = SqlMeta<PgEngine>;
+
+impl SqlMeta<PgEngine> {
+    /// Opens a formatted filesystem, migrating its schema if it is older than this build.
+    pub fn open(url: &str) -> Result<PgMeta> {
+        Ok(SqlMeta::new(PgEngine::open(url)?))
+    }
+
+    /// Creates a new filesystem in the (existing) database; see [`PgEngine::format`].
+    pub fn format(url: &str, p: &FormatParams) -> Result<PgMeta> {
+        Ok(SqlMeta::new(PgEngine::format(url, p)?))
+    }
+}
+
+impl Driver for PgEngine {
+    fn dialect(&self) -> &Dialect {
+        &self.dialect
+    }
+
+    fn write_commit<T>(
+        &self,
+        mut f: impl FnMut(&mut dyn Tx) -> Result<Result<T>>,
+    ) -> Result<Result<T>> {
+        PgEngine::write_commit(self, |c| f(&mut PgTx::new(c, &self.dialect)))
+    }
+
+    fn read<T>(&self, mut f: impl FnMut(&mut dyn Tx) -> Result<T>) -> Result<T> {
+        PgEngine::read(self, |c| f(&mut PgTx::new(c, &self.dialect)))
+    }
+
+    fn sync(&self) -> Result<()> {
+        // Commits are durable once they return (synchronous_commit = on).
+        Ok(())
+    }
+
+    fn maintain(&self) -> Result<()> {
+        // Housekeeping is autovacuum's.
+        Ok(())
+    }
+
+    fn listen(&self, client: &str, channels: &[Channel]) -> Result<Option<Box<dyn Listener>>> {
+        self.listen_conn(client, channels)
+    }
+}
+
+impl LegacyEngine for PgEngine {
     fn export_rows(&self, sink: &mut dyn FnMut(DumpRow) -> Result<()>) -> Result<()> {
         let rows = self.write(dump::export)?;
         for r in rows {
@@ -1211,16 +1280,7 @@ impl MetaEngine for PgEngine {
     }
 
     fn listen(&self, client: &str, channels: &[Channel]) -> Result<Option<Box<dyn Listener>>> {
-        let mut conn = self.pool.connect()?;
-        let mut sql = String::new();
-        for ch in channels {
-            sql.push_str(&format!("LISTEN {};", pg_channel(*ch)));
-        }
-        conn.batch_execute(&sql).map_err(pg_err)?;
-        Ok(Some(Box::new(PgListener {
-            conn,
-            client: client.to_string(),
-        })))
+        self.listen_conn(client, channels)
     }
 
     fn info(&self) -> Result<FsInfo> {

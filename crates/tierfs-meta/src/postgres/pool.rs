@@ -36,7 +36,7 @@ impl PgConn {
     }
 
     /// The prepared form of `sql`, prepared once per connection.
-    fn prep(&mut self, sql: &str) -> Result<Statement> {
+    pub fn prep(&mut self, sql: &str) -> Result<Statement> {
         if let Some(s) = self.stmts.get(sql) {
             return Ok(s.clone());
         }

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::*;
+use crate::engine::{Admin, FileData, MetaEngine, Namespace, Pcc};
 
 /// How long the whole test may take once the server runs.
 const TEST_LIMIT: Duration = Duration::from_secs(420);
@@ -209,7 +210,7 @@ fn all_checks(server: &Server) {
     let t = Instant::now();
     crate::conformance::run_all(&|| {
         let db = server.fresh_db();
-        let e = PgEngine::format(&db.url, &params()).expect("format");
+        let e = PgMeta::format(&db.url, &params()).expect("format");
         (
             Box::new(db) as Box<dyn std::any::Any>,
             Box::new(e) as Box<dyn MetaEngine>,
@@ -226,20 +227,20 @@ fn all_checks(server: &Server) {
 fn schema_and_format(server: &Server) {
     let db = server.fresh_db();
     assert!(matches!(
-        PgEngine::open(&db.url),
+        PgMeta::open(&db.url),
         Err(MetaError::NotFormatted(_))
     ));
-    let e = PgEngine::format(&db.url, &params()).unwrap();
+    let e = PgMeta::format(&db.url, &params()).unwrap();
     assert_eq!(e.info().unwrap().schema_version, SCHEMA_VERSION);
     assert!(matches!(
-        PgEngine::format(&db.url, &params()),
+        PgMeta::format(&db.url, &params()),
         Err(MetaError::AlreadyFormatted(n)) if n == "conformance"
     ));
     e.create(ROOT_INO, b"x", &file(), None, None).unwrap();
     let mut p = params();
     p.force = true;
     drop(e);
-    let e = PgEngine::format(&db.url, &p).unwrap();
+    let e = PgMeta::format(&db.url, &p).unwrap();
     assert!(matches!(e.lookup(ROOT_INO, b"x"), Err(MetaError::NotFound)));
     assert_eq!(
         e.create(ROOT_INO, b"y", &file(), None, None).unwrap().ino,
@@ -247,7 +248,7 @@ fn schema_and_format(server: &Server) {
         "inode numbers start after the root"
     );
     // Two engines on one database see each other.
-    let other = PgEngine::open(&db.url).unwrap();
+    let other = PgMeta::open(&db.url).unwrap();
     assert_eq!(other.lookup(ROOT_INO, b"y").unwrap().ino, 2);
     // A version from the future is refused; an old one is migrated.
     let mut admin = postgres::Client::connect(&db.url, postgres::NoTls).unwrap();
@@ -255,7 +256,7 @@ fn schema_and_format(server: &Server) {
         .batch_execute("UPDATE schema_version SET version = 99")
         .unwrap();
     assert!(matches!(
-        PgEngine::open(&db.url),
+        PgMeta::open(&db.url),
         Err(MetaError::SchemaTooNew { found: 99, .. })
     ));
     // Version 4 -> 5: the allocated bytes of existing files are counted.
@@ -290,7 +291,7 @@ fn schema_and_format(server: &Server) {
             "ALTER TABLE inodes DROP COLUMN allocated; UPDATE schema_version SET version = 4",
         )
         .unwrap();
-    let e = PgEngine::open(&db.url).unwrap();
+    let e = PgMeta::open(&db.url).unwrap();
     assert_eq!(
         e.getattr(z.ino).unwrap().allocated,
         150,
@@ -304,7 +305,7 @@ fn schema_and_format(server: &Server) {
              UPDATE schema_version SET version = 1",
         )
         .unwrap();
-    let e = PgEngine::open(&db.url).unwrap();
+    let e = PgMeta::open(&db.url).unwrap();
     let v: i64 = admin
         .query_one("SELECT version FROM schema_version", &[])
         .unwrap()
@@ -313,10 +314,10 @@ fn schema_and_format(server: &Server) {
     assert!(e.pcc_rules().unwrap().is_empty());
     // Unknown databases and unreachable servers are clear errors.
     assert!(matches!(
-        PgEngine::open(&server.url_of("no_such_db")),
+        PgMeta::open(&server.url_of("no_such_db")),
         Err(MetaError::Db(m)) if m.contains("does not exist")
     ));
-    let dead = PgEngine::open("postgres://tierfs@127.0.0.1:1/x");
+    let dead = PgMeta::open("postgres://tierfs@127.0.0.1:1/x");
     match dead {
         Err(e @ MetaError::Unavailable(_)) => assert_eq!(e.errno(), libc::EIO),
         other => panic!("expected Unavailable, got {:?}", other.err()),
@@ -325,7 +326,7 @@ fn schema_and_format(server: &Server) {
 
 fn concurrent_creates_renames_and_commits(server: &Server) {
     let db = server.fresh_db();
-    let e = Arc::new(PgEngine::format(&db.url, &params()).unwrap());
+    let e = Arc::new(PgMeta::format(&db.url, &params()).unwrap());
     let a = e.create(ROOT_INO, b"a", &dir(), None, None).unwrap().ino;
     let b = e.create(ROOT_INO, b"b", &dir(), None, None).unwrap().ino;
     let f = e
@@ -413,7 +414,7 @@ fn concurrent_creates_renames_and_commits(server: &Server) {
 
 fn revoke_notifications(server: &Server) {
     let db = server.fresh_db();
-    let e = PgEngine::format(&db.url, &params()).unwrap();
+    let e = PgMeta::format(&db.url, &params()).unwrap();
     let f = e.create(ROOT_INO, b"f", &file(), None, None).unwrap().ino;
     let g = e.create(ROOT_INO, b"g", &file(), None, None).unwrap().ino;
     e.pcc_acquire(f, "a").unwrap();
@@ -456,7 +457,7 @@ fn revoke_notifications(server: &Server) {
 
 fn lost_connections_recover(server: &Server) {
     let db = server.fresh_db();
-    let e = PgEngine::format(&db.url, &params()).unwrap();
+    let e = PgMeta::format(&db.url, &params()).unwrap();
     e.create(ROOT_INO, b"f", &file(), None, None).unwrap();
     // Connections killed under the engine: the next calls reconnect without an error.
     let mut admin = server.admin();
@@ -523,9 +524,9 @@ fn lost_connections_recover(server: &Server) {
 /// The migration path: a filesystem made on SQLite, dumped, loaded into PostgreSQL, used there,
 /// dumped again and loaded back into SQLite.
 fn dump_from_sqlite_loads_into_postgres_and_back(server: &Server) {
-    use crate::sqlite::SqliteEngine;
+    use crate::sqlite::SqliteMeta;
     let tmp = tempfile::tempdir().expect("tempdir");
-    let lite = SqliteEngine::format(&tmp.path().join("m.db"), &params()).expect("format sqlite");
+    let lite = SqliteMeta::format(&tmp.path().join("m.db"), &params()).expect("format sqlite");
     let layout = Layout {
         stripe_size: 1 << 20,
         targets: vec![1],
@@ -568,7 +569,7 @@ fn dump_from_sqlite_loads_into_postgres_and_back(server: &Server) {
     .expect("export sqlite");
 
     let db = server.fresh_db();
-    let pg = PgEngine::format(&db.url, &params()).expect("format pg");
+    let pg = PgMeta::format(&db.url, &params()).expect("format pg");
     let n = pg
         .import_rows(&mut rows.clone().into_iter().map(Ok))
         .expect("import into pg");
@@ -604,7 +605,7 @@ fn dump_from_sqlite_loads_into_postgres_and_back(server: &Server) {
     })
     .expect("export pg");
     let dir2 = tempfile::tempdir().expect("tempdir");
-    let lite2 = SqliteEngine::format(&dir2.path().join("m.db"), &params()).expect("format sqlite");
+    let lite2 = SqliteMeta::format(&dir2.path().join("m.db"), &params()).expect("format sqlite");
     lite2
         .import_rows(&mut back.into_iter().map(Ok))
         .expect("import into sqlite");

@@ -16,9 +16,12 @@ use parking_lot::Mutex;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::engine::{MetaEngine, ORPHAN_GRACE};
+use crate::core::SqlMeta;
+use crate::engine::{LegacyEngine, ORPHAN_GRACE};
 use crate::error::{MetaError, Result};
 use crate::locks;
+use crate::sql::sqlite::SqliteTx;
+use crate::sql::{Dialect, DialectKind, Driver, Tx};
 use crate::types::*;
 pub use schema::SCHEMA_VERSION;
 
@@ -53,6 +56,7 @@ pub struct SqliteEngine {
     /// Past this many bytes of write-ahead log, [`MetaEngine::maintain`] checkpoints it whole and
     /// truncates it ([`WAL_LIMIT`]).
     wal_limit: u64,
+    dialect: Dialect,
 }
 
 /// The write-ahead log's size past which `maintain` runs a `TRUNCATE` checkpoint instead of a
@@ -554,6 +558,7 @@ impl SqliteEngine {
             readers: Mutex::new(Vec::new()),
             unsynced: AtomicBool::new(true),
             wal_limit: WAL_LIMIT,
+            dialect: Dialect::new(DialectKind::Sqlite),
         })
     }
 
@@ -670,7 +675,16 @@ impl SqliteEngine {
     }
 
     /// Runs `f` in a write transaction, retrying with backoff while the database is busy.
-    fn write<T>(&self, f: impl Fn(&Connection) -> Result<T>) -> Result<T> {
+    fn write<T>(&self, mut f: impl FnMut(&Connection) -> Result<T>) -> Result<T> {
+        self.write_commit_conn(|c| f(c).map(Ok))?
+    }
+
+    /// Like `write`, but an inner `Err` is committed (work done before a reported failure is
+    /// kept); an outer one rolls back.
+    fn write_commit_conn<T>(
+        &self,
+        mut f: impl FnMut(&Connection) -> Result<Result<T>>,
+    ) -> Result<Result<T>> {
         let c = self.writer.lock();
         self.unsynced.store(true, Ordering::Relaxed);
         let mut attempt = 0u32;
@@ -705,8 +719,62 @@ impl SqliteEngine {
         }
     }
 
+    /// Makes every committed transaction durable (fsync of the write-ahead log).
+    fn sync_wal(&self) -> Result<()> {
+        // Commits run with synchronous=NORMAL: they survive a crash of the process but may be
+        // lost with power. Syncing the write-ahead log makes every committed transaction durable,
+        // exactly what synchronous=FULL would do at each commit.
+        // Writers wait meanwhile, so nothing commits between the check and the fsync.
+        let _w = self.writer.lock();
+        if !self.unsynced.swap(false, Ordering::Relaxed) {
+            return Ok(());
+        }
+        let mut wal = self.path.as_os_str().to_owned();
+        wal.push("-wal");
+        let r = match std::fs::File::open(PathBuf::from(&wal)) {
+            Ok(f) => f
+                .sync_all()
+                .map_err(|e| MetaError::Db(format!("fsync of the WAL: {e}"))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(MetaError::Db(format!("open of the WAL: {e}"))),
+        };
+        if r.is_err() {
+            self.unsynced.store(true, Ordering::Relaxed);
+        }
+        r
+    }
+
+    /// Checkpoints the write-ahead log (truncating it past its limit).
+    fn checkpoint(&self) -> Result<()> {
+        // Copy the write-ahead log back into the database without blocking writers or waiting
+        // for readers; the log is reset once every reader has moved past it.
+        self.read(|c| {
+            c.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))?;
+            Ok(())
+        })?;
+        let mut wal = self.path.clone().into_os_string();
+        wal.push("-wal");
+        let wal_len = std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0);
+        if wal_len > self.wal_limit {
+            // On the writer connection, so this process's writers wait behind it rather than
+            // retry; other clients' writers wait through their busy timeout.
+            let c = self.writer.lock();
+            let (busy, log, done): (i64, i64, i64) =
+                c.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+                })?;
+            if busy != 0 {
+                tracing::debug!(
+                    "write-ahead log of {wal_len} bytes: truncating checkpoint blocked \
+                     ({done} of {log} frames copied); trying again next time"
+                );
+            }
+        }
+        Ok(())
+    }
+
     /// Runs `f` on a pooled reader connection (WAL lets readers run beside the writer).
-    fn read<T>(&self, f: impl Fn(&Connection) -> Result<T>) -> Result<T> {
+    fn read<T>(&self, mut f: impl FnMut(&Connection) -> Result<T>) -> Result<T> {
         let conn = self.readers.lock().pop();
         let conn = match conn {
             Some(c) => c,
@@ -734,7 +802,47 @@ impl SqliteEngine {
     }
 }
 
-impl MetaEngine for SqliteEngine {
+/// The SQLite engine: the shared core over the SQLite driver.
+pub type SqliteMeta = SqlMeta<SqliteEngine>;
+
+impl SqlMeta<SqliteEngine> {
+    /// Opens a formatted filesystem, migrating its schema if it is older than this build.
+    pub fn open(path: &Path) -> Result<SqliteMeta> {
+        Ok(SqlMeta::new(SqliteEngine::open(path)?))
+    }
+
+    /// Creates a new filesystem: schema, settings, targets and the root directory.
+    pub fn format(path: &Path, p: &FormatParams) -> Result<SqliteMeta> {
+        Ok(SqlMeta::new(SqliteEngine::format(path, p)?))
+    }
+}
+
+impl Driver for SqliteEngine {
+    fn dialect(&self) -> &Dialect {
+        &self.dialect
+    }
+
+    fn write_commit<T>(
+        &self,
+        mut f: impl FnMut(&mut dyn Tx) -> Result<Result<T>>,
+    ) -> Result<Result<T>> {
+        self.write_commit_conn(|c| f(&mut SqliteTx::new(c, &self.dialect)))
+    }
+
+    fn read<T>(&self, mut f: impl FnMut(&mut dyn Tx) -> Result<T>) -> Result<T> {
+        SqliteEngine::read(self, |c| f(&mut SqliteTx::new(c, &self.dialect)))
+    }
+
+    fn sync(&self) -> Result<()> {
+        self.sync_wal()
+    }
+
+    fn maintain(&self) -> Result<()> {
+        self.checkpoint()
+    }
+}
+
+impl LegacyEngine for SqliteEngine {
     fn info(&self) -> Result<FsInfo> {
         self.read(|c| {
             let mut st = c.prepare_cached("SELECT key, value FROM meta_info")?;
@@ -1540,58 +1648,14 @@ impl MetaEngine for SqliteEngine {
     }
 
     fn sync(&self) -> Result<()> {
-        // Commits run with synchronous=NORMAL: they survive a crash of the process but may be
-        // lost with power. Syncing the write-ahead log makes every committed transaction durable,
-        // exactly what synchronous=FULL would do at each commit.
-        // Writers wait meanwhile, so nothing commits between the check and the fsync.
-        let _w = self.writer.lock();
-        if !self.unsynced.swap(false, Ordering::Relaxed) {
-            return Ok(());
-        }
-        let mut wal = self.path.as_os_str().to_owned();
-        wal.push("-wal");
-        let r = match std::fs::File::open(PathBuf::from(&wal)) {
-            Ok(f) => f
-                .sync_all()
-                .map_err(|e| MetaError::Db(format!("fsync of the WAL: {e}"))),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(MetaError::Db(format!("open of the WAL: {e}"))),
-        };
-        if r.is_err() {
-            self.unsynced.store(true, Ordering::Relaxed);
-        }
-        r
+        self.sync_wal()
     }
 
     fn maintain(&self) -> Result<()> {
-        // Copy the write-ahead log back into the database without blocking writers or waiting
-        // for readers; the log is reset once every reader has moved past it.
-        self.read(|c| {
-            c.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))?;
-            Ok(())
-        })?;
-        let mut wal = self.path.clone().into_os_string();
-        wal.push("-wal");
-        let wal_len = std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0);
-        if wal_len > self.wal_limit {
-            // On the writer connection, so this process's writers wait behind it rather than
-            // retry; other clients' writers wait through their busy timeout.
-            let c = self.writer.lock();
-            let (busy, log, done): (i64, i64, i64) =
-                c.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
-                    Ok((r.get(0)?, r.get(1)?, r.get(2)?))
-                })?;
-            if busy != 0 {
-                tracing::debug!(
-                    "write-ahead log of {wal_len} bytes: truncating checkpoint blocked \
-                     ({done} of {log} frames copied); trying again next time"
-                );
-            }
-        }
+        self.checkpoint()?;
         self.purge_orphans(now_nanos() - ORPHAN_GRACE.as_nanos() as Nanos)?;
         Ok(())
     }
-
     fn export_rows(&self, sink: &mut dyn FnMut(DumpRow) -> Result<()>) -> Result<()> {
         use rusqlite::types::ValueRef;
         let c = self.writer.lock();
@@ -2429,11 +2493,11 @@ fn end_session(c: &Connection, session: u64) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::{Admin, FileData, MetaEngine, Namespace, Pcc};
 
-    fn fresh() -> (tempfile::TempDir, SqliteEngine) {
+    fn fresh() -> (tempfile::TempDir, SqliteMeta) {
         let d = tempfile::tempdir().unwrap();
-        let e =
-            SqliteEngine::format(&d.path().join("m.db"), &crate::conformance::params()).unwrap();
+        let e = SqliteMeta::format(&d.path().join("m.db"), &crate::conformance::params()).unwrap();
         (d, e)
     }
 
@@ -2451,11 +2515,11 @@ mod tests {
     #[test]
     fn maintain_truncates_a_write_ahead_log_past_its_limit() {
         let (d, mut e) = fresh();
-        e.wal_limit = 256 << 10;
+        e.driver_mut().wal_limit = 256 << 10;
         let wal = d.path().join("m.db-wal");
         let root = e.getattr(crate::ROOT_INO).unwrap();
         let mut i = 0u32;
-        while std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0) <= e.wal_limit {
+        while std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0) <= e.driver().wal_limit {
             let node = NewNode {
                 kind: Kind::File,
                 perm: 0o644,
@@ -2471,9 +2535,9 @@ mod tests {
         e.maintain().unwrap();
         let len = std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0);
         assert!(
-            len < e.wal_limit,
+            len < e.driver().wal_limit,
             "log of {len} bytes after maintain (limit {})",
-            e.wal_limit
+            e.driver().wal_limit
         );
         // nothing is lost by the truncation
         assert_eq!(e.readdir(root.ino, 0, 100_000).unwrap().len() as u32, i);
@@ -2482,11 +2546,11 @@ mod tests {
     #[test]
     fn format_refuses_a_formatted_file_without_force() {
         let (d, _e) = fresh();
-        let r = SqliteEngine::format(&d.path().join("m.db"), &crate::conformance::params());
+        let r = SqliteMeta::format(&d.path().join("m.db"), &crate::conformance::params());
         assert!(matches!(r, Err(MetaError::AlreadyFormatted(_))));
         let mut p = crate::conformance::params();
         p.force = true;
-        assert!(SqliteEngine::format(&d.path().join("m.db"), &p).is_ok());
+        assert!(SqliteMeta::format(&d.path().join("m.db"), &p).is_ok());
     }
 
     #[test]
@@ -2504,12 +2568,13 @@ mod tests {
             )
             .unwrap();
         }
-        let e = SqliteEngine::open(&path).unwrap();
+        let e = SqliteMeta::open(&path).unwrap();
         let rules = e.pcc_rules().unwrap();
         assert_eq!((rules[0].id, rules[0].quota), (r, None));
         e.pcc_rule_set_quota(r, Some(1 << 30)).unwrap();
         assert_eq!(e.pcc_rules().unwrap()[0].quota, Some(1 << 30));
         let v: i64 = e
+            .driver()
             .writer
             .lock()
             .pragma_query_value(None, "user_version", |r| r.get(0))
@@ -2564,13 +2629,14 @@ mod tests {
             c.execute_batch("ALTER TABLE inodes DROP COLUMN allocated; PRAGMA user_version = 4;")
                 .unwrap();
         }
-        let e = SqliteEngine::open(&path).unwrap();
+        let e = SqliteMeta::open(&path).unwrap();
         assert_eq!(
             e.getattr(f.ino).unwrap().allocated,
             160,
             "counted at migration"
         );
         let v: i64 = e
+            .driver()
             .writer
             .lock()
             .pragma_query_value(None, "user_version", |r| r.get(0))
@@ -2582,13 +2648,13 @@ mod tests {
     fn open_refuses_unformatted_and_missing() {
         let d = tempfile::tempdir().unwrap();
         assert!(matches!(
-            SqliteEngine::open(&d.path().join("none.db")),
+            SqliteMeta::open(&d.path().join("none.db")),
             Err(MetaError::NotFormatted(_))
         ));
         let p = d.path().join("empty.db");
         Connection::open(&p).unwrap();
         assert!(matches!(
-            SqliteEngine::open(&p),
+            SqliteMeta::open(&p),
             Err(MetaError::NotFormatted(_))
         ));
     }
@@ -2656,7 +2722,7 @@ mod tests {
     #[test]
     fn two_engines_on_one_file_see_each_other() {
         let (d, a) = fresh();
-        let b = SqliteEngine::open(&d.path().join("m.db")).unwrap();
+        let b = SqliteMeta::open(&d.path().join("m.db")).unwrap();
         let node = NewNode {
             kind: Kind::Dir,
             perm: 0o755,

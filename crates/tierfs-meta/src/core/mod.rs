@@ -1,0 +1,43 @@
+//! The metadata core: every metadata operation written once, over the SQL layer
+//! ([`crate::sql`]), for every engine. [`SqlMeta<D>`] implements the domain traits of
+//! [`crate::engine`] on top of a [`Driver`] (SQLite or PostgreSQL), which keeps only what is
+//! the engine's own: connections, transactions and their retry classification, durability,
+//! housekeeping and notifications.
+//!
+//! Transition: the domains not ported yet delegate to the engine's
+//! [`LegacyEngine`](crate::engine::LegacyEngine) methods;
+//! each domain's module replaces its delegating impl with core code.
+
+pub mod admin;
+pub mod changelog;
+pub mod common;
+pub mod data;
+pub mod locks;
+pub mod namespace;
+pub mod pcc;
+pub mod schema;
+pub mod session;
+pub mod workers;
+
+use crate::sql::Driver;
+
+/// The metadata engine: the shared core over driver `D`.
+pub struct SqlMeta<D: Driver> {
+    d: D,
+}
+
+impl<D: Driver> SqlMeta<D> {
+    pub fn new(driver: D) -> SqlMeta<D> {
+        SqlMeta { d: driver }
+    }
+
+    /// The engine's driver (its own settings and tools: a path, a URL, the pool).
+    pub fn driver(&self) -> &D {
+        &self.d
+    }
+
+    /// The engine's driver, mutably (tests tune it).
+    pub fn driver_mut(&mut self) -> &mut D {
+        &mut self.d
+    }
+}

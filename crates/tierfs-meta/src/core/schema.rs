@@ -1,0 +1,1 @@
+//! The schema, defined once (see the migration list). Filled in by the schema work.
