@@ -131,6 +131,33 @@ impl FromStr for RecordType {
 )]
 pub struct MaskError(pub String);
 
+/// Bad input to a changelog operation; each prints as one line.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ChangelogError {
+    #[error("no changelog reader cl{0} (see tierfs changelog readers)")]
+    UnknownReader(u64),
+    #[error("changelog reader cl{reader} was deregistered after staying idle past its idle time")]
+    ReaderExpired { reader: u64 },
+    #[error("cannot clear changelog records up to {endrec}: the last record is {last}")]
+    ClearPastEnd { endrec: u64, last: u64 },
+    #[error("{0}")]
+    Mask(#[from] MaskError),
+    #[error(
+        "this filesystem's metadata is schema v{found}, which has no changelog (v{needed} and \
+         later); mount it with this tierfs once to upgrade it"
+    )]
+    OldSchema { found: i64, needed: i64 },
+}
+
+impl ChangelogError {
+    pub fn errno(&self) -> i32 {
+        match self {
+            ChangelogError::UnknownReader(_) | ChangelogError::ReaderExpired { .. } => libc::ENOENT,
+            _ => libc::EINVAL,
+        }
+    }
+}
+
 /// Flag of UNLNK/RNMTO: the inode lost its last name (Lustre's CLF_UNLINK_LAST).
 pub const FLAG_LAST: u32 = 0x1;
 /// Flag of RNMTO: the two names were swapped (`RENAME_EXCHANGE`), nothing was removed.
@@ -174,10 +201,7 @@ impl Mask {
     /// DEFAULT when the first item is `+`/`-`), e.g. `CREAT,UNLNK`, `ALL,-OPEN`, `+OPEN`.
     /// Case does not matter. An empty mask or an unknown name is an error.
     pub fn parse(s: &str) -> Result<Mask, MaskError> {
-        let items: Vec<&str> = s
-            .split([',', ' ', '|'])
-            .filter(|x| !x.is_empty())
-            .collect();
+        let items: Vec<&str> = s.split([',', ' ', '|']).filter(|x| !x.is_empty()).collect();
         if items.is_empty() {
             return Err(MaskError(s.to_string()));
         }
@@ -345,7 +369,10 @@ pub fn set_process_client(name: &str) {
 }
 
 fn process_client() -> Arc<str> {
-    PROCESS_CLIENT.get().cloned().unwrap_or_else(|| Arc::from(""))
+    PROCESS_CLIENT
+        .get()
+        .cloned()
+        .unwrap_or_else(|| Arc::from(""))
 }
 
 /// Restores the previous scope when dropped.
