@@ -73,6 +73,78 @@ pub fn check_name(name: &[u8]) -> Result<()> {
     Ok(())
 }
 
+/// Bytes of one chunk of `ino` that hold data (see [`crate::types::allocated_bytes`]).
+pub fn chunk_allocated(tx: &mut dyn Tx, ino: Ino, chunk: u64) -> Result<u64> {
+    let mut v = Vec::new();
+    tx.query_each(
+        "SELECT off, len, obj IS NULL AND inline IS NULL FROM slices \
+         WHERE ino = $1 AND chunk = $2 ORDER BY seq",
+        vals![ino, chunk],
+        &mut |r| {
+            v.push((r.u64(0)?, r.u64(1)?, r.bool(2)?));
+            Ok(())
+        },
+    )?;
+    Ok(crate::types::allocated_bytes(&v))
+}
+
+/// Sum of [`chunk_allocated`] over `chunks` (each counted once).
+pub fn chunks_allocated(tx: &mut dyn Tx, ino: Ino, chunks: &[u64]) -> Result<u64> {
+    let mut list = chunks.to_vec();
+    list.sort_unstable();
+    list.dedup();
+    let mut n = 0;
+    for ch in list {
+        n += chunk_allocated(tx, ino, ch)?;
+    }
+    Ok(n)
+}
+
+/// Moves a file's allocated bytes by `after - before` (the chunks a transaction touched,
+/// counted before and after it changed them).
+pub fn add_allocated(tx: &mut dyn Tx, ino: Ino, before: u64, after: u64) -> Result<()> {
+    if before != after {
+        tx.exec(
+            "UPDATE inodes SET allocated = GREATEST(0, allocated + $2) WHERE ino = $1",
+            vals![ino, after as i64 - before as i64],
+        )?;
+    }
+    Ok(())
+}
+
+/// Counts a file's allocated bytes from all its slices.
+pub fn recount_file(tx: &mut dyn Tx, ino: Ino) -> Result<()> {
+    let mut chunks = Vec::new();
+    tx.query_each(
+        "SELECT DISTINCT chunk FROM slices WHERE ino = $1",
+        vals![ino],
+        &mut |r| {
+            chunks.push(r.u64(0)?);
+            Ok(())
+        },
+    )?;
+    let n = chunks_allocated(tx, ino, &chunks)?;
+    tx.exec(
+        "UPDATE inodes SET allocated = $2 WHERE ino = $1",
+        vals![ino, n],
+    )?;
+    Ok(())
+}
+
+/// Counts every file's allocated bytes (migration to v5, load of a dump).
+pub fn recount_all(tx: &mut dyn Tx) -> Result<()> {
+    let mut inos = Vec::new();
+    tx.query_each("SELECT DISTINCT ino FROM slices", vals![], &mut |r| {
+        inos.push(r.u64(0)?);
+        Ok(())
+    })?;
+    tx.exec("UPDATE inodes SET allocated = 0", vals![])?;
+    for ino in inos {
+        recount_file(tx, ino)?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,1 +1,436 @@
-//! The schema, defined once (see the migration list). Filled in by the schema work.
+//! The versioned schema, defined once for every engine.
+//!
+//! Tables are written in a neutral DDL that [`render_ddl`] turns into each dialect's:
+//!
+//! | neutral          | SQLite                              | PostgreSQL               |
+//! |------------------|-------------------------------------|--------------------------|
+//! | `INT`            | `INTEGER`                           | `BIGINT`                 |
+//! | `SERIAL`         | `INTEGER PRIMARY KEY AUTOINCREMENT` | `BIGSERIAL PRIMARY KEY`  |
+//! | `BLOB`           | `BLOB`                              | `BYTEA`                  |
+//! | `WITHOUT ROWID`  | `WITHOUT ROWID`                     | (nothing)                |
+//!
+//! (`TEXT`, `NOT NULL`, `DEFAULT`, `PRIMARY KEY (a, b)`, partial indexes and `"end"` are the
+//! same in both.) `SERIAL` is an auto id: insert without it and read it back with
+//! `RETURNING`. Every integer is 64 bits wide in both engines.
+//!
+//! [`MIGRATIONS`]`[i]` moves the schema from version `i` to `i + 1`; [`SCHEMA_VERSION`] is
+//! where the list ends. Version 6 is assembled from the domains that brought tables with it
+//! ([`V6`]): a domain defines its tables as a [`Ddl`] in its own module and registers it there
+//! with one line.
+//!
+//! Where the version lives is the engine's: SQLite's `PRAGMA user_version`, PostgreSQL's
+//! one-row table `schema_version` (PostgreSQL has no user version). The runner is
+//! [`migrate`]: each step is one transaction with its version bump (both engines' DDL is
+//! transactional), and on PostgreSQL under an advisory lock, so that two clients opening an old
+//! filesystem at once do not both migrate it.
+
+use crate::error::{MetaError, Result};
+use crate::sql::{DialectKind, Driver, Tx};
+use crate::vals;
+
+/// Statements of neutral DDL (see the module doc), run in order.
+pub type Ddl = &'static [&'static str];
+
+/// Schema version this build writes and understands.
+pub const SCHEMA_VERSION: i64 = 6;
+
+/// One migration step.
+pub struct Migration {
+    /// The version this step moves to.
+    pub version: i64,
+    /// Its DDL, from each part that contributes to it, in order.
+    pub parts: &'static [Ddl],
+    /// Data work after the DDL, in the same transaction (counting what a new column holds for
+    /// the existing rows).
+    pub after: Option<fn(&mut dyn Tx) -> Result<()>>,
+}
+
+/// `MIGRATIONS[i]` moves the schema from version `i` to `i + 1`.
+pub const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        parts: &[V1],
+        after: None,
+    },
+    Migration {
+        version: 2,
+        parts: &[V2],
+        after: None,
+    },
+    Migration {
+        version: 3,
+        parts: &[V3],
+        after: None,
+    },
+    Migration {
+        version: 4,
+        parts: &[V4],
+        after: None,
+    },
+    Migration {
+        version: 5,
+        parts: &[V5],
+        after: Some(super::common::recount_all),
+    },
+    Migration {
+        version: 6,
+        parts: V6,
+        after: None,
+    },
+];
+
+const _: () = assert!(MIGRATIONS.len() as i64 == SCHEMA_VERSION);
+
+/// Version 6: the tables of the changelog and of the workers' reports. Each owning module
+/// defines its [`Ddl`] and adds one line here.
+pub const V6: &[Ddl] = &[
+    // crate::core::changelog::SCHEMA,
+    // crate::core::workers::SCHEMA,
+];
+
+/// Version 5: each file's allocated bytes (st_blocks): bytes covered by slices that are not
+/// zero slices, the newest slice winning. Kept by every transaction that changes slices, for
+/// the chunks it touches; the migration counts existing files (`recount_all`).
+const V5: Ddl = &["ALTER TABLE inodes ADD COLUMN allocated INT NOT NULL DEFAULT 0"];
+
+/// Version 4: a PCC rule may carry a quota, the most bytes the files it attached may take in
+/// each client's cache (cache isolation); NULL: no limit beyond the cache's own size.
+const V4: Ddl = &["ALTER TABLE pcc_rules ADD COLUMN quota INT"];
+
+/// Version 3: files replaced by a rename stay openable for a grace period (`orphan = 2`, since
+/// their `ctime`), so that another client which looked the name up just before can still open
+/// what it found; this index finds the ones whose grace is over.
+const V3: Ddl = &["CREATE INDEX inodes_grace ON inodes(ctime) WHERE orphan = 2"];
+
+/// Version 2: the persistent client cache. RW-PCC leases (one owner client per file, with a
+/// generation), requests to give a lease back, and attach rules.
+const V2: Ddl = &[
+    "CREATE TABLE pcc_leases (
+        ino INT PRIMARY KEY,
+        client TEXT NOT NULL,
+        generation INT NOT NULL,
+        dirty INT NOT NULL DEFAULT 0,
+        acquired INT NOT NULL
+    )",
+    "CREATE INDEX pcc_leases_client ON pcc_leases(client)",
+    "CREATE TABLE pcc_revokes (
+        ino INT PRIMARY KEY,
+        requester TEXT NOT NULL,
+        requested INT NOT NULL
+    )",
+    "CREATE TABLE pcc_rules (
+        id SERIAL,
+        mode TEXT NOT NULL,
+        client TEXT,
+        rule TEXT NOT NULL,
+        created INT NOT NULL
+    )",
+    "INSERT INTO counters (name, value) VALUES ('pcc_generation', 0)",
+];
+
+/// Version 1: the namespace, data, sessions and locks.
+const V1: Ddl = &[
+    "CREATE TABLE meta_info (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    "CREATE TABLE counters (name TEXT PRIMARY KEY, value INT NOT NULL)",
+    "CREATE TABLE targets (
+        id INT PRIMARY KEY,
+        url TEXT NOT NULL,
+        capacity INT NOT NULL DEFAULT 0,
+        used INT NOT NULL DEFAULT 0,
+        objects INT NOT NULL DEFAULT 0
+    )",
+    "CREATE TABLE inodes (
+        ino SERIAL,
+        kind INT NOT NULL,
+        perm INT NOT NULL,
+        uid INT NOT NULL,
+        gid INT NOT NULL,
+        nlink INT NOT NULL,
+        size INT NOT NULL DEFAULT 0,
+        rdev INT NOT NULL DEFAULT 0,
+        atime INT NOT NULL,
+        mtime INT NOT NULL,
+        ctime INT NOT NULL,
+        crtime INT NOT NULL,
+        projid INT NOT NULL DEFAULT 0,
+        projinherit INT NOT NULL DEFAULT 0,
+        data_version INT NOT NULL DEFAULT 0,
+        stripe_size INT NOT NULL DEFAULT 0,
+        stripe_targets TEXT NOT NULL DEFAULT '',
+        def_stripe_count INT NOT NULL DEFAULT 0,
+        def_stripe_size INT NOT NULL DEFAULT 0,
+        parent INT NOT NULL DEFAULT 0,
+        symlink BLOB,
+        orphan INT NOT NULL DEFAULT 0
+    )",
+    "CREATE TABLE dentries (
+        id SERIAL,
+        parent INT NOT NULL,
+        name BLOB NOT NULL,
+        ino INT NOT NULL,
+        kind INT NOT NULL
+    )",
+    "CREATE UNIQUE INDEX dentries_name ON dentries(parent, name)",
+    "CREATE INDEX dentries_cursor ON dentries(parent, id)",
+    "CREATE TABLE slices (
+        seq SERIAL,
+        ino INT NOT NULL,
+        chunk INT NOT NULL,
+        off INT NOT NULL,
+        len INT NOT NULL,
+        target INT,
+        obj INT,
+        obj_off INT NOT NULL DEFAULT 0,
+        obj_size INT NOT NULL DEFAULT 0,
+        inline BLOB
+    )",
+    "CREATE INDEX slices_chunk ON slices(ino, chunk, seq)",
+    "CREATE INDEX slices_obj ON slices(obj) WHERE obj IS NOT NULL",
+    "CREATE TABLE xattrs (
+        ino INT NOT NULL,
+        name BLOB NOT NULL,
+        value BLOB NOT NULL,
+        PRIMARY KEY (ino, name)
+    ) WITHOUT ROWID",
+    "CREATE TABLE sessions (
+        id SERIAL,
+        client_name TEXT NOT NULL,
+        host TEXT NOT NULL,
+        pid INT NOT NULL,
+        mountpoint TEXT NOT NULL,
+        version TEXT NOT NULL,
+        started INT NOT NULL,
+        heartbeat INT NOT NULL
+    )",
+    "CREATE TABLE open_files (
+        ino INT NOT NULL,
+        session INT NOT NULL,
+        count INT NOT NULL,
+        PRIMARY KEY (ino, session)
+    ) WITHOUT ROWID",
+    "CREATE INDEX open_files_session ON open_files(session)",
+    "CREATE TABLE trash (
+        id SERIAL,
+        ino INT NOT NULL,
+        target INT NOT NULL,
+        obj INT NOT NULL,
+        len INT NOT NULL
+    )",
+    "CREATE TABLE locks (
+        ino INT NOT NULL,
+        session INT NOT NULL,
+        owner INT NOT NULL,
+        flock INT NOT NULL,
+        typ INT NOT NULL,
+        start INT NOT NULL,
+        \"end\" INT NOT NULL,
+        pid INT NOT NULL
+    )",
+    "CREATE INDEX locks_ino ON locks(ino)",
+];
+
+/// PostgreSQL: holds the schema version (one row); its absence means "not formatted".
+pub const PG_VERSION_TABLE: &str =
+    "CREATE TABLE IF NOT EXISTS schema_version (version BIGINT NOT NULL);
+INSERT INTO schema_version (version) SELECT 0 WHERE NOT EXISTS (SELECT 1 FROM schema_version);";
+
+/// PostgreSQL: key of the advisory lock held while migrating or formatting.
+pub const PG_MIGRATION_LOCK: i64 = 0x7469_6572_6673_0001;
+
+/// Every table the schema creates, in creation order (PostgreSQL's `format --force` drops
+/// them; the dump lists them). Found from the DDL itself, so a new table is never forgotten.
+pub fn tables() -> Vec<&'static str> {
+    let mut v = Vec::new();
+    for m in MIGRATIONS {
+        for part in m.parts {
+            for stmt in part.iter() {
+                let s = stmt.trim_start();
+                if let Some(rest) = s.strip_prefix("CREATE TABLE ") {
+                    let name = rest
+                        .trim_start_matches("IF NOT EXISTS ")
+                        .split([' ', '('])
+                        .next()
+                        .unwrap_or("");
+                    if !name.is_empty() {
+                        v.push(name);
+                    }
+                }
+            }
+        }
+    }
+    v
+}
+
+fn is_word(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b == b'_'
+}
+
+/// One neutral DDL statement in `kind`'s dialect (see the module doc).
+pub fn render_ddl(stmt: &str, kind: DialectKind) -> String {
+    let rules: &[(&str, &str)] = match kind {
+        DialectKind::Sqlite => &[
+            ("INT", "INTEGER"),
+            ("SERIAL", "INTEGER PRIMARY KEY AUTOINCREMENT"),
+        ],
+        DialectKind::Postgres => &[
+            ("INT", "BIGINT"),
+            ("SERIAL", "BIGSERIAL PRIMARY KEY"),
+            ("BLOB", "BYTEA"),
+            (" WITHOUT ROWID", ""),
+        ],
+    };
+    let b = stmt.as_bytes();
+    let mut out = String::with_capacity(stmt.len() + 32);
+    let mut i = 0;
+    let mut quote: Option<u8> = None;
+    'outer: while i < b.len() {
+        let c = b[i];
+        if let Some(q) = quote {
+            if c == q {
+                quote = None;
+            }
+            out.push(c as char);
+            i += 1;
+            continue;
+        }
+        if c == b'\'' || c == b'"' {
+            quote = Some(c);
+            out.push(c as char);
+            i += 1;
+            continue;
+        }
+        let at_word_start = i == 0 || !is_word(b[i - 1]);
+        if at_word_start || c == b' ' {
+            for (from, to) in rules {
+                let f = from.as_bytes();
+                if b.len() >= i + f.len()
+                    && &b[i..i + f.len()] == f
+                    && (i + f.len() == b.len() || !is_word(b[i + f.len()]))
+                {
+                    out.push_str(to);
+                    i += f.len();
+                    continue 'outer;
+                }
+            }
+        }
+        out.push(c as char);
+        i += 1;
+    }
+    out
+}
+
+/// The schema version the database holds: `None` when it holds no tierfs schema at all.
+pub fn read_version(tx: &mut dyn Tx) -> Result<Option<i64>> {
+    match tx.dialect().kind() {
+        DialectKind::Sqlite => {
+            let v = tx.int("PRAGMA user_version", vals![])?;
+            Ok(if v == 0 { None } else { Some(v) })
+        }
+        DialectKind::Postgres => {
+            if !tx.exists("SELECT to_regclass('schema_version') IS NOT NULL", vals![])? {
+                return Ok(None);
+            }
+            Ok(tx
+                .query_opt("SELECT version FROM schema_version", vals![])?
+                .map(|r| r.i64(0))
+                .transpose()?
+                .filter(|v| *v > 0))
+        }
+    }
+}
+
+fn write_version(tx: &mut dyn Tx, v: i64) -> Result<()> {
+    match tx.dialect().kind() {
+        // A pragma takes no parameters; `v` is a number this code chose.
+        DialectKind::Sqlite => tx.batch(&format!("PRAGMA user_version = {v}")),
+        DialectKind::Postgres => tx
+            .exec("UPDATE schema_version SET version = $1", vals![v])
+            .map(|_| ()),
+    }
+}
+
+/// Runs migration step `m` in `tx` (whose schema is at `m.version - 1`).
+fn apply(tx: &mut dyn Tx, m: &Migration) -> Result<()> {
+    let kind = tx.dialect().kind();
+    for part in m.parts {
+        for stmt in part.iter() {
+            tx.batch(&render_ddl(stmt, kind))?;
+        }
+    }
+    if let Some(f) = m.after {
+        f(tx)?;
+    }
+    write_version(tx, m.version)
+}
+
+/// Brings the schema to [`SCHEMA_VERSION`], one transaction per step; from an empty
+/// database, creates it. Refuses a schema newer than this build.
+pub fn migrate<D: Driver>(d: &D) -> Result<()> {
+    loop {
+        let done = d.write(|tx| {
+            let current = match tx.dialect().kind() {
+                DialectKind::Postgres => {
+                    tx.exec("SELECT pg_advisory_xact_lock($1)", vals![PG_MIGRATION_LOCK])?;
+                    tx.batch(PG_VERSION_TABLE)?;
+                    tx.int("SELECT version FROM schema_version", vals![])?
+                }
+                DialectKind::Sqlite => read_version(tx)?.unwrap_or(0),
+            };
+            if current > SCHEMA_VERSION {
+                return Err(MetaError::SchemaTooNew {
+                    found: current,
+                    supported: SCHEMA_VERSION,
+                });
+            }
+            if current == SCHEMA_VERSION {
+                return Ok(true);
+            }
+            let m = &MIGRATIONS[current as usize];
+            debug_assert_eq!(m.version, current + 1);
+            tracing::info!("metadata schema: version {current} -> {}", m.version);
+            apply(tx, m)?;
+            Ok(m.version == SCHEMA_VERSION)
+        })?;
+        if done {
+            return Ok(());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ddl_renders_per_dialect() {
+        let s = "CREATE TABLE t (id SERIAL, n INT NOT NULL, b BLOB, \"end\" INT, \
+                 note TEXT DEFAULT 'INT BLOB') WITHOUT ROWID";
+        assert_eq!(
+            render_ddl(s, DialectKind::Sqlite),
+            "CREATE TABLE t (id INTEGER PRIMARY KEY AUTOINCREMENT, n INTEGER NOT NULL, b BLOB, \
+             \"end\" INTEGER, note TEXT DEFAULT 'INT BLOB') WITHOUT ROWID"
+        );
+        assert_eq!(
+            render_ddl(s, DialectKind::Postgres),
+            "CREATE TABLE t (id BIGSERIAL PRIMARY KEY, n BIGINT NOT NULL, b BYTEA, \
+             \"end\" BIGINT, note TEXT DEFAULT 'INT BLOB')"
+        );
+        // Words that contain a token are left alone.
+        assert_eq!(
+            render_ddl("CREATE INDEX x_int ON t(INTx, xINT)", DialectKind::Postgres),
+            "CREATE INDEX x_int ON t(INTx, xINT)"
+        );
+    }
+
+    #[test]
+    fn every_table_is_listed_once() {
+        let t = tables();
+        for name in ["meta_info", "inodes", "dentries", "locks", "pcc_rules"] {
+            assert_eq!(t.iter().filter(|x| **x == name).count(), 1, "{name}");
+        }
+        assert_eq!(MIGRATIONS.last().unwrap().version, SCHEMA_VERSION);
+        for (i, m) in MIGRATIONS.iter().enumerate() {
+            assert_eq!(m.version, i as i64 + 1);
+        }
+    }
+}
