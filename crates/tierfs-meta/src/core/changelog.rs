@@ -35,6 +35,43 @@ use crate::sql::{Driver, Row, Tx};
 use crate::types::*;
 use crate::vals;
 
+/// The changelog's tables (schema v6).
+///
+/// - `changelog`: one row per record; `idx` is the record's index (SQLite `AUTOINCREMENT`,
+///   never reused; PostgreSQL sequence `changelog_idx_seq`, ordered by [`ORDER_LOCK`]).
+///   `type` is the Lustre number of [`RecordType`]; `sparent`/`sname` are set for renames.
+/// - `changelog_readers`: registered readers, never deleted (ids are not reused): `mask` (bit
+///   `1 << type`), `cleared` (records up to it are done for this reader), `last_used` and
+///   `idle_ns` (idle expiry), `state` (0 active, 1 deregistered, 2 dropped for idleness, shown
+///   by `tierfs status` until deregistered by hand), `ended` (when it stopped).
+pub const SCHEMA: crate::core::schema::Ddl = &[
+    "CREATE TABLE changelog (
+        idx SERIAL,
+        time INT NOT NULL,
+        type INT NOT NULL,
+        flags INT NOT NULL DEFAULT 0,
+        target INT NOT NULL,
+        parent INT NOT NULL DEFAULT 0,
+        name BLOB NOT NULL,
+        sparent INT,
+        sname BLOB,
+        uid INT NOT NULL,
+        gid INT NOT NULL,
+        client TEXT NOT NULL,
+        jobid TEXT
+    )",
+    "CREATE TABLE changelog_readers (
+        id INT PRIMARY KEY,
+        mask INT NOT NULL,
+        cleared INT NOT NULL DEFAULT 0,
+        registered INT NOT NULL,
+        last_used INT NOT NULL,
+        idle_ns INT NOT NULL,
+        state INT NOT NULL DEFAULT 0,
+        ended INT
+    )",
+];
+
 /// The PostgreSQL advisory lock that orders recording transactions (an arbitrary constant
 /// outside the 32-bit range that `hashtext` keys of other locks fall in).
 pub const ORDER_LOCK: i64 = 0x7469_6572_6663_6c67; // "tierfclg"

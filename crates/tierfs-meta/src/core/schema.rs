@@ -84,7 +84,7 @@ const _: () = assert!(MIGRATIONS.len() as i64 == SCHEMA_VERSION);
 /// Version 6: the tables of the changelog and of the workers' reports. Each owning module
 /// defines its [`Ddl`] and adds one line here.
 pub const V6: &[Ddl] = &[
-    // crate::core::changelog::SCHEMA,
+    crate::core::changelog::SCHEMA,
     // crate::core::workers::SCHEMA,
 ];
 
