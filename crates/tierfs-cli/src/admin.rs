@@ -435,6 +435,9 @@ fn print_status(engine: Arc<dyn MetaEngine>) -> Result<()> {
             s.version
         );
     }
+    for line in crate::changelog::status_lines(engine.as_ref())? {
+        println!("{line}");
+    }
     Ok(())
 }
 

@@ -70,6 +70,9 @@ pub enum Command {
     Dump(crate::dump::DumpArgs),
     /// Load a `tierfs dump` file into a freshly formatted, empty filesystem.
     Load(crate::dump::LoadArgs),
+    /// The changelog: register readers, print records (--follow), clear, deregister (like
+    /// Lustre's lfs changelog). Records are kept only while a reader is registered.
+    Changelog(crate::changelog::ChangelogArgs),
     /// The persistent client cache: attach, detach, state, pin, rules, stats.
     #[command(subcommand)]
     Pcc(crate::pcc::PccCmd),

@@ -149,7 +149,10 @@ mod tests {
     #[test]
     fn parses_the_setting() {
         assert_eq!(JobIdSource::parse("disable"), Ok(JobIdSource::Disabled));
-        assert_eq!(JobIdSource::parse("procname_uid"), Ok(JobIdSource::ProcnameUid));
+        assert_eq!(
+            JobIdSource::parse("procname_uid"),
+            Ok(JobIdSource::ProcnameUid)
+        );
         assert_eq!(
             JobIdSource::parse("SLURM_JOB_ID"),
             Ok(JobIdSource::Env("SLURM_JOB_ID".into()))

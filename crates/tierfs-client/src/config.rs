@@ -202,7 +202,10 @@ mod tests {
             Ok(JobIdSource::Disabled)
         );
         let c = ClientConfig::from_toml("jobid_var = \"SLURM_JOB_ID\"").unwrap();
-        assert_eq!(c.jobid_source(), Ok(JobIdSource::Env("SLURM_JOB_ID".into())));
+        assert_eq!(
+            c.jobid_source(),
+            Ok(JobIdSource::Env("SLURM_JOB_ID".into()))
+        );
         let e = ClientConfig::from_toml("jobid_var = \"A-B\"").unwrap_err();
         assert!(e.contains("jobid_var"), "{e}");
     }

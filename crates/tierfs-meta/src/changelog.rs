@@ -32,7 +32,7 @@ macro_rules! record_types {
     ($( $(#[$doc:meta])* $var:ident = $num:expr, $name:literal, $default:expr; )*) => {
         /// A kind of changelog record. Numbers and names are Lustre's (`lfs changelog` prints
         /// `01CREAT`), so tools that know Lustre's read ours.
-        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
         #[repr(u8)]
         pub enum RecordType {
             $( $(#[$doc])* $var = $num, )*
@@ -102,6 +102,13 @@ impl RecordType {
     /// The mask bit of this type.
     pub fn bit(self) -> i64 {
         1i64 << (self as u8)
+    }
+}
+
+/// Serialized as its name (`"CREAT"`).
+impl Serialize for RecordType {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
     }
 }
 
@@ -271,13 +278,32 @@ pub struct ChangelogRecord {
     pub jobid: Option<String>,
 }
 
+/// A name as text without losing a byte: valid UTF-8 as it is, a backslash doubled, and each
+/// byte of invalid UTF-8 as `\xNN` (so `\\` and `\x` tell the two apart).
+pub fn escape_name(b: &[u8]) -> String {
+    let mut out = String::with_capacity(b.len());
+    for chunk in b.utf8_chunks() {
+        for c in chunk.valid().chars() {
+            if c == '\\' {
+                out.push_str("\\\\");
+            } else {
+                out.push(c);
+            }
+        }
+        for x in chunk.invalid() {
+            out.push_str(&format!("\\x{x:02x}"));
+        }
+    }
+    out
+}
+
 fn ser_bytes<S: serde::Serializer>(b: &[u8], s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(&String::from_utf8_lossy(b))
+    s.serialize_str(&escape_name(b))
 }
 
 fn ser_opt_bytes<S: serde::Serializer>(b: &Option<Vec<u8>>, s: S) -> Result<S::Ok, S::Error> {
     match b {
-        Some(b) => s.serialize_some(&*String::from_utf8_lossy(b)),
+        Some(b) => s.serialize_some(&escape_name(b)),
         None => s.serialize_none(),
     }
 }
@@ -293,6 +319,8 @@ pub struct ChangelogReader {
     pub registered: Nanos,
     /// The last time it was registered, cleared or read with `--reader`.
     pub last_used: Nanos,
+    /// Deregistered when idle (not used) for this long.
+    pub idle_ns: i64,
 }
 
 impl ChangelogReader {
@@ -487,6 +515,14 @@ mod tests {
         assert_eq!(Mask::parse("CREAT,BOGUS"), Err(MaskError("BOGUS".into())));
         assert!(Mask::parse("").is_err());
         assert!(Mask::parse("CREAT,-CREAT").is_err());
+    }
+
+    #[test]
+    fn names_escape_without_loss() {
+        assert_eq!(escape_name(b"plain"), "plain");
+        assert_eq!(escape_name("é".as_bytes()), "é");
+        assert_eq!(escape_name(b"a\\b"), "a\\\\b");
+        assert_eq!(escape_name(b"x\xffy"), "x\\xffy");
     }
 
     #[test]

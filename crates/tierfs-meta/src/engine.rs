@@ -36,6 +36,8 @@ pub enum Channel {
     /// Requests to give back RW-PCC leases the listening client holds
     /// ([`MetaEngine::pcc_request_revoke`]).
     PccRevoke,
+    /// New changelog records were committed (any client's; `tierfs changelog --follow`).
+    Changelog,
 }
 
 /// One event received by a [`Listener`].
@@ -44,6 +46,8 @@ pub enum Channel {
 pub enum Notice {
     /// Someone asked the listening client to give back its lease of this file.
     PccRevoke(Ino),
+    /// Changelog records were committed since the last notice.
+    Changelog,
 }
 
 /// A live subscription to some [`Channel`]s, from [`MetaEngine::listen`].

@@ -206,7 +206,7 @@ fn purge(tx: &mut dyn Tx) -> Result<u64> {
     )
 }
 
-const READER_COLS: &str = "id, mask, cleared, registered, last_used";
+const READER_COLS: &str = "id, mask, cleared, registered, last_used, idle_ns";
 
 fn reader_from_row(r: &Row) -> Result<ChangelogReader> {
     Ok(ChangelogReader {
@@ -215,19 +215,20 @@ fn reader_from_row(r: &Row) -> Result<ChangelogReader> {
         cleared: r.u64(2)?,
         registered: r.i64(3)?,
         last_used: r.i64(4)?,
+        idle_ns: r.i64(5)?,
     })
 }
 
 /// An active reader, or why there is none.
 fn active_reader(tx: &mut dyn Tx, id: u64) -> Result<ChangelogReader> {
     let r = tx.query_opt(
-        "SELECT id, mask, cleared, registered, last_used, state FROM changelog_readers \
-         WHERE id = $1",
+        "SELECT id, mask, cleared, registered, last_used, idle_ns, state \
+         FROM changelog_readers WHERE id = $1",
         vals![id],
     )?;
     match r {
-        Some(r) if r.i64(5)? == ACTIVE => reader_from_row(&r),
-        Some(r) if r.i64(5)? == IDLE_DROPPED => {
+        Some(r) if r.i64(6)? == ACTIVE => reader_from_row(&r),
+        Some(r) if r.i64(6)? == IDLE_DROPPED => {
             Err(ChangelogError::ReaderExpired { reader: id }.into())
         }
         _ => Err(ChangelogError::UnknownReader(id).into()),
