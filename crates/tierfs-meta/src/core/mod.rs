@@ -41,3 +41,6 @@ impl<D: Driver> SqlMeta<D> {
         &mut self.d
     }
 }
+
+#[cfg(test)]
+pub(crate) mod upgrade_tests;

@@ -240,8 +240,13 @@ pub const PG_MIGRATION_LOCK: i64 = 0x7469_6572_6673_0001;
 /// Every table the schema creates, in creation order (PostgreSQL's `format --force` drops
 /// them; the dump lists them). Found from the DDL itself, so a new table is never forgotten.
 pub fn tables() -> Vec<&'static str> {
+    tables_added_after(0)
+}
+
+/// The tables the migrations past `version` create, in creation order.
+pub fn tables_added_after(version: i64) -> Vec<&'static str> {
     let mut v = Vec::new();
-    for m in MIGRATIONS {
+    for m in MIGRATIONS.iter().filter(|m| m.version > version) {
         for part in m.parts {
             for stmt in part.iter() {
                 let s = stmt.trim_start();
@@ -367,10 +372,9 @@ fn apply(tx: &mut dyn Tx, m: &Migration) -> Result<()> {
 /// database, creates it. Refuses a schema newer than this build.
 pub fn migrate<D: Driver>(d: &D) -> Result<()> {
     loop {
-        let done = d.write(|tx| {
+        let done = d.exclusive(|tx| {
             let current = match tx.dialect().kind() {
                 DialectKind::Postgres => {
-                    tx.exec("SELECT pg_advisory_xact_lock($1)", vals![PG_MIGRATION_LOCK])?;
                     tx.batch(PG_VERSION_TABLE)?;
                     tx.int("SELECT version FROM schema_version", vals![])?
                 }

@@ -54,7 +54,6 @@
 mod dump;
 pub mod pgpass;
 pub(crate) mod pool;
-mod schema;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -62,6 +61,8 @@ use std::time::{Duration, Instant};
 use postgres::error::SqlState;
 use postgres::Row;
 
+use crate::core::schema;
+pub use crate::core::schema::SCHEMA_VERSION;
 use crate::core::SqlMeta;
 use crate::engine::{Channel, LegacyEngine, Listener, Notice};
 use crate::error::{MetaError, Result};
@@ -71,7 +72,6 @@ use crate::sql::{Dialect, DialectKind, Driver, Tx};
 use crate::types::*;
 pub(crate) use pool::PgConn;
 use pool::{Pool, P};
-pub use schema::SCHEMA_VERSION;
 
 /// Attempts of one transaction before giving up with `Busy`.
 pub const MAX_RETRIES: u32 = 40;
@@ -906,7 +906,7 @@ impl PgEngine {
                     supported: SCHEMA_VERSION,
                 })
             }
-            Some(v) if v < SCHEMA_VERSION => e.migrate()?,
+            Some(v) if v < SCHEMA_VERSION => schema::migrate(&e)?,
             Some(_) => {}
         }
         Ok(e)
@@ -914,52 +914,33 @@ impl PgEngine {
 
     /// The schema version, or None when the database holds no tierfs tables.
     fn schema_version(&self) -> Result<Option<i64>> {
-        let (mut c, _) = self.pool.get()?;
-        let exists = c.exists("SELECT to_regclass('schema_version') IS NOT NULL", &[])?;
-        if !exists {
-            return Ok(None);
-        }
-        Ok(c.opt("SELECT version FROM schema_version", &[])?
-            .map(|r| r.get::<_, i64>(0)))
+        Driver::read(self, |tx| {
+            if !tx.exists("SELECT to_regclass('schema_version') IS NOT NULL", &[])? {
+                return Ok(None);
+            }
+            tx.query_opt("SELECT version FROM schema_version", &[])?
+                .map(|r| r.i64(0))
+                .transpose()
+        })
     }
 
-    /// Applies the migrations the database lacks, one transaction each, under an advisory
-    /// lock (another client may be migrating at the same time).
-    fn migrate(&self) -> Result<()> {
+    /// Runs `f` in one READ COMMITTED transaction under the migration advisory lock, taken
+    /// before anything is read (so it sees what another migrator committed meanwhile).
+    fn exclusive_tx<T>(&self, mut f: impl FnMut(&mut dyn Tx) -> Result<T>) -> Result<T> {
         let (mut c, _) = self.pool.get()?;
-        loop {
-            c.batch("BEGIN")?;
-            let r = (|| -> Result<bool> {
-                c.exec(
-                    "SELECT pg_advisory_xact_lock($1)",
-                    &[&schema::MIGRATION_LOCK],
-                )
-                .map(|_| ())?;
-                c.batch(schema::VERSION_TABLE)?;
-                let v = c.i64("SELECT version FROM schema_version", &[])?;
-                if v >= SCHEMA_VERSION {
-                    return Ok(true);
-                }
-                c.batch(schema::MIGRATIONS[v as usize])?;
-                if v + 1 == 5 {
-                    // v5 added each file's allocated bytes: count them for the existing files.
-                    recount_all(&mut c)?;
-                }
-                c.exec("UPDATE schema_version SET version = $1", &[&(v + 1)])?;
-                Ok(false)
-            })();
-            match r {
-                Ok(done) => {
-                    c.batch("COMMIT")?;
-                    if done {
-                        return Ok(());
-                    }
-                }
-                Err(e) => {
-                    let _ = c.batch("ROLLBACK");
-                    c.discard();
-                    return Err(e);
-                }
+        c.batch(&format!(
+            "BEGIN; SELECT pg_advisory_xact_lock({})",
+            schema::PG_MIGRATION_LOCK
+        ))?;
+        match f(&mut PgTx::new(&mut c, &self.dialect)) {
+            Ok(v) => {
+                c.batch("COMMIT")?;
+                Ok(v)
+            }
+            Err(e) => {
+                let _ = c.batch("ROLLBACK");
+                c.discard();
+                Err(e)
             }
         }
     }
@@ -980,14 +961,16 @@ impl PgEngine {
                 return Err(MetaError::AlreadyFormatted(name));
             }
             let (mut c, _) = e.pool.get()?;
-            let drop = format!("DROP TABLE IF EXISTS {} CASCADE", schema::TABLES.join(", "));
+            let mut tables = schema::tables();
+            tables.push("schema_version");
+            let drop = format!("DROP TABLE IF EXISTS {} CASCADE", tables.join(", "));
             c.batch(&format!(
                 "BEGIN; SELECT pg_advisory_xact_lock({}); {drop}; COMMIT",
-                schema::MIGRATION_LOCK
+                schema::PG_MIGRATION_LOCK
             ))?;
         }
         e.pool.clear();
-        e.migrate()?;
+        schema::migrate(&e)?;
         let now = now_nanos();
         let uuid = uuid::Uuid::new_v4().to_string();
         e.write(|c| {
@@ -1252,6 +1235,10 @@ impl Driver for PgEngine {
 
     fn read<T>(&self, mut f: impl FnMut(&mut dyn Tx) -> Result<T>) -> Result<T> {
         PgEngine::read(self, |c| f(&mut PgTx::new(c, &self.dialect)))
+    }
+
+    fn exclusive<T>(&self, f: impl FnMut(&mut dyn Tx) -> Result<T>) -> Result<T> {
+        self.exclusive_tx(f)
     }
 
     fn sync(&self) -> Result<()> {

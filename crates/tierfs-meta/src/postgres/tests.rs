@@ -218,10 +218,37 @@ fn all_checks(server: &Server) {
     });
     eprintln!("conformance suite on PostgreSQL: {:?}", t.elapsed());
     schema_and_format(server);
+    a_v5_filesystem_upgrades_and_keeps_every_file(server);
     dump_from_sqlite_loads_into_postgres_and_back(server);
     concurrent_creates_renames_and_commits(server);
     revoke_notifications(server);
     lost_connections_recover(server);
+}
+
+/// A v5 filesystem written by the engine before the shared core (a pg_dump of it) opens,
+/// upgrades and keeps every file; see `crate::core::upgrade_tests`.
+fn a_v5_filesystem_upgrades_and_keeps_every_file(server: &Server) {
+    let db = server.fresh_db();
+    crate::core::upgrade_tests::load_v5_pg(&db.url);
+    let e = PgMeta::open(&db.url).unwrap();
+    crate::core::upgrade_tests::verify(&e);
+    drop(e);
+    let mut admin = postgres::Client::connect(&db.url, postgres::NoTls).unwrap();
+    let v: i64 = admin
+        .query_one("SELECT version FROM schema_version", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(v, SCHEMA_VERSION);
+    // Opening again (already upgraded) works.
+    let e = PgMeta::open(&db.url).unwrap();
+    assert!(e.lookup(ROOT_INO, b"dir").is_ok());
+}
+
+/// Drops the tables of schema versions past 5 (part of turning a database back into v4 or v1).
+fn drop_tables_after_v5(admin: &mut postgres::Client) {
+    for t in crate::core::schema::tables_added_after(5) {
+        admin.batch_execute(&format!("DROP TABLE {t}")).unwrap();
+    }
 }
 
 fn schema_and_format(server: &Server) {
@@ -291,6 +318,7 @@ fn schema_and_format(server: &Server) {
             "ALTER TABLE inodes DROP COLUMN allocated; UPDATE schema_version SET version = 4",
         )
         .unwrap();
+    drop_tables_after_v5(&mut admin);
     let e = PgMeta::open(&db.url).unwrap();
     assert_eq!(
         e.getattr(z.ino).unwrap().allocated,
@@ -305,6 +333,7 @@ fn schema_and_format(server: &Server) {
              UPDATE schema_version SET version = 1",
         )
         .unwrap();
+    drop_tables_after_v5(&mut admin);
     let e = PgMeta::open(&db.url).unwrap();
     let v: i64 = admin
         .query_one("SELECT version FROM schema_version", &[])

@@ -466,6 +466,10 @@ pub trait Driver: Send + Sync + 'static {
     fn write<T>(&self, mut f: impl FnMut(&mut dyn Tx) -> Result<T>) -> Result<T> {
         self.write_commit(|tx| f(tx).map(Ok))?
     }
+    /// Runs `f` in one transaction that excludes every other `exclusive` one of any client of
+    /// the database (schema migrations and formatting): SQLite's write lock; PostgreSQL's
+    /// advisory lock, taken before the transaction reads anything. Not retried.
+    fn exclusive<T>(&self, f: impl FnMut(&mut dyn Tx) -> Result<T>) -> Result<T>;
     /// Runs read-only `f` outside a write transaction (each statement sees one snapshot;
     /// SQLite reads beside the writer).
     fn read<T>(&self, f: impl FnMut(&mut dyn Tx) -> Result<T>) -> Result<T>;

@@ -7,15 +7,15 @@
 //! past the busy timeout. Reads use a small pool of reader connections, which WAL lets run
 //! beside the writer.
 
-mod schema;
-
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
+use rusqlite::{params, Connection, OptionalExtension};
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use crate::core::schema;
+pub use crate::core::schema::SCHEMA_VERSION;
 use crate::core::SqlMeta;
 use crate::engine::{LegacyEngine, ORPHAN_GRACE};
 use crate::error::{MetaError, Result};
@@ -23,7 +23,6 @@ use crate::locks;
 use crate::sql::sqlite::SqliteTx;
 use crate::sql::{Dialect, DialectKind, Driver, Tx};
 use crate::types::*;
-pub use schema::SCHEMA_VERSION;
 
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 const MAX_RETRIES: u32 = 8;
@@ -587,23 +586,8 @@ impl SqliteEngine {
                 supported: SCHEMA_VERSION,
             });
         }
-        e.migrate(version)?;
+        schema::migrate(&e)?;
         Ok(e)
-    }
-
-    fn migrate(&self, from: i64) -> Result<()> {
-        let mut c = self.writer.lock();
-        for v in from..SCHEMA_VERSION {
-            let tx = c.transaction_with_behavior(TransactionBehavior::Exclusive)?;
-            tx.execute_batch(schema::MIGRATIONS[v as usize])?;
-            if v + 1 == 5 {
-                // v5 added each file's allocated bytes: count them for the existing files.
-                recount_all(&tx)?;
-            }
-            tx.pragma_update(None, "user_version", v + 1)?;
-            tx.commit()?;
-        }
-        Ok(())
     }
 
     /// Creates a new filesystem: schema, settings, targets and the root directory.
@@ -638,7 +622,7 @@ impl SqliteEngine {
             }
         }
         let e = Self::new(path)?;
-        e.migrate(0)?;
+        schema::migrate(&e)?;
         let now = now_nanos();
         let uuid = uuid::Uuid::new_v4().to_string();
         e.write(|tx| {
@@ -831,6 +815,11 @@ impl Driver for SqliteEngine {
 
     fn read<T>(&self, mut f: impl FnMut(&mut dyn Tx) -> Result<T>) -> Result<T> {
         SqliteEngine::read(self, |c| f(&mut SqliteTx::new(c, &self.dialect)))
+    }
+
+    fn exclusive<T>(&self, mut f: impl FnMut(&mut dyn Tx) -> Result<T>) -> Result<T> {
+        // One writer at a time, across processes: BEGIN IMMEDIATE is already exclusive.
+        self.write(|c| f(&mut SqliteTx::new(c, &self.dialect)))
     }
 
     fn sync(&self) -> Result<()> {
@@ -2567,6 +2556,9 @@ mod tests {
                  ALTER TABLE inodes DROP COLUMN allocated; PRAGMA user_version = 3;",
             )
             .unwrap();
+            for t in schema::tables_added_after(5) {
+                c.execute_batch(&format!("DROP TABLE {t}")).unwrap();
+            }
         }
         let e = SqliteMeta::open(&path).unwrap();
         let rules = e.pcc_rules().unwrap();
@@ -2628,6 +2620,9 @@ mod tests {
             let c = Connection::open(&path).unwrap();
             c.execute_batch("ALTER TABLE inodes DROP COLUMN allocated; PRAGMA user_version = 4;")
                 .unwrap();
+            for t in schema::tables_added_after(5) {
+                c.execute_batch(&format!("DROP TABLE {t}")).unwrap();
+            }
         }
         let e = SqliteMeta::open(&path).unwrap();
         assert_eq!(
