@@ -54,10 +54,13 @@ impl JobIdSource {
     }
 }
 
+type Cached = (Option<Arc<str>>, Instant);
+
 /// Builds the caller of each request; shared by the FUSE threads.
 pub struct Callers {
     source: JobIdSource,
-    cache: Mutex<HashMap<u32, (Option<Arc<str>>, Instant)>>,
+    /// pid -> (its job id, when read).
+    cache: Mutex<HashMap<u32, Cached>>,
 }
 
 impl Callers {

@@ -378,7 +378,7 @@ impl<D: Driver> Changelog for SqlMeta<D> {
             tx.query_each(
                 "SELECT idx, time, type, flags, target, parent, name, sparent, sname, uid, gid, \
                  client, jobid FROM changelog \
-                 WHERE idx >= $1 AND idx <= $2 AND ((CAST($3 AS BIGINT) >> type) & 1) = 1 \
+                 WHERE idx >= $1 AND idx <= $2 AND ((CAST($3 AS BIGINT) >> CAST(type AS INTEGER)) & 1) = 1 \
                  ORDER BY idx LIMIT $4",
                 vals![
                     start.min(i64::MAX as u64),
@@ -456,5 +456,374 @@ impl<D: Driver> Changelog for SqlMeta<D> {
         self.d
             .write(|tx| expire_and(tx, |_, _| Ok(())))
             .map(|(d, ())| d)
+    }
+}
+
+/// Checks of the changelog's storage on any driver, each on a fresh filesystem (run on SQLite
+/// below and on PostgreSQL by `postgres::tests`). They write records with [`record`] directly;
+/// `conformance` checks that the metadata operations write them.
+#[cfg(test)]
+pub(crate) mod checks {
+    use std::any::Any;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::changelog::Caller;
+
+    pub type Fresh<'a, D> = dyn Fn() -> (Box<dyn Any>, SqlMeta<D>) + 'a;
+    type Check<D> = fn(&SqlMeta<D>);
+
+    fn rec<D: Driver>(e: &SqlMeta<D>, typ: RecordType, ino: Ino) -> bool {
+        e.d.write(|tx| record(tx, &Rec::new(typ, ino).at(1, b"n")))
+            .unwrap()
+    }
+
+    fn count<D: Driver>(e: &SqlMeta<D>) -> i64 {
+        e.d.read(|tx| tx.int("SELECT COUNT(*) FROM changelog", vals![]))
+            .unwrap()
+    }
+
+    fn all<D: Driver>(e: &SqlMeta<D>) -> Vec<ChangelogRecord> {
+        e.changelog_read(None, Mask::all(), 0, u64::MAX, 10_000)
+            .unwrap()
+    }
+
+    const DAY: Duration = Duration::from_secs(86_400);
+
+    pub fn run_all<D: Driver>(fresh: &Fresh<'_, D>) {
+        let checks: &[(&str, Check<D>)] = &[
+            (
+                "nothing_written_without_a_reader",
+                nothing_written_without_a_reader,
+            ),
+            ("order_masks_and_fields", order_masks_and_fields),
+            (
+                "purge_after_every_reader_cleared",
+                purge_after_every_reader_cleared,
+            ),
+            ("bad_reader_input", bad_reader_input),
+            ("idle_reader_deregistered", idle_reader_deregistered),
+            ("index_order_is_commit_order", index_order_is_commit_order),
+        ];
+        for (name, check) in checks {
+            let (_guard, e) = fresh();
+            eprintln!("changelog check: {name}");
+            check(&e);
+        }
+    }
+
+    /// Advisory locks this transaction holds after recording (PostgreSQL; 0 on SQLite).
+    fn locks_after_record<D: Driver>(e: &SqlMeta<D>, typ: RecordType) -> i64 {
+        e.d.write(|tx| {
+            record(tx, &Rec::new(typ, 1))?;
+            if !tx.dialect().is_postgres() {
+                return Ok(0);
+            }
+            tx.int(
+                "SELECT COUNT(*) FROM pg_locks WHERE locktype = 'advisory' \
+                 AND pid = pg_backend_pid()",
+                vals![],
+            )
+        })
+        .unwrap()
+    }
+
+    fn nothing_written_without_a_reader<D: Driver>(e: &SqlMeta<D>) {
+        assert!(!rec(e, RecordType::Creat, 5));
+        assert_eq!(count(e), 0);
+        // ... and nothing locked.
+        assert_eq!(locks_after_record(e, RecordType::Creat), 0);
+        // A reader of other types only: still nothing.
+        let r = e
+            .changelog_register(Mask::parse("MKDIR").unwrap(), DAY)
+            .unwrap();
+        assert!(!rec(e, RecordType::Creat, 5));
+        assert_eq!(count(e), 0);
+        assert_eq!(locks_after_record(e, RecordType::Creat), 0);
+        assert!(rec(e, RecordType::Mkdir, 6));
+        assert_eq!(count(e), 1);
+        if e.d.dialect().is_postgres() {
+            // The order lock is taken when a record is written.
+            assert_eq!(locks_after_record(e, RecordType::Mkdir), 1);
+            assert_eq!(count(e), 2);
+        }
+        // Gone again: nothing more, and what was held is purged.
+        let held = count(e) as u64;
+        assert_eq!(e.changelog_deregister(r).unwrap(), held);
+        assert!(!rec(e, RecordType::Mkdir, 7));
+        assert_eq!(count(e), 0);
+        assert_eq!(e.changelog_status().unwrap().readers.len(), 0);
+    }
+
+    fn order_masks_and_fields<D: Driver>(e: &SqlMeta<D>) {
+        let a = e
+            .changelog_register(Mask::parse("CREAT,UNLNK").unwrap(), DAY)
+            .unwrap();
+        let b = e.changelog_register(Mask::all(), DAY).unwrap();
+        assert_ne!(a, b);
+        {
+            let _c = Caller {
+                uid: 1000,
+                gid: 100,
+                client: Some("node7".into()),
+                jobid: Some("job-1".into()),
+            }
+            .enter();
+            assert!(rec(e, RecordType::Creat, 10));
+        }
+        assert!(rec(e, RecordType::Mkdir, 11));
+        e.d.write(|tx| {
+            record(
+                tx,
+                &Rec::new(RecordType::Renme, 10)
+                    .at(11, b"to")
+                    .from(1, b"from\xff"),
+            )
+        })
+        .unwrap();
+        assert!(rec(e, RecordType::Unlnk, 10));
+        let v = all(e);
+        let types: Vec<RecordType> = v.iter().map(|r| r.typ).collect();
+        assert_eq!(
+            types,
+            [
+                RecordType::Creat,
+                RecordType::Mkdir,
+                RecordType::Renme,
+                RecordType::Unlnk
+            ]
+        );
+        assert!(v.windows(2).all(|w| w[0].index < w[1].index), "{v:?}");
+        let c = &v[0];
+        assert_eq!((c.uid, c.gid, c.target, c.parent), (1000, 100, 10, 1));
+        assert_eq!(c.client, "node7");
+        assert_eq!(c.jobid.as_deref(), Some("job-1"));
+        assert_eq!(c.name, b"n");
+        assert!(c.time > 0);
+        let m = &v[1];
+        assert_eq!(m.jobid, None);
+        let r = &v[2];
+        assert_eq!((r.parent, r.name.as_slice()), (11, &b"to"[..]));
+        assert_eq!(r.source_parent, Some(1));
+        assert_eq!(r.source_name.as_deref(), Some(&b"from\xff"[..]));
+        // Each reader sees its own mask; --types narrows further; START/END bound.
+        let ra = e
+            .changelog_read(Some(a), Mask::all(), 0, u64::MAX, 100)
+            .unwrap();
+        assert_eq!(
+            ra.iter().map(|r| r.typ).collect::<Vec<_>>(),
+            [RecordType::Creat, RecordType::Unlnk]
+        );
+        let rb = e
+            .changelog_read(
+                Some(b),
+                Mask::parse("MKDIR,RENME").unwrap(),
+                0,
+                u64::MAX,
+                100,
+            )
+            .unwrap();
+        assert_eq!(rb.len(), 2);
+        let mid = e
+            .changelog_read(None, Mask::all(), v[1].index, v[2].index, 100)
+            .unwrap();
+        assert_eq!(mid, v[1..3].to_vec());
+        let one = e.changelog_read(None, Mask::all(), 0, u64::MAX, 1).unwrap();
+        assert_eq!(one, v[..1].to_vec());
+        // A reader registered now starts after what exists.
+        let c = e.changelog_register(Mask::all(), DAY).unwrap();
+        assert!(e
+            .changelog_read(Some(c), Mask::all(), 0, u64::MAX, 100)
+            .unwrap()
+            .is_empty());
+        let st = e.changelog_status().unwrap();
+        assert_eq!(st.readers.len(), 3);
+        assert_eq!(st.first, Some(v[0].index));
+        assert_eq!(st.last, Some(v[3].index));
+        assert_eq!(st.current, v[3].index);
+    }
+
+    fn purge_after_every_reader_cleared<D: Driver>(e: &SqlMeta<D>) {
+        let a = e.changelog_register(Mask::all(), DAY).unwrap();
+        let b = e.changelog_register(Mask::all(), DAY).unwrap();
+        for i in 0..5 {
+            rec(e, RecordType::Creat, 100 + i);
+        }
+        let v = all(e);
+        assert_eq!(v.len(), 5);
+        // a clears 3: b still needs them all.
+        assert_eq!(e.changelog_clear(a, v[2].index).unwrap(), 0);
+        assert_eq!(count(e), 5);
+        assert_eq!(
+            e.changelog_read(Some(a), Mask::all(), 0, u64::MAX, 100)
+                .unwrap()
+                .len(),
+            2
+        );
+        // b clears 4: the first 3 are cleared by both.
+        assert_eq!(e.changelog_clear(b, v[3].index).unwrap(), 3);
+        assert_eq!(count(e), 2);
+        // Clearing backwards changes nothing.
+        assert_eq!(e.changelog_clear(b, v[0].index).unwrap(), 0);
+        assert_eq!(
+            e.changelog_read(Some(b), Mask::all(), 0, u64::MAX, 100)
+                .unwrap()
+                .len(),
+            1
+        );
+        // 0 clears everything written so far.
+        assert_eq!(e.changelog_clear(a, 0).unwrap(), 1);
+        assert_eq!(e.changelog_clear(b, 0).unwrap(), 1);
+        assert_eq!(count(e), 0);
+        // Indexes are never reused after a purge.
+        rec(e, RecordType::Creat, 200);
+        let w = all(e);
+        assert_eq!(w.len(), 1);
+        assert!(w[0].index > v[4].index);
+        assert_eq!(e.changelog_status().unwrap().current, w[0].index);
+    }
+
+    fn bad_reader_input<D: Driver>(e: &SqlMeta<D>) {
+        let unknown = |r: Result<u64>| {
+            matches!(
+                r,
+                Err(MetaError::Changelog(ChangelogError::UnknownReader(9)))
+            )
+        };
+        assert!(unknown(e.changelog_clear(9, 0)));
+        assert!(unknown(e.changelog_deregister(9)));
+        assert!(matches!(
+            e.changelog_read(Some(9), Mask::all(), 0, u64::MAX, 10),
+            Err(MetaError::Changelog(ChangelogError::UnknownReader(9)))
+        ));
+        let a = e.changelog_register(Mask::all(), DAY).unwrap();
+        rec(e, RecordType::Creat, 1);
+        let last = all(e)[0].index;
+        match e.changelog_clear(a, last + 1) {
+            Err(MetaError::Changelog(ChangelogError::ClearPastEnd { endrec, last: l })) => {
+                assert_eq!((endrec, l), (last + 1, last))
+            }
+            other => panic!("clear past the end: {other:?}"),
+        }
+        // Nothing was lost by the refused clear.
+        assert_eq!(count(e), 1);
+        e.changelog_deregister(a).unwrap();
+        // A deregistered reader is unknown from then on; its id is not reused.
+        assert!(matches!(
+            e.changelog_clear(a, 0),
+            Err(MetaError::Changelog(ChangelogError::UnknownReader(_)))
+        ));
+        let b = e.changelog_register(Mask::all(), DAY).unwrap();
+        assert!(b > a);
+    }
+
+    fn idle_reader_deregistered<D: Driver>(e: &SqlMeta<D>) {
+        let idle = e
+            .changelog_register(Mask::all(), Duration::from_millis(300))
+            .unwrap();
+        let busy = e.changelog_register(Mask::all(), DAY).unwrap();
+        rec(e, RecordType::Creat, 1);
+        rec(e, RecordType::Creat, 2);
+        assert!(e.changelog_expire().unwrap().is_empty());
+        // Reading with its id counts as use.
+        std::thread::sleep(Duration::from_millis(200));
+        e.changelog_read(Some(idle), Mask::all(), 0, u64::MAX, 10)
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(e.changelog_expire().unwrap().is_empty());
+        e.changelog_clear(busy, 0).unwrap();
+        // The busy reader cleared everything; the idle one holds the records.
+        assert_eq!(count(e), 2);
+        std::thread::sleep(Duration::from_millis(400));
+        let gone = e.changelog_expire().unwrap();
+        assert_eq!(gone.len(), 1);
+        assert_eq!(gone[0].reader, idle);
+        // What only it held is purged, and status warns about it.
+        assert_eq!(count(e), 0);
+        let st = e.changelog_status().unwrap();
+        assert_eq!(st.readers.len(), 1);
+        assert_eq!(st.idle_deregistered.len(), 1);
+        assert_eq!(st.idle_deregistered[0].reader, idle);
+        assert!(matches!(
+            e.changelog_read(Some(idle), Mask::all(), 0, u64::MAX, 10),
+            Err(MetaError::Changelog(ChangelogError::ReaderExpired { .. }))
+        ));
+        // Deregistering it by hand dismisses the warning.
+        e.changelog_deregister(idle).unwrap();
+        assert!(e.changelog_status().unwrap().idle_deregistered.is_empty());
+        assert!(e.changelog_expire().unwrap().is_empty());
+    }
+
+    /// A follower that reads "everything after the last index I saw" never misses a record:
+    /// no record commits with a lower index than one already visible. Writers hold their
+    /// transaction open for a while after recording, in different orders.
+    fn index_order_is_commit_order<D: Driver>(e: &SqlMeta<D>) {
+        e.changelog_register(Mask::all(), DAY).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let writers = 4;
+        let per = 15;
+        std::thread::scope(|s| {
+            for w in 0..writers {
+                s.spawn(move || {
+                    for i in 0..per {
+                        e.d.write(|tx| {
+                            record(tx, &Rec::new(RecordType::Creat, (w * 1000 + i) as u64))?;
+                            // Hold the transaction open after taking an index.
+                            std::thread::sleep(Duration::from_millis(((w * 7 + i) % 5) as u64));
+                            Ok(())
+                        })
+                        .unwrap();
+                    }
+                });
+            }
+            let stop2 = Arc::clone(&stop);
+            let follower = s.spawn(move || {
+                let mut seen: Vec<u64> = Vec::new();
+                let mut next = 0;
+                loop {
+                    let done = stop2.load(Ordering::SeqCst);
+                    let v = e
+                        .changelog_read(None, Mask::all(), next, u64::MAX, 1000)
+                        .unwrap();
+                    for r in &v {
+                        seen.push(r.index);
+                        next = r.index + 1;
+                    }
+                    if done {
+                        return seen;
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            });
+            // Wait for the writers (every thread but the follower) by polling the count.
+            let t = std::time::Instant::now();
+            while count(e) < (writers * per) as i64 {
+                assert!(t.elapsed() < Duration::from_secs(60), "writers too slow");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            stop.store(true, Ordering::SeqCst);
+            let seen = follower.join().unwrap();
+            let total = all(e);
+            assert_eq!(total.len(), writers * per);
+            assert_eq!(
+                seen.len(),
+                total.len(),
+                "the follower missed records that committed behind a higher index"
+            );
+        });
+    }
+
+    #[test]
+    fn on_sqlite() {
+        run_all(&|| {
+            let d = tempfile::tempdir().unwrap();
+            let e = crate::sqlite::SqliteMeta::format(
+                &d.path().join("m.db"),
+                &crate::conformance::params(),
+            )
+            .unwrap();
+            (Box::new(d) as Box<dyn Any>, e)
+        });
     }
 }

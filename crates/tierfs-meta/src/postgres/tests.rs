@@ -206,6 +206,20 @@ fn postgres_engine() {
     drop(server);
 }
 
+/// The changelog's storage checks (`core::changelog::checks`) on PostgreSQL: record order is
+/// commit order under concurrent writers, masks, purge, idle readers.
+#[test]
+fn changelog_on_postgres() {
+    let Some(server) = Server::get() else {
+        return;
+    };
+    crate::core::changelog::checks::run_all(&|| {
+        let db = server.fresh_db();
+        let e = PgMeta::format(&db.url, &params()).expect("format");
+        (Box::new(db) as Box<dyn std::any::Any>, e)
+    });
+}
+
 fn all_checks(server: &Server) {
     let t = Instant::now();
     crate::conformance::run_all(&|| {
