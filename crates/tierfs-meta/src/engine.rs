@@ -372,23 +372,6 @@ pub trait LegacyEngine: Send + Sync {
     fn get_projid(&self, ino: Ino) -> Result<(u32, bool)>;
 
     // ---- data ----
-    /// Allocates `n` consecutive object ids and returns the first.
-    fn alloc_object_ids(&self, n: u64) -> Result<u64>;
-    /// The slices of one chunk in commit order.
-    fn read_chunk(&self, ino: Ino, chunk: u64) -> Result<Vec<Slice>>;
-    /// Records written slices (in write order) and extends the size to at least `new_end`;
-    /// bumps the data version and mtime/ctime. Returns the new attributes.
-    fn commit_slices(&self, ino: Ino, slices: &[Slice], new_end: u64, mtime: Nanos)
-        -> Result<Attr>;
-    /// Reserves space: extends the size to `off+len` unless `keep_size`. With `zero`, the range
-    /// reads as zeros afterwards (FALLOC_FL_PUNCH_HOLE with `keep_size`, FALLOC_FL_ZERO_RANGE
-    /// with or without): zero slices cover the part inside the old size, and the size grows
-    /// to `off+len` unless `keep_size`.
-    fn fallocate(&self, ino: Ino, off: u64, len: u64, keep_size: bool, zero: bool) -> Result<Attr>;
-    /// Replaces all slices of a chunk by `merged` if the chunk's newest slice is still `upto`
-    /// (compaction). Returns false when the chunk changed in between; `merged`'s objects then
-    /// go to the trash.
-    fn replace_chunk(&self, ino: Ino, chunk: u64, upto: u64, merged: &[Slice]) -> Result<bool>;
 
     /// Makes every committed transaction durable against power loss (fsync semantics).
     fn sync(&self) -> Result<()>;
@@ -430,30 +413,8 @@ pub trait LegacyEngine: Send + Sync {
     fn path_of(&self, ino: Ino) -> Result<Option<Vec<u8>>>;
 
     // ---- sessions and open files ----
-    fn register_session(&self, s: &SessionInfo) -> Result<u64>;
-    /// Registers a session unless another session of the same client name heartbeated within
-    /// `timeout_ns` ([`MetaError::ClientNameInUse`]); the check and the insert are one
-    /// transaction, so two mounts of one name at once cannot both succeed.
-    fn register_session_unique(&self, s: &SessionInfo, timeout_ns: i64) -> Result<u64>;
-    fn heartbeat(&self, session: u64) -> Result<()>;
-    fn unregister_session(&self, session: u64) -> Result<()>;
-    fn sessions(&self) -> Result<Vec<SessionInfo>>;
-    /// Removes sessions whose heartbeat is older than `timeout_ns`, with their open files and
-    /// locks; returns how many went.
-    fn reap_sessions(&self, timeout_ns: i64) -> Result<usize>;
-    fn open_file(&self, session: u64, ino: Ino) -> Result<()>;
-    /// Drops one open of each of `inos` by `session` (one transaction); a file with no names
-    /// left is deleted at its last close on every client.
-    fn close_files(&self, session: u64, inos: &[Ino]) -> Result<()>;
 
     // ---- garbage ----
-    /// Objects no longer referenced and not in use by an open file.
-    fn trash(&self, limit: usize) -> Result<Vec<TrashItem>>;
-    /// Forgets trash entries whose objects were deleted, and releases their space.
-    fn trash_done(&self, ids: &[u64]) -> Result<()>;
-
-    /// Replaces all of a file's data by `slices` and sets its size (RW-PCC write-back).
-    fn rewrite_data(&self, ino: Ino, slices: &[Slice], size: u64, mtime: Nanos) -> Result<Attr>;
 
     // ---- persistent client cache ----
     fn pcc_lease(&self, ino: Ino) -> Result<Option<PccLease>>;
@@ -481,8 +442,6 @@ pub trait LegacyEngine: Send + Sync {
     fn pcc_revokes_for(&self, client: &str) -> Result<Vec<Ino>>;
     /// Every lease `client` holds (recovery after a restart).
     fn pcc_leases_of(&self, client: &str) -> Result<Vec<PccLease>>;
-    /// Whether a client with this name has a session whose heartbeat is newer than `timeout_ns`.
-    fn client_alive(&self, client: &str, timeout_ns: i64) -> Result<bool>;
     fn pcc_rule_add(
         &self,
         mode: &str,
@@ -504,10 +463,4 @@ pub trait LegacyEngine: Send + Sync {
     }
 
     // ---- advisory locks (POSIX and flock), shared by every client ----
-    /// Takes, changes or releases a lock; `WouldBlock` when another owner holds a conflicting one.
-    fn set_lock(&self, ino: Ino, lock: &LockRange) -> Result<()>;
-    /// The first lock conflicting with `lock`, if any.
-    fn test_lock(&self, ino: Ino, lock: &LockRange) -> Result<Option<LockRange>>;
-    /// Releases every lock of one owner on one inode (at close).
-    fn release_locks(&self, ino: Ino, session: u64, owner: u64, flock: bool) -> Result<()>;
 }

@@ -1,39 +1,219 @@
-//! The sessions domain: client sessions and their open files.
+//! The sessions domain: client sessions (registration, heartbeats, reaping) and the files
+//! they have open.
 //!
-//! Not ported yet: delegates to the engine's [`LegacyEngine`] methods.
+//! Helpers for other domains (`pub(crate)`): [`record_open`] (a create that opens its file),
+//! [`purge_if_orphan`], [`end_sessions`] (fsck's repairs), [`session_from_row`].
 
+use super::data::{lock1, lock_rows, purge_inode};
 use super::SqlMeta;
-use crate::engine::{LegacyEngine, Sessions};
-use crate::error::Result;
-use crate::sql::Driver;
+use crate::engine::Sessions;
+use crate::error::{MetaError, Result};
+use crate::sql::{Driver, Row, Tx};
 use crate::types::*;
+use crate::vals;
 
-impl<D: Driver + LegacyEngine> Sessions for SqlMeta<D> {
+pub(crate) fn session_from_row(r: &Row) -> Result<SessionInfo> {
+    Ok(SessionInfo {
+        id: r.u64(0)?,
+        client_name: r.text(1)?,
+        host: r.text(2)?,
+        pid: r.u32(3)?,
+        mountpoint: r.text(4)?,
+        version: r.text(5)?,
+        started: r.i64(6)?,
+        heartbeat: r.i64(7)?,
+    })
+}
+
+/// Records one more open of `ino` by `session`.
+pub(crate) fn record_open(tx: &mut dyn Tx, session: u64, ino: Ino) -> Result<()> {
+    tx.exec(
+        "INSERT INTO open_files (session, ino, count) VALUES ($1, $2, 1) \
+         ON CONFLICT (ino, session) DO UPDATE SET count = open_files.count + 1",
+        vals![session, ino],
+    )?;
+    Ok(())
+}
+
+/// Purges `ino` if it is an unlinked file (`orphan = 1`) that nobody has open any more.
+pub(crate) fn purge_if_orphan(tx: &mut dyn Tx, ino: Ino) -> Result<()> {
+    let r = tx.query_opt(
+        "SELECT orphan, EXISTS (SELECT 1 FROM open_files WHERE ino = $1) \
+         FROM inodes WHERE ino = $1",
+        vals![ino],
+    )?;
+    if let Some(r) = r {
+        if r.i64(0)? == 1 && !r.bool(1)? {
+            purge_inode(tx, ino)?;
+        }
+    }
+    Ok(())
+}
+
+/// Removes sessions with their open files (purging unlinked files they were the last to
+/// hold) and locks. On PostgreSQL the inodes they had open are locked first, in order.
+pub(crate) fn end_sessions(tx: &mut dyn Tx, sessions: &[u64]) -> Result<()> {
+    if sessions.is_empty() {
+        return Ok(());
+    }
+    let mut inos = Vec::new();
+    tx.query_each(
+        "SELECT DISTINCT ino FROM open_files WHERE session = ANY($1) ORDER BY ino",
+        vals![sessions],
+        &mut |r| {
+            inos.push(r.u64(0)?);
+            Ok(())
+        },
+    )?;
+    lock_rows(tx, &inos)?;
+    tx.exec(
+        "DELETE FROM open_files WHERE session = ANY($1)",
+        vals![sessions],
+    )?;
+    for ino in inos {
+        purge_if_orphan(tx, ino)?;
+    }
+    tx.exec("DELETE FROM locks WHERE session = ANY($1)", vals![sessions])?;
+    tx.exec("DELETE FROM sessions WHERE id = ANY($1)", vals![sessions])?;
+    Ok(())
+}
+
+fn insert_session(tx: &mut dyn Tx, s: &SessionInfo, now: Nanos) -> Result<u64> {
+    Ok(tx.int(
+        "INSERT INTO sessions (client_name, host, pid, mountpoint, version, started, heartbeat) \
+         VALUES ($1, $2, $3, $4, $5, $6, $6) RETURNING id",
+        vals![
+            s.client_name.as_str(),
+            s.host.as_str(),
+            s.pid,
+            s.mountpoint.as_str(),
+            s.version.as_str(),
+            now
+        ],
+    )? as u64)
+}
+
+impl<D: Driver> Sessions for SqlMeta<D> {
     fn register_session(&self, s: &SessionInfo) -> Result<u64> {
-        LegacyEngine::register_session(&self.d, s)
+        self.d.write(|tx| insert_session(tx, s, now_nanos()))
     }
+
     fn register_session_unique(&self, s: &SessionInfo, timeout_ns: i64) -> Result<u64> {
-        LegacyEngine::register_session_unique(&self.d, s, timeout_ns)
+        self.d.write(|tx| {
+            if tx.dialect().is_postgres() {
+                // Two mounts of one name at once must not both see "no live session": they
+                // queue on an advisory lock of the name, and the check after it runs at READ
+                // COMMITTED (allowed before the first query), so it sees a session the other
+                // mount committed meanwhile. (SQLite: one writer at a time already.)
+                tx.batch("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")?;
+                let key = format!("tierfs client name {}", s.client_name);
+                tx.exec("SELECT pg_advisory_xact_lock(hashtext($1))", vals![key])?;
+            }
+            let now = now_nanos();
+            let live = tx.query_opt(
+                "SELECT id, client_name, host, pid, mountpoint, version, started, heartbeat \
+                 FROM sessions WHERE client_name = $1 AND heartbeat >= $2 ORDER BY id LIMIT 1",
+                vals![s.client_name.as_str(), now - timeout_ns],
+            )?;
+            if let Some(r) = live {
+                return Err(MetaError::ClientNameInUse(format!(
+                    "'{}' is already mounted ({}); unmount it first, or mount with another --client-name",
+                    s.client_name,
+                    session_from_row(&r)?.describe()
+                )));
+            }
+            insert_session(tx, s, now)
+        })
     }
+
     fn heartbeat(&self, session: u64) -> Result<()> {
-        LegacyEngine::heartbeat(&self.d, session)
+        self.d.write(|tx| {
+            let n = tx.exec(
+                "UPDATE sessions SET heartbeat = $2 WHERE id = $1",
+                vals![session, now_nanos()],
+            )?;
+            if n == 0 {
+                return Err(MetaError::NotFound);
+            }
+            Ok(())
+        })
     }
+
     fn unregister_session(&self, session: u64) -> Result<()> {
-        LegacyEngine::unregister_session(&self.d, session)
+        self.d.write(|tx| end_sessions(tx, &[session]))
     }
+
     fn sessions(&self) -> Result<Vec<SessionInfo>> {
-        LegacyEngine::sessions(&self.d)
+        self.d.read(|tx| {
+            let mut v = Vec::new();
+            tx.query_each(
+                "SELECT id, client_name, host, pid, mountpoint, version, started, heartbeat \
+                 FROM sessions ORDER BY id",
+                vals![],
+                &mut |r| {
+                    v.push(session_from_row(&r)?);
+                    Ok(())
+                },
+            )?;
+            Ok(v)
+        })
     }
+
     fn reap_sessions(&self, timeout_ns: i64) -> Result<usize> {
-        LegacyEngine::reap_sessions(&self.d, timeout_ns)
+        self.d.write(|tx| {
+            let limit = now_nanos() - timeout_ns;
+            let mut dead = Vec::new();
+            tx.query_each(
+                "SELECT id FROM sessions WHERE heartbeat < $1 ORDER BY id",
+                vals![limit],
+                &mut |r| {
+                    dead.push(r.u64(0)?);
+                    Ok(())
+                },
+            )?;
+            end_sessions(tx, &dead)?;
+            Ok(dead.len())
+        })
     }
+
     fn open_file(&self, session: u64, ino: Ino) -> Result<()> {
-        LegacyEngine::open_file(&self.d, session, ino)
+        self.d.write(|tx| {
+            lock1(tx, ino)?;
+            record_open(tx, session, ino)?;
+            // changelog: OPEN
+            Ok(())
+        })
     }
+
     fn close_files(&self, session: u64, inos: &[Ino]) -> Result<()> {
-        LegacyEngine::close_files(&self.d, session, inos)
+        if inos.is_empty() {
+            return Ok(());
+        }
+        self.d.write(|tx| {
+            lock_rows(tx, inos)?;
+            for ino in inos {
+                let ino = *ino;
+                tx.exec(
+                    "UPDATE open_files SET count = count - 1 WHERE session = $1 AND ino = $2",
+                    vals![session, ino],
+                )?;
+                tx.exec(
+                    "DELETE FROM open_files WHERE session = $1 AND ino = $2 AND count <= 0",
+                    vals![session, ino],
+                )?;
+                // changelog: CLOSE (before a purge of the file at its last close)
+                purge_if_orphan(tx, ino)?;
+            }
+            Ok(())
+        })
     }
+
     fn client_alive(&self, client: &str, timeout_ns: i64) -> Result<bool> {
-        LegacyEngine::client_alive(&self.d, client, timeout_ns)
+        self.d.read(|tx| {
+            tx.exists(
+                "SELECT EXISTS (SELECT 1 FROM sessions WHERE client_name = $1 AND heartbeat >= $2)",
+                vals![client, now_nanos() - timeout_ns],
+            )
+        })
     }
 }

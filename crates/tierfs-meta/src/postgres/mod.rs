@@ -66,7 +66,6 @@ pub use crate::core::schema::SCHEMA_VERSION;
 use crate::core::SqlMeta;
 use crate::engine::{Channel, LegacyEngine, Listener, Notice};
 use crate::error::{MetaError, Result};
-use crate::locks;
 use crate::sql::postgres::PgTx;
 use crate::sql::{Dialect, DialectKind, Driver, Tx};
 use crate::types::*;
@@ -439,32 +438,6 @@ fn touch_dir(c: &mut PgConn, dir: Ino, now: Nanos, nlink_delta: i64) -> Result<(
     Ok(())
 }
 
-/// Columns `slice_from_row` reads, in order.
-const SLICE_COLS: &str = "seq, chunk, off, len, target, obj, inline, obj_off, obj_size";
-
-fn slice_from_row(r: &Row) -> Slice {
-    let target: Option<i64> = r.get(4);
-    let obj: Option<i64> = r.get(5);
-    let inline: Option<Vec<u8>> = r.get(6);
-    let data = match (target, obj, inline) {
-        (Some(t), Some(o), _) => SliceData::Object {
-            target: t as u32,
-            obj: o as u64,
-            obj_off: r.get::<_, i64>(7) as u64,
-            obj_size: r.get::<_, i64>(8) as u64,
-        },
-        (_, _, Some(b)) => SliceData::Inline(b),
-        _ => SliceData::Zero,
-    };
-    Slice {
-        seq: r.get::<_, i64>(0) as u64,
-        chunk: r.get::<_, i64>(1) as u64,
-        off: r.get::<_, i64>(2) as u64,
-        len: r.get::<_, i64>(3) as u64,
-        data,
-    }
-}
-
 /// Inserts slices in order (their `seq` follows that order), in one statement.
 fn insert_slices(c: &mut PgConn, ino: Ino, slices: &[Slice]) -> Result<()> {
     if slices.is_empty() {
@@ -535,42 +508,6 @@ fn insert_slices(c: &mut PgConn, ino: Ino, slices: &[Slice]) -> Result<()> {
             &obj_size,
         ],
     )?;
-    Ok(())
-}
-
-/// The distinct objects (target, obj, size) that `slices` bring.
-fn objects_of(slices: &[Slice]) -> Vec<(u32, u64, u64)> {
-    let mut v: Vec<(u32, u64, u64)> = slices
-        .iter()
-        .filter_map(|s| match s.data {
-            SliceData::Object {
-                target,
-                obj,
-                obj_size,
-                ..
-            } => Some((target, obj, obj_size)),
-            _ => None,
-        })
-        .collect();
-    v.sort_unstable();
-    v.dedup();
-    v
-}
-
-/// Counts new objects against their targets (rows in ascending target order).
-fn account_objects(c: &mut PgConn, objs: &[(u32, u64, u64)]) -> Result<()> {
-    let mut per: BTreeMap<u32, (i64, i64)> = BTreeMap::new();
-    for (target, _obj, size) in objs {
-        let e = per.entry(*target).or_default();
-        e.0 += *size as i64;
-        e.1 += 1;
-    }
-    for (target, (bytes, count)) in per {
-        c.exec(
-            "UPDATE targets SET used = used + $2, objects = objects + $3 WHERE id = $1",
-            &[&(target as i64), &bytes, &count],
-        )?;
-    }
     Ok(())
 }
 
@@ -734,39 +671,6 @@ fn resolve_time(t: TimeSet, now: Nanos) -> Nanos {
     }
 }
 
-fn lock_typ_to_i64(t: LockType) -> i64 {
-    match t {
-        LockType::Read => 0,
-        LockType::Write => 1,
-        LockType::Unlock => 2,
-    }
-}
-
-fn lock_from_row(r: &Row) -> LockRange {
-    let end: i64 = r.get(5);
-    LockRange {
-        session: r.get::<_, i64>(0) as u64,
-        owner: r.get::<_, i64>(1) as u64,
-        flock: r.get::<_, i64>(2) != 0,
-        typ: if r.get::<_, i64>(3) == 1 {
-            LockType::Write
-        } else {
-            LockType::Read
-        },
-        start: r.get::<_, i64>(4) as u64,
-        end: if end == i64::MAX {
-            u64::MAX
-        } else {
-            end as u64
-        },
-        pid: r.get::<_, i64>(6) as u32,
-    }
-}
-
-fn lock_end_to_i64(end: u64) -> i64 {
-    end.min(i64::MAX as u64) as i64
-}
-
 fn lease_from_row(r: &Row) -> PccLease {
     PccLease {
         ino: r.get::<_, i64>(0) as u64,
@@ -783,25 +687,6 @@ fn lease_of(c: &mut PgConn, ino: Ino) -> Result<Option<PccLease>> {
         &[&(ino as i64)],
     )?
     .map(|r| lease_from_row(&r)))
-}
-
-fn record_open(c: &mut PgConn, session: u64, ino: Ino) -> Result<()> {
-    c.exec(
-        "INSERT INTO open_files (session, ino, count) VALUES ($1, $2, 1) \
-         ON CONFLICT (ino, session) DO UPDATE SET count = open_files.count + 1",
-        &[&(session as i64), &(ino as i64)],
-    )?;
-    Ok(())
-}
-
-fn locks_of(c: &mut PgConn, ino: Ino) -> Result<Vec<LockRange>> {
-    Ok(c.query(
-        "SELECT session, owner, flock, typ, start, \"end\", pid FROM locks WHERE ino = $1",
-        &[&(ino as i64)],
-    )?
-    .iter()
-    .map(lock_from_row)
-    .collect())
 }
 
 fn purge_if_orphan(c: &mut PgConn, ino: Ino) -> Result<()> {
@@ -1190,19 +1075,6 @@ impl Listener for PgListener {
                 Err(e) => return Err(pg_err(e)),
             }
         }
-    }
-}
-
-fn session_from_row(r: &Row) -> SessionInfo {
-    SessionInfo {
-        id: r.get::<_, i64>(0) as u64,
-        client_name: r.get(1),
-        host: r.get(2),
-        pid: r.get::<_, i64>(3) as u32,
-        mountpoint: r.get(4),
-        version: r.get(5),
-        started: r.get(6),
-        heartbeat: r.get(7),
     }
 }
 
@@ -2004,145 +1876,6 @@ impl LegacyEngine for PgEngine {
         })
     }
 
-    fn alloc_object_ids(&self, n: u64) -> Result<u64> {
-        self.write(|c| {
-            let next = c.i64(
-                "UPDATE counters SET value = value + $1 WHERE name = 'next_object' RETURNING value",
-                &[&(n as i64)],
-            )?;
-            Ok((next - n as i64) as u64)
-        })
-    }
-
-    fn read_chunk(&self, ino: Ino, chunk: u64) -> Result<Vec<Slice>> {
-        let sql =
-            format!("SELECT {SLICE_COLS} FROM slices WHERE ino = $1 AND chunk = $2 ORDER BY seq");
-        self.read(|c| {
-            Ok(c.query(&sql, &[&(ino as i64), &(chunk as i64)])?
-                .iter()
-                .map(slice_from_row)
-                .collect())
-        })
-    }
-
-    fn commit_slices(
-        &self,
-        ino: Ino,
-        slices: &[Slice],
-        new_end: u64,
-        mtime: Nanos,
-    ) -> Result<Attr> {
-        self.write_commit(|c| {
-            let a = match lock1(c, ino) {
-                Ok(a) => a,
-                Err(MetaError::NotFound) => {
-                    // The file went away while its data was uploading: the objects are
-                    // garbage (committed, unlike the error).
-                    let objs = objects_of(slices);
-                    account_objects(c, &objs)?;
-                    for (target, obj, size) in objs {
-                        c.exec(
-                            "INSERT INTO trash (ino, target, obj, len) VALUES ($1,$2,$3,$4)",
-                            &[
-                                &(ino as i64),
-                                &(target as i64),
-                                &(obj as i64),
-                                &(size as i64),
-                            ],
-                        )?;
-                    }
-                    return Ok(Err(MetaError::NotFound));
-                }
-                Err(e) => return Err(e),
-            };
-            let chunks: Vec<u64> = slices.iter().map(|s| s.chunk).collect();
-            let before = chunks_allocated(c, ino, &chunks)?;
-            insert_slices(c, ino, slices)?;
-            let after = chunks_allocated(c, ino, &chunks)?;
-            add_allocated(c, ino, before, after)?;
-            let size = a.size.max(new_end);
-            let row = c.one(
-                &format!(
-                    "UPDATE inodes SET size = $2, mtime = $3, ctime = $3, \
-                     data_version = data_version + 1 WHERE ino = $1 RETURNING {ATTR_COLS}"
-                ),
-                &[&(ino as i64), &(size as i64), &mtime],
-            )?;
-            account_objects(c, &objects_of(slices))?;
-            Ok(Ok(attr_from_row(&row)))
-        })?
-    }
-
-    fn fallocate(&self, ino: Ino, off: u64, len: u64, keep_size: bool, zero: bool) -> Result<Attr> {
-        self.write(|c| {
-            let a = lock1(c, ino)?;
-            if a.kind != Kind::File {
-                return Err(MetaError::Invalid("fallocate on a non-regular file".into()));
-            }
-            let now = now_nanos();
-            if zero {
-                let end = (off + len).min(a.size);
-                if let Some(l) = &a.layout {
-                    if end > off {
-                        zero_range(c, ino, l.stripe_size, off, end - off)?;
-                    }
-                }
-                let size = if keep_size { a.size } else { a.size.max(off + len) };
-                c.exec(
-                    "UPDATE inodes SET size = $3, mtime = $2, ctime = $2, data_version = data_version + 1 WHERE ino = $1",
-                    &[&(ino as i64), &now, &(size as i64)],
-                )?;
-            } else if !keep_size && off + len > a.size {
-                c.exec(
-                    "UPDATE inodes SET size = $2, ctime = $3, data_version = data_version + 1 WHERE ino = $1",
-                    &[&(ino as i64), &((off + len) as i64), &now],
-                )?;
-            }
-            get_attr(c, ino)
-        })
-    }
-
-    fn replace_chunk(&self, ino: Ino, chunk: u64, upto: u64, merged: &[Slice]) -> Result<bool> {
-        self.write(|c| {
-            lock_inodes(c, &[ino])?;
-            let newest: Option<i64> = c
-                .one(
-                    "SELECT MAX(seq) FROM slices WHERE ino = $1 AND chunk = $2",
-                    &[&(ino as i64), &(chunk as i64)],
-                )?
-                .get(0);
-            if newest != Some(upto as i64) {
-                // The chunk changed (or the file went): the merged objects are garbage.
-                let objs = objects_of(merged);
-                account_objects(c, &objs)?;
-                for (target, obj, size) in objs {
-                    c.exec(
-                        "INSERT INTO trash (ino, target, obj, len) VALUES ($1,$2,$3,$4)",
-                        &[
-                            &(ino as i64),
-                            &(target as i64),
-                            &(obj as i64),
-                            &(size as i64),
-                        ],
-                    )?;
-                }
-                return Ok(false);
-            }
-            let before = chunk_allocated(c, ino, chunk)?;
-            trash_slices(
-                c,
-                ino,
-                "chunk = $2 AND seq <= $3",
-                &[chunk as i64, upto as i64],
-            )?;
-            insert_slices(c, ino, merged)?;
-            account_objects(c, &objects_of(merged))?;
-            let after = chunk_allocated(c, ino, chunk)?;
-            add_allocated(c, ino, before, after)?;
-            Ok(true)
-        })
-    }
-
     fn sync(&self) -> Result<()> {
         // Commits are durable when they return (synchronous_commit = on, the default).
         Ok(())
@@ -2359,113 +2092,6 @@ impl LegacyEngine for PgEngine {
         })
     }
 
-    fn register_session(&self, s: &SessionInfo) -> Result<u64> {
-        self.write(|c| {
-            let now = now_nanos();
-            Ok(c.i64(
-                "INSERT INTO sessions (client_name, host, pid, mountpoint, version, started, heartbeat) \
-                 VALUES ($1,$2,$3,$4,$5,$6,$6) RETURNING id",
-                &[
-                    &s.client_name,
-                    &s.host,
-                    &(s.pid as i64),
-                    &s.mountpoint,
-                    &s.version,
-                    &now,
-                ],
-            )? as u64)
-        })
-    }
-
-    fn register_session_unique(&self, s: &SessionInfo, timeout_ns: i64) -> Result<u64> {
-        self.write(|c| {
-            // READ COMMITTED (allowed before the first query): the check after the lock sees
-            // a session another mount of the same name committed while this one waited.
-            c.batch("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")?;
-            let key = format!("tierfs client name {}", s.client_name);
-            c.query("SELECT pg_advisory_xact_lock(hashtext($1))", &[&key])?;
-            let now = now_nanos();
-            let live = c.query(
-                "SELECT id, client_name, host, pid, mountpoint, version, started, heartbeat \
-                 FROM sessions WHERE client_name = $1 AND heartbeat >= $2 ORDER BY id LIMIT 1",
-                &[&s.client_name, &(now - timeout_ns)],
-            )?;
-            if let Some(r) = live.first() {
-                return Err(MetaError::ClientNameInUse(format!(
-                    "'{}' is already mounted ({}); unmount it first, or mount with another --client-name",
-                    s.client_name,
-                    session_from_row(r).describe()
-                )));
-            }
-            Ok(c.i64(
-                "INSERT INTO sessions (client_name, host, pid, mountpoint, version, started, heartbeat) \
-                 VALUES ($1,$2,$3,$4,$5,$6,$6) RETURNING id",
-                &[
-                    &s.client_name,
-                    &s.host,
-                    &(s.pid as i64),
-                    &s.mountpoint,
-                    &s.version,
-                    &now,
-                ],
-            )? as u64)
-        })
-    }
-
-    fn heartbeat(&self, session: u64) -> Result<()> {
-        self.write(|c| {
-            let n = c.exec(
-                "UPDATE sessions SET heartbeat = $2 WHERE id = $1",
-                &[&(session as i64), &now_nanos()],
-            )?;
-            if n == 0 {
-                return Err(MetaError::NotFound);
-            }
-            Ok(())
-        })
-    }
-
-    fn unregister_session(&self, session: u64) -> Result<()> {
-        self.write(|c| end_sessions(c, &[session as i64]))
-    }
-
-    fn sessions(&self) -> Result<Vec<SessionInfo>> {
-        self.read(|c| {
-            Ok(c.query(
-                "SELECT id, client_name, host, pid, mountpoint, version, started, heartbeat \
-                 FROM sessions ORDER BY id",
-                &[],
-            )?
-            .iter()
-            .map(session_from_row)
-            .collect())
-        })
-    }
-
-    fn reap_sessions(&self, timeout_ns: i64) -> Result<usize> {
-        self.write(|c| {
-            let limit = now_nanos() - timeout_ns;
-            let dead: Vec<i64> = c
-                .query(
-                    "SELECT id FROM sessions WHERE heartbeat < $1 ORDER BY id",
-                    &[&limit],
-                )?
-                .iter()
-                .map(|r| r.get(0))
-                .collect();
-            end_sessions(c, &dead)?;
-            Ok(dead.len())
-        })
-    }
-
-    fn open_file(&self, session: u64, ino: Ino) -> Result<()> {
-        self.write(|c| {
-            lock1(c, ino)?;
-            record_open(c, session, ino)?;
-            Ok(())
-        })
-    }
-
     fn purge_orphans(&self, replaced_before: Nanos) -> Result<u64> {
         let due: Vec<i64> = self.read(|c| {
             Ok(c.query(
@@ -2496,91 +2122,6 @@ impl LegacyEngine for PgEngine {
                 }
             }
             Ok(n)
-        })
-    }
-
-    fn close_files(&self, session: u64, inos: &[Ino]) -> Result<()> {
-        if inos.is_empty() {
-            return Ok(());
-        }
-        self.write(|c| {
-            lock_inodes(c, inos)?;
-            for ino in inos {
-                let ino = *ino;
-                c.exec(
-                    "UPDATE open_files SET count = count - 1 WHERE session = $1 AND ino = $2",
-                    &[&(session as i64), &(ino as i64)],
-                )?;
-                c.exec(
-                    "DELETE FROM open_files WHERE session = $1 AND ino = $2 AND count <= 0",
-                    &[&(session as i64), &(ino as i64)],
-                )?;
-                purge_if_orphan(c, ino)?;
-            }
-            Ok(())
-        })
-    }
-
-    fn trash(&self, limit: usize) -> Result<Vec<TrashItem>> {
-        self.read(|c| {
-            Ok(c.query(
-                "SELECT id, target, obj, len FROM trash t \
-                 WHERE NOT EXISTS (SELECT 1 FROM open_files o WHERE o.ino = t.ino) \
-                 ORDER BY id LIMIT $1",
-                &[&(limit as i64)],
-            )?
-            .iter()
-            .map(|r| TrashItem {
-                id: r.get::<_, i64>(0) as u64,
-                target: r.get::<_, i64>(1) as u32,
-                obj: r.get::<_, i64>(2) as u64,
-                len: r.get::<_, i64>(3) as u64,
-            })
-            .collect())
-        })
-    }
-
-    fn trash_done(&self, ids: &[u64]) -> Result<()> {
-        if ids.is_empty() {
-            return Ok(());
-        }
-        let ids: Vec<i64> = ids.iter().map(|i| *i as i64).collect();
-        self.write(|c| {
-            let mut per: BTreeMap<i64, (i64, i64)> = BTreeMap::new();
-            for r in c.query(
-                "DELETE FROM trash WHERE id = ANY($1) RETURNING target, len",
-                &[&ids],
-            )? {
-                let e = per.entry(r.get(0)).or_default();
-                e.0 += r.get::<_, i64>(1);
-                e.1 += 1;
-            }
-            for (target, (bytes, count)) in per {
-                c.exec(
-                    "UPDATE targets SET used = GREATEST(used - $2, 0), \
-                     objects = GREATEST(objects - $3, 0) WHERE id = $1",
-                    &[&target, &bytes, &count],
-                )?;
-            }
-            Ok(())
-        })
-    }
-
-    fn rewrite_data(&self, ino: Ino, slices: &[Slice], size: u64, mtime: Nanos) -> Result<Attr> {
-        self.write(|c| {
-            lock1(c, ino)?;
-            trash_slices(c, ino, "TRUE", &[])?;
-            insert_slices(c, ino, slices)?;
-            recount_file(c, ino)?;
-            let row = c.one(
-                &format!(
-                    "UPDATE inodes SET size = $2, mtime = $3, ctime = $4, \
-                     data_version = data_version + 1 WHERE ino = $1 RETURNING {ATTR_COLS}"
-                ),
-                &[&(ino as i64), &(size as i64), &mtime, &now_nanos()],
-            )?;
-            account_objects(c, &objects_of(slices))?;
-            Ok(attr_from_row(&row))
         })
     }
 
@@ -2709,15 +2250,6 @@ impl LegacyEngine for PgEngine {
         })
     }
 
-    fn client_alive(&self, client: &str, timeout_ns: i64) -> Result<bool> {
-        self.read(|c| {
-            c.exists(
-                "SELECT EXISTS (SELECT 1 FROM sessions WHERE client_name = $1 AND heartbeat >= $2)",
-                &[&client, &(now_nanos() - timeout_ns)],
-            )
-        })
-    }
-
     fn pcc_rule_add(
         &self,
         mode: &str,
@@ -2781,72 +2313,6 @@ impl LegacyEngine for PgEngine {
             if c.exec("DELETE FROM pcc_rules WHERE id = $1", &[&(id as i64)])? == 0 {
                 return Err(MetaError::NotFound);
             }
-            Ok(())
-        })
-    }
-
-    fn set_lock(&self, ino: Ino, lock: &LockRange) -> Result<()> {
-        self.write(|c| {
-            lock_inodes(c, &[ino])?;
-            let held = locks_of(c, ino)?;
-            if lock.typ != LockType::Unlock && held.iter().any(|h| locks::conflicts(h, lock)) {
-                return Err(MetaError::WouldBlock);
-            }
-            let own: Vec<LockRange> = held
-                .into_iter()
-                .filter(|h| {
-                    h.session == lock.session && h.owner == lock.owner && h.flock == lock.flock
-                })
-                .collect();
-            let next = locks::apply(&own, lock);
-            c.exec(
-                "DELETE FROM locks WHERE ino = $1 AND session = $2 AND owner = $3 AND flock = $4",
-                &[
-                    &(ino as i64),
-                    &(lock.session as i64),
-                    &(lock.owner as i64),
-                    &(lock.flock as i64),
-                ],
-            )?;
-            for l in next {
-                c.exec(
-                    "INSERT INTO locks (ino, session, owner, flock, typ, start, \"end\", pid) \
-                     VALUES ($1,$2,$3,$4,$5,$6,$7,$8)",
-                    &[
-                        &(ino as i64),
-                        &(l.session as i64),
-                        &(l.owner as i64),
-                        &(l.flock as i64),
-                        &lock_typ_to_i64(l.typ),
-                        &(l.start as i64),
-                        &lock_end_to_i64(l.end),
-                        &(l.pid as i64),
-                    ],
-                )?;
-            }
-            Ok(())
-        })
-    }
-
-    fn test_lock(&self, ino: Ino, lock: &LockRange) -> Result<Option<LockRange>> {
-        self.read(|c| {
-            Ok(locks_of(c, ino)?
-                .into_iter()
-                .find(|h| locks::conflicts(h, lock)))
-        })
-    }
-
-    fn release_locks(&self, ino: Ino, session: u64, owner: u64, flock: bool) -> Result<()> {
-        self.write(|c| {
-            c.exec(
-                "DELETE FROM locks WHERE ino = $1 AND session = $2 AND owner = $3 AND flock = $4",
-                &[
-                    &(ino as i64),
-                    &(session as i64),
-                    &(owner as i64),
-                    &(flock as i64),
-                ],
-            )?;
             Ok(())
         })
     }

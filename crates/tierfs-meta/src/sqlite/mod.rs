@@ -19,7 +19,6 @@ pub use crate::core::schema::SCHEMA_VERSION;
 use crate::core::SqlMeta;
 use crate::engine::{LegacyEngine, ORPHAN_GRACE};
 use crate::error::{MetaError, Result};
-use crate::locks;
 use crate::sql::sqlite::SqliteTx;
 use crate::sql::{Dialect, DialectKind, Driver, Tx};
 use crate::types::*;
@@ -224,32 +223,6 @@ fn touch_dir(c: &Connection, dir: Ino, now: Nanos, nlink_delta: i64) -> Result<(
     Ok(())
 }
 
-/// Columns `slice_from_row` reads, in order.
-const SLICE_COLS: &str = "seq, chunk, off, len, target, obj, inline, obj_off, obj_size";
-
-fn slice_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Slice> {
-    let target: Option<i64> = r.get(4)?;
-    let obj: Option<i64> = r.get(5)?;
-    let inline: Option<Vec<u8>> = r.get(6)?;
-    let data = match (target, obj, inline) {
-        (Some(t), Some(o), _) => SliceData::Object {
-            target: t as u32,
-            obj: o as u64,
-            obj_off: r.get::<_, i64>(7)? as u64,
-            obj_size: r.get::<_, i64>(8)? as u64,
-        },
-        (_, _, Some(b)) => SliceData::Inline(b),
-        _ => SliceData::Zero,
-    };
-    Ok(Slice {
-        seq: r.get::<_, i64>(0)? as u64,
-        chunk: r.get::<_, i64>(1)? as u64,
-        off: r.get::<_, i64>(2)? as u64,
-        len: r.get::<_, i64>(3)? as u64,
-        data,
-    })
-}
-
 fn insert_slice(c: &Connection, ino: Ino, s: &Slice) -> Result<()> {
     let (target, obj, obj_off, obj_size, inline) = match &s.data {
         SliceData::Object {
@@ -282,36 +255,6 @@ fn insert_slice(c: &Connection, ino: Ino, s: &Slice) -> Result<()> {
         obj_off,
         obj_size
     ])?;
-    Ok(())
-}
-
-/// The distinct objects (target, obj, size) that `slices` bring.
-fn objects_of(slices: &[Slice]) -> Vec<(u32, u64, u64)> {
-    let mut v: Vec<(u32, u64, u64)> = slices
-        .iter()
-        .filter_map(|s| match s.data {
-            SliceData::Object {
-                target,
-                obj,
-                obj_size,
-                ..
-            } => Some((target, obj, obj_size)),
-            _ => None,
-        })
-        .collect();
-    v.sort_unstable();
-    v.dedup();
-    v
-}
-
-/// Counts new objects against their targets.
-fn account_objects(c: &Connection, objs: &[(u32, u64, u64)]) -> Result<()> {
-    for (target, _obj, size) in objs {
-        c.prepare_cached(
-            "UPDATE targets SET used = used + ?2, objects = objects + 1 WHERE id = ?1",
-        )?
-        .execute(params![*target as i64, *size as i64])?;
-    }
     Ok(())
 }
 
@@ -489,39 +432,6 @@ fn resolve_time(t: TimeSet, now: Nanos) -> Nanos {
         TimeSet::Now => now,
         TimeSet::At(n) => n,
     }
-}
-
-fn lock_typ_to_i64(t: LockType) -> i64 {
-    match t {
-        LockType::Read => 0,
-        LockType::Write => 1,
-        LockType::Unlock => 2,
-    }
-}
-
-fn lock_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<LockRange> {
-    let end: i64 = r.get(5)?;
-    Ok(LockRange {
-        session: r.get::<_, i64>(0)? as u64,
-        owner: r.get::<_, i64>(1)? as u64,
-        flock: r.get::<_, i64>(2)? != 0,
-        typ: if r.get::<_, i64>(3)? == 1 {
-            LockType::Write
-        } else {
-            LockType::Read
-        },
-        start: r.get::<_, i64>(4)? as u64,
-        end: if end == i64::MAX {
-            u64::MAX
-        } else {
-            end as u64
-        },
-        pid: r.get::<_, i64>(6)? as u32,
-    })
-}
-
-fn lock_end_to_i64(end: u64) -> i64 {
-    end.min(i64::MAX as u64) as i64
 }
 
 impl SqliteEngine {
@@ -1508,134 +1418,6 @@ impl LegacyEngine for SqliteEngine {
         })
     }
 
-    fn alloc_object_ids(&self, n: u64) -> Result<u64> {
-        self.write(|tx| {
-            let next: i64 = tx
-                .prepare_cached(
-                    "UPDATE counters SET value = value + ?1 WHERE name = 'next_object' RETURNING value",
-                )?
-                .query_row([n as i64], |r| r.get(0))?;
-            Ok((next - n as i64) as u64)
-        })
-    }
-
-    fn read_chunk(&self, ino: Ino, chunk: u64) -> Result<Vec<Slice>> {
-        self.read(|c| {
-            let mut st = c.prepare_cached(&format!(
-                "SELECT {SLICE_COLS} FROM slices WHERE ino = ?1 AND chunk = ?2 ORDER BY seq"
-            ))?;
-            let rows = st.query_map(params![ino as i64, chunk as i64], slice_from_row)?;
-            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
-        })
-    }
-
-    fn commit_slices(
-        &self,
-        ino: Ino,
-        slices: &[Slice],
-        new_end: u64,
-        mtime: Nanos,
-    ) -> Result<Attr> {
-        // `None`: the file went away while its data was uploading. The trash records of its
-        // objects must commit, so the transaction succeeds and the error is returned after.
-        let r = self.write(|tx| {
-            let a = match get_attr(tx, ino) {
-                Ok(a) => a,
-                Err(MetaError::NotFound) => {
-                    let objs = objects_of(slices);
-                    account_objects(tx, &objs)?;
-                    for (target, obj, size) in objs {
-                        tx.execute(
-                            "INSERT INTO trash (ino, target, obj, len) VALUES (?1,?2,?3,?4)",
-                            params![ino as i64, target as i64, obj as i64, size as i64],
-                        )?;
-                    }
-                    return Ok(None);
-                }
-                Err(e) => return Err(e),
-            };
-            account_objects(tx, &objects_of(slices))?;
-            let chunks: Vec<u64> = slices.iter().map(|s| s.chunk).collect();
-            let before = chunks_allocated(tx, ino, &chunks)?;
-            for s in slices {
-                insert_slice(tx, ino, s)?;
-            }
-            add_allocated(tx, ino, before, chunks_allocated(tx, ino, &chunks)?)?;
-            let size = a.size.max(new_end);
-            tx.prepare_cached(
-                "UPDATE inodes SET size = ?2, mtime = ?3, ctime = ?3, data_version = data_version + 1 \
-                 WHERE ino = ?1",
-            )?
-            .execute(params![ino as i64, size as i64, mtime])?;
-            get_attr(tx, ino).map(Some)
-        })?;
-        r.ok_or(MetaError::NotFound)
-    }
-
-    fn fallocate(&self, ino: Ino, off: u64, len: u64, keep_size: bool, zero: bool) -> Result<Attr> {
-        self.write(|tx| {
-            let a = get_attr(tx, ino)?;
-            if a.kind != Kind::File {
-                return Err(MetaError::Invalid("fallocate on a non-regular file".into()));
-            }
-            let now = now_nanos();
-            if zero {
-                let end = (off + len).min(a.size);
-                if let Some(l) = &a.layout {
-                    if end > off {
-                        zero_range(tx, ino, l.stripe_size, off, end - off)?;
-                    }
-                }
-                let size = if keep_size { a.size } else { a.size.max(off + len) };
-                tx.execute(
-                    "UPDATE inodes SET size = ?3, mtime = ?2, ctime = ?2, data_version = data_version + 1 WHERE ino = ?1",
-                    params![ino as i64, now, size as i64],
-                )?;
-            } else if !keep_size && off + len > a.size {
-                tx.execute(
-                    "UPDATE inodes SET size = ?2, ctime = ?3, data_version = data_version + 1 WHERE ino = ?1",
-                    params![ino as i64, (off + len) as i64, now],
-                )?;
-            }
-            get_attr(tx, ino)
-        })
-    }
-
-    fn replace_chunk(&self, ino: Ino, chunk: u64, upto: u64, merged: &[Slice]) -> Result<bool> {
-        self.write(|tx| {
-            let newest: Option<i64> = tx.query_row(
-                "SELECT MAX(seq) FROM slices WHERE ino = ?1 AND chunk = ?2",
-                params![ino as i64, chunk as i64],
-                |r| r.get(0),
-            )?;
-            if newest != Some(upto as i64) {
-                // The chunk changed: the merged objects are garbage.
-                let objs = objects_of(merged);
-                account_objects(tx, &objs)?;
-                for (target, obj, size) in objs {
-                    tx.execute(
-                        "INSERT INTO trash (ino, target, obj, len) VALUES (?1,?2,?3,?4)",
-                        params![ino as i64, target as i64, obj as i64, size as i64],
-                    )?;
-                }
-                return Ok(false);
-            }
-            let before = chunk_allocated(tx, ino, chunk)?;
-            trash_slices(
-                tx,
-                ino,
-                "chunk = ?2 AND seq <= ?3",
-                &[chunk as i64, upto as i64],
-            )?;
-            account_objects(tx, &objects_of(merged))?;
-            for s in merged {
-                insert_slice(tx, ino, s)?;
-            }
-            add_allocated(tx, ino, before, chunk_allocated(tx, ino, chunk)?)?;
-            Ok(true)
-        })
-    }
-
     fn sync(&self) -> Result<()> {
         self.sync_wal()
     }
@@ -1963,95 +1745,6 @@ impl LegacyEngine for SqliteEngine {
         })
     }
 
-    fn register_session(&self, s: &SessionInfo) -> Result<u64> {
-        self.write(|tx| {
-            let now = now_nanos();
-            tx.execute(
-                "INSERT INTO sessions (client_name, host, pid, mountpoint, version, started, heartbeat) \
-                 VALUES (?1,?2,?3,?4,?5,?6,?6)",
-                params![s.client_name, s.host, s.pid as i64, s.mountpoint, s.version, now],
-            )?;
-            Ok(tx.last_insert_rowid() as u64)
-        })
-    }
-
-    fn register_session_unique(&self, s: &SessionInfo, timeout_ns: i64) -> Result<u64> {
-        self.write(|tx| {
-            let now = now_nanos();
-            let live = {
-                let mut st = tx.prepare_cached(
-                    "SELECT id, client_name, host, pid, mountpoint, version, started, heartbeat \
-                     FROM sessions WHERE client_name = ?1 AND heartbeat >= ?2 ORDER BY id LIMIT 1",
-                )?;
-                let mut rows = st.query_map(params![s.client_name, now - timeout_ns], session_from_row)?;
-                rows.next().transpose()?
-            };
-            if let Some(l) = live {
-                return Err(MetaError::ClientNameInUse(format!(
-                    "'{}' is already mounted ({}); unmount it first, or mount with another --client-name",
-                    s.client_name,
-                    l.describe()
-                )));
-            }
-            tx.execute(
-                "INSERT INTO sessions (client_name, host, pid, mountpoint, version, started, heartbeat) \
-                 VALUES (?1,?2,?3,?4,?5,?6,?6)",
-                params![s.client_name, s.host, s.pid as i64, s.mountpoint, s.version, now],
-            )?;
-            Ok(tx.last_insert_rowid() as u64)
-        })
-    }
-
-    fn heartbeat(&self, session: u64) -> Result<()> {
-        self.write(|tx| {
-            let n = tx.execute(
-                "UPDATE sessions SET heartbeat = ?2 WHERE id = ?1",
-                params![session as i64, now_nanos()],
-            )?;
-            if n == 0 {
-                return Err(MetaError::NotFound);
-            }
-            Ok(())
-        })
-    }
-
-    fn unregister_session(&self, session: u64) -> Result<()> {
-        self.write(|tx| end_session(tx, session))
-    }
-
-    fn sessions(&self) -> Result<Vec<SessionInfo>> {
-        self.read(|c| {
-            let mut st = c.prepare_cached(
-                "SELECT id, client_name, host, pid, mountpoint, version, started, heartbeat FROM sessions ORDER BY id",
-            )?;
-            let rows = st.query_map([], session_from_row)?;
-            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
-        })
-    }
-
-    fn reap_sessions(&self, timeout_ns: i64) -> Result<usize> {
-        self.write(|tx| {
-            let limit = now_nanos() - timeout_ns;
-            let dead: Vec<i64> = {
-                let mut st = tx.prepare_cached("SELECT id FROM sessions WHERE heartbeat < ?1")?;
-                let rows = st.query_map([limit], |r| r.get(0))?;
-                rows.collect::<rusqlite::Result<Vec<_>>>()?
-            };
-            for id in &dead {
-                end_session(tx, *id as u64)?;
-            }
-            Ok(dead.len())
-        })
-    }
-
-    fn open_file(&self, session: u64, ino: Ino) -> Result<()> {
-        self.write(|tx| {
-            get_attr(tx, ino)?;
-            record_open(tx, session, ino)?;
-            Ok(())
-        })
-    }
-
     fn purge_orphans(&self, replaced_before: Nanos) -> Result<u64> {
         let due: Vec<i64> = self.read(|c| {
             let mut st = c.prepare_cached(
@@ -2080,81 +1773,6 @@ impl LegacyEngine for SqliteEngine {
                 }
             }
             Ok(n)
-        })
-    }
-
-    fn close_files(&self, session: u64, inos: &[Ino]) -> Result<()> {
-        if inos.is_empty() {
-            return Ok(());
-        }
-        self.write(|tx| {
-            for ino in inos {
-                let ino = *ino;
-                tx.prepare_cached(
-                    "UPDATE open_files SET count = count - 1 WHERE session = ?1 AND ino = ?2",
-                )?
-                .execute(params![session as i64, ino as i64])?;
-                tx.prepare_cached(
-                    "DELETE FROM open_files WHERE session = ?1 AND ino = ?2 AND count <= 0",
-                )?
-                .execute(params![session as i64, ino as i64])?;
-                purge_if_orphan(tx, ino)?;
-            }
-            Ok(())
-        })
-    }
-
-    fn trash(&self, limit: usize) -> Result<Vec<TrashItem>> {
-        self.read(|c| {
-            let mut st = c.prepare_cached(
-                "SELECT id, target, obj, len FROM trash t \
-                 WHERE NOT EXISTS (SELECT 1 FROM open_files o WHERE o.ino = t.ino) ORDER BY id LIMIT ?1",
-            )?;
-            let rows = st.query_map([limit as i64], |r| {
-                Ok(TrashItem {
-                    id: r.get::<_, i64>(0)? as u64,
-                    target: r.get::<_, i64>(1)? as u32,
-                    obj: r.get::<_, i64>(2)? as u64,
-                    len: r.get::<_, i64>(3)? as u64,
-                })
-            })?;
-            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
-        })
-    }
-
-    fn trash_done(&self, ids: &[u64]) -> Result<()> {
-        self.write(|tx| {
-            for id in ids {
-                let row: Option<(i64, i64)> = tx
-                    .prepare_cached("DELETE FROM trash WHERE id = ?1 RETURNING target, len")?
-                    .query_row([*id as i64], |r| Ok((r.get(0)?, r.get(1)?)))
-                    .optional()?;
-                if let Some((target, len)) = row {
-                    tx.prepare_cached(
-                        "UPDATE targets SET used = MAX(used - ?2, 0), objects = MAX(objects - 1, 0) WHERE id = ?1",
-                    )?
-                    .execute(params![target, len])?;
-                }
-            }
-            Ok(())
-        })
-    }
-
-    fn rewrite_data(&self, ino: Ino, slices: &[Slice], size: u64, mtime: Nanos) -> Result<Attr> {
-        self.write(|tx| {
-            get_attr(tx, ino)?;
-            trash_slices(tx, ino, "1 = 1", &[])?;
-            account_objects(tx, &objects_of(slices))?;
-            for s in slices {
-                insert_slice(tx, ino, s)?;
-            }
-            recount_file(tx, ino)?;
-            tx.prepare_cached(
-                "UPDATE inodes SET size = ?2, mtime = ?3, ctime = ?4, data_version = data_version + 1 \
-                 WHERE ino = ?1",
-            )?
-            .execute(params![ino as i64, size as i64, mtime, now_nanos()])?;
-            get_attr(tx, ino)
         })
     }
 
@@ -2266,15 +1884,6 @@ impl LegacyEngine for SqliteEngine {
         })
     }
 
-    fn client_alive(&self, client: &str, timeout_ns: i64) -> Result<bool> {
-        self.read(|c| {
-            Ok(c.prepare_cached(
-                "SELECT EXISTS (SELECT 1 FROM sessions WHERE client_name = ?1 AND heartbeat >= ?2)",
-            )?
-            .query_row(params![client, now_nanos() - timeout_ns], |r| r.get(0))?)
-        })
-    }
-
     fn pcc_rule_add(
         &self,
         mode: &str,
@@ -2336,61 +1945,6 @@ impl LegacyEngine for SqliteEngine {
             Ok(())
         })
     }
-
-    fn set_lock(&self, ino: Ino, lock: &LockRange) -> Result<()> {
-        self.write(|tx| {
-            let held = locks_of(tx, ino)?;
-            if lock.typ != LockType::Unlock && held.iter().any(|h| locks::conflicts(h, lock)) {
-                return Err(MetaError::WouldBlock);
-            }
-            let own: Vec<LockRange> = held
-                .into_iter()
-                .filter(|h| h.session == lock.session && h.owner == lock.owner && h.flock == lock.flock)
-                .collect();
-            let next = locks::apply(&own, lock);
-            tx.prepare_cached("DELETE FROM locks WHERE ino = ?1 AND session = ?2 AND owner = ?3 AND flock = ?4")?
-                .execute(params![ino as i64, lock.session as i64, lock.owner as i64, lock.flock as i64])?;
-            for l in next {
-                tx.prepare_cached(
-                    "INSERT INTO locks (ino, session, owner, flock, typ, start, end, pid) VALUES (?1,?2,?3,?4,?5,?6,?7,?8)",
-                )?
-                .execute(params![
-                    ino as i64,
-                    l.session as i64,
-                    l.owner as i64,
-                    l.flock as i64,
-                    lock_typ_to_i64(l.typ),
-                    l.start as i64,
-                    lock_end_to_i64(l.end),
-                    l.pid as i64
-                ])?;
-            }
-            Ok(())
-        })
-    }
-
-    fn test_lock(&self, ino: Ino, lock: &LockRange) -> Result<Option<LockRange>> {
-        self.read(|c| {
-            Ok(locks_of(c, ino)?
-                .into_iter()
-                .find(|h| locks::conflicts(h, lock)))
-        })
-    }
-
-    fn release_locks(&self, ino: Ino, session: u64, owner: u64, flock: bool) -> Result<()> {
-        self.write(|tx| {
-            tx.prepare_cached(
-                "DELETE FROM locks WHERE ino = ?1 AND session = ?2 AND owner = ?3 AND flock = ?4",
-            )?
-            .execute(params![
-                ino as i64,
-                session as i64,
-                owner as i64,
-                flock as i64
-            ])?;
-            Ok(())
-        })
-    }
 }
 
 fn lease_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<PccLease> {
@@ -2420,14 +1974,6 @@ fn record_open(c: &Connection, session: u64, ino: Ino) -> Result<()> {
     Ok(())
 }
 
-fn locks_of(c: &Connection, ino: Ino) -> Result<Vec<LockRange>> {
-    let mut st = c.prepare_cached(
-        "SELECT session, owner, flock, typ, start, end, pid FROM locks WHERE ino = ?1",
-    )?;
-    let rows = st.query_map([ino as i64], lock_from_row)?;
-    Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
-}
-
 fn purge_if_orphan(c: &Connection, ino: Ino) -> Result<()> {
     let orphan: Option<i64> = c
         .prepare_cached("SELECT orphan FROM inodes WHERE ino = ?1")?
@@ -2446,20 +1992,6 @@ const UNHELD: &str =
     "i.kind != 2 AND i.ino != 1 AND i.orphan != 2 AND (i.orphan = 1 OR i.nlink = 0) \
      AND NOT EXISTS (SELECT 1 FROM open_files o WHERE o.ino = i.ino) \
      AND NOT EXISTS (SELECT 1 FROM dentries d WHERE d.ino = i.ino)";
-
-/// Removes a session with its open files (purging orphans it was the last to hold) and locks.
-fn session_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<SessionInfo> {
-    Ok(SessionInfo {
-        id: r.get::<_, i64>(0)? as u64,
-        client_name: r.get(1)?,
-        host: r.get(2)?,
-        pid: r.get::<_, i64>(3)? as u32,
-        mountpoint: r.get(4)?,
-        version: r.get(5)?,
-        started: r.get(6)?,
-        heartbeat: r.get(7)?,
-    })
-}
 
 fn end_session(c: &Connection, session: u64) -> Result<()> {
     let inos: Vec<i64> = {
