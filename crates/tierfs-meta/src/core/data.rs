@@ -20,8 +20,10 @@
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
+use super::changelog::{self, Rec};
 use super::common::{attr_from_row, get_attr, ATTR_COLS, ATTR_COLS_I};
 use super::SqlMeta;
+use crate::changelog::RecordType;
 use crate::engine::FileData;
 use crate::error::{MetaError, Result};
 use crate::sql::{Driver, Tx, Value};
@@ -472,6 +474,7 @@ impl<D: Driver> FileData for SqlMeta<D> {
             let delta = add_slices(tx, ino, slices)?;
             let a = attr_from_row(&tx.one(update, vals![ino, new_end, mtime, delta])?)?;
             // changelog: MTIME (data written: size, mtime and data version changed)
+            changelog::record(tx, &Rec::new(RecordType::Mtime, ino))?;
             account_objects(tx, &objects_of(slices))?;
             Ok(Ok(a))
         })?
@@ -504,6 +507,7 @@ impl<D: Driver> FileData for SqlMeta<D> {
                     vals![ino, now, size, delta],
                 )?;
                 // changelog: MTIME (a range now reads as zeros; the size may have grown)
+                changelog::record(tx, &Rec::new(RecordType::Mtime, ino))?;
             } else if !keep_size && off + len > a.size {
                 tx.exec(
                     "UPDATE inodes SET size = $2, ctime = $3, data_version = data_version + 1 \
@@ -511,6 +515,7 @@ impl<D: Driver> FileData for SqlMeta<D> {
                     vals![ino, off + len, now],
                 )?;
                 // changelog: CTIME (the size grew: space reserved)
+                changelog::record(tx, &Rec::new(RecordType::Ctime, ino))?;
             }
             get_attr(tx, ino)
         })
@@ -566,13 +571,17 @@ impl<D: Driver> FileData for SqlMeta<D> {
         }
         let allocated: u64 = per.values().map(|v| allocated_bytes(v)).sum();
         self.d.write(|tx| {
-            lock1(tx, ino)?;
+            let old = lock1(tx, ino)?;
             trash_slices(tx, ino, SliceSel::All)?;
             insert_slices(tx, ino, slices)?;
             let a =
                 attr_from_row(&tx.one(update, vals![ino, size, mtime, now_nanos(), allocated])?)?;
             // changelog: MTIME (all data replaced by the RW-PCC write-back; TRUNC as well when
             // the size shrank)
+            if size < old.size {
+                changelog::record(tx, &Rec::new(RecordType::Trunc, ino))?;
+            }
+            changelog::record(tx, &Rec::new(RecordType::Mtime, ino))?;
             account_objects(tx, &objects_of(slices))?;
             Ok(a)
         })

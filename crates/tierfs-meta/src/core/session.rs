@@ -4,8 +4,10 @@
 //! Helpers for other domains (`pub(crate)`): [`record_open`] (a create that opens its file),
 //! [`purge_if_orphan`], [`end_sessions`] (fsck's repairs), [`session_from_row`].
 
+use super::changelog::{self, Rec};
 use super::data::{lock1, lock_rows, purge_inode};
 use super::SqlMeta;
+use crate::changelog::RecordType;
 use crate::engine::Sessions;
 use crate::error::{MetaError, Result};
 use crate::sql::{Driver, Row, Tx};
@@ -181,6 +183,7 @@ impl<D: Driver> Sessions for SqlMeta<D> {
             lock1(tx, ino)?;
             record_open(tx, session, ino)?;
             // changelog: OPEN
+            changelog::record(tx, &Rec::new(RecordType::Open, ino))?;
             Ok(())
         })
     }
@@ -201,7 +204,9 @@ impl<D: Driver> Sessions for SqlMeta<D> {
                     "DELETE FROM open_files WHERE session = $1 AND ino = $2 AND count <= 0",
                     vals![session, ino],
                 )?;
-                // changelog: CLOSE (before a purge of the file at its last close)
+                // changelog: CLOSE (before a purge of the file at its last close), in the
+                // context of whoever opened it (the client's batch scope)
+                changelog::record(tx, &Rec::new(RecordType::Close, ino))?;
                 purge_if_orphan(tx, ino)?;
             }
             Ok(())
