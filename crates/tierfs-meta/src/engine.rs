@@ -373,12 +373,6 @@ pub trait LegacyEngine: Send + Sync {
 
     // ---- data ----
 
-    /// Makes every committed transaction durable against power loss (fsync semantics).
-    fn sync(&self) -> Result<()>;
-    /// Background housekeeping of the engine (SQLite: checkpoint the write-ahead log; every
-    /// engine: purge files replaced more than [`ORPHAN_GRACE`] ago). Each client calls it every
-    /// second or so, off the application's path.
-    fn maintain(&self) -> Result<()>;
     /// Purges files a rename replaced before `replaced_before` (their grace is over) that no
     /// client has open; returns how many. One still open is left for a pass after its last
     /// close.
@@ -417,50 +411,6 @@ pub trait LegacyEngine: Send + Sync {
     // ---- garbage ----
 
     // ---- persistent client cache ----
-    fn pcc_lease(&self, ino: Ino) -> Result<Option<PccLease>>;
-    /// Takes the RW-PCC lease of a file for `client` (a new generation; the file's data version
-    /// moves so read-only copies elsewhere are dropped). `WouldBlock` while another client
-    /// holds it; `InUse` while a session of another client has the file open (its handles
-    /// would go on writing to the capacity tier, and the owner's write-back would then lose
-    /// those writes); taking it again as the holder returns the held lease.
-    fn pcc_acquire(&self, ino: Ino, client: &str) -> Result<PccLease>;
-    /// The owner reports its cached file: dirty or clean, and its size and mtime, which every
-    /// client then sees.
-    fn pcc_report(
-        &self,
-        ino: Ino,
-        client: &str,
-        dirty: bool,
-        size: u64,
-        mtime: Nanos,
-    ) -> Result<Attr>;
-    /// Gives the lease back (and drops any request to give it back).
-    fn pcc_release(&self, ino: Ino, client: &str) -> Result<()>;
-    /// Asks the owner of a lease to give it back.
-    fn pcc_request_revoke(&self, ino: Ino, requester: &str) -> Result<()>;
-    /// Files whose lease `client` holds and someone asked back.
-    fn pcc_revokes_for(&self, client: &str) -> Result<Vec<Ino>>;
-    /// Every lease `client` holds (recovery after a restart).
-    fn pcc_leases_of(&self, client: &str) -> Result<Vec<PccLease>>;
-    fn pcc_rule_add(
-        &self,
-        mode: &str,
-        client: Option<&str>,
-        rule: &str,
-        quota: Option<u64>,
-    ) -> Result<u64>;
-    /// Sets or clears (None) a rule's quota; NotFound when there is no such rule.
-    fn pcc_rule_set_quota(&self, id: u64, quota: Option<u64>) -> Result<()>;
-    fn pcc_rules(&self) -> Result<Vec<PccRuleRow>>;
-    fn pcc_rule_del(&self, id: u64) -> Result<()>;
-
-    // ---- notifications ----
-    /// Subscribes to events on `channels` addressed to `client` (see the module doc).
-    /// `Ok(None)`: this engine has no notifications, poll instead. An error: it has them but
-    /// cannot subscribe now (database unreachable); try again later.
-    fn listen(&self, _client: &str, _channels: &[Channel]) -> Result<Option<Box<dyn Listener>>> {
-        Ok(None)
-    }
 
     // ---- advisory locks (POSIX and flock), shared by every client ----
 }

@@ -3,7 +3,7 @@
 //! Not ported yet: delegates to the engine's [`LegacyEngine`] methods.
 
 use super::SqlMeta;
-use crate::engine::{Admin, Channel, LegacyEngine, Listener};
+use crate::engine::{Admin, Channel, LegacyEngine, Listener, Namespace, ORPHAN_GRACE};
 use crate::error::Result;
 use crate::sql::Driver;
 use crate::types::*;
@@ -19,10 +19,12 @@ impl<D: Driver + LegacyEngine> Admin for SqlMeta<D> {
         LegacyEngine::usage(&self.d)
     }
     fn sync(&self) -> Result<()> {
-        LegacyEngine::sync(&self.d)
+        self.d.sync()
     }
     fn maintain(&self) -> Result<()> {
-        LegacyEngine::maintain(&self.d)
+        self.d.maintain()?;
+        self.purge_orphans(now_nanos() - ORPHAN_GRACE.as_nanos() as Nanos)?;
+        Ok(())
     }
     fn export_rows(&self, sink: &mut dyn FnMut(DumpRow) -> Result<()>) -> Result<()> {
         LegacyEngine::export_rows(&self.d, sink)
@@ -43,6 +45,6 @@ impl<D: Driver + LegacyEngine> Admin for SqlMeta<D> {
         LegacyEngine::repair_issue(&self.d, issue, timeout_ns)
     }
     fn listen(&self, client: &str, channels: &[Channel]) -> Result<Option<Box<dyn Listener>>> {
-        LegacyEngine::listen(&self.d, client, channels)
+        self.d.listen(client, channels)
     }
 }

@@ -1,7 +1,10 @@
 //! Row decoding and small helpers shared by the core's domains.
 
+use std::collections::BTreeMap;
+use std::sync::OnceLock;
+
 use crate::error::{MetaError, Result};
-use crate::sql::{Row, Tx};
+use crate::sql::{Row, Tx, Value};
 use crate::types::*;
 use crate::vals;
 
@@ -141,6 +144,372 @@ pub fn recount_all(tx: &mut dyn Tx) -> Result<()> {
     tx.exec("UPDATE inodes SET allocated = 0", vals![])?;
     for ino in inos {
         recount_file(tx, ino)?;
+    }
+    Ok(())
+}
+
+// ---- Shared by the domains (written by core2 with the file data port; see LAYER.md) ----
+//
+// **Row locks.** On PostgreSQL a transaction that reads a file's slices, opens, locks or lease
+// to decide a write first locks (updates) the inode row, in ascending inode order, then
+// `targets` rows in ascending id (see the module doc of `crate::postgres`). SQLite has one
+// writer at a time: there the lock statements are skipped (`Dialect::row_locks`), so the
+// SQLite path runs no statement the old engine did not.
+//
+// **Allocated bytes.** A transaction that adds slices reads the touched chunks' slices once
+// (one statement for all of them) and computes the change from those rows plus the new slices
+// (new slices are the newest: they are inserted while the inode is held), instead of reading
+// the chunks again after the insert.
+
+/// Locks inode rows in ascending order and returns their attributes; inodes that do not exist
+/// are left out. PostgreSQL: a real update of each row (`SET ino = ino`: under REPEATABLE READ
+/// a mere `FOR UPDATE` of a row another transaction only locked is no conflict), in one
+/// statement. SQLite (one writer at a time): a plain read of the rows.
+pub fn lock_inodes(tx: &mut dyn Tx, inos: &[Ino]) -> Result<BTreeMap<Ino, Attr>> {
+    let mut ids: Vec<u64> = inos.to_vec();
+    ids.sort_unstable();
+    ids.dedup();
+    if ids.is_empty() {
+        return Ok(BTreeMap::new());
+    }
+    let rows = if tx.dialect().row_locks() {
+        static SQL: OnceLock<String> = OnceLock::new();
+        let sql = SQL.get_or_init(|| {
+            format!(
+                "WITH l AS (SELECT ino FROM inodes WHERE ino = ANY($1) ORDER BY ino FOR UPDATE) \
+                 UPDATE inodes i SET ino = i.ino FROM l WHERE i.ino = l.ino RETURNING {ATTR_COLS_I}"
+            )
+        });
+        tx.query(sql, vals![&ids[..]])?
+    } else {
+        static SQL: OnceLock<String> = OnceLock::new();
+        let sql = SQL.get_or_init(|| {
+            format!("SELECT {ATTR_COLS} FROM inodes WHERE ino = ANY($1) ORDER BY ino")
+        });
+        tx.query(sql, vals![&ids[..]])?
+    };
+    let mut out = BTreeMap::new();
+    for r in rows {
+        let a = attr_from_row(&r)?;
+        out.insert(a.ino, a);
+    }
+    Ok(out)
+}
+
+/// Locks one inode and returns its attributes; `NotFound` when it does not exist. (SQLite:
+/// reads it, as the old engine's existence check did.)
+pub fn lock1(tx: &mut dyn Tx, ino: Ino) -> Result<Attr> {
+    if tx.dialect().row_locks() {
+        lock_inodes(tx, &[ino])?
+            .remove(&ino)
+            .ok_or(MetaError::NotFound)
+    } else {
+        get_attr(tx, ino)
+    }
+}
+
+/// Takes the row locks of `inos` where the engine has row locks (PostgreSQL); nothing on
+/// SQLite, whose one writer at a time needs none (and which the old SQLite engine never ran).
+pub fn lock_rows(tx: &mut dyn Tx, inos: &[Ino]) -> Result<()> {
+    if tx.dialect().row_locks() {
+        lock_inodes(tx, inos)?;
+    }
+    Ok(())
+}
+
+/// Columns `slice_from_row` reads, in order.
+pub const SLICE_COLS: &str = "seq, chunk, off, len, target, obj, inline, obj_off, obj_size";
+
+pub fn slice_from_row(mut r: crate::sql::Row) -> Result<Slice> {
+    let data = match (r.opt_i64(4)?, r.opt_i64(5)?) {
+        (Some(t), Some(o)) => SliceData::Object {
+            target: t as u32,
+            obj: o as u64,
+            obj_off: r.u64(7)?,
+            obj_size: r.u64(8)?,
+        },
+        _ => match r.take_blob(6)? {
+            Some(b) => SliceData::Inline(b),
+            None => SliceData::Zero,
+        },
+    };
+    Ok(Slice {
+        seq: r.u64(0)?,
+        chunk: r.u64(1)?,
+        off: r.u64(2)?,
+        len: r.u64(3)?,
+        data,
+    })
+}
+
+/// The row values of one slice of `ino`, in the order of [`insert_sql`]'s columns.
+fn slice_values(ino: Ino, s: &Slice, out: &mut Vec<Value>) {
+    let (target, obj, obj_off, obj_size, inline) = match &s.data {
+        SliceData::Object {
+            target,
+            obj,
+            obj_off,
+            obj_size,
+        } => (
+            Value::from(*target),
+            Value::from(*obj),
+            *obj_off,
+            *obj_size,
+            Value::Null,
+        ),
+        SliceData::Inline(b) => (Value::Null, Value::Null, 0, 0, Value::from(b.as_slice())),
+        SliceData::Zero => (Value::Null, Value::Null, 0, 0, Value::Null),
+    };
+    out.extend([
+        Value::from(ino),
+        Value::from(s.chunk),
+        Value::from(s.off),
+        Value::from(s.len),
+        target,
+        obj,
+        inline,
+        Value::from(obj_off),
+        Value::from(obj_size),
+    ]);
+}
+
+/// Rows one insert statement takes at most (a commit of more slices takes several).
+const INSERT_ROWS: usize = 16;
+
+/// `INSERT INTO slices ... VALUES (...), (...)` with `rows` rows (1..=[`INSERT_ROWS`]); each
+/// size is built once. Rows are inserted in the order given, so their `seq` follows it.
+fn insert_sql(rows: usize) -> &'static str {
+    static SQL: OnceLock<Vec<String>> = OnceLock::new();
+    let all = SQL.get_or_init(|| {
+        (1..=INSERT_ROWS)
+            .map(|n| {
+                let mut s = String::from(
+                    "INSERT INTO slices (ino, chunk, off, len, target, obj, inline, obj_off, \
+                     obj_size) VALUES ",
+                );
+                for r in 0..n {
+                    if r > 0 {
+                        s.push_str(", ");
+                    }
+                    s.push('(');
+                    for c in 0..9 {
+                        if c > 0 {
+                            s.push(',');
+                        }
+                        s.push_str(&format!("${}", r * 9 + c + 1));
+                    }
+                    s.push(')');
+                }
+                s
+            })
+            .collect()
+    });
+    &all[rows - 1]
+}
+
+/// Inserts `slices` in order (their `seq` follows that order): one statement per
+/// [`INSERT_ROWS`] slices.
+pub fn insert_slices(tx: &mut dyn Tx, ino: Ino, slices: &[Slice]) -> Result<()> {
+    let mut vals = Vec::with_capacity(9 * slices.len().min(INSERT_ROWS));
+    for part in slices.chunks(INSERT_ROWS) {
+        vals.clear();
+        for s in part {
+            slice_values(ino, s, &mut vals);
+        }
+        tx.exec(insert_sql(part.len()), &vals)?;
+    }
+    Ok(())
+}
+
+/// Each chunk's slices as `(off, len, zero)` in commit order (what [`allocated_bytes`] reads).
+pub type ChunkRows = BTreeMap<u64, Vec<(u64, u64, bool)>>;
+
+/// `(off, len, zero)` of each slice of the chunks `chunks` of `ino`, per chunk, in commit
+/// order: one statement.
+fn chunk_rows(tx: &mut dyn Tx, ino: Ino, chunks: &[u64]) -> Result<ChunkRows> {
+    let mut out = ChunkRows::new();
+    for c in chunks {
+        out.entry(*c).or_default();
+    }
+    let list: Vec<u64> = out.keys().copied().collect();
+    let mut push = |r: crate::sql::Row| -> Result<()> {
+        out.entry(r.u64(0)?)
+            .or_default()
+            .push((r.u64(1)?, r.u64(2)?, r.bool(3)?));
+        Ok(())
+    };
+    if list.len() == 1 {
+        tx.query_each(
+            "SELECT chunk, off, len, obj IS NULL AND inline IS NULL FROM slices \
+             WHERE ino = $1 AND chunk = $2 ORDER BY seq",
+            vals![ino, list[0]],
+            &mut push,
+        )?;
+    } else {
+        tx.query_each(
+            "SELECT chunk, off, len, obj IS NULL AND inline IS NULL FROM slices \
+             WHERE ino = $1 AND chunk = ANY($2) ORDER BY chunk, seq",
+            vals![ino, &list[..]],
+            &mut push,
+        )?;
+    }
+    Ok(out)
+}
+
+/// Inserts `slices` (in order, newest last) into `ino`'s chunks and returns by how much the
+/// file's allocated bytes change. The caller holds the inode (see the module doc) and applies
+/// the change (folded into its own update of the inode, or [`apply_allocated`]).
+pub fn add_slices(tx: &mut dyn Tx, ino: Ino, slices: &[Slice]) -> Result<i64> {
+    if slices.is_empty() {
+        return Ok(0);
+    }
+    let chunks: Vec<u64> = slices.iter().map(|s| s.chunk).collect();
+    let mut rows = chunk_rows(tx, ino, &chunks)?;
+    let before: u64 = rows.values().map(|v| allocated_bytes(v)).sum();
+    insert_slices(tx, ino, slices)?;
+    for s in slices {
+        rows.entry(s.chunk)
+            .or_default()
+            .push((s.off, s.len, matches!(s.data, SliceData::Zero)));
+    }
+    let after: u64 = rows.values().map(|v| allocated_bytes(v)).sum();
+    Ok(after as i64 - before as i64)
+}
+
+/// Moves a file's allocated bytes by `delta` (nothing when it is 0).
+pub fn apply_allocated(tx: &mut dyn Tx, ino: Ino, delta: i64) -> Result<()> {
+    if delta != 0 {
+        tx.exec(
+            "UPDATE inodes SET allocated = GREATEST(0, allocated + $2) WHERE ino = $1",
+            vals![ino, delta],
+        )?;
+    }
+    Ok(())
+}
+
+/// The zero slices that make `[off, off+len)` of a file read as zeros, chunk by chunk.
+fn zero_slices(stripe_size: u64, off: u64, len: u64) -> Vec<Slice> {
+    let mut v = Vec::new();
+    let mut pos = off;
+    let end = off + len;
+    while pos < end {
+        let chunk = pos / stripe_size;
+        let coff = pos % stripe_size;
+        let n = (stripe_size - coff).min(end - pos);
+        v.push(Slice {
+            seq: 0,
+            chunk,
+            off: coff,
+            len: n,
+            data: SliceData::Zero,
+        });
+        pos += n;
+    }
+    v
+}
+
+/// Zeroes `[off, off+len)` of a file by adding zero slices (truncate, fallocate); returns the
+/// change of its allocated bytes, which the caller applies.
+pub fn zero_range(tx: &mut dyn Tx, ino: Ino, stripe_size: u64, off: u64, len: u64) -> Result<i64> {
+    add_slices(tx, ino, &zero_slices(stripe_size, off, len))
+}
+
+/// Which slices of a file [`trash_slices`] deletes.
+#[derive(Clone, Copy, Debug)]
+pub enum SliceSel {
+    /// All of them (purge, write-back).
+    All,
+    /// Chunks from this one on (truncate).
+    FromChunk(u64),
+    /// One chunk's slices up to this sequence number (compaction).
+    ChunkUpTo(u64, u64),
+}
+
+/// Deletes the selected slices of `ino`; objects no remaining slice references go to the
+/// trash (one statement per such object).
+pub fn trash_slices(tx: &mut dyn Tx, ino: Ino, sel: SliceSel) -> Result<()> {
+    let rows = match sel {
+        SliceSel::All => tx.query(
+            "DELETE FROM slices WHERE ino = $1 RETURNING target, obj, obj_size",
+            vals![ino],
+        )?,
+        SliceSel::FromChunk(c) => tx.query(
+            "DELETE FROM slices WHERE ino = $1 AND chunk >= $2 RETURNING target, obj, obj_size",
+            vals![ino, c],
+        )?,
+        SliceSel::ChunkUpTo(c, upto) => tx.query(
+            "DELETE FROM slices WHERE ino = $1 AND chunk = $2 AND seq <= $3 \
+             RETURNING target, obj, obj_size",
+            vals![ino, c, upto],
+        )?,
+    };
+    let mut gone: Vec<(i64, i64, i64)> = Vec::new();
+    for r in rows {
+        if let (Some(t), Some(o)) = (r.opt_i64(0)?, r.opt_i64(1)?) {
+            gone.push((t, o, r.i64(2)?));
+        }
+    }
+    gone.sort_unstable();
+    gone.dedup();
+    for (target, obj, size) in gone {
+        tx.exec(
+            "INSERT INTO trash (ino, target, obj, len) SELECT $1, $2, $3, $4 \
+             WHERE NOT EXISTS (SELECT 1 FROM slices WHERE obj = $3)",
+            vals![ino, target, obj, size],
+        )?;
+    }
+    Ok(())
+}
+
+/// Deletes a file whose last name is gone and that nobody holds: its slices (objects to the
+/// trash), xattrs, locks, lease, recall requests and inode.
+pub fn purge_inode(tx: &mut dyn Tx, ino: Ino) -> Result<()> {
+    trash_slices(tx, ino, SliceSel::All)?;
+    if tx.dialect().is_postgres() {
+        // One round trip: data-modifying CTEs all run.
+        tx.exec(
+            "WITH x AS (DELETE FROM xattrs WHERE ino = $1), \
+                  l AS (DELETE FROM locks WHERE ino = $1), \
+                  p AS (DELETE FROM pcc_leases WHERE ino = $1), \
+                  r AS (DELETE FROM pcc_revokes WHERE ino = $1) \
+             DELETE FROM inodes WHERE ino = $1",
+            vals![ino],
+        )?;
+    } else {
+        for sql in [
+            "DELETE FROM xattrs WHERE ino = $1",
+            "DELETE FROM locks WHERE ino = $1",
+            "DELETE FROM pcc_leases WHERE ino = $1",
+            "DELETE FROM pcc_revokes WHERE ino = $1",
+            "DELETE FROM inodes WHERE ino = $1",
+        ] {
+            tx.exec(sql, vals![ino])?;
+        }
+    }
+    Ok(())
+}
+
+/// Records one more open of `ino` by `session`.
+pub fn record_open(tx: &mut dyn Tx, session: u64, ino: Ino) -> Result<()> {
+    tx.exec(
+        "INSERT INTO open_files (session, ino, count) VALUES ($1, $2, 1) \
+         ON CONFLICT (ino, session) DO UPDATE SET count = open_files.count + 1",
+        vals![session, ino],
+    )?;
+    Ok(())
+}
+
+/// Purges `ino` if it is an unlinked file (`orphan = 1`) that nobody has open any more.
+pub fn purge_if_orphan(tx: &mut dyn Tx, ino: Ino) -> Result<()> {
+    let r = tx.query_opt(
+        "SELECT orphan, EXISTS (SELECT 1 FROM open_files WHERE ino = $1) \
+         FROM inodes WHERE ino = $1",
+        vals![ino],
+    )?;
+    if let Some(r) = r {
+        if r.i64(0)? == 1 && !r.bool(1)? {
+            purge_inode(tx, ino)?;
+        }
     }
     Ok(())
 }

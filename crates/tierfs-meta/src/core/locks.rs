@@ -1,7 +1,7 @@
 //! The advisory locks domain (POSIX and flock), shared by every client: the rows of `locks`;
 //! the range arithmetic is [`crate::locks`].
 
-use super::data::lock_rows;
+use super::common::lock_rows;
 use super::SqlMeta;
 use crate::engine::Locks;
 use crate::error::{MetaError, Result};

@@ -1,20 +1,81 @@
-//! The PCC domain: RW-PCC leases and attach rules.
-//!
-//! Not ported yet: delegates to the engine's [`LegacyEngine`] methods.
+//! The PCC domain: RW-PCC leases (one owner client per file, with a generation), requests to
+//! give a lease back, and attach rules with their quotas.
 
+use super::common::{attr_from_row, ATTR_COLS};
+use super::common::{lock1, lock_rows};
 use super::SqlMeta;
-use crate::engine::{LegacyEngine, Pcc};
-use crate::error::Result;
-use crate::sql::Driver;
+use crate::engine::Pcc;
+use crate::error::{MetaError, Result};
+use crate::postgres::REVOKE_CHANNEL;
+use crate::sql::{Driver, Row, Tx};
 use crate::types::*;
+use crate::vals;
 
-impl<D: Driver + LegacyEngine> Pcc for SqlMeta<D> {
+fn lease_from_row(r: &Row) -> Result<PccLease> {
+    Ok(PccLease {
+        ino: r.u64(0)?,
+        client: r.text(1)?,
+        generation: r.u64(2)?,
+        dirty: r.bool(3)?,
+        acquired: r.i64(4)?,
+    })
+}
+
+fn lease_of(tx: &mut dyn Tx, ino: Ino) -> Result<Option<PccLease>> {
+    tx.query_opt(
+        "SELECT ino, client, generation, dirty, acquired FROM pcc_leases WHERE ino = $1",
+        vals![ino],
+    )?
+    .map(|r| lease_from_row(&r))
+    .transpose()
+}
+
+impl<D: Driver> Pcc for SqlMeta<D> {
     fn pcc_lease(&self, ino: Ino) -> Result<Option<PccLease>> {
-        LegacyEngine::pcc_lease(&self.d, ino)
+        self.d.read(|tx| lease_of(tx, ino))
     }
+
     fn pcc_acquire(&self, ino: Ino, client: &str) -> Result<PccLease> {
-        LegacyEngine::pcc_acquire(&self.d, ino, client)
+        self.d.write(|tx| {
+            let a = lock1(tx, ino)?;
+            if a.kind != Kind::File {
+                return Err(MetaError::Invalid(
+                    "only regular files can be cached".into(),
+                ));
+            }
+            if let Some(l) = lease_of(tx, ino)? {
+                if l.client == client {
+                    return Ok(l);
+                }
+                return Err(MetaError::WouldBlock);
+            }
+            // Opens are recorded under the inode's row lock, held here (PostgreSQL).
+            if tx.exists(
+                "SELECT EXISTS (SELECT 1 FROM open_files o JOIN sessions s ON s.id = o.session \
+                 WHERE o.ino = $1 AND s.client_name <> $2)",
+                vals![ino, client],
+            )? {
+                return Err(MetaError::InUse);
+            }
+            // The inode row before the counter (the lock order).
+            tx.exec(
+                "UPDATE inodes SET data_version = data_version + 1 WHERE ino = $1",
+                vals![ino],
+            )?;
+            let generation = tx.int(
+                "UPDATE counters SET value = value + 1 WHERE name = 'pcc_generation' \
+                 RETURNING value",
+                vals![],
+            )?;
+            let r = tx.one(
+                "INSERT INTO pcc_leases (ino, client, generation, dirty, acquired) \
+                 VALUES ($1, $2, $3, 0, $4) RETURNING ino, client, generation, dirty, acquired",
+                vals![ino, client, generation, now_nanos()],
+            )?;
+            lease_from_row(&r)
+        })
     }
+
     fn pcc_report(
         &self,
         ino: Ino,
@@ -23,20 +84,98 @@ impl<D: Driver + LegacyEngine> Pcc for SqlMeta<D> {
         size: u64,
         mtime: Nanos,
     ) -> Result<Attr> {
-        LegacyEngine::pcc_report(&self.d, ino, client, dirty, size, mtime)
+        static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+        let update = SQL.get_or_init(|| {
+            format!(
+                "UPDATE inodes SET size = $2, mtime = $3, ctime = GREATEST(ctime, $3) \
+                 WHERE ino = $1 RETURNING {ATTR_COLS}"
+            )
+        });
+        self.d.write(|tx| {
+            lock_rows(tx, &[ino])?;
+            let l = lease_of(tx, ino)?.ok_or(MetaError::NotFound)?;
+            if l.client != client {
+                return Err(MetaError::WouldBlock);
+            }
+            tx.exec(
+                "UPDATE pcc_leases SET dirty = $2 WHERE ino = $1",
+                vals![ino, dirty as i64],
+            )?;
+            let a = attr_from_row(&tx.one(update, vals![ino, size, mtime])?)?;
+            // changelog: MTIME (the lease owner's cached copy: size and mtime)
+            super::changelog::record(
+                tx,
+                &super::changelog::Rec::new(crate::changelog::RecordType::Mtime, ino),
+            )?;
+            Ok(a)
+        })
     }
+
     fn pcc_release(&self, ino: Ino, client: &str) -> Result<()> {
-        LegacyEngine::pcc_release(&self.d, ino, client)
+        self.d.write(|tx| {
+            tx.exec(
+                "DELETE FROM pcc_leases WHERE ino = $1 AND client = $2",
+                vals![ino, client],
+            )?;
+            tx.exec("DELETE FROM pcc_revokes WHERE ino = $1", vals![ino])?;
+            Ok(())
+        })
     }
+
     fn pcc_request_revoke(&self, ino: Ino, requester: &str) -> Result<()> {
-        LegacyEngine::pcc_request_revoke(&self.d, ino, requester)
+        self.d.write(|tx| {
+            tx.exec(
+                "INSERT INTO pcc_revokes (ino, requester, requested) VALUES ($1, $2, $3) \
+                 ON CONFLICT (ino) DO NOTHING",
+                vals![ino, requester, now_nanos()],
+            )?;
+            if tx.dialect().is_postgres() {
+                // Tell the holder now (delivered at commit; payload "<ino> <holder>", which
+                // the engine's listener reads); holders that do not listen poll. Engines
+                // without notifications skip the lookup.
+                if let Some(r) =
+                    tx.query_opt("SELECT client FROM pcc_leases WHERE ino = $1", vals![ino])?
+                {
+                    let payload = format!("{ino} {}", r.text(0)?);
+                    tx.notify(REVOKE_CHANNEL, &payload)?;
+                }
+            }
+            Ok(())
+        })
     }
+
     fn pcc_revokes_for(&self, client: &str) -> Result<Vec<Ino>> {
-        LegacyEngine::pcc_revokes_for(&self.d, client)
+        self.d.read(|tx| {
+            let mut v = Vec::new();
+            tx.query_each(
+                "SELECT r.ino FROM pcc_revokes r JOIN pcc_leases l ON l.ino = r.ino \
+                 WHERE l.client = $1 ORDER BY r.ino",
+                vals![client],
+                &mut |r| {
+                    v.push(r.u64(0)?);
+                    Ok(())
+                },
+            )?;
+            Ok(v)
+        })
     }
+
     fn pcc_leases_of(&self, client: &str) -> Result<Vec<PccLease>> {
-        LegacyEngine::pcc_leases_of(&self.d, client)
+        self.d.read(|tx| {
+            let mut v = Vec::new();
+            tx.query_each(
+                "SELECT ino, client, generation, dirty, acquired FROM pcc_leases \
+                 WHERE client = $1 ORDER BY ino",
+                vals![client],
+                &mut |r| {
+                    v.push(lease_from_row(&r)?);
+                    Ok(())
+                },
+            )?;
+            Ok(v)
+        })
     }
+
     fn pcc_rule_add(
         &self,
         mode: &str,
@@ -44,15 +183,60 @@ impl<D: Driver + LegacyEngine> Pcc for SqlMeta<D> {
         rule: &str,
         quota: Option<u64>,
     ) -> Result<u64> {
-        LegacyEngine::pcc_rule_add(&self.d, mode, client, rule, quota)
+        if mode != "rw" && mode != "ro" {
+            return Err(MetaError::Invalid(format!(
+                "PCC mode '{mode}' (expected rw or ro)"
+            )));
+        }
+        self.d.write(|tx| {
+            Ok(tx.int(
+                "INSERT INTO pcc_rules (mode, client, rule, created, quota) \
+                 VALUES ($1, $2, $3, $4, $5) RETURNING id",
+                vals![mode, client, rule, now_nanos(), quota],
+            )? as u64)
+        })
     }
+
     fn pcc_rule_set_quota(&self, id: u64, quota: Option<u64>) -> Result<()> {
-        LegacyEngine::pcc_rule_set_quota(&self.d, id, quota)
+        self.d.write(|tx| {
+            let n = tx.exec(
+                "UPDATE pcc_rules SET quota = $2 WHERE id = $1",
+                vals![id, quota],
+            )?;
+            if n == 0 {
+                return Err(MetaError::NotFound);
+            }
+            Ok(())
+        })
     }
+
     fn pcc_rules(&self) -> Result<Vec<PccRuleRow>> {
-        LegacyEngine::pcc_rules(&self.d)
+        self.d.read(|tx| {
+            let mut v = Vec::new();
+            tx.query_each(
+                "SELECT id, mode, client, rule, quota FROM pcc_rules ORDER BY id",
+                vals![],
+                &mut |r| {
+                    v.push(PccRuleRow {
+                        id: r.u64(0)?,
+                        mode: r.text(1)?,
+                        client: r.opt_text(2)?,
+                        rule: r.text(3)?,
+                        quota: r.opt_i64(4)?.map(|q| q as u64),
+                    });
+                    Ok(())
+                },
+            )?;
+            Ok(v)
+        })
     }
+
     fn pcc_rule_del(&self, id: u64) -> Result<()> {
-        LegacyEngine::pcc_rule_del(&self.d, id)
+        self.d.write(|tx| {
+            if tx.exec("DELETE FROM pcc_rules WHERE id = $1", vals![id])? == 0 {
+                return Err(MetaError::NotFound);
+            }
+            Ok(())
+        })
     }
 }

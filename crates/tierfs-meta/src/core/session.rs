@@ -1,11 +1,11 @@
 //! The sessions domain: client sessions (registration, heartbeats, reaping) and the files
 //! they have open.
 //!
-//! Helpers for other domains (`pub(crate)`): [`record_open`] (a create that opens its file),
-//! [`purge_if_orphan`], [`end_sessions`] (fsck's repairs), [`session_from_row`].
+//! Helpers for other domains (`pub(crate)`): [`end_sessions`] (fsck's repairs),
+//! [`session_from_row`].
 
 use super::changelog::{self, Rec};
-use super::data::{lock1, lock_rows, purge_inode};
+use super::common::{lock1, lock_rows, purge_if_orphan, record_open};
 use super::SqlMeta;
 use crate::changelog::RecordType;
 use crate::engine::Sessions;
@@ -25,31 +25,6 @@ pub(crate) fn session_from_row(r: &Row) -> Result<SessionInfo> {
         started: r.i64(6)?,
         heartbeat: r.i64(7)?,
     })
-}
-
-/// Records one more open of `ino` by `session`.
-pub(crate) fn record_open(tx: &mut dyn Tx, session: u64, ino: Ino) -> Result<()> {
-    tx.exec(
-        "INSERT INTO open_files (session, ino, count) VALUES ($1, $2, 1) \
-         ON CONFLICT (ino, session) DO UPDATE SET count = open_files.count + 1",
-        vals![session, ino],
-    )?;
-    Ok(())
-}
-
-/// Purges `ino` if it is an unlinked file (`orphan = 1`) that nobody has open any more.
-pub(crate) fn purge_if_orphan(tx: &mut dyn Tx, ino: Ino) -> Result<()> {
-    let r = tx.query_opt(
-        "SELECT orphan, EXISTS (SELECT 1 FROM open_files WHERE ino = $1) \
-         FROM inodes WHERE ino = $1",
-        vals![ino],
-    )?;
-    if let Some(r) = r {
-        if r.i64(0)? == 1 && !r.bool(1)? {
-            purge_inode(tx, ino)?;
-        }
-    }
-    Ok(())
 }
 
 /// Removes sessions with their open files (purging unlinked files they were the last to

@@ -671,24 +671,6 @@ fn resolve_time(t: TimeSet, now: Nanos) -> Nanos {
     }
 }
 
-fn lease_from_row(r: &Row) -> PccLease {
-    PccLease {
-        ino: r.get::<_, i64>(0) as u64,
-        client: r.get(1),
-        generation: r.get::<_, i64>(2) as u64,
-        dirty: r.get::<_, i64>(3) != 0,
-        acquired: r.get(4),
-    }
-}
-
-fn lease_of(c: &mut PgConn, ino: Ino) -> Result<Option<PccLease>> {
-    Ok(c.opt(
-        "SELECT ino, client, generation, dirty, acquired FROM pcc_leases WHERE ino = $1",
-        &[&(ino as i64)],
-    )?
-    .map(|r| lease_from_row(&r)))
-}
-
 fn purge_if_orphan(c: &mut PgConn, ino: Ino) -> Result<()> {
     let orphan = c
         .opt(
@@ -1140,10 +1122,6 @@ impl LegacyEngine for PgEngine {
     fn import_rows(&self, rows: &mut dyn Iterator<Item = Result<DumpRow>>) -> Result<u64> {
         let rows: Vec<DumpRow> = rows.collect::<Result<_>>()?;
         self.write(|c| dump::import(c, &rows))
-    }
-
-    fn listen(&self, client: &str, channels: &[Channel]) -> Result<Option<Box<dyn Listener>>> {
-        self.listen_conn(client, channels)
     }
 
     fn info(&self) -> Result<FsInfo> {
@@ -1876,17 +1854,6 @@ impl LegacyEngine for PgEngine {
         })
     }
 
-    fn sync(&self) -> Result<()> {
-        // Commits are durable when they return (synchronous_commit = on, the default).
-        Ok(())
-    }
-
-    fn maintain(&self) -> Result<()> {
-        // Vacuuming is autovacuum's job.
-        self.purge_orphans(now_nanos() - crate::engine::ORPHAN_GRACE.as_nanos() as Nanos)?;
-        Ok(())
-    }
-
     fn object_refs(&self) -> Result<Vec<ObjectRef>> {
         self.read(|c| {
             Ok(c.query(
@@ -2122,198 +2089,6 @@ impl LegacyEngine for PgEngine {
                 }
             }
             Ok(n)
-        })
-    }
-
-    fn pcc_lease(&self, ino: Ino) -> Result<Option<PccLease>> {
-        self.read(|c| lease_of(c, ino))
-    }
-
-    fn pcc_acquire(&self, ino: Ino, client: &str) -> Result<PccLease> {
-        self.write(|c| {
-            let a = lock1(c, ino)?;
-            if a.kind != Kind::File {
-                return Err(MetaError::Invalid("only regular files can be cached".into()));
-            }
-            if let Some(l) = lease_of(c, ino)? {
-                if l.client == client {
-                    return Ok(l);
-                }
-                return Err(MetaError::WouldBlock);
-            }
-            // Opens are recorded under the inode's row lock, held here.
-            if c.exists(
-                "SELECT EXISTS (SELECT 1 FROM open_files o JOIN sessions s ON s.id = o.session \
-                 WHERE o.ino = $1 AND s.client_name <> $2)",
-                &[&(ino as i64), &client],
-            )? {
-                return Err(MetaError::InUse);
-            }
-            c.exec(
-                "UPDATE inodes SET data_version = data_version + 1 WHERE ino = $1",
-                &[&(ino as i64)],
-            )?;
-            let generation = c.i64(
-                "UPDATE counters SET value = value + 1 WHERE name = 'pcc_generation' RETURNING value",
-                &[],
-            )?;
-            let now = now_nanos();
-            let r = c.one(
-                "INSERT INTO pcc_leases (ino, client, generation, dirty, acquired) \
-                 VALUES ($1,$2,$3,0,$4) RETURNING ino, client, generation, dirty, acquired",
-                &[&(ino as i64), &client, &generation, &now],
-            )?;
-            Ok(lease_from_row(&r))
-        })
-    }
-
-    fn pcc_report(
-        &self,
-        ino: Ino,
-        client: &str,
-        dirty: bool,
-        size: u64,
-        mtime: Nanos,
-    ) -> Result<Attr> {
-        self.write(|c| {
-            lock_inodes(c, &[ino])?;
-            let l = lease_of(c, ino)?.ok_or(MetaError::NotFound)?;
-            if l.client != client {
-                return Err(MetaError::WouldBlock);
-            }
-            c.exec(
-                "UPDATE pcc_leases SET dirty = $2 WHERE ino = $1",
-                &[&(ino as i64), &(dirty as i64)],
-            )?;
-            let row = c.one(
-                &format!(
-                    "UPDATE inodes SET size = $2, mtime = $3, ctime = GREATEST(ctime, $3) \
-                     WHERE ino = $1 RETURNING {ATTR_COLS}"
-                ),
-                &[&(ino as i64), &(size as i64), &mtime],
-            )?;
-            Ok(attr_from_row(&row))
-        })
-    }
-
-    fn pcc_release(&self, ino: Ino, client: &str) -> Result<()> {
-        self.write(|c| {
-            c.exec(
-                "DELETE FROM pcc_leases WHERE ino = $1 AND client = $2",
-                &[&(ino as i64), &client],
-            )?;
-            c.exec("DELETE FROM pcc_revokes WHERE ino = $1", &[&(ino as i64)])?;
-            Ok(())
-        })
-    }
-
-    fn pcc_request_revoke(&self, ino: Ino, requester: &str) -> Result<()> {
-        self.write(|c| {
-            c.exec(
-                "INSERT INTO pcc_revokes (ino, requester, requested) VALUES ($1, $2, $3) \
-                 ON CONFLICT (ino) DO NOTHING",
-                &[&(ino as i64), &requester, &now_nanos()],
-            )?;
-            // Tell the holder now (delivered at commit); holders that do not listen poll.
-            c.exec(
-                "SELECT pg_notify($2, l.ino::TEXT || ' ' || l.client) FROM pcc_leases l \
-                 WHERE l.ino = $1",
-                &[&(ino as i64), &REVOKE_CHANNEL],
-            )?;
-            Ok(())
-        })
-    }
-
-    fn pcc_revokes_for(&self, client: &str) -> Result<Vec<Ino>> {
-        self.read(|c| {
-            Ok(c.query(
-                "SELECT r.ino FROM pcc_revokes r JOIN pcc_leases l ON l.ino = r.ino \
-                 WHERE l.client = $1 ORDER BY r.ino",
-                &[&client],
-            )?
-            .iter()
-            .map(|r| r.get::<_, i64>(0) as u64)
-            .collect())
-        })
-    }
-
-    fn pcc_leases_of(&self, client: &str) -> Result<Vec<PccLease>> {
-        self.read(|c| {
-            Ok(c.query(
-                "SELECT ino, client, generation, dirty, acquired FROM pcc_leases \
-                 WHERE client = $1 ORDER BY ino",
-                &[&client],
-            )?
-            .iter()
-            .map(lease_from_row)
-            .collect())
-        })
-    }
-
-    fn pcc_rule_add(
-        &self,
-        mode: &str,
-        client: Option<&str>,
-        rule: &str,
-        quota: Option<u64>,
-    ) -> Result<u64> {
-        if mode != "rw" && mode != "ro" {
-            return Err(MetaError::Invalid(format!(
-                "PCC mode '{mode}' (expected rw or ro)"
-            )));
-        }
-        self.write(|c| {
-            Ok(c.i64(
-                "INSERT INTO pcc_rules (mode, client, rule, created, quota) \
-                 VALUES ($1, $2, $3, $4, $5) RETURNING id",
-                &[
-                    &mode,
-                    &client,
-                    &rule,
-                    &now_nanos(),
-                    &quota.map(|q| q as i64),
-                ],
-            )? as u64)
-        })
-    }
-
-    fn pcc_rules(&self) -> Result<Vec<PccRuleRow>> {
-        self.read(|c| {
-            Ok(c.query(
-                "SELECT id, mode, client, rule, quota FROM pcc_rules ORDER BY id",
-                &[],
-            )?
-            .iter()
-            .map(|r| PccRuleRow {
-                id: r.get::<_, i64>(0) as u64,
-                mode: r.get(1),
-                client: r.get(2),
-                rule: r.get(3),
-                quota: r.get::<_, Option<i64>>(4).map(|q| q as u64),
-            })
-            .collect())
-        })
-    }
-
-    fn pcc_rule_set_quota(&self, id: u64, quota: Option<u64>) -> Result<()> {
-        self.write(|c| {
-            let n = c.exec(
-                "UPDATE pcc_rules SET quota = $2 WHERE id = $1",
-                &[&(id as i64), &quota.map(|q| q as i64)],
-            )?;
-            if n == 0 {
-                return Err(MetaError::NotFound);
-            }
-            Ok(())
-        })
-    }
-
-    fn pcc_rule_del(&self, id: u64) -> Result<()> {
-        self.write(|c| {
-            if c.exec("DELETE FROM pcc_rules WHERE id = $1", &[&(id as i64)])? == 0 {
-                return Err(MetaError::NotFound);
-            }
-            Ok(())
         })
     }
 }

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use crate::core::schema;
 pub use crate::core::schema::SCHEMA_VERSION;
 use crate::core::SqlMeta;
-use crate::engine::{LegacyEngine, ORPHAN_GRACE};
+use crate::engine::LegacyEngine;
 use crate::error::{MetaError, Result};
 use crate::sql::sqlite::SqliteTx;
 use crate::sql::{Dialect, DialectKind, Driver, Tx};
@@ -1418,15 +1418,6 @@ impl LegacyEngine for SqliteEngine {
         })
     }
 
-    fn sync(&self) -> Result<()> {
-        self.sync_wal()
-    }
-
-    fn maintain(&self) -> Result<()> {
-        self.checkpoint()?;
-        self.purge_orphans(now_nanos() - ORPHAN_GRACE.as_nanos() as Nanos)?;
-        Ok(())
-    }
     fn export_rows(&self, sink: &mut dyn FnMut(DumpRow) -> Result<()>) -> Result<()> {
         use rusqlite::types::ValueRef;
         let c = self.writer.lock();
@@ -1775,194 +1766,6 @@ impl LegacyEngine for SqliteEngine {
             Ok(n)
         })
     }
-
-    fn pcc_lease(&self, ino: Ino) -> Result<Option<PccLease>> {
-        self.read(|c| lease_of(c, ino))
-    }
-
-    fn pcc_acquire(&self, ino: Ino, client: &str) -> Result<PccLease> {
-        self.write(|tx| {
-            let a = get_attr(tx, ino)?;
-            if a.kind != Kind::File {
-                return Err(MetaError::Invalid("only regular files can be cached".into()));
-            }
-            if let Some(l) = lease_of(tx, ino)? {
-                if l.client == client {
-                    return Ok(l);
-                }
-                return Err(MetaError::WouldBlock);
-            }
-            let open_elsewhere: bool = tx
-                .prepare_cached(
-                    "SELECT EXISTS (SELECT 1 FROM open_files o JOIN sessions s ON s.id = o.session \
-                     WHERE o.ino = ?1 AND s.client_name != ?2)",
-                )?
-                .query_row(params![ino as i64, client], |r| r.get(0))?;
-            if open_elsewhere {
-                return Err(MetaError::InUse);
-            }
-            let generation: i64 = tx
-                .prepare_cached(
-                    "UPDATE counters SET value = value + 1 WHERE name = 'pcc_generation' RETURNING value",
-                )?
-                .query_row([], |r| r.get(0))?;
-            let now = now_nanos();
-            tx.prepare_cached(
-                "INSERT INTO pcc_leases (ino, client, generation, dirty, acquired) VALUES (?1,?2,?3,0,?4)",
-            )?
-            .execute(params![ino as i64, client, generation, now])?;
-            tx.prepare_cached("UPDATE inodes SET data_version = data_version + 1 WHERE ino = ?1")?
-                .execute([ino as i64])?;
-            lease_of(tx, ino)?.ok_or(MetaError::NotFound)
-        })
-    }
-
-    fn pcc_report(
-        &self,
-        ino: Ino,
-        client: &str,
-        dirty: bool,
-        size: u64,
-        mtime: Nanos,
-    ) -> Result<Attr> {
-        self.write(|tx| {
-            let l = lease_of(tx, ino)?.ok_or(MetaError::NotFound)?;
-            if l.client != client {
-                return Err(MetaError::WouldBlock);
-            }
-            tx.prepare_cached("UPDATE pcc_leases SET dirty = ?2 WHERE ino = ?1")?
-                .execute(params![ino as i64, dirty as i64])?;
-            tx.prepare_cached(
-                "UPDATE inodes SET size = ?2, mtime = ?3, ctime = MAX(ctime, ?3) WHERE ino = ?1",
-            )?
-            .execute(params![ino as i64, size as i64, mtime])?;
-            get_attr(tx, ino)
-        })
-    }
-
-    fn pcc_release(&self, ino: Ino, client: &str) -> Result<()> {
-        self.write(|tx| {
-            tx.prepare_cached("DELETE FROM pcc_leases WHERE ino = ?1 AND client = ?2")?
-                .execute(params![ino as i64, client])?;
-            tx.prepare_cached("DELETE FROM pcc_revokes WHERE ino = ?1")?
-                .execute([ino as i64])?;
-            Ok(())
-        })
-    }
-
-    fn pcc_request_revoke(&self, ino: Ino, requester: &str) -> Result<()> {
-        self.write(|tx| {
-            tx.prepare_cached(
-                "INSERT OR IGNORE INTO pcc_revokes (ino, requester, requested) VALUES (?1, ?2, ?3)",
-            )?
-            .execute(params![ino as i64, requester, now_nanos()])?;
-            Ok(())
-        })
-    }
-
-    fn pcc_revokes_for(&self, client: &str) -> Result<Vec<Ino>> {
-        self.read(|c| {
-            let mut st = c.prepare_cached(
-                "SELECT r.ino FROM pcc_revokes r JOIN pcc_leases l ON l.ino = r.ino WHERE l.client = ?1",
-            )?;
-            let rows = st.query_map([client], |r| r.get::<_, i64>(0))?;
-            Ok(rows
-                .collect::<rusqlite::Result<Vec<_>>>()?
-                .into_iter()
-                .map(|i| i as u64)
-                .collect())
-        })
-    }
-
-    fn pcc_leases_of(&self, client: &str) -> Result<Vec<PccLease>> {
-        self.read(|c| {
-            let mut st = c.prepare_cached(
-                "SELECT ino, client, generation, dirty, acquired FROM pcc_leases WHERE client = ?1",
-            )?;
-            let rows = st.query_map([client], lease_from_row)?;
-            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
-        })
-    }
-
-    fn pcc_rule_add(
-        &self,
-        mode: &str,
-        client: Option<&str>,
-        rule: &str,
-        quota: Option<u64>,
-    ) -> Result<u64> {
-        if mode != "rw" && mode != "ro" {
-            return Err(MetaError::Invalid(format!(
-                "PCC mode '{mode}' (expected rw or ro)"
-            )));
-        }
-        self.write(|tx| {
-            tx.execute(
-                "INSERT INTO pcc_rules (mode, client, rule, created, quota) \
-                 VALUES (?1, ?2, ?3, ?4, ?5)",
-                params![mode, client, rule, now_nanos(), quota.map(|q| q as i64)],
-            )?;
-            Ok(tx.last_insert_rowid() as u64)
-        })
-    }
-
-    fn pcc_rules(&self) -> Result<Vec<PccRuleRow>> {
-        self.read(|c| {
-            let mut st = c.prepare_cached(
-                "SELECT id, mode, client, rule, quota FROM pcc_rules ORDER BY id",
-            )?;
-            let rows = st.query_map([], |r| {
-                Ok(PccRuleRow {
-                    id: r.get::<_, i64>(0)? as u64,
-                    mode: r.get(1)?,
-                    client: r.get(2)?,
-                    rule: r.get(3)?,
-                    quota: r.get::<_, Option<i64>>(4)?.map(|q| q as u64),
-                })
-            })?;
-            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
-        })
-    }
-
-    fn pcc_rule_set_quota(&self, id: u64, quota: Option<u64>) -> Result<()> {
-        self.write(|tx| {
-            let n = tx.execute(
-                "UPDATE pcc_rules SET quota = ?2 WHERE id = ?1",
-                params![id as i64, quota.map(|q| q as i64)],
-            )?;
-            if n == 0 {
-                return Err(MetaError::NotFound);
-            }
-            Ok(())
-        })
-    }
-
-    fn pcc_rule_del(&self, id: u64) -> Result<()> {
-        self.write(|tx| {
-            if tx.execute("DELETE FROM pcc_rules WHERE id = ?1", [id as i64])? == 0 {
-                return Err(MetaError::NotFound);
-            }
-            Ok(())
-        })
-    }
-}
-
-fn lease_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<PccLease> {
-    Ok(PccLease {
-        ino: r.get::<_, i64>(0)? as u64,
-        client: r.get(1)?,
-        generation: r.get::<_, i64>(2)? as u64,
-        dirty: r.get::<_, i64>(3)? != 0,
-        acquired: r.get(4)?,
-    })
-}
-
-fn lease_of(c: &Connection, ino: Ino) -> Result<Option<PccLease>> {
-    Ok(c.prepare_cached(
-        "SELECT ino, client, generation, dirty, acquired FROM pcc_leases WHERE ino = ?1",
-    )?
-    .query_row([ino as i64], lease_from_row)
-    .optional()?)
 }
 
 fn record_open(c: &Connection, session: u64, ino: Ino) -> Result<()> {
