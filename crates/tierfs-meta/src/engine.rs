@@ -226,8 +226,9 @@ pub trait Admin: Send + Sync {
     /// Makes every committed transaction durable against power loss (fsync semantics).
     fn sync(&self) -> Result<()>;
     /// Background housekeeping of the engine (SQLite: checkpoint the write-ahead log; every
-    /// engine: purge files replaced more than [`ORPHAN_GRACE`] ago). Each client calls it every
-    /// second or so, off the application's path.
+    /// engine: purge files replaced more than [`ORPHAN_GRACE`] ago; deregister changelog
+    /// readers idle past their idle time, [`Changelog::changelog_expire`]). Each client calls
+    /// it every second or so, off the application's path.
     fn maintain(&self) -> Result<()>;
     /// Every row of the filesystem's persistent tables ([`DUMP_TABLES`]; not the sessions, open
     /// files, locks or recall requests of mounted clients), for `tierfs dump`.
