@@ -127,9 +127,11 @@ impl<D: Driver> FileData for SqlMeta<D> {
             }
             let delta = add_slices(tx, ino, slices)?;
             let a = attr_from_row(&tx.one(update, vals![ino, new_end, mtime, delta])?)?;
-            // changelog: MTIME (data written: size, mtime and data version changed)
-            changelog::record(tx, &Rec::new(RecordType::Mtime, ino))?;
             account_objects(tx, &objects_of(slices))?;
+            // changelog: MTIME (data written: size, mtime and data version changed). Last,
+            // after every row lock: on PostgreSQL the record holds the changelog's order lock
+            // until commit (core::changelog).
+            changelog::record(tx, &Rec::new(RecordType::Mtime, ino))?;
             Ok(Ok(a))
         })?
     }
@@ -230,13 +232,13 @@ impl<D: Driver> FileData for SqlMeta<D> {
             insert_slices(tx, ino, slices)?;
             let a =
                 attr_from_row(&tx.one(update, vals![ino, size, mtime, now_nanos(), allocated])?)?;
+            account_objects(tx, &objects_of(slices))?;
             // changelog: MTIME (all data replaced by the RW-PCC write-back; TRUNC as well when
-            // the size shrank)
+            // the size shrank). Last, after every row lock.
             if size < old.size {
                 changelog::record(tx, &Rec::new(RecordType::Trunc, ino))?;
             }
             changelog::record(tx, &Rec::new(RecordType::Mtime, ino))?;
-            account_objects(tx, &objects_of(slices))?;
             Ok(a)
         })
     }

@@ -179,10 +179,13 @@ impl<D: Driver> Sessions for SqlMeta<D> {
                     "DELETE FROM open_files WHERE session = $1 AND ino = $2 AND count <= 0",
                     vals![session, ino],
                 )?;
-                // changelog: CLOSE (before a purge of the file at its last close), in the
-                // context of whoever opened it (the client's batch scope)
-                changelog::record(tx, &Rec::new(RecordType::Close, ino))?;
                 purge_if_orphan(tx, ino)?;
+            }
+            // changelog: CLOSE, in the context of whoever opened each file (the client's
+            // batch scope). After the loop's row locks (and purges: a record does not need
+            // its inode): on PostgreSQL a record holds the order lock until commit.
+            for ino in inos {
+                changelog::record(tx, &Rec::new(RecordType::Close, *ino))?;
             }
             Ok(())
         })
