@@ -27,8 +27,9 @@ const BATCH: usize = 1000;
     after_help = "Record types: CREAT MKDIR HLINK SLINK MKNOD UNLNK RMDIR RENME RNMTO OPEN CLOSE \
 LYOUT TRUNC SATTR XATTR MTIME CTIME.\n\
 Each text line: INDEX NNTYPE TIME 0xFLAGS t=INODE p=PARENT u=UID:GID c=CLIENT j=JOBID NAME \
-[sp=SOURCE_PARENT SOURCE_NAME]; names escape backslashes, spaces and bytes that are not \
-printable UTF-8 as \\xNN.\n\
+[sp=SOURCE_PARENT SOURCE_NAME], times in UTC; in names a backslash is \\\\ and whitespace, \
+control characters and bytes that are not UTF-8 are \\xNN. --json: one object per line, \
+time in ns.\n\
 Examples:\n  tierfs changelog register --mask CREAT,UNLNK,RENME   # prints cl1\n  \
 tierfs changelog --reader cl1 --follow\n  tierfs changelog clear cl1 420\n\
 See docs/changelog.md."
