@@ -22,7 +22,10 @@ fn main() {
         std::process::exit(2);
     }
     let url = &args[1];
-    let per: u64 = args.get(2).map(|s| s.parse().expect("FILES")).unwrap_or(2000);
+    let per: u64 = args
+        .get(2)
+        .map(|s| s.parse().expect("FILES"))
+        .unwrap_or(2000);
     let rounds: u64 = args.get(3).map(|s| s.parse().expect("ROUNDS")).unwrap_or(6);
     let params = FormatParams {
         name: "changelog_cost".into(),
@@ -64,7 +67,13 @@ fn main() {
             n += 1;
             let name = format!("f{n}");
             let a = e
-                .create(dir, name.as_bytes(), &node, Some(layout.clone()), Some(session))
+                .create(
+                    dir,
+                    name.as_bytes(),
+                    &node,
+                    Some(layout.clone()),
+                    Some(session),
+                )
                 .expect("create");
             let slice = Slice {
                 seq: 0,
@@ -96,7 +105,11 @@ fn main() {
             )
             .expect("mkdir");
         // Alternate which kind goes first.
-        let order: [bool; 2] = if r % 2 == 0 { [false, true] } else { [true, false] };
+        let order: [bool; 2] = if r % 2 == 0 {
+            [false, true]
+        } else {
+            [true, false]
+        };
         for with_reader in order {
             if with_reader {
                 let id = e

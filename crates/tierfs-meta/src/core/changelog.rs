@@ -183,6 +183,34 @@ pub fn record(tx: &mut dyn Tx, rec: &Rec<'_>) -> Result<bool> {
     Ok(n > 0)
 }
 
+/// Writes the records of one operation that makes several (a create that opens, a rename
+/// that replaces, a batch of closes) for one statement when no reader wants them: one read of
+/// the registered readers' masks, then [`record`] for the types some reader wants. A single
+/// record goes straight to [`record`] (one statement either way).
+pub fn record_all(tx: &mut dyn Tx, recs: &[Rec<'_>]) -> Result<()> {
+    match recs {
+        [] => Ok(()),
+        [one] => record(tx, one).map(|_| ()),
+        _ => {
+            let mut wanted = 0i64;
+            tx.query_each(
+                "SELECT mask FROM changelog_readers WHERE state = 0",
+                vals![],
+                &mut |r| {
+                    wanted |= r.i64(0)?;
+                    Ok(())
+                },
+            )?;
+            for r in recs {
+                if wanted & r.typ.bit() != 0 {
+                    record(tx, r)?;
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
 /// The NOTIFY channel followers listen on.
 pub const NOTIFY_CHANNEL: &str = "tierfs_changelog";
 
@@ -548,6 +576,21 @@ pub(crate) mod checks {
             assert_eq!(locks_after_record(e, RecordType::Mkdir), 1);
             assert_eq!(count(e), 2);
         }
+        // Several records of one operation: only the wanted types are written.
+        let before = count(e);
+        e.d.write(|tx| {
+            record_all(
+                tx,
+                &[
+                    Rec::new(RecordType::Creat, 8),
+                    Rec::new(RecordType::Mkdir, 9),
+                    Rec::new(RecordType::Open, 8),
+                ],
+            )
+        })
+        .unwrap();
+        assert_eq!(count(e), before + 1);
+        assert_eq!(all(e).last().unwrap().target, 9);
         // Gone again: nothing more, and what was held is purged.
         let held = count(e) as u64;
         assert_eq!(e.changelog_deregister(r).unwrap(), held);

@@ -235,10 +235,12 @@ impl<D: Driver> FileData for SqlMeta<D> {
             account_objects(tx, &objects_of(slices))?;
             // changelog: MTIME (all data replaced by the RW-PCC write-back; TRUNC as well when
             // the size shrank). Last, after every row lock.
+            let mut recs = Vec::with_capacity(2);
             if size < old.size {
-                changelog::record(tx, &Rec::new(RecordType::Trunc, ino))?;
+                recs.push(Rec::new(RecordType::Trunc, ino));
             }
-            changelog::record(tx, &Rec::new(RecordType::Mtime, ino))?;
+            recs.push(Rec::new(RecordType::Mtime, ino));
+            changelog::record_all(tx, &recs)?;
             Ok(a)
         })
     }

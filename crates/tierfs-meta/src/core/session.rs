@@ -184,9 +184,11 @@ impl<D: Driver> Sessions for SqlMeta<D> {
             // changelog: CLOSE, in the context of whoever opened each file (the client's
             // batch scope). After the loop's row locks (and purges: a record does not need
             // its inode): on PostgreSQL a record holds the order lock until commit.
-            for ino in inos {
-                changelog::record(tx, &Rec::new(RecordType::Close, *ino))?;
-            }
+            let recs: Vec<Rec> = inos
+                .iter()
+                .map(|ino| Rec::new(RecordType::Close, *ino))
+                .collect();
+            changelog::record_all(tx, &recs)?;
             Ok(())
         })
     }
