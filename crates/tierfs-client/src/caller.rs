@@ -183,6 +183,15 @@ mod tests {
             .spawn()
             .unwrap();
         let pid = child.id();
+        // Until the child has exec'd, /proc shows the environment it inherited from us.
+        let t = Instant::now();
+        while !std::fs::read(format!("/proc/{pid}/environ"))
+            .map(|e| env_value(&e, "TIERFS_TEST_JOB").is_some())
+            .unwrap_or(false)
+        {
+            assert!(t.elapsed() < Duration::from_secs(5), "child never exec'd");
+            std::thread::sleep(Duration::from_millis(5));
+        }
         let c = Callers::new(JobIdSource::Env("TIERFS_TEST_JOB".into()));
         assert_eq!(c.jobid(pid, 0).as_deref(), Some("job-77"));
         assert_eq!(c.cached(), 1);
