@@ -77,6 +77,10 @@ pub fn run_all(factory: &Factory<'_>) {
             changelog::changelog_data_and_session_records,
         ),
         (
+            "changelog_namespace_records",
+            changelog::changelog_namespace_records,
+        ),
+        (
             "allocated_bytes_follow_the_slices",
             allocated_bytes_follow_the_slices,
         ),

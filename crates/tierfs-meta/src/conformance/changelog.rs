@@ -109,9 +109,7 @@ pub fn changelog_data_and_session_records(e: &dyn MetaEngine) {
     assert_eq!(types(&records(e)), [RecordType::Close]);
 }
 
-/// Namespace operations: every type with its parent, name, source and flags. (Joins
-/// [`super::run_all`] once the namespace domain writes its records.)
-#[allow(dead_code)]
+/// Namespace operations: every type with its parent, name, source and flags.
 pub fn changelog_namespace_records(e: &dyn MetaEngine) {
     e.changelog_register(Mask::all(), DAY).unwrap();
     let _c = caller().enter();

@@ -8,6 +8,9 @@ use crate::sql::{Row, Tx, Value};
 use crate::types::*;
 use crate::vals;
 
+/// Most names one file may have.
+pub const MAX_LINKS: i64 = 65000;
+
 /// Columns of `inodes` that [`attr_from_row`] reads, in order.
 pub const ATTR_COLS: &str =
     "ino, kind, perm, uid, gid, nlink, size, rdev, atime, mtime, ctime, crtime, \
@@ -148,80 +151,139 @@ pub fn recount_all(tx: &mut dyn Tx) -> Result<()> {
     Ok(())
 }
 
-// ---- Shared by the domains (written by core2 with the file data port; see LAYER.md) ----
-//
-// **Row locks.** On PostgreSQL a transaction that reads a file's slices, opens, locks or lease
-// to decide a write first locks (updates) the inode row, in ascending inode order, then
-// `targets` rows in ascending id (see the module doc of `crate::postgres`). SQLite has one
-// writer at a time: there the lock statements are skipped (`Dialect::row_locks`), so the
-// SQLite path runs no statement the old engine did not.
-//
-// **Allocated bytes.** A transaction that adds slices reads the touched chunks' slices once
-// (one statement for all of them) and computes the change from those rows plus the new slices
-// (new slices are the newest: they are inserted while the inode is held), instead of reading
-// the chunks again after the insert.
-
-/// Locks inode rows in ascending order and returns their attributes; inodes that do not exist
-/// are left out. PostgreSQL: a real update of each row (`SET ino = ino`: under REPEATABLE READ
-/// a mere `FOR UPDATE` of a row another transaction only locked is no conflict), in one
-/// statement. SQLite (one writer at a time): a plain read of the rows.
-pub fn lock_inodes(tx: &mut dyn Tx, inos: &[Ino]) -> Result<BTreeMap<Ino, Attr>> {
-    let mut ids: Vec<u64> = inos.to_vec();
-    ids.sort_unstable();
-    ids.dedup();
-    if ids.is_empty() {
-        return Ok(BTreeMap::new());
-    }
-    let rows = if tx.dialect().row_locks() {
-        static SQL: OnceLock<String> = OnceLock::new();
-        let sql = SQL.get_or_init(|| {
-            format!(
-                "WITH l AS (SELECT ino FROM inodes WHERE ino = ANY($1) ORDER BY ino FOR UPDATE) \
-                 UPDATE inodes i SET ino = i.ino FROM l WHERE i.ino = l.ino RETURNING {ATTR_COLS_I}"
-            )
-        });
-        tx.query(sql, vals![&ids[..]])?
-    } else {
-        static SQL: OnceLock<String> = OnceLock::new();
-        let sql = SQL.get_or_init(|| {
-            format!("SELECT {ATTR_COLS} FROM inodes WHERE ino = ANY($1) ORDER BY ino")
-        });
-        tx.query(sql, vals![&ids[..]])?
-    };
-    let mut out = BTreeMap::new();
-    for r in rows {
-        let a = attr_from_row(&r)?;
-        out.insert(a.ino, a);
-    }
-    Ok(out)
+/// A directory's attributes: `NotFound` when it does not exist, `NotDir` when it is something
+/// else.
+pub fn dir_attr(tx: &mut dyn Tx, ino: Ino) -> Result<Attr> {
+    let a = get_attr(tx, ino)?;
+    is_dir(&a)?;
+    Ok(a)
 }
 
-/// Locks one inode and returns its attributes; `NotFound` when it does not exist. (SQLite:
-/// reads it, as the old engine's existence check did.)
-pub fn lock1(tx: &mut dyn Tx, ino: Ino) -> Result<Attr> {
-    if tx.dialect().row_locks() {
-        lock_inodes(tx, &[ino])?
-            .remove(&ino)
-            .ok_or(MetaError::NotFound)
-    } else {
-        get_attr(tx, ino)
-    }
-}
-
-/// Takes the row locks of `inos` where the engine has row locks (PostgreSQL); nothing on
-/// SQLite, whose one writer at a time needs none (and which the old SQLite engine never ran).
-pub fn lock_rows(tx: &mut dyn Tx, inos: &[Ino]) -> Result<()> {
-    if tx.dialect().row_locks() {
-        lock_inodes(tx, inos)?;
+/// `NotDir` unless `a` is a directory.
+pub fn is_dir(a: &Attr) -> Result<()> {
+    if a.kind != Kind::Dir {
+        return Err(MetaError::NotDir);
     }
     Ok(())
 }
 
-/// Columns `slice_from_row` reads, in order.
+/// Takes the row locks of inodes, in ascending inode number, and returns their attributes;
+/// inodes that do not exist are left out.
+///
+/// PostgreSQL (see the lock order at the top of `postgres/mod.rs`): one statement that
+/// *updates* each row (`SET ino = ino`, a real new row version: under REPEATABLE READ a mere
+/// `FOR UPDATE` of a row another transaction only locked is no conflict), so two transactions
+/// on one inode serialise. SQLite has one writer at a time: a plain read of the same rows.
+pub fn lock_inodes(tx: &mut dyn Tx, inos: &[Ino]) -> Result<BTreeMap<Ino, Attr>> {
+    let mut ids: Vec<i64> = inos.iter().map(|i| *i as i64).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    let mut out = BTreeMap::new();
+    if ids.is_empty() {
+        return Ok(out);
+    }
+    let mut take = |r: Row| {
+        let a = attr_from_row(&r)?;
+        out.insert(a.ino, a);
+        Ok(())
+    };
+    if tx.dialect().row_locks() {
+        tx.query_each(lock_sql(), &[Value::IntList(ids)], &mut take)?;
+    } else if ids.len() <= SMALL_SETS {
+        // A few rows (the usual 1 to 4): `IN ($1, ...)`, no list to encode and decode.
+        let params: Vec<Value> = ids.into_iter().map(Value::Int).collect();
+        tx.query_each(attrs_in_sql(params.len()), &params, &mut take)?;
+    } else {
+        tx.query_each(attrs_sql(), &[Value::IntList(ids)], &mut take)?;
+    }
+    Ok(out)
+}
+
+/// Up to this many inodes, [`lock_inodes`] on SQLite names them one placeholder each.
+const SMALL_SETS: usize = 4;
+
+/// `SELECT <attrs> FROM inodes WHERE ino IN ($1, ..., $n)`, for 1 <= n <= [`SMALL_SETS`].
+fn attrs_in_sql(n: usize) -> &'static str {
+    static S: OnceLock<Vec<String>> = OnceLock::new();
+    let v = S.get_or_init(|| {
+        (1..=SMALL_SETS)
+            .map(|n| {
+                let ph: Vec<String> = (1..=n).map(|i| format!("${i}")).collect();
+                format!(
+                    "SELECT {ATTR_COLS} FROM inodes WHERE ino IN ({})",
+                    ph.join(", ")
+                )
+            })
+            .collect()
+    });
+    &v[n - 1]
+}
+
+fn attrs_sql() -> &'static str {
+    static S: OnceLock<String> = OnceLock::new();
+    S.get_or_init(|| format!("SELECT {ATTR_COLS} FROM inodes WHERE ino = ANY($1)"))
+}
+
+fn lock_sql() -> &'static str {
+    static S: OnceLock<String> = OnceLock::new();
+    S.get_or_init(|| {
+        format!(
+            "WITH l AS (SELECT ino FROM inodes WHERE ino = ANY($1) ORDER BY ino FOR UPDATE) \
+             UPDATE inodes i SET ino = i.ino FROM l WHERE i.ino = l.ino RETURNING {ATTR_COLS_I}"
+        )
+    })
+}
+
+/// Locks one inode ([`lock_inodes`]); `NotFound` when it does not exist.
+pub fn lock1(tx: &mut dyn Tx, ino: Ino) -> Result<Attr> {
+    lock_inodes(tx, &[ino])?
+        .remove(&ino)
+        .ok_or(MetaError::NotFound)
+}
+
+/// (dentry id, ino, kind) of a name.
+pub fn find_dentry(tx: &mut dyn Tx, parent: Ino, name: &[u8]) -> Result<Option<(i64, Ino, Kind)>> {
+    tx.query_opt(
+        "SELECT id, ino, kind FROM dentries WHERE parent = $1 AND name = $2",
+        vals![parent, name],
+    )?
+    .map(|r| {
+        Ok((
+            r.i64(0)?,
+            r.u64(1)?,
+            Kind::from_i64(r.i64(2)?).unwrap_or(Kind::File),
+        ))
+    })
+    .transpose()
+}
+
+/// Sets a directory's mtime and ctime to `now` and moves its link count by `nlink_delta`.
+pub fn touch_dir(tx: &mut dyn Tx, dir: Ino, now: Nanos, nlink_delta: i64) -> Result<()> {
+    tx.exec(
+        "UPDATE inodes SET mtime = $2, ctime = $2, nlink = nlink + $3 WHERE ino = $1",
+        vals![dir, now, nlink_delta],
+    )?;
+    Ok(())
+}
+
+/// Counts one more open of `ino` by `session`.
+pub fn record_open(tx: &mut dyn Tx, session: u64, ino: Ino) -> Result<()> {
+    tx.exec(
+        "INSERT INTO open_files (session, ino, count) VALUES ($1, $2, 1) \
+         ON CONFLICT (ino, session) DO UPDATE SET count = open_files.count + 1",
+        vals![session, ino],
+    )?;
+    Ok(())
+}
+
+/// Columns [`slice_from_row`] reads, in order.
 pub const SLICE_COLS: &str = "seq, chunk, off, len, target, obj, inline, obj_off, obj_size";
 
-pub fn slice_from_row(mut r: crate::sql::Row) -> Result<Slice> {
-    let data = match (r.opt_i64(4)?, r.opt_i64(5)?) {
+/// A [`Slice`] from a row whose first columns are [`SLICE_COLS`].
+pub fn slice_from_row(r: &mut Row) -> Result<Slice> {
+    let target = r.opt_i64(4)?;
+    let obj = r.opt_i64(5)?;
+    let data = match (target, obj) {
         (Some(t), Some(o)) => SliceData::Object {
             target: t as u32,
             obj: o as u64,
@@ -240,6 +302,126 @@ pub fn slice_from_row(mut r: crate::sql::Row) -> Result<Slice> {
         len: r.u64(3)?,
         data,
     })
+}
+
+/// Inserts one slice (its `seq` is the next one: commit order).
+pub fn insert_slice(tx: &mut dyn Tx, ino: Ino, s: &Slice) -> Result<()> {
+    insert_slices(tx, ino, std::slice::from_ref(s))
+}
+
+/// Deletes the selected slices of `ino` (`where_sql` uses `$2`.. for `args`); objects no
+/// remaining slice references go to the trash.
+pub fn trash_slices(tx: &mut dyn Tx, ino: Ino, where_sql: &str, args: &[i64]) -> Result<()> {
+    let mut params: Vec<Value> = Vec::with_capacity(args.len() + 1);
+    params.push(ino.into());
+    params.extend(args.iter().map(|a| Value::Int(*a)));
+    let mut gone: Vec<(i64, i64, i64)> = Vec::new();
+    tx.query_each(
+        &format!(
+            "DELETE FROM slices WHERE ino = $1 AND {where_sql} RETURNING target, obj, obj_size"
+        ),
+        &params,
+        &mut |r| {
+            if let (Some(t), Some(o)) = (r.opt_i64(0)?, r.opt_i64(1)?) {
+                gone.push((t, o, r.i64(2)?));
+            }
+            Ok(())
+        },
+    )?;
+    gone.sort_unstable();
+    gone.dedup();
+    for (target, obj, size) in gone {
+        tx.exec(
+            "INSERT INTO trash (ino, target, obj, len) SELECT $1, $2, $3, $4 \
+             WHERE NOT EXISTS (SELECT 1 FROM slices WHERE obj = $3)",
+            vals![ino, target, obj, size],
+        )?;
+    }
+    Ok(())
+}
+
+/// Deletes an inode and everything that belongs to it; its objects go to the trash.
+pub fn purge_inode(tx: &mut dyn Tx, ino: Ino) -> Result<()> {
+    trash_slices(tx, ino, "TRUE", &[])?;
+    if tx.dialect().is_postgres() {
+        // One round trip: data-modifying CTEs all run.
+        tx.exec(
+            "WITH x AS (DELETE FROM xattrs WHERE ino = $1), \
+                  l AS (DELETE FROM locks WHERE ino = $1), \
+                  p AS (DELETE FROM pcc_leases WHERE ino = $1), \
+                  r AS (DELETE FROM pcc_revokes WHERE ino = $1) \
+             DELETE FROM inodes WHERE ino = $1",
+            vals![ino],
+        )?;
+    } else {
+        for sql in [
+            "DELETE FROM xattrs WHERE ino = $1",
+            "DELETE FROM locks WHERE ino = $1",
+            "DELETE FROM pcc_leases WHERE ino = $1",
+            "DELETE FROM pcc_revokes WHERE ino = $1",
+            "DELETE FROM inodes WHERE ino = $1",
+        ] {
+            tx.exec(sql, vals![ino])?;
+        }
+    }
+    Ok(())
+}
+
+/// Deletes an inode whose last name is gone, or marks it orphan (`orphan = 1`) while a client
+/// has it open (the last close purges it).
+pub fn drop_inode(tx: &mut dyn Tx, ino: Ino) -> Result<()> {
+    // No row back means nobody has it open.
+    let open = tx
+        .query_opt(
+            "UPDATE inodes SET orphan = 1 WHERE ino = $1 \
+             AND EXISTS (SELECT 1 FROM open_files WHERE ino = $1) RETURNING ino",
+            vals![ino],
+        )?
+        .is_some();
+    if open {
+        return Ok(());
+    }
+    purge_inode(tx, ino)
+}
+
+/// Retires a file whose last name a rename replaced: kept openable for
+/// [`crate::engine::ORPHAN_GRACE`] (`orphan = 2`), whether or not a client has it open now, and
+/// purged by `purge_orphans` once the grace is over and nobody has it open. (Marking it an
+/// open orphan when open, purged at the last close, took the grace away from exactly the files
+/// of the "write a temporary file, rename it over the live name" loop: the writer's close of
+/// the previous version is still in its batch when the next rename replaces it.)
+pub fn retire_inode(tx: &mut dyn Tx, ino: Ino) -> Result<()> {
+    tx.exec("UPDATE inodes SET orphan = 2 WHERE ino = $1", vals![ino])?;
+    // Leases and recall requests go now, as on unlink.
+    tx.exec("DELETE FROM pcc_leases WHERE ino = $1", vals![ino])?;
+    tx.exec("DELETE FROM pcc_revokes WHERE ino = $1", vals![ino])?;
+    Ok(())
+}
+
+/// Purges `ino` if it is an unlinked file (`orphan = 1`) that nobody has open any more.
+pub fn purge_if_orphan(tx: &mut dyn Tx, ino: Ino) -> Result<()> {
+    let orphan = tx.query_opt(
+        "SELECT orphan, EXISTS (SELECT 1 FROM open_files WHERE ino = $1) \
+         FROM inodes WHERE ino = $1",
+        vals![ino],
+    )?;
+    if let Some(r) = orphan {
+        if r.i64(0)? == 1 && !r.bool(1)? {
+            purge_inode(tx, ino)?;
+        }
+    }
+    Ok(())
+}
+
+// ---- Written with the file data port (core2) ----
+
+/// Takes the row locks of `inos` where the engine has row locks (PostgreSQL); nothing on
+/// SQLite, whose one writer at a time needs none (and which the old SQLite engine never ran).
+pub fn lock_rows(tx: &mut dyn Tx, inos: &[Ino]) -> Result<()> {
+    if tx.dialect().row_locks() {
+        lock_inodes(tx, inos)?;
+    }
+    Ok(())
 }
 
 /// The row values of one slice of `ino`, in the order of [`insert_sql`]'s columns.
@@ -414,104 +596,38 @@ pub fn zero_range(tx: &mut dyn Tx, ino: Ino, stripe_size: u64, off: u64, len: u6
     add_slices(tx, ino, &zero_slices(stripe_size, off, len))
 }
 
-/// Which slices of a file [`trash_slices`] deletes.
-#[derive(Clone, Copy, Debug)]
-pub enum SliceSel {
-    /// All of them (purge, write-back).
-    All,
-    /// Chunks from this one on (truncate).
-    FromChunk(u64),
-    /// One chunk's slices up to this sequence number (compaction).
-    ChunkUpTo(u64, u64),
+/// An `UPDATE` of one inode row (`... WHERE ino = $1`) that gives back the inode's new
+/// attributes: on PostgreSQL in the same round trip (`RETURNING`); on SQLite as the update
+/// followed by a read, because SQLite runs `RETURNING` like a trigger, with a statement journal
+/// for every execution, which costs more than the second statement (measured: a third fewer
+/// commits per second with it). `NotFound` when the inode does not exist.
+pub struct AttrUpdate {
+    sql: &'static str,
+    returning: OnceLock<String>,
 }
 
-/// Deletes the selected slices of `ino`; objects no remaining slice references go to the
-/// trash (one statement per such object).
-pub fn trash_slices(tx: &mut dyn Tx, ino: Ino, sel: SliceSel) -> Result<()> {
-    let rows = match sel {
-        SliceSel::All => tx.query(
-            "DELETE FROM slices WHERE ino = $1 RETURNING target, obj, obj_size",
-            vals![ino],
-        )?,
-        SliceSel::FromChunk(c) => tx.query(
-            "DELETE FROM slices WHERE ino = $1 AND chunk >= $2 RETURNING target, obj, obj_size",
-            vals![ino, c],
-        )?,
-        SliceSel::ChunkUpTo(c, upto) => tx.query(
-            "DELETE FROM slices WHERE ino = $1 AND chunk = $2 AND seq <= $3 \
-             RETURNING target, obj, obj_size",
-            vals![ino, c, upto],
-        )?,
-    };
-    let mut gone: Vec<(i64, i64, i64)> = Vec::new();
-    for r in rows {
-        if let (Some(t), Some(o)) = (r.opt_i64(0)?, r.opt_i64(1)?) {
-            gone.push((t, o, r.i64(2)?));
+impl AttrUpdate {
+    pub const fn new(sql: &'static str) -> AttrUpdate {
+        AttrUpdate {
+            sql,
+            returning: OnceLock::new(),
         }
     }
-    gone.sort_unstable();
-    gone.dedup();
-    for (target, obj, size) in gone {
-        tx.exec(
-            "INSERT INTO trash (ino, target, obj, len) SELECT $1, $2, $3, $4 \
-             WHERE NOT EXISTS (SELECT 1 FROM slices WHERE obj = $3)",
-            vals![ino, target, obj, size],
-        )?;
-    }
-    Ok(())
-}
 
-/// Deletes a file whose last name is gone and that nobody holds: its slices (objects to the
-/// trash), xattrs, locks, lease, recall requests and inode.
-pub fn purge_inode(tx: &mut dyn Tx, ino: Ino) -> Result<()> {
-    trash_slices(tx, ino, SliceSel::All)?;
-    if tx.dialect().is_postgres() {
-        // One round trip: data-modifying CTEs all run.
-        tx.exec(
-            "WITH x AS (DELETE FROM xattrs WHERE ino = $1), \
-                  l AS (DELETE FROM locks WHERE ino = $1), \
-                  p AS (DELETE FROM pcc_leases WHERE ino = $1), \
-                  r AS (DELETE FROM pcc_revokes WHERE ino = $1) \
-             DELETE FROM inodes WHERE ino = $1",
-            vals![ino],
-        )?;
-    } else {
-        for sql in [
-            "DELETE FROM xattrs WHERE ino = $1",
-            "DELETE FROM locks WHERE ino = $1",
-            "DELETE FROM pcc_leases WHERE ino = $1",
-            "DELETE FROM pcc_revokes WHERE ino = $1",
-            "DELETE FROM inodes WHERE ino = $1",
-        ] {
-            tx.exec(sql, vals![ino])?;
+    /// Runs the update with `params` (`$1` is `ino`).
+    pub fn run(&self, tx: &mut dyn Tx, ino: Ino, params: &[Value]) -> Result<Attr> {
+        if tx.dialect().is_postgres() {
+            let sql = self
+                .returning
+                .get_or_init(|| format!("{} RETURNING {ATTR_COLS}", self.sql));
+            attr_from_row(&tx.one(sql, params)?)
+        } else {
+            if tx.exec(self.sql, params)? == 0 {
+                return Err(MetaError::NotFound);
+            }
+            get_attr(tx, ino)
         }
     }
-    Ok(())
-}
-
-/// Records one more open of `ino` by `session`.
-pub fn record_open(tx: &mut dyn Tx, session: u64, ino: Ino) -> Result<()> {
-    tx.exec(
-        "INSERT INTO open_files (session, ino, count) VALUES ($1, $2, 1) \
-         ON CONFLICT (ino, session) DO UPDATE SET count = open_files.count + 1",
-        vals![session, ino],
-    )?;
-    Ok(())
-}
-
-/// Purges `ino` if it is an unlinked file (`orphan = 1`) that nobody has open any more.
-pub fn purge_if_orphan(tx: &mut dyn Tx, ino: Ino) -> Result<()> {
-    let r = tx.query_opt(
-        "SELECT orphan, EXISTS (SELECT 1 FROM open_files WHERE ino = $1) \
-         FROM inodes WHERE ino = $1",
-        vals![ino],
-    )?;
-    if let Some(r) = r {
-        if r.i64(0)? == 1 && !r.bool(1)? {
-            purge_inode(tx, ino)?;
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -8,8 +8,8 @@ use std::sync::OnceLock;
 
 use super::changelog::{self, Rec};
 use super::common::{
-    add_slices, apply_allocated, attr_from_row, get_attr, insert_slices, lock1, lock_rows,
-    slice_from_row, trash_slices, zero_range, ChunkRows, SliceSel, ATTR_COLS, SLICE_COLS,
+    add_slices, apply_allocated, get_attr, insert_slices, lock1, lock_rows, slice_from_row,
+    trash_slices, zero_range, AttrUpdate, ChunkRows, SLICE_COLS,
 };
 use super::SqlMeta;
 use crate::changelog::RecordType;
@@ -71,10 +71,6 @@ fn trash_new_objects(tx: &mut dyn Tx, ino: Ino, slices: &[Slice]) -> Result<()> 
 }
 
 /// `SELECT`/`RETURNING` list of the inode columns, for updates that return the new attributes.
-fn returning(sql_head: &'static str, cell: &'static OnceLock<String>) -> &'static str {
-    cell.get_or_init(|| format!("{sql_head} RETURNING {ATTR_COLS}"))
-}
-
 impl<D: Driver> FileData for SqlMeta<D> {
     fn alloc_object_ids(&self, n: u64) -> Result<u64> {
         self.d.write(|tx| {
@@ -93,8 +89,8 @@ impl<D: Driver> FileData for SqlMeta<D> {
         });
         self.d.read(|tx| {
             let mut v = Vec::new();
-            tx.query_each(sql, vals![ino, chunk], &mut |r| {
-                v.push(slice_from_row(r)?);
+            tx.query_each(sql, vals![ino, chunk], &mut |mut r| {
+                v.push(slice_from_row(&mut r)?);
                 Ok(())
             })?;
             Ok(v)
@@ -108,12 +104,10 @@ impl<D: Driver> FileData for SqlMeta<D> {
         new_end: u64,
         mtime: Nanos,
     ) -> Result<Attr> {
-        static SQL: OnceLock<String> = OnceLock::new();
-        let update = returning(
+        static UPDATE: AttrUpdate = AttrUpdate::new(
             "UPDATE inodes SET size = GREATEST(size, $2), mtime = $3, ctime = $3, \
              data_version = data_version + 1, allocated = GREATEST(0, allocated + $4) \
              WHERE ino = $1",
-            &SQL,
         );
         self.d.write_commit(|tx| {
             if let Err(e) = lock1(tx, ino) {
@@ -126,7 +120,7 @@ impl<D: Driver> FileData for SqlMeta<D> {
                 return Err(e);
             }
             let delta = add_slices(tx, ino, slices)?;
-            let a = attr_from_row(&tx.one(update, vals![ino, new_end, mtime, delta])?)?;
+            let a = UPDATE.run(tx, ino, vals![ino, new_end, mtime, delta])?;
             account_objects(tx, &objects_of(slices))?;
             // changelog: MTIME (data written: size, mtime and data version changed). Last,
             // after every row lock: on PostgreSQL the record holds the changelog's order lock
@@ -198,7 +192,12 @@ impl<D: Driver> FileData for SqlMeta<D> {
                 return Ok(false);
             }
             let before = allocated_bytes(&rows);
-            trash_slices(tx, ino, SliceSel::ChunkUpTo(chunk, upto))?;
+            trash_slices(
+                tx,
+                ino,
+                "chunk = $2 AND seq <= $3",
+                &[chunk as i64, upto as i64],
+            )?;
             // Every slice of the chunk went (`upto` was the newest): the merged ones are all.
             insert_slices(tx, ino, merged)?;
             account_objects(tx, &objects_of(merged))?;
@@ -212,11 +211,9 @@ impl<D: Driver> FileData for SqlMeta<D> {
     }
 
     fn rewrite_data(&self, ino: Ino, slices: &[Slice], size: u64, mtime: Nanos) -> Result<Attr> {
-        static SQL: OnceLock<String> = OnceLock::new();
-        let update = returning(
+        static UPDATE: AttrUpdate = AttrUpdate::new(
             "UPDATE inodes SET size = $2, mtime = $3, ctime = $4, \
              data_version = data_version + 1, allocated = $5 WHERE ino = $1",
-            &SQL,
         );
         // The file holds exactly `slices` afterwards: its allocated bytes follow from them.
         let mut per = ChunkRows::new();
@@ -228,10 +225,9 @@ impl<D: Driver> FileData for SqlMeta<D> {
         let allocated: u64 = per.values().map(|v| allocated_bytes(v)).sum();
         self.d.write(|tx| {
             let old = lock1(tx, ino)?;
-            trash_slices(tx, ino, SliceSel::All)?;
+            trash_slices(tx, ino, "TRUE", &[])?;
             insert_slices(tx, ino, slices)?;
-            let a =
-                attr_from_row(&tx.one(update, vals![ino, size, mtime, now_nanos(), allocated])?)?;
+            let a = UPDATE.run(tx, ino, vals![ino, size, mtime, now_nanos(), allocated])?;
             account_objects(tx, &objects_of(slices))?;
             // changelog: MTIME (all data replaced by the RW-PCC write-back; TRUNC as well when
             // the size shrank). Last, after every row lock.

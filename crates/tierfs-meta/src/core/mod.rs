@@ -2,11 +2,8 @@
 //! ([`crate::sql`]), for every engine. [`SqlMeta<D>`] implements the domain traits of
 //! [`crate::engine`] on top of a [`Driver`] (SQLite or PostgreSQL), which keeps only what is
 //! the engine's own: connections, transactions and their retry classification, durability,
-//! housekeeping and notifications.
-//!
-//! Transition: the domains not ported yet delegate to the engine's
-//! [`LegacyEngine`](crate::engine::LegacyEngine) methods;
-//! each domain's module replaces its delegating impl with core code.
+//! housekeeping and notifications. Every domain is ported: the engines hold no metadata
+//! logic of their own any more.
 
 pub mod admin;
 pub mod changelog;

@@ -1,25 +1,302 @@
-//! The namespace domain: names, attributes, xattrs, layouts, projects, orphans.
+//! The namespace domain, once for every engine: names, attributes (with truncation), hard and
+//! symbolic links, renames, directory listings, extended attributes, stripe defaults and
+//! layouts, projects, paths, and the purge of files a rename replaced.
 //!
-//! Being ported: what is not ported yet delegates to the engine's [`LegacyEngine`] methods.
+//! Row locks (PostgreSQL; SQLite has one writer and renders them away): every write locks the
+//! inode rows it reads to decide, in the global order of `postgres/mod.rs` (the `rename_lock`
+//! counter, then inodes ascending in one statement, then targets), through
+//! [`lock_inodes`]/[`lock1`]. Names looked up before the locks stay valid because any change
+//! to a directory's entries also updates the directory's row.
+//!
+//! `// changelog: TYPE` marks where the changelog's record of an operation belongs (in the
+//! same transaction, after the change).
 
-use super::common::get_attr;
+use super::changelog::{self, Rec};
+use super::common::{
+    add_allocated, attr_from_row, check_name, chunk_allocated, chunks_allocated, dir_attr,
+    drop_inode, find_dentry, get_attr, insert_slice, is_dir, lock1, lock_inodes, purge_inode,
+    record_open, retire_inode, touch_dir, trash_slices, ATTR_COLS, ATTR_COLS_I, MAX_LINKS,
+};
 use super::SqlMeta;
-use crate::engine::{LegacyEngine, Namespace};
+use crate::changelog::{RecordType, FLAG_EXCHANGE, FLAG_LAST};
+use crate::engine::Namespace;
 use crate::error::{MetaError, Result};
-use crate::sql::Driver;
+use crate::sql::{Driver, Tx, Value};
 use crate::types::*;
 use crate::vals;
 
-impl<D: Driver + LegacyEngine> Namespace for SqlMeta<D> {
-    fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Attr> {
-        LegacyEngine::lookup(&self.d, parent, name)
+fn resolve_time(t: TimeSet, now: Nanos) -> Nanos {
+    match t {
+        TimeSet::Now => now,
+        TimeSet::At(n) => n,
     }
+}
+
+/// Whether `maybe_ancestor` is `ino` or one of its ancestors.
+fn is_ancestor(tx: &mut dyn Tx, maybe_ancestor: Ino, mut ino: Ino) -> Result<bool> {
+    let mut hops = 0;
+    while ino != ROOT_INO && hops < 100_000 {
+        if ino == maybe_ancestor {
+            return Ok(true);
+        }
+        ino = tx.int("SELECT parent FROM inodes WHERE ino = $1", vals![ino])? as u64;
+        hops += 1;
+    }
+    Ok(ino == maybe_ancestor)
+}
+
+/// Zeroes `[off, off+len)` of a file by adding zero slices, chunk by chunk.
+fn zero_range(tx: &mut dyn Tx, ino: Ino, stripe_size: u64, off: u64, len: u64) -> Result<()> {
+    let mut pos = off;
+    let end = off + len;
+    while pos < end {
+        let chunk = pos / stripe_size;
+        let coff = pos % stripe_size;
+        let n = (stripe_size - coff).min(end - pos);
+        let before = chunk_allocated(tx, ino, chunk)?;
+        insert_slice(
+            tx,
+            ino,
+            &Slice {
+                seq: 0,
+                chunk,
+                off: coff,
+                len: n,
+                data: SliceData::Zero,
+            },
+        )?;
+        let after = chunk_allocated(tx, ino, chunk)?;
+        add_allocated(tx, ino, before, after)?;
+        pos += n;
+    }
+    Ok(())
+}
+
+/// Changes a file's size: shrinking frees whole chunks beyond the end and zeroes the tail of the
+/// last one, so that growing again later reads zeros.
+fn truncate(tx: &mut dyn Tx, a: &Attr, new_size: u64) -> Result<()> {
+    if new_size >= a.size {
+        return Ok(());
+    }
+    let Some(l) = &a.layout else {
+        return Ok(());
+    };
+    let cs = l.stripe_size;
+    let first_gone = new_size.div_ceil(cs);
+    let mut gone = Vec::new();
+    tx.query_each(
+        "SELECT DISTINCT chunk FROM slices WHERE ino = $1 AND chunk >= $2",
+        vals![a.ino, first_gone],
+        &mut |r| {
+            gone.push(r.u64(0)?);
+            Ok(())
+        },
+    )?;
+    let freed = chunks_allocated(tx, a.ino, &gone)?;
+    trash_slices(tx, a.ino, "chunk >= $2", &[first_gone as i64])?;
+    add_allocated(tx, a.ino, freed, 0)?;
+    if !new_size.is_multiple_of(cs) {
+        let chunk = new_size / cs;
+        let off = new_size % cs;
+        let beyond = tx.exists(
+            "SELECT EXISTS (SELECT 1 FROM slices WHERE ino = $1 AND chunk = $2 \
+             AND off + len > $3)",
+            vals![a.ino, chunk, off],
+        )?;
+        if beyond {
+            zero_range(tx, a.ino, cs, new_size, cs - off)?;
+        }
+    }
+    Ok(())
+}
+
+/// The parent of a new name, locked, with its `projinherit` and whether the name is taken: one
+/// statement.
+fn lock_parent_for_create(tx: &mut dyn Tx, parent: Ino, name: &[u8]) -> Result<(Attr, bool, bool)> {
+    let sql = if tx.dialect().row_locks() {
+        const_format_lock()
+    } else {
+        const_format_select()
+    };
+    let r = tx.one(sql, vals![parent, name])?;
+    let n = ATTR_COLS.split(", ").count();
+    Ok((attr_from_row(&r)?, r.i64(n)? != 0, r.bool(n + 1)?))
+}
+
+fn const_format_lock() -> &'static str {
+    static S: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    S.get_or_init(|| {
+        format!(
+            "WITH l AS (SELECT ino FROM inodes WHERE ino = $1 FOR UPDATE) \
+             UPDATE inodes i SET ino = i.ino FROM l WHERE i.ino = l.ino \
+             RETURNING {ATTR_COLS_I}, i.projinherit, \
+                       EXISTS (SELECT 1 FROM dentries WHERE parent = $1 AND name = $2)"
+        )
+    })
+}
+
+fn const_format_select() -> &'static str {
+    static S: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    S.get_or_init(|| {
+        format!(
+            "SELECT {ATTR_COLS}, projinherit, \
+                    EXISTS (SELECT 1 FROM dentries WHERE parent = $1 AND name = $2) \
+             FROM inodes WHERE ino = $1"
+        )
+    })
+}
+
+fn insert_inode_sql() -> &'static str {
+    static S: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    S.get_or_init(|| {
+        format!(
+            "INSERT INTO inodes (kind, perm, uid, gid, nlink, size, rdev, atime, mtime, ctime, \
+             crtime, projid, projinherit, stripe_size, stripe_targets, parent, symlink) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8, $8, $8, $9, $10, $11, $12, $13, $14) \
+             RETURNING {ATTR_COLS}"
+        )
+    })
+}
+
+/// PostgreSQL: the new inode, its name, the parent's times and link count, and the opener's
+/// open count in one statement (the parent row is already locked by this transaction).
+fn insert_inode_fused_sql() -> &'static str {
+    static S: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    S.get_or_init(|| {
+        format!(
+            "WITH n AS (INSERT INTO inodes (kind, perm, uid, gid, nlink, size, rdev, atime, \
+                 mtime, ctime, crtime, projid, projinherit, stripe_size, stripe_targets, parent, \
+                 symlink) \
+               VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8, $8, $8, $9, $10, $11, $12, $13, $14) \
+               RETURNING {ATTR_COLS}), \
+             d AS (INSERT INTO dentries (parent, name, ino, kind) \
+                   SELECT $13, $15, n.ino, $1 FROM n), \
+             t AS (UPDATE inodes SET mtime = $8, ctime = $8, nlink = nlink + $16 \
+                   WHERE ino = $13), \
+             o AS (INSERT INTO open_files (session, ino, count) \
+                   SELECT $17::BIGINT, n.ino, 1 FROM n WHERE $17::BIGINT IS NOT NULL) \
+             SELECT * FROM n"
+        )
+    })
+}
+
+fn lookup_sql() -> &'static str {
+    static S: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    S.get_or_init(|| {
+        format!(
+            "SELECT {ATTR_COLS_I} FROM dentries d JOIN inodes i ON i.ino = d.ino \
+             WHERE d.parent = $1 AND d.name = $2"
+        )
+    })
+}
+
+/// Removes an empty directory's inode (its entry is gone or going).
+fn delete_dir_inode(tx: &mut dyn Tx, ino: Ino) -> Result<()> {
+    tx.exec("DELETE FROM xattrs WHERE ino = $1", vals![ino])?;
+    tx.exec("DELETE FROM inodes WHERE ino = $1", vals![ino])?;
+    Ok(())
+}
+
+impl<D: Driver> Namespace for SqlMeta<D> {
+    fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Attr> {
+        if name.len() > NAME_MAX {
+            return Err(MetaError::NameTooLong);
+        }
+        self.d.read(
+            |tx| match tx.query_opt(lookup_sql(), vals![parent, name])? {
+                Some(r) => attr_from_row(&r),
+                None => {
+                    dir_attr(tx, parent)?;
+                    Err(MetaError::NotFound)
+                }
+            },
+        )
+    }
+
     fn getattr(&self, ino: Ino) -> Result<Attr> {
         self.d.read(|tx| get_attr(tx, ino))
     }
+
     fn setattr(&self, ino: Ino, set: &SetAttr) -> Result<Attr> {
-        LegacyEngine::setattr(&self.d, ino, set)
+        self.d.write(|tx| {
+            let mut a = lock1(tx, ino)?;
+            let now = now_nanos();
+            let mut changed = false;
+            if let Some(size) = set.size {
+                if a.kind == Kind::Dir {
+                    return Err(MetaError::IsDir);
+                }
+                if a.kind != Kind::File {
+                    return Err(MetaError::Invalid("truncate of a special file".into()));
+                }
+                truncate(tx, &a, size)?;
+                a.size = size;
+                a.data_version += 1;
+                a.mtime = now;
+                changed = true;
+            }
+            if let Some(p) = set.perm {
+                a.perm = p & 0o7777;
+                changed = true;
+            }
+            if let Some(u) = set.uid {
+                a.uid = u;
+                changed = true;
+            }
+            if let Some(g) = set.gid {
+                a.gid = g;
+                changed = true;
+            }
+            if let Some(t) = set.atime {
+                a.atime = resolve_time(t, now);
+                changed = true;
+            }
+            if let Some(t) = set.mtime {
+                a.mtime = resolve_time(t, now);
+                changed = true;
+            }
+            if changed {
+                a.ctime = set.ctime.unwrap_or(now);
+            } else if let Some(ct) = set.ctime {
+                a.ctime = ct;
+            }
+            tx.exec(
+                "UPDATE inodes SET perm = $2, uid = $3, gid = $4, size = $5, atime = $6, \
+                 mtime = $7, ctime = $8, data_version = $9 WHERE ino = $1",
+                vals![
+                    ino,
+                    a.perm,
+                    a.uid,
+                    a.gid,
+                    a.size,
+                    a.atime,
+                    a.mtime,
+                    a.ctime,
+                    a.data_version
+                ],
+            )?;
+            // changelog: TRUNC (set.size), SATTR (perm, uid, gid, atime), MTIME (set.mtime),
+            // CTIME (set.ctime alone). Lustre's precedence: TRUNC for a size change and SATTR
+            // for mode/owner/group (both when both), else MTIME when mtime was set, else CTIME
+            // when only atime or ctime moved.
+            let mut recs = Vec::with_capacity(2);
+            if set.size.is_some() {
+                recs.push(Rec::new(RecordType::Trunc, ino));
+            }
+            if set.perm.is_some() || set.uid.is_some() || set.gid.is_some() {
+                recs.push(Rec::new(RecordType::Sattr, ino));
+            } else if set.size.is_none() {
+                if set.mtime.is_some() {
+                    recs.push(Rec::new(RecordType::Mtime, ino));
+                } else if set.atime.is_some() || set.ctime.is_some() {
+                    recs.push(Rec::new(RecordType::Ctime, ino));
+                }
+            }
+            changelog::record_all(tx, &recs)?;
+            Ok(a)
+        })
     }
+
     fn create(
         &self,
         parent: Ino,
@@ -28,17 +305,211 @@ impl<D: Driver + LegacyEngine> Namespace for SqlMeta<D> {
         layout: Option<Layout>,
         open_by: Option<u64>,
     ) -> Result<Attr> {
-        LegacyEngine::create(&self.d, parent, name, node, layout, open_by)
+        check_name(name)?;
+        self.d.write(|tx| {
+            let (p, p_inherit, taken) = lock_parent_for_create(tx, parent, name)?;
+            is_dir(&p)?;
+            if p.nlink == 0 {
+                return Err(MetaError::NotFound);
+            }
+            if taken {
+                return Err(MetaError::Exists);
+            }
+            let now = now_nanos();
+            let mut perm = node.perm & 0o7777;
+            let mut gid = node.gid;
+            if p.perm & libc::S_ISGID != 0 {
+                gid = p.gid;
+                if node.kind == Kind::Dir {
+                    perm |= libc::S_ISGID;
+                }
+            }
+            let (projid, projinherit) = if p_inherit {
+                (p.projid, node.kind == Kind::Dir)
+            } else {
+                (0, false)
+            };
+            let nlink: i64 = if node.kind == Kind::Dir { 2 } else { 1 };
+            let size = node.symlink.as_ref().map(|s| s.len()).unwrap_or(0) as i64;
+            let (ss, st) = match (&layout, node.kind) {
+                (Some(l), Kind::File) => (l.stripe_size as i64, l.encode_targets()),
+                _ => (0, String::new()),
+            };
+            let parent_links: i64 = if node.kind == Kind::Dir { 1 } else { 0 };
+            let mut params: Vec<Value> = vec![
+                (node.kind as i64).into(),
+                perm.into(),
+                node.uid.into(),
+                gid.into(),
+                nlink.into(),
+                size.into(),
+                node.rdev.into(),
+                now.into(),
+                projid.into(),
+                (projinherit as i64).into(),
+                ss.into(),
+                st.into(),
+                parent.into(),
+                node.symlink.as_deref().into(),
+            ];
+            let a = if tx.dialect().is_postgres() {
+                params.extend([name.into(), parent_links.into(), open_by.into()]);
+                attr_from_row(&tx.one(insert_inode_fused_sql(), &params)?)?
+            } else {
+                let a = attr_from_row(&tx.one(insert_inode_sql(), &params)?)?;
+                tx.exec(
+                    "INSERT INTO dentries (parent, name, ino, kind) VALUES ($1, $2, $3, $4)",
+                    vals![parent, name, a.ino, node.kind as i64],
+                )?;
+                touch_dir(tx, parent, now, parent_links)?;
+                if let Some(session) = open_by {
+                    record_open(tx, session, a.ino)?;
+                }
+                a
+            };
+            // changelog: CREAT (file), MKDIR (dir), SLINK (symlink), MKNOD (other kinds)
+            let typ = match node.kind {
+                Kind::File => RecordType::Creat,
+                Kind::Dir => RecordType::Mkdir,
+                Kind::Symlink => RecordType::Slink,
+                _ => RecordType::Mknod,
+            };
+            let made = Rec::new(typ, a.ino).at(parent, name);
+            if open_by.is_some() {
+                changelog::record_all(tx, &[made, Rec::new(RecordType::Open, a.ino)])?;
+            } else {
+                changelog::record(tx, &made)?;
+            }
+            Ok(a)
+        })
     }
+
     fn link(&self, ino: Ino, new_parent: Ino, new_name: &[u8]) -> Result<Attr> {
-        LegacyEngine::link(&self.d, ino, new_parent, new_name)
+        check_name(new_name)?;
+        self.d.write(|tx| {
+            let mut locked = lock_inodes(tx, &[ino, new_parent])?;
+            let a = locked.remove(&ino).ok_or(MetaError::NotFound)?;
+            if a.kind == Kind::Dir {
+                return Err(MetaError::NotPermitted);
+            }
+            if a.nlink as i64 >= MAX_LINKS {
+                return Err(MetaError::TooManyLinks);
+            }
+            let p = locked.remove(&new_parent).ok_or(MetaError::NotFound)?;
+            is_dir(&p)?;
+            if p.nlink == 0 {
+                return Err(MetaError::NotFound);
+            }
+            if find_dentry(tx, new_parent, new_name)?.is_some() {
+                return Err(MetaError::Exists);
+            }
+            let now = now_nanos();
+            tx.exec(
+                "INSERT INTO dentries (parent, name, ino, kind) VALUES ($1, $2, $3, $4)",
+                vals![new_parent, new_name, ino, a.kind as i64],
+            )?;
+            tx.exec(
+                "UPDATE inodes SET nlink = nlink + 1, ctime = $2, orphan = 0 WHERE ino = $1",
+                vals![ino, now],
+            )?;
+            touch_dir(tx, new_parent, now, 0)?;
+            // changelog: HLINK
+            changelog::record(
+                tx,
+                &Rec::new(RecordType::Hlink, ino).at(new_parent, new_name),
+            )?;
+            get_attr(tx, ino)
+        })
     }
+
     fn unlink(&self, parent: Ino, name: &[u8]) -> Result<()> {
-        LegacyEngine::unlink(&self.d, parent, name)
+        self.d.write(|tx| {
+            let Some((id, ino, kind)) = find_dentry(tx, parent, name)? else {
+                dir_attr(tx, parent)?;
+                return Err(MetaError::NotFound);
+            };
+            let locked = lock_inodes(tx, &[parent, ino])?;
+            is_dir(locked.get(&parent).ok_or(MetaError::NotFound)?)?;
+            if kind == Kind::Dir {
+                return Err(MetaError::IsDir);
+            }
+            let now = now_nanos();
+            let nlink = if tx.dialect().is_postgres() {
+                // The entry, the parent's times and the link count in one round trip.
+                tx.query_opt(
+                    "WITH d AS (DELETE FROM dentries WHERE id = $3), \
+                          t AS (UPDATE inodes SET mtime = $2, ctime = $2 WHERE ino = $4) \
+                     UPDATE inodes SET nlink = nlink - 1, ctime = $2 WHERE ino = $1 \
+                     RETURNING nlink",
+                    vals![ino, now, id, parent],
+                )?
+            } else {
+                tx.exec("DELETE FROM dentries WHERE id = $1", vals![id])?;
+                touch_dir(tx, parent, now, 0)?;
+                tx.query_opt(
+                    "UPDATE inodes SET nlink = nlink - 1, ctime = $2 WHERE ino = $1 \
+                     RETURNING nlink",
+                    vals![ino, now],
+                )?
+            };
+            let mut last = nlink.is_none();
+            if let Some(r) = nlink {
+                if r.i64(0)? <= 0 {
+                    last = true;
+                    drop_inode(tx, ino)?;
+                }
+            }
+            // changelog: UNLNK (flag LAST when its last name went). Last, after every row
+            // lock: on PostgreSQL a record holds the changelog's order lock until commit.
+            let flags = if last { FLAG_LAST } else { 0 };
+            changelog::record(
+                tx,
+                &Rec::new(RecordType::Unlnk, ino)
+                    .at(parent, name)
+                    .flags(flags),
+            )?;
+            Ok(())
+        })
     }
+
     fn rmdir(&self, parent: Ino, name: &[u8]) -> Result<()> {
-        LegacyEngine::rmdir(&self.d, parent, name)
+        if name == b"." {
+            return Err(MetaError::Invalid("rmdir of '.'".into()));
+        }
+        if name == b".." {
+            return Err(MetaError::NotEmpty);
+        }
+        self.d.write(|tx| {
+            let Some((id, ino, kind)) = find_dentry(tx, parent, name)? else {
+                dir_attr(tx, parent)?;
+                return Err(MetaError::NotFound);
+            };
+            let locked = lock_inodes(tx, &[parent, ino])?;
+            is_dir(locked.get(&parent).ok_or(MetaError::NotFound)?)?;
+            if kind != Kind::Dir {
+                return Err(MetaError::NotDir);
+            }
+            if tx.exists(
+                "SELECT EXISTS (SELECT 1 FROM dentries WHERE parent = $1)",
+                vals![ino],
+            )? {
+                return Err(MetaError::NotEmpty);
+            }
+            let now = now_nanos();
+            tx.exec("DELETE FROM dentries WHERE id = $1", vals![id])?;
+            delete_dir_inode(tx, ino)?;
+            touch_dir(tx, parent, now, -1)?;
+            // changelog: RMDIR
+            changelog::record(
+                tx,
+                &Rec::new(RecordType::Rmdir, ino)
+                    .at(parent, name)
+                    .flags(FLAG_LAST),
+            )?;
+            Ok(())
+        })
     }
+
     fn rename(
         &self,
         parent: Ino,
@@ -47,11 +518,220 @@ impl<D: Driver + LegacyEngine> Namespace for SqlMeta<D> {
         new_name: &[u8],
         flags: u32,
     ) -> Result<()> {
-        LegacyEngine::rename(&self.d, parent, name, new_parent, new_name, flags)
+        check_name(new_name)?;
+        let exchange = flags & libc::RENAME_EXCHANGE != 0;
+        let noreplace = flags & libc::RENAME_NOREPLACE != 0;
+        if exchange && noreplace {
+            return Err(MetaError::Invalid(
+                "RENAME_EXCHANGE with RENAME_NOREPLACE".into(),
+            ));
+        }
+        if flags & !(libc::RENAME_EXCHANGE | libc::RENAME_NOREPLACE) != 0 {
+            return Err(MetaError::Invalid("unsupported rename flags".into()));
+        }
+        self.d.write(|tx| {
+            // Look first (on PostgreSQL this fixes the snapshot), then lock: a change to either
+            // directory since the snapshot makes the locks fail and the transaction retry.
+            dir_attr(tx, parent)?;
+            if new_parent != parent {
+                dir_attr(tx, new_parent)?;
+            }
+            let (sid, sino, skind) = find_dentry(tx, parent, name)?.ok_or(MetaError::NotFound)?;
+            let dst = find_dentry(tx, new_parent, new_name)?;
+            if parent == new_parent && name == new_name {
+                return if noreplace {
+                    Err(MetaError::Exists)
+                } else {
+                    Ok(())
+                };
+            }
+            if tx.dialect().row_locks() {
+                let moves_dir = parent != new_parent
+                    && (skind == Kind::Dir || (exchange && matches!(dst, Some((_, _, Kind::Dir)))));
+                if moves_dir {
+                    // Lock order 1: renames that move a directory to another parent, one at a
+                    // time (the ancestor walk below cannot race another such rename).
+                    tx.exec(
+                        "INSERT INTO counters (name, value) VALUES ('rename_lock', 1) \
+                         ON CONFLICT (name) DO UPDATE SET value = counters.value + 1",
+                        vals![],
+                    )?;
+                }
+                let mut set = vec![parent, new_parent, sino];
+                if let Some((_, dino, _)) = dst {
+                    set.push(dino);
+                }
+                let locked = lock_inodes(tx, &set)?;
+                if !locked.contains_key(&parent) || !locked.contains_key(&new_parent) {
+                    return Err(MetaError::NotFound);
+                }
+            }
+            let now = now_nanos();
+            if skind == Kind::Dir && is_ancestor(tx, sino, new_parent)? {
+                return Err(MetaError::Invalid(
+                    "cannot move a directory into itself".into(),
+                ));
+            }
+            if exchange {
+                let (did, dino, dkind) = dst.ok_or(MetaError::NotFound)?;
+                if dkind == Kind::Dir && is_ancestor(tx, dino, parent)? {
+                    return Err(MetaError::Invalid(
+                        "cannot move a directory into itself".into(),
+                    ));
+                }
+                tx.exec(
+                    "UPDATE dentries SET ino = $2, kind = $3 WHERE id = $1",
+                    vals![sid, dino, dkind as i64],
+                )?;
+                tx.exec(
+                    "UPDATE dentries SET ino = $2, kind = $3 WHERE id = $1",
+                    vals![did, sino, skind as i64],
+                )?;
+                let mut dp = 0i64;
+                let mut dn = 0i64;
+                if skind == Kind::Dir {
+                    tx.exec(
+                        "UPDATE inodes SET parent = $2 WHERE ino = $1",
+                        vals![sino, new_parent],
+                    )?;
+                    dp -= 1;
+                    dn += 1;
+                }
+                if dkind == Kind::Dir {
+                    tx.exec(
+                        "UPDATE inodes SET parent = $2 WHERE ino = $1",
+                        vals![dino, parent],
+                    )?;
+                    dp += 1;
+                    dn -= 1;
+                }
+                for ino in [sino, dino] {
+                    tx.exec(
+                        "UPDATE inodes SET ctime = $2 WHERE ino = $1",
+                        vals![ino, now],
+                    )?;
+                }
+                if parent == new_parent {
+                    touch_dir(tx, parent, now, 0)?;
+                } else {
+                    touch_dir(tx, parent, now, dp)?;
+                    touch_dir(tx, new_parent, now, dn)?;
+                }
+                // changelog: RENME + RNMTO (an exchange: both names now name the other inode)
+                changelog::record_all(
+                    tx,
+                    &[
+                        Rec::new(RecordType::Renme, sino)
+                            .at(new_parent, new_name)
+                            .from(parent, name),
+                        Rec::new(RecordType::Rnmto, dino)
+                            .at(new_parent, new_name)
+                            .from(parent, name)
+                            .flags(FLAG_EXCHANGE),
+                    ],
+                )?;
+                return Ok(());
+            }
+            let mut new_parent_nlink = 0i64;
+            // The inode the rename replaced, and whether it lost its last name (changelog).
+            let mut replaced: Option<(Ino, bool)> = None;
+            if let Some((did, dino, dkind)) = dst {
+                if noreplace {
+                    return Err(MetaError::Exists);
+                }
+                if dino == sino {
+                    // Two names of one file: POSIX says do nothing.
+                    return Ok(());
+                }
+                if dkind == Kind::Dir {
+                    if skind != Kind::Dir {
+                        return Err(MetaError::IsDir);
+                    }
+                    if tx.exists(
+                        "SELECT EXISTS (SELECT 1 FROM dentries WHERE parent = $1)",
+                        vals![dino],
+                    )? {
+                        return Err(MetaError::NotEmpty);
+                    }
+                    tx.exec("DELETE FROM dentries WHERE id = $1", vals![did])?;
+                    delete_dir_inode(tx, dino)?;
+                    new_parent_nlink -= 1;
+                    replaced = Some((dino, true));
+                } else {
+                    if skind == Kind::Dir {
+                        return Err(MetaError::NotDir);
+                    }
+                    tx.exec("DELETE FROM dentries WHERE id = $1", vals![did])?;
+                    let nlink = tx.int(
+                        "UPDATE inodes SET nlink = nlink - 1, ctime = $2 WHERE ino = $1 \
+                         RETURNING nlink",
+                        vals![dino, now],
+                    )?;
+                    if nlink <= 0 {
+                        retire_inode(tx, dino)?;
+                    }
+                    replaced = Some((dino, nlink <= 0));
+                }
+            }
+            tx.exec(
+                "UPDATE dentries SET parent = $2, name = $3 WHERE id = $1",
+                vals![sid, new_parent, new_name],
+            )?;
+            tx.exec(
+                "UPDATE inodes SET ctime = $2 WHERE ino = $1",
+                vals![sino, now],
+            )?;
+            if skind == Kind::Dir && parent != new_parent {
+                tx.exec(
+                    "UPDATE inodes SET parent = $2 WHERE ino = $1",
+                    vals![sino, new_parent],
+                )?;
+                touch_dir(tx, parent, now, -1)?;
+                new_parent_nlink += 1;
+            } else if parent != new_parent {
+                touch_dir(tx, parent, now, 0)?;
+            }
+            touch_dir(tx, new_parent, now, new_parent_nlink)?;
+            // changelog: RENME (source parent/name), RNMTO (target parent/name; the replaced
+            // inode, if any, in the record's flags)
+            let mut recs = vec![Rec::new(RecordType::Renme, sino)
+                .at(new_parent, new_name)
+                .from(parent, name)];
+            if let Some((dino, last)) = replaced {
+                recs.push(
+                    Rec::new(RecordType::Rnmto, dino)
+                        .at(new_parent, new_name)
+                        .from(parent, name)
+                        .flags(if last { FLAG_LAST } else { 0 }),
+                );
+            }
+            changelog::record_all(tx, &recs)?;
+            Ok(())
+        })
     }
+
     fn readdir(&self, ino: Ino, offset: u64, limit: usize) -> Result<Vec<DirEntry>> {
-        LegacyEngine::readdir(&self.d, ino, offset, limit)
+        self.d.read(|tx| {
+            dir_attr(tx, ino)?;
+            let mut out = Vec::new();
+            tx.query_each(
+                "SELECT id, name, ino, kind FROM dentries WHERE parent = $1 AND id > $2 \
+                 ORDER BY id LIMIT $3",
+                vals![ino, offset, limit],
+                &mut |mut r| {
+                    out.push(DirEntry {
+                        offset: r.u64(0)?,
+                        name: r.take_blob(1)?.unwrap_or_default(),
+                        ino: r.u64(2)?,
+                        kind: Kind::from_i64(r.i64(3)?).unwrap_or(Kind::File),
+                    });
+                    Ok(())
+                },
+            )?;
+            Ok(out)
+        })
     }
+
     fn readlink(&self, ino: Ino) -> Result<Vec<u8>> {
         self.d.read(|tx| {
             let r = tx.one(
@@ -64,37 +744,299 @@ impl<D: Driver + LegacyEngine> Namespace for SqlMeta<D> {
             Ok(r.opt_blob(1)?.unwrap_or_default())
         })
     }
+
     fn getxattr(&self, ino: Ino, name: &[u8]) -> Result<Vec<u8>> {
-        LegacyEngine::getxattr(&self.d, ino, name)
+        self.d.read(|tx| {
+            match tx.query_opt(
+                "SELECT value FROM xattrs WHERE ino = $1 AND name = $2",
+                vals![ino, name],
+            )? {
+                Some(mut r) => Ok(r.take_blob(0)?.unwrap_or_default()),
+                None => Err(if get_attr(tx, ino).is_err() {
+                    MetaError::NotFound
+                } else {
+                    MetaError::NoAttr
+                }),
+            }
+        })
     }
+
     fn setxattr(&self, ino: Ino, name: &[u8], value: &[u8], flags: i32) -> Result<()> {
-        LegacyEngine::setxattr(&self.d, ino, name, value, flags)
+        if name.is_empty() || name.len() > 255 {
+            return Err(MetaError::Invalid("bad xattr name".into()));
+        }
+        self.d.write(|tx| {
+            lock1(tx, ino)?;
+            let exists = tx.exists(
+                "SELECT EXISTS (SELECT 1 FROM xattrs WHERE ino = $1 AND name = $2)",
+                vals![ino, name],
+            )?;
+            if flags & libc::XATTR_CREATE != 0 && exists {
+                return Err(MetaError::Exists);
+            }
+            if flags & libc::XATTR_REPLACE != 0 && !exists {
+                return Err(MetaError::NoAttr);
+            }
+            tx.exec(
+                "INSERT INTO xattrs (ino, name, value) VALUES ($1, $2, $3) \
+                 ON CONFLICT (ino, name) DO UPDATE SET value = excluded.value",
+                vals![ino, name, value],
+            )?;
+            tx.exec(
+                "UPDATE inodes SET ctime = $2 WHERE ino = $1",
+                vals![ino, now_nanos()],
+            )?;
+            // changelog: XATTR
+            changelog::record(tx, &Rec::new(RecordType::Xattr, ino).at(0, name))?;
+            Ok(())
+        })
     }
+
     fn listxattr(&self, ino: Ino) -> Result<Vec<Vec<u8>>> {
-        LegacyEngine::listxattr(&self.d, ino)
+        self.d.read(|tx| {
+            get_attr(tx, ino)?;
+            let mut out = Vec::new();
+            tx.query_each(
+                "SELECT name FROM xattrs WHERE ino = $1 ORDER BY name",
+                vals![ino],
+                &mut |mut r| {
+                    out.push(r.take_blob(0)?.unwrap_or_default());
+                    Ok(())
+                },
+            )?;
+            Ok(out)
+        })
     }
+
     fn removexattr(&self, ino: Ino, name: &[u8]) -> Result<()> {
-        LegacyEngine::removexattr(&self.d, ino, name)
+        self.d.write(|tx| {
+            lock1(tx, ino)?;
+            let n = tx.exec(
+                "DELETE FROM xattrs WHERE ino = $1 AND name = $2",
+                vals![ino, name],
+            )?;
+            if n == 0 {
+                return Err(MetaError::NoAttr);
+            }
+            tx.exec(
+                "UPDATE inodes SET ctime = $2 WHERE ino = $1",
+                vals![ino, now_nanos()],
+            )?;
+            // changelog: XATTR
+            changelog::record(tx, &Rec::new(RecordType::Xattr, ino).at(0, name))?;
+            Ok(())
+        })
     }
+
     fn resolve_stripe_default(&self, dir: Ino) -> Result<StripeDefault> {
-        LegacyEngine::resolve_stripe_default(&self.d, dir)
+        self.d.read(|tx| {
+            let mut out = StripeDefault::default();
+            let mut ino = dir;
+            for _ in 0..100_000 {
+                let r = tx.one(
+                    "SELECT def_stripe_count, def_stripe_size, parent FROM inodes WHERE ino = $1",
+                    vals![ino],
+                )?;
+                let (cnt, size, parent) = (r.i64(0)?, r.i64(1)?, r.u64(2)?);
+                if out.stripe_count == 0 && cnt > 0 {
+                    out.stripe_count = cnt as u32;
+                }
+                if out.stripe_size == 0 && size > 0 {
+                    out.stripe_size = size as u64;
+                }
+                if (out.stripe_count > 0 && out.stripe_size > 0) || ino == ROOT_INO {
+                    break;
+                }
+                ino = parent;
+            }
+            if out.stripe_count == 0 || out.stripe_size == 0 {
+                // The filesystem's defaults (as `info` reads them).
+                let mut fs = StripeDefault {
+                    stripe_count: 1,
+                    stripe_size: 1 << 20,
+                };
+                tx.query_each(
+                    "SELECT key, value FROM meta_info \
+                     WHERE key = 'stripe_count' OR key = 'stripe_size'",
+                    vals![],
+                    &mut |r| {
+                        let v = r.text(1)?;
+                        match r.text(0)?.as_str() {
+                            "stripe_count" => fs.stripe_count = v.parse().unwrap_or(1),
+                            _ => fs.stripe_size = v.parse().unwrap_or(1 << 20),
+                        }
+                        Ok(())
+                    },
+                )?;
+                if out.stripe_count == 0 {
+                    out.stripe_count = fs.stripe_count;
+                }
+                if out.stripe_size == 0 {
+                    out.stripe_size = fs.stripe_size;
+                }
+            }
+            Ok(out)
+        })
     }
+
     fn set_dir_stripe(&self, dir: Ino, def: StripeDefault) -> Result<()> {
-        LegacyEngine::set_dir_stripe(&self.d, dir, def)
+        self.d.write(|tx| {
+            is_dir(&lock1(tx, dir)?)?;
+            tx.exec(
+                "UPDATE inodes SET def_stripe_count = $2, def_stripe_size = $3, ctime = $4 \
+                 WHERE ino = $1",
+                vals![dir, def.stripe_count, def.stripe_size, now_nanos()],
+            )?;
+            // changelog: LYOUT
+            changelog::record(tx, &Rec::new(RecordType::Lyout, dir))?;
+            Ok(())
+        })
     }
+
     fn set_file_layout(&self, ino: Ino, layout: &Layout) -> Result<()> {
-        LegacyEngine::set_file_layout(&self.d, ino, layout)
+        self.d.write(|tx| {
+            let a = lock1(tx, ino)?;
+            if a.kind != Kind::File {
+                return Err(MetaError::Invalid("not a regular file".into()));
+            }
+            let has_data = tx.exists(
+                "SELECT EXISTS (SELECT 1 FROM slices WHERE ino = $1)",
+                vals![ino],
+            )?;
+            if has_data || a.size > 0 {
+                return Err(MetaError::NotEmpty);
+            }
+            tx.exec(
+                "UPDATE inodes SET stripe_size = $2, stripe_targets = $3, ctime = $4 \
+                 WHERE ino = $1",
+                vals![
+                    ino,
+                    layout.stripe_size,
+                    layout.encode_targets(),
+                    now_nanos()
+                ],
+            )?;
+            // changelog: LYOUT
+            changelog::record(tx, &Rec::new(RecordType::Lyout, ino))?;
+            Ok(())
+        })
     }
+
     fn set_projid(&self, ino: Ino, projid: u32, inherit: bool) -> Result<u64> {
-        LegacyEngine::set_projid(&self.d, ino, projid, inherit)
+        self.d.write(|tx| {
+            let a = lock1(tx, ino)?;
+            let now = now_nanos();
+            let subtree = inherit && a.kind == Kind::Dir;
+            tx.exec(
+                "UPDATE inodes SET projid = $2, projinherit = $3, ctime = $4 WHERE ino = $1",
+                vals![ino, projid, subtree as i64, now],
+            )?;
+            // changelog: SATTR (one record, for `ino`, written at the end below)
+            let mut count = 1u64;
+            if subtree {
+                let mut queue = vec![ino];
+                while let Some(dir) = queue.pop() {
+                    let mut children = Vec::new();
+                    tx.query_each(
+                        "SELECT ino, kind FROM dentries WHERE parent = $1",
+                        vals![dir],
+                        &mut |r| {
+                            children.push((r.u64(0)?, r.i64(1)? == Kind::Dir as i64));
+                            Ok(())
+                        },
+                    )?;
+                    for (child, is_d) in children {
+                        tx.exec(
+                            "UPDATE inodes SET projid = $2, projinherit = $3, ctime = $4 \
+                             WHERE ino = $1",
+                            vals![child, projid, is_d as i64, now],
+                        )?;
+                        count += 1;
+                        if is_d {
+                            queue.push(child);
+                        }
+                    }
+                }
+            }
+            changelog::record(tx, &Rec::new(RecordType::Sattr, ino))?;
+            Ok(count)
+        })
     }
+
     fn get_projid(&self, ino: Ino) -> Result<(u32, bool)> {
-        LegacyEngine::get_projid(&self.d, ino)
+        self.d.read(|tx| {
+            let r = tx.one(
+                "SELECT projid, projinherit FROM inodes WHERE ino = $1",
+                vals![ino],
+            )?;
+            Ok((r.u32(0)?, r.i64(1)? != 0))
+        })
     }
+
     fn path_of(&self, ino: Ino) -> Result<Option<Vec<u8>>> {
-        LegacyEngine::path_of(&self.d, ino)
+        self.d.read(|tx| {
+            let mut parts: Vec<Vec<u8>> = Vec::new();
+            let mut cur = ino;
+            while cur != ROOT_INO {
+                let Some(mut r) = tx.query_opt(
+                    "SELECT parent, name FROM dentries WHERE ino = $1 ORDER BY id LIMIT 1",
+                    vals![cur],
+                )?
+                else {
+                    return Ok(None);
+                };
+                parts.push(r.take_blob(1)?.unwrap_or_default());
+                cur = r.u64(0)?;
+                if parts.len() > 4096 {
+                    return Err(MetaError::Invalid(format!("inode {ino}: its path loops")));
+                }
+            }
+            let mut path = Vec::new();
+            for p in parts.iter().rev() {
+                path.push(b'/');
+                path.extend_from_slice(p);
+            }
+            if path.is_empty() {
+                path.push(b'/');
+            }
+            Ok(Some(path))
+        })
     }
+
     fn purge_orphans(&self, replaced_before: Nanos) -> Result<u64> {
-        LegacyEngine::purge_orphans(&self.d, replaced_before)
+        let due: Vec<Ino> = self.d.read(|tx| {
+            let mut v = Vec::new();
+            tx.query_each(
+                "SELECT ino FROM inodes WHERE orphan = 2 AND ctime < $1 ORDER BY ino LIMIT 1000",
+                vals![replaced_before],
+                &mut |r| {
+                    v.push(r.u64(0)?);
+                    Ok(())
+                },
+            )?;
+            Ok(v)
+        })?;
+        if due.is_empty() {
+            return Ok(0);
+        }
+        self.d.write(|tx| {
+            if tx.dialect().row_locks() {
+                lock_inodes(tx, &due)?;
+            }
+            let mut n = 0;
+            for ino in &due {
+                // Still a replaced file, and not open (the purge after its last close waits for
+                // a later pass).
+                if tx.exists(
+                    "SELECT EXISTS (SELECT 1 FROM inodes WHERE ino = $1 AND orphan = 2) \
+                     AND NOT EXISTS (SELECT 1 FROM open_files WHERE ino = $1)",
+                    vals![*ino],
+                )? {
+                    purge_inode(tx, *ino)?;
+                    n += 1;
+                }
+            }
+            Ok(n)
+        })
     }
 }

@@ -1,7 +1,7 @@
 //! The PCC domain: RW-PCC leases (one owner client per file, with a generation), requests to
 //! give a lease back, and attach rules with their quotas.
 
-use super::common::{attr_from_row, ATTR_COLS};
+use super::common::AttrUpdate;
 use super::common::{lock1, lock_rows};
 use super::SqlMeta;
 use crate::engine::Pcc;
@@ -84,13 +84,9 @@ impl<D: Driver> Pcc for SqlMeta<D> {
         size: u64,
         mtime: Nanos,
     ) -> Result<Attr> {
-        static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-        let update = SQL.get_or_init(|| {
-            format!(
-                "UPDATE inodes SET size = $2, mtime = $3, ctime = GREATEST(ctime, $3) \
-                 WHERE ino = $1 RETURNING {ATTR_COLS}"
-            )
-        });
+        static UPDATE: AttrUpdate = AttrUpdate::new(
+            "UPDATE inodes SET size = $2, mtime = $3, ctime = GREATEST(ctime, $3) WHERE ino = $1",
+        );
         self.d.write(|tx| {
             lock_rows(tx, &[ino])?;
             let l = lease_of(tx, ino)?.ok_or(MetaError::NotFound)?;
@@ -101,7 +97,7 @@ impl<D: Driver> Pcc for SqlMeta<D> {
                 "UPDATE pcc_leases SET dirty = $2 WHERE ino = $1",
                 vals![ino, dirty as i64],
             )?;
-            let a = attr_from_row(&tx.one(update, vals![ino, size, mtime])?)?;
+            let a = UPDATE.run(tx, ino, vals![ino, size, mtime])?;
             // changelog: MTIME (the lease owner's cached copy: size and mtime)
             super::changelog::record(
                 tx,
