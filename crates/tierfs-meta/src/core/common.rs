@@ -266,6 +266,30 @@ pub fn touch_dir(tx: &mut dyn Tx, dir: Ino, now: Nanos, nlink_delta: i64) -> Res
     Ok(())
 }
 
+/// Takes one link from `ino` (and sets its ctime); returns the links left (`None`: no such
+/// inode). On SQLite an `UPDATE ... RETURNING` opens a statement journal (a page copy per
+/// changed page, and its memory allocated and freed each time), so there the count is read
+/// back with a plain `SELECT` instead: avoid `UPDATE`/`DELETE ... RETURNING` on SQLite's hot
+/// paths.
+pub fn drop_link(tx: &mut dyn Tx, ino: Ino, now: Nanos) -> Result<Option<i64>> {
+    if tx.dialect().is_postgres() {
+        return tx
+            .query_opt(
+                "UPDATE inodes SET nlink = nlink - 1, ctime = $2 WHERE ino = $1 RETURNING nlink",
+                vals![ino, now],
+            )?
+            .map(|r| r.i64(0))
+            .transpose();
+    }
+    tx.exec(
+        "UPDATE inodes SET nlink = nlink - 1, ctime = $2 WHERE ino = $1",
+        vals![ino, now],
+    )?;
+    tx.query_opt("SELECT nlink FROM inodes WHERE ino = $1", vals![ino])?
+        .map(|r| r.i64(0))
+        .transpose()
+}
+
 /// Counts one more open of `ino` by `session`.
 pub fn record_open(tx: &mut dyn Tx, session: u64, ino: Ino) -> Result<()> {
     tx.exec(
@@ -316,18 +340,24 @@ pub fn trash_slices(tx: &mut dyn Tx, ino: Ino, where_sql: &str, args: &[i64]) ->
     params.push(ino.into());
     params.extend(args.iter().map(|a| Value::Int(*a)));
     let mut gone: Vec<(i64, i64, i64)> = Vec::new();
-    tx.query_each(
-        &format!(
-            "DELETE FROM slices WHERE ino = $1 AND {where_sql} RETURNING target, obj, obj_size"
+    let sql = match where_sql {
+        // The usual ones without building the text each time.
+        "TRUE" => std::borrow::Cow::Borrowed(
+            "DELETE FROM slices WHERE ino = $1 RETURNING target, obj, obj_size",
         ),
-        &params,
-        &mut |r| {
-            if let (Some(t), Some(o)) = (r.opt_i64(0)?, r.opt_i64(1)?) {
-                gone.push((t, o, r.i64(2)?));
-            }
-            Ok(())
-        },
-    )?;
+        "chunk >= $2" => std::borrow::Cow::Borrowed(
+            "DELETE FROM slices WHERE ino = $1 AND chunk >= $2 RETURNING target, obj, obj_size",
+        ),
+        _ => std::borrow::Cow::Owned(format!(
+            "DELETE FROM slices WHERE ino = $1 AND {where_sql} RETURNING target, obj, obj_size"
+        )),
+    };
+    tx.query_each(&sql, &params, &mut |r| {
+        if let (Some(t), Some(o)) = (r.opt_i64(0)?, r.opt_i64(1)?) {
+            gone.push((t, o, r.i64(2)?));
+        }
+        Ok(())
+    })?;
     gone.sort_unstable();
     gone.dedup();
     for (target, obj, size) in gone {
@@ -370,14 +400,26 @@ pub fn purge_inode(tx: &mut dyn Tx, ino: Ino) -> Result<()> {
 /// Deletes an inode whose last name is gone, or marks it orphan (`orphan = 1`) while a client
 /// has it open (the last close purges it).
 pub fn drop_inode(tx: &mut dyn Tx, ino: Ino) -> Result<()> {
-    // No row back means nobody has it open.
-    let open = tx
-        .query_opt(
+    let open = if tx.dialect().is_postgres() {
+        // One round trip; no row back means nobody has it open.
+        tx.query_opt(
             "UPDATE inodes SET orphan = 1 WHERE ino = $1 \
              AND EXISTS (SELECT 1 FROM open_files WHERE ino = $1) RETURNING ino",
             vals![ino],
         )?
-        .is_some();
+        .is_some()
+    } else {
+        // SQLite: `UPDATE ... RETURNING` opens a statement journal even when it changes
+        // nothing; the usual case (not open) is one plain read.
+        let open = tx.exists(
+            "SELECT EXISTS (SELECT 1 FROM open_files WHERE ino = $1)",
+            vals![ino],
+        )?;
+        if open {
+            tx.exec("UPDATE inodes SET orphan = 1 WHERE ino = $1", vals![ino])?;
+        }
+        open
+    };
     if open {
         return Ok(());
     }

@@ -14,8 +14,9 @@
 use super::changelog::{self, Rec};
 use super::common::{
     add_allocated, attr_from_row, check_name, chunk_allocated, chunks_allocated, dir_attr,
-    drop_inode, find_dentry, get_attr, insert_slice, is_dir, lock1, lock_inodes, purge_inode,
-    record_open, retire_inode, touch_dir, trash_slices, ATTR_COLS, ATTR_COLS_I, MAX_LINKS,
+    drop_inode, drop_link, find_dentry, get_attr, insert_slice, is_dir, lock1, lock_inodes,
+    purge_inode, record_open, retire_inode, touch_dir, trash_slices, ATTR_COLS, ATTR_COLS_I,
+    MAX_LINKS,
 };
 use super::SqlMeta;
 use crate::changelog::{RecordType, FLAG_EXCHANGE, FLAG_LAST};
@@ -146,17 +147,10 @@ fn const_format_select() -> &'static str {
     })
 }
 
-fn insert_inode_sql() -> &'static str {
-    static S: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    S.get_or_init(|| {
-        format!(
-            "INSERT INTO inodes (kind, perm, uid, gid, nlink, size, rdev, atime, mtime, ctime, \
-             crtime, projid, projinherit, stripe_size, stripe_targets, parent, symlink) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8, $8, $8, $9, $10, $11, $12, $13, $14) \
-             RETURNING {ATTR_COLS}"
-        )
-    })
-}
+/// A new inode (SQLite's path of `create`).
+const INSERT_INODE: &str = "INSERT INTO inodes (kind, perm, uid, gid, nlink, size, rdev, atime, \
+     mtime, ctime, crtime, projid, projinherit, stripe_size, stripe_targets, parent, symlink) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8, $8, $8, $9, $10, $11, $12, $13, $14)";
 
 /// PostgreSQL: the new inode, its name, the parent's times and link count, and the opener's
 /// open count in one statement (the parent row is already locked by this transaction).
@@ -188,6 +182,18 @@ fn lookup_sql() -> &'static str {
              WHERE d.parent = $1 AND d.name = $2"
         )
     })
+}
+
+/// Locks a directory and an entry's inode (PostgreSQL); checks that the directory is one.
+/// SQLite (one writer) reads only the directory, as a lock is not needed.
+fn lock_parent_and_child(tx: &mut dyn Tx, parent: Ino, child: Ino) -> Result<()> {
+    if tx.dialect().row_locks() {
+        let locked = lock_inodes(tx, &[parent, child])?;
+        is_dir(locked.get(&parent).ok_or(MetaError::NotFound)?)?;
+    } else {
+        dir_attr(tx, parent)?;
+    }
+    Ok(())
 }
 
 /// Removes an empty directory's inode (its entry is gone or going).
@@ -356,16 +362,16 @@ impl<D: Driver> Namespace for SqlMeta<D> {
                 params.extend([name.into(), parent_links.into(), open_by.into()]);
                 attr_from_row(&tx.one(insert_inode_fused_sql(), &params)?)?
             } else {
-                let a = attr_from_row(&tx.one(insert_inode_sql(), &params)?)?;
+                let ino = tx.insert_id(INSERT_INODE, &params, "ino")? as Ino;
                 tx.exec(
                     "INSERT INTO dentries (parent, name, ino, kind) VALUES ($1, $2, $3, $4)",
-                    vals![parent, name, a.ino, node.kind as i64],
+                    vals![parent, name, ino, node.kind as i64],
                 )?;
                 touch_dir(tx, parent, now, parent_links)?;
                 if let Some(session) = open_by {
-                    record_open(tx, session, a.ino)?;
+                    record_open(tx, session, ino)?;
                 }
-                a
+                get_attr(tx, ino)?
             };
             // changelog: CREAT (file), MKDIR (dir), SLINK (symlink), MKNOD (other kinds)
             let typ = match node.kind {
@@ -428,8 +434,7 @@ impl<D: Driver> Namespace for SqlMeta<D> {
                 dir_attr(tx, parent)?;
                 return Err(MetaError::NotFound);
             };
-            let locked = lock_inodes(tx, &[parent, ino])?;
-            is_dir(locked.get(&parent).ok_or(MetaError::NotFound)?)?;
+            lock_parent_and_child(tx, parent, ino)?;
             if kind == Kind::Dir {
                 return Err(MetaError::IsDir);
             }
@@ -443,21 +448,16 @@ impl<D: Driver> Namespace for SqlMeta<D> {
                      RETURNING nlink",
                     vals![ino, now, id, parent],
                 )?
+                .map(|r| r.i64(0))
+                .transpose()?
             } else {
                 tx.exec("DELETE FROM dentries WHERE id = $1", vals![id])?;
                 touch_dir(tx, parent, now, 0)?;
-                tx.query_opt(
-                    "UPDATE inodes SET nlink = nlink - 1, ctime = $2 WHERE ino = $1 \
-                     RETURNING nlink",
-                    vals![ino, now],
-                )?
+                drop_link(tx, ino, now)?
             };
-            let mut last = nlink.is_none();
-            if let Some(r) = nlink {
-                if r.i64(0)? <= 0 {
-                    last = true;
-                    drop_inode(tx, ino)?;
-                }
+            let last = !matches!(nlink, Some(n) if n > 0);
+            if matches!(nlink, Some(n) if n <= 0) {
+                drop_inode(tx, ino)?;
             }
             // changelog: UNLNK (flag LAST when its last name went). Last, after every row
             // lock: on PostgreSQL a record holds the changelog's order lock until commit.
@@ -484,8 +484,7 @@ impl<D: Driver> Namespace for SqlMeta<D> {
                 dir_attr(tx, parent)?;
                 return Err(MetaError::NotFound);
             };
-            let locked = lock_inodes(tx, &[parent, ino])?;
-            is_dir(locked.get(&parent).ok_or(MetaError::NotFound)?)?;
+            lock_parent_and_child(tx, parent, ino)?;
             if kind != Kind::Dir {
                 return Err(MetaError::NotDir);
             }
@@ -662,11 +661,7 @@ impl<D: Driver> Namespace for SqlMeta<D> {
                         return Err(MetaError::NotDir);
                     }
                     tx.exec("DELETE FROM dentries WHERE id = $1", vals![did])?;
-                    let nlink = tx.int(
-                        "UPDATE inodes SET nlink = nlink - 1, ctime = $2 WHERE ino = $1 \
-                         RETURNING nlink",
-                        vals![dino, now],
-                    )?;
+                    let nlink = drop_link(tx, dino, now)?.ok_or(MetaError::NotFound)?;
                     if nlink <= 0 {
                         retire_inode(tx, dino)?;
                     }

@@ -231,12 +231,89 @@ fn all_checks(server: &Server) {
         )
     });
     eprintln!("conformance suite on PostgreSQL: {:?}", t.elapsed());
+    sql_layer_converts_exact_types(server);
     schema_and_format(server);
     a_v5_filesystem_upgrades_and_keeps_every_file(server);
     dump_from_sqlite_loads_into_postgres_and_back(server);
     concurrent_creates_renames_and_commits(server);
     revoke_notifications(server);
     lost_connections_recover(server);
+}
+
+/// The SQL layer's PostgreSQL transaction sends each value as the type its parameter has and
+/// reads every column type the core uses.
+fn sql_layer_converts_exact_types(server: &Server) {
+    use crate::sql::{Driver, Value};
+    use crate::vals;
+    let db = server.fresh_db();
+    let e = PgMeta::format(&db.url, &params()).unwrap();
+    let d = e.driver();
+    Driver::write(d, |tx| {
+        tx.batch(
+            "CREATE TABLE t (id BIGSERIAL PRIMARY KEY, a SMALLINT, b INTEGER, c BIGINT, \
+             f BOOLEAN, bin BYTEA, txt TEXT)",
+        )
+    })
+    .unwrap();
+    let id = Driver::write(d, |tx| {
+        tx.insert_id(
+            "INSERT INTO t (a, b, c, f, bin, txt) VALUES ($1, $2, $3, $4, $5, $6)",
+            vals![7i64, 70_000i64, u64::MAX, 1i64, &b"\xff\x00"[..], "x"],
+            "id",
+        )
+    })
+    .unwrap();
+    assert_eq!(id, 1);
+    // A boolean sent to an integer column and an integer to a boolean one.
+    Driver::write(d, |tx| {
+        tx.exec(
+            "INSERT INTO t (a, b, c, f, bin, txt) VALUES ($1, $2, $3, $4, NULL, $5)",
+            vals![true, -1i64, i64::MIN, false, Option::<&str>::None],
+        )
+    })
+    .unwrap();
+    let rows = Driver::read(d, |tx| {
+        tx.query(
+            "SELECT a, b, c, f, bin, txt, EXISTS (SELECT 1 FROM t WHERE f) FROM t \
+                 WHERE b = ANY($1) ORDER BY id",
+            vals![vec![70_000i64, -1]],
+        )
+    })
+    .unwrap();
+    assert_eq!(rows.len(), 2);
+    let r = &rows[0];
+    assert_eq!(
+        (r.i64(0).unwrap(), r.i64(1).unwrap(), r.u64(2).unwrap()),
+        (7, 70_000, u64::MAX)
+    );
+    assert!(r.bool(3).unwrap());
+    assert_eq!(r.blob(4).unwrap(), b"\xff\x00");
+    assert_eq!(r.text(5).unwrap(), "x");
+    assert!(r.bool(6).unwrap());
+    assert_eq!(rows[1].i64(0).unwrap(), 1);
+    assert_eq!(rows[1].value(4).unwrap(), &Value::Null);
+    assert_eq!(rows[1].opt_text(5).unwrap(), None);
+    // A value that does not fit the parameter's type is an error, not a wrapped number.
+    let r = Driver::write(d, |tx| tx.exec("UPDATE t SET b = $1", vals![i64::MAX]));
+    assert!(matches!(r, Err(MetaError::Db(_))), "{r:?}");
+    // query_opt takes the first of several rows; one() of none is NotFound.
+    let first = Driver::read(d, |tx| {
+        tx.query_opt("SELECT id FROM t ORDER BY id", vals![])
+    })
+    .unwrap()
+    .unwrap();
+    assert_eq!(first.i64(0).unwrap(), 1);
+    assert!(matches!(
+        Driver::read(d, |tx| tx
+            .one("SELECT id FROM t WHERE id = $1", vals![99i64])),
+        Err(MetaError::NotFound)
+    ));
+    // NUMERIC is refused with a hint rather than misread.
+    let r = Driver::read(d, |tx| tx.one("SELECT SUM(c) FROM t", vals![]));
+    assert!(
+        matches!(&r, Err(MetaError::Db(m)) if m.contains("BIGINT")),
+        "{r:?}"
+    );
 }
 
 /// A v5 filesystem written by the engine before the shared core (a pg_dump of it) opens,

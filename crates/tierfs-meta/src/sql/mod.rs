@@ -258,6 +258,11 @@ pub trait Tx {
         params: &[Value],
         f: &mut dyn FnMut(Row) -> Result<()>,
     ) -> Result<()>;
+    /// Runs an `INSERT` (without `RETURNING`) into a table whose auto id (`SERIAL`) is
+    /// `id_col`, and returns the id of the new row. PostgreSQL: `... RETURNING id_col`.
+    /// SQLite: the connection's last insert rowid, because an `INSERT ... RETURNING` there
+    /// opens a statement journal (a page copy and an allocation per statement).
+    fn insert_id(&mut self, sql: &str, params: &[Value], id_col: &str) -> Result<i64>;
     /// Runs statements without parameters (DDL), as the dialect's text (not rendered).
     fn batch(&mut self, sql: &str) -> Result<()>;
     /// Sends a notification at commit (PostgreSQL `NOTIFY`); engines without notifications

@@ -200,6 +200,10 @@ impl Tx for PgTx<'_> {
         }
     }
 
+    fn insert_id(&mut self, sql: &str, params: &[Value], id_col: &str) -> Result<i64> {
+        self.int(&format!("{sql} RETURNING {id_col}"), params)
+    }
+
     fn batch(&mut self, sql: &str) -> Result<()> {
         self.conn.batch(sql)
     }

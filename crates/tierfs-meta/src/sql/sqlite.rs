@@ -82,6 +82,11 @@ impl Tx for SqliteTx<'_> {
         Ok(st.execute(rusqlite::params_from_iter(params.iter()))? as u64)
     }
 
+    fn insert_id(&mut self, sql: &str, params: &[Value], _id_col: &str) -> Result<i64> {
+        self.exec(sql, params)?;
+        Ok(self.conn.last_insert_rowid())
+    }
+
     fn query_each(
         &mut self,
         sql: &str,
@@ -165,5 +170,13 @@ mod tests {
             )
             .unwrap();
         assert_eq!(id, 6);
+        let id = tx
+            .insert_id(
+                "INSERT INTO t (name, note, flag) VALUES ($1, NULL, 0)",
+                vals![&b"y"[..]],
+                "id",
+            )
+            .unwrap();
+        assert_eq!(id, 7);
     }
 }
