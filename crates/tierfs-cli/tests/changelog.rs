@@ -85,15 +85,24 @@ fn two_clients_one_reader() {
     // The creates, each with its client, uid, parent and name.
     let shared = fs::metadata(t.p(1, "shared")).unwrap().ino();
     let k0 = has(&v, "CREAT", f0, "c0").unwrap_or_else(|| panic!("no CREAT of f0: {v:#?}"));
-    assert_eq!((k0["parent"].as_u64(), k0["name"].as_str()), (Some(1), Some("f0")));
+    assert_eq!(
+        (k0["parent"].as_u64(), k0["name"].as_str()),
+        (Some(1), Some("f0"))
+    );
     assert_eq!(k0["uid"].as_u64(), Some(0));
     assert_eq!(k0["jobid"], "job-42");
     let d1 = has(&v, "MKDIR", shared, "c1").unwrap_or_else(|| panic!("no MKDIR: {v:#?}"));
     assert_eq!(d1["name"], "shared");
     assert!(has(&v, "SATTR", shared, "c1").is_some(), "chmod: {v:#?}");
     let k1 = has(&v, "CREAT", f1, "c1").unwrap_or_else(|| panic!("no CREAT of f1: {v:#?}"));
-    assert_eq!((k1["parent"].as_u64(), k1["name"].as_str()), (Some(shared), Some("f1")));
-    assert_eq!((k1["uid"].as_u64(), k1["gid"].as_u64()), (Some(1000), Some(1000)));
+    assert_eq!(
+        (k1["parent"].as_u64(), k1["name"].as_str()),
+        (Some(shared), Some("f1"))
+    );
+    assert_eq!(
+        (k1["uid"].as_u64(), k1["gid"].as_u64()),
+        (Some(1000), Some(1000))
+    );
     assert!(k1["jobid"].is_null());
     // c0's write: data committed (MTIME) by root with the job id of its environment.
     let m0 = has(&v, "MTIME", f0, "c0").unwrap_or_else(|| panic!("no MTIME of f0: {v:#?}"));
