@@ -441,6 +441,9 @@ fn print_status(engine: Arc<dyn MetaEngine>) -> Result<()> {
             Err(e) => println!("    workers: cannot read their reports: {e}"),
         }
     }
+    for line in crate::changelog::status_lines(engine.as_ref())? {
+        println!("{line}");
+    }
     Ok(())
 }
 

@@ -70,6 +70,9 @@ pub enum Command {
     Dump(crate::dump::DumpArgs),
     /// Load a `tierfs dump` file into a freshly formatted, empty filesystem.
     Load(crate::dump::LoadArgs),
+    /// The changelog: register readers, print records (--follow), clear, deregister (like
+    /// Lustre's lfs changelog). Records are kept only while a reader is registered.
+    Changelog(crate::changelog::ChangelogArgs),
     /// The persistent client cache: attach, detach, state, pin, rules, stats.
     #[command(subcommand)]
     Pcc(crate::pcc::PccCmd),
@@ -159,6 +162,11 @@ pub struct MountArgs {
     /// Capacity of the persistent client cache, e.g. 200G (default 10G).
     #[arg(long)]
     pub cache_size: Option<String>,
+    /// Where changelog records take the writer's job id from: the name of an environment
+    /// variable of the writing process (e.g. SLURM_JOB_ID), procname_uid (process name and
+    /// uid, as Lustre), or disable (the default). Config key jobid_var.
+    #[arg(long)]
+    pub jobid_var: Option<String>,
 }
 
 #[derive(Debug, Args)]

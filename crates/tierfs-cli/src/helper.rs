@@ -35,6 +35,7 @@ const OURS: &[&str] = &[
     "log_file",
     "cache_dir",
     "cache_size",
+    "jobid_var",
     "s3_credentials",
     "env_file",
     "log_level",
@@ -85,7 +86,7 @@ pub struct MountHelperArgs {
     /// Where to mount.
     pub mountpoint: PathBuf,
     /// Options, comma-separated (repeatable): client_name=, config=, attr_ttl=, metrics=,
-    /// log_file=, cache_dir=, cache_size=, s3_credentials=, env_file=, log_level=; ro, nosuid,
+    /// log_file=, cache_dir=, cache_size=, jobid_var=, s3_credentials=, env_file=, log_level=; ro, nosuid,
     /// nodev, noexec; generic ones (rw, defaults, _netdev, nofail, noauto, x-*, ...) are
     /// ignored.
     #[arg(short = 'o', value_name = "OPTS", action = clap::ArgAction::Append)]
@@ -156,6 +157,7 @@ pub struct HelperOptions {
     pub log_file: Option<PathBuf>,
     pub cache_dir: Option<PathBuf>,
     pub cache_size: Option<String>,
+    pub jobid_var: Option<String>,
     pub s3_credentials: Option<PathBuf>,
     pub env_file: Option<PathBuf>,
     pub log_level: Option<String>,
@@ -247,6 +249,7 @@ pub fn parse_options(lists: &[String], sloppy: bool) -> Result<HelperOptions> {
                 "log_file" => o.log_file = Some(path()?),
                 "cache_dir" => o.cache_dir = Some(path()?),
                 "cache_size" => o.cache_size = Some(v.to_string()),
+                "jobid_var" => o.jobid_var = Some(v.to_string()),
                 "s3_credentials" => o.s3_credentials = Some(path()?),
                 "env_file" => o.env_file = Some(path()?),
                 "log_level" => o.log_level = Some(v.to_string()),
@@ -413,6 +416,7 @@ pub fn mount_helper(a: MountHelperArgs, log_level: &str) -> Result<()> {
         log_file: o.log_file.clone(),
         cache_dir: o.cache_dir.clone(),
         cache_size: o.cache_size.clone(),
+        jobid_var: o.jobid_var.clone(),
     };
     if a.verbose {
         println!("{}", equivalent_command(&margs, &o, &level));
@@ -483,6 +487,7 @@ fn equivalent_command(m: &MountArgs, o: &HelperOptions, level: &str) -> String {
         m.cache_dir.as_ref().map(|p| p.display().to_string()),
     );
     flag("cache-size", m.cache_size.clone());
+    flag("jobid-var", m.jobid_var.clone());
     let mut line = v.join(" ");
     if o.vfs_flags() != 0 {
         line.push_str(&format!("   # then {}", o.vfs_names()));

@@ -46,6 +46,9 @@ pub(crate) fn load_config(a: &MountArgs) -> Result<ClientConfig> {
     if let Some(s) = &a.cache_size {
         cfg.cache_size = s.clone();
     }
+    if let Some(j) = &a.jobid_var {
+        cfg.jobid_var = j.clone();
+    }
     cfg.validate()
         .map_err(|e| CliError::Usage(format!("invalid option: {e}")))?;
     Ok(cfg)
@@ -135,6 +138,9 @@ pub fn mount(a: MountArgs, log_level: &str) -> Result<()> {
     }
     if let Some(s) = &a.cache_size {
         cmd.arg("--cache-size").arg(s);
+    }
+    if let Some(j) = &a.jobid_var {
+        cmd.arg("--jobid-var").arg(j);
     }
     cmd.env(READY_ENV, "1")
         .stdin(Stdio::null())
@@ -264,6 +270,7 @@ pub fn up(a: UpArgs, log_level: &str) -> Result<()> {
                 log_file: Some(dir.join("mount.log")),
                 cache_dir: None,
                 cache_size: None,
+                jobid_var: None,
             },
             log_level,
         )?;

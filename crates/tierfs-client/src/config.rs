@@ -28,6 +28,9 @@
 //! writeback_delay_secs = 30    # dirty RW-PCC files are written back this long after last close
 //! pcc_passthrough = true       # serve cached files by kernel FUSE passthrough
 //! pcc_recall_timeout_secs = 60 # how long an open waits for another client to give a file back
+//! # changelog (docs/changelog.md)
+//! jobid_var = "disable"        # job id of each change: "disable", "procname_uid", or the
+//!                              # environment variable of the writer that holds it ("SLURM_JOB_ID")
 //! ```
 
 use serde::Deserialize;
@@ -59,6 +62,7 @@ pub struct ClientConfig {
     pub writeback_delay_secs: u64,
     pub pcc_passthrough: bool,
     pub pcc_recall_timeout_secs: u64,
+    pub jobid_var: String,
 }
 
 impl Default for ClientConfig {
@@ -88,6 +92,7 @@ impl Default for ClientConfig {
             writeback_delay_secs: 30,
             pcc_passthrough: true,
             pcc_recall_timeout_secs: 60,
+            jobid_var: "disable".into(),
         }
     }
 }
@@ -142,7 +147,13 @@ impl ClientConfig {
             return Err("cache watermarks must satisfy 0 < low < high <= 1".into());
         }
         self.eviction()?;
+        self.jobid_source()?;
         Ok(())
+    }
+
+    /// Where changelog records' job ids come from (`jobid_var`).
+    pub fn jobid_source(&self) -> Result<crate::caller::JobIdSource, String> {
+        crate::caller::JobIdSource::parse(&self.jobid_var)
     }
 
     /// The cache capacity in bytes.
@@ -211,5 +222,21 @@ mod tests {
         assert_eq!(c.buffer_limit_mb, 32);
         let e = ClientConfig::from_toml("buffer_limit_mb = 0").unwrap_err();
         assert!(e.contains("buffer_limit_mb"), "{e}");
+    }
+
+    #[test]
+    fn jobid_var_defaults_to_disabled_and_is_checked() {
+        use crate::caller::JobIdSource;
+        assert_eq!(
+            ClientConfig::default().jobid_source(),
+            Ok(JobIdSource::Disabled)
+        );
+        let c = ClientConfig::from_toml("jobid_var = \"SLURM_JOB_ID\"").unwrap();
+        assert_eq!(
+            c.jobid_source(),
+            Ok(JobIdSource::Env("SLURM_JOB_ID".into()))
+        );
+        let e = ClientConfig::from_toml("jobid_var = \"A-B\"").unwrap_err();
+        assert!(e.contains("jobid_var"), "{e}");
     }
 }

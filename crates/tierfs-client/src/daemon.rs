@@ -235,6 +235,8 @@ pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Resul
             .map_err(|e| DaemonError::Metrics(addr.clone(), e.to_string()))?;
     }
     let client_name = cfg.client_name.clone().unwrap_or_else(hostname);
+    // Changelog records made by this process carry its client name.
+    tierfs_meta::changelog::set_process_client(&client_name);
     // Sessions of daemons that ran here and are gone (kill -9) end now: their client name is
     // free again and their opens and locks go, without waiting for the session timeout.
     if let Err(e) = crate::liveness::end_gone_sessions(meta.as_ref()) {
@@ -319,6 +321,7 @@ pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Resul
     fs.notifier = Arc::clone(&notifier);
     fs.pcc = pcc.clone();
     fs.posix_acl = cfg.posix_acl;
+    fs.callers = crate::caller::Callers::new(cfg.jobid_source().map_err(DaemonError::Other)?);
     fs.info_json = serde_json::json!({
         // Readable by every user of the machine: never the database password.
         "meta": tierfs_meta::postgres::without_password(&req.meta_url),

@@ -16,6 +16,7 @@ use fuser::{
     ReplyLock, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use parking_lot::Mutex;
+use tierfs_meta::changelog::{Caller, CallerGuard};
 
 use tierfs_meta::{
     Attr, Ino, Kind, LockRange, LockType, MetaEngine, MetaError, NewNode, SetAttr, TimeSet,
@@ -57,6 +58,9 @@ struct Handle {
     /// could not take passthrough), whether the file is RW-cached, and whether this handle may
     /// write.
     cache: Option<CachedHandle>,
+    /// Who opened it: a close (queued, recorded later by the session thread) and the flush at
+    /// release are recorded in the changelog in this context.
+    caller: Caller,
 }
 
 struct CachedHandle {
@@ -118,6 +122,8 @@ pub struct TierFs {
     /// POSIX ACLs on (`posix_acl` in the client config; the kernel enforces them only when it
     /// accepted FUSE_POSIX_ACL at init).
     pub posix_acl: bool,
+    /// Who makes each request, for changelog records (uid/gid, job id).
+    pub callers: crate::caller::Callers,
 }
 
 fn to_time(n: i64) -> SystemTime {
@@ -224,6 +230,7 @@ impl TierFs {
             backing: Mutex::new(HashMap::new()),
             names: Mutex::new(HashMap::new()),
             posix_acl: true,
+            callers: crate::caller::Callers::new(crate::caller::JobIdSource::Disabled),
         }
     }
 
@@ -295,6 +302,11 @@ impl TierFs {
 
     fn handle(&self, fh: FileHandle) -> Option<Arc<Handle>> {
         self.handles.lock().get(&fh.0).cloned()
+    }
+
+    /// Enters the changelog caller scope of a request (uid/gid, job id); ends when dropped.
+    fn scope(&self, req: &Request) -> CallerGuard {
+        self.callers.enter(req.uid(), req.gid(), req.pid())
     }
 
     fn run<T>(&self, op: &'static str, f: impl FnOnce() -> Result<T>) -> Result<T> {
@@ -490,6 +502,7 @@ impl TierFs {
             last_read_end: AtomicU64::new(u64::MAX),
             stats: None,
             cache: None,
+            caller: tierfs_meta::changelog::current(),
         });
         Ok((fh, fl))
     }
@@ -613,6 +626,7 @@ impl TierFs {
                 write: write && served.rw,
                 passthrough: backing.is_some(),
             }),
+            caller: tierfs_meta::changelog::current(),
         });
         Ok((fh, fl, backing))
     }
@@ -756,6 +770,8 @@ impl Filesystem for TierFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        // changelog records of this request name its caller (crate::caller)
+        let _caller = self.scope(req);
         let r = self.run("setattr", || {
             let mut size = size;
             let chmod = mode;
@@ -847,6 +863,8 @@ impl Filesystem for TierFs {
         rdev: u32,
         reply: ReplyEntry,
     ) {
+        // changelog records of this request name its caller (crate::caller)
+        let _caller = self.scope(req);
         let r = self.run("mknod", || {
             let kind = Kind::from_mode(mode)
                 .ok_or(ClientError::Errno("unknown file type", libc::EINVAL))?;
@@ -874,6 +892,8 @@ impl Filesystem for TierFs {
         umask: u32,
         reply: ReplyEntry,
     ) {
+        // changelog records of this request name its caller (crate::caller)
+        let _caller = self.scope(req);
         let r = self.run("mkdir", || {
             let inh = self.inherit(parent.0, Kind::Dir, mode, umask)?;
             let node = Self::new_node(req, Kind::Dir, inh.perm);
@@ -887,7 +907,9 @@ impl Filesystem for TierFs {
         }
     }
 
-    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        // changelog records of this request name its caller (crate::caller)
+        let _caller = self.scope(req);
         match self.run("unlink", || {
             Ok(self.meta.unlink(parent.0, name.as_bytes())?)
         }) {
@@ -896,7 +918,9 @@ impl Filesystem for TierFs {
         }
     }
 
-    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        // changelog records of this request name its caller (crate::caller)
+        let _caller = self.scope(req);
         match self.run("rmdir", || {
             Ok(self.meta.rmdir(parent.0, name.as_bytes())?)
         }) {
@@ -913,6 +937,8 @@ impl Filesystem for TierFs {
         target: &Path,
         reply: ReplyEntry,
     ) {
+        // changelog records of this request name its caller (crate::caller)
+        let _caller = self.scope(req);
         let r = self.run("symlink", || {
             let t = target.as_os_str().as_bytes();
             if t.len() >= libc::PATH_MAX as usize {
@@ -935,7 +961,7 @@ impl Filesystem for TierFs {
 
     fn rename(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         newparent: INodeNo,
@@ -943,6 +969,8 @@ impl Filesystem for TierFs {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
+        // changelog records of this request name its caller (crate::caller)
+        let _caller = self.scope(req);
         let r = self.run("rename", || {
             Ok(self.meta.rename(
                 parent.0,
@@ -960,12 +988,14 @@ impl Filesystem for TierFs {
 
     fn link(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         newparent: INodeNo,
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
+        // changelog records of this request name its caller (crate::caller)
+        let _caller = self.scope(req);
         match self.run("link", || {
             Ok(self.meta.link(ino.0, newparent.0, newname.as_bytes())?)
         }) {
@@ -974,7 +1004,9 @@ impl Filesystem for TierFs {
         }
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        // changelog records of this request name its caller (crate::caller)
+        let _caller = self.scope(req);
         if is_virtual(ino.0) {
             let mut text = self.metrics.render();
             if let Some(p) = &self.pcc {
@@ -1004,6 +1036,7 @@ impl Filesystem for TierFs {
                 last_read_end: AtomicU64::new(0),
                 stats: Some(text),
                 cache: None,
+                caller: Caller::default(),
             });
             reply.opened(FileHandle(fh), FopenFlags::FOPEN_DIRECT_IO);
             return;
@@ -1048,6 +1081,8 @@ impl Filesystem for TierFs {
         flags: i32,
         reply: ReplyCreate,
     ) {
+        // changelog records of this request name its caller (crate::caller)
+        let _caller = self.scope(req);
         let r = self.run("create", || {
             let kind = Kind::from_mode(mode).unwrap_or(Kind::File);
             let inh = self.inherit(parent.0, kind, mode, umask)?;
@@ -1156,6 +1191,8 @@ impl Filesystem for TierFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        // changelog records of this request name its caller (crate::caller)
+        let _caller = self.scope(req);
         let Some(h) = self.handle(fh) else {
             reply.error(Errno::EBADF);
             return;
@@ -1224,12 +1261,14 @@ impl Filesystem for TierFs {
 
     fn flush(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
+        // changelog records of this request name its caller (crate::caller)
+        let _caller = self.scope(req);
         if is_virtual(ino.0) {
             reply.ok();
             return;
@@ -1274,6 +1313,12 @@ impl Filesystem for TierFs {
             reply.ok();
             return;
         }
+        // In the opener's context: release often comes without a process (pid 0).
+        let caller = h
+            .as_ref()
+            .map(|h| h.caller.clone())
+            .unwrap_or_else(tierfs_meta::changelog::current);
+        let _caller = caller.clone().enter();
         let r = self.run("release", || {
             // Every step runs whatever the others gave, and the close is recorded in any case:
             // a lost close would leave the file open here for every client (its trash never
@@ -1302,7 +1347,7 @@ impl Filesystem for TierFs {
                 }
             }
             // Closes reach the metadata engine in batches (see DataPath::queue_close).
-            self.data.queue_close(ino.0);
+            self.data.queue_close(ino.0, caller);
             if h.as_ref().is_some_and(|h| h.cache.is_none()) {
                 // a handle of the data path (DataPath::open): the file's state may go
                 self.data.release(ino.0);
@@ -1317,12 +1362,14 @@ impl Filesystem for TierFs {
 
     fn fsync(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
+        // changelog records of this request name its caller (crate::caller)
+        let _caller = self.scope(req);
         let h = self.handle(fh);
         match self.run("fsync", || {
             if let (Some(pcc), Some(c)) = (&self.pcc, h.as_ref().and_then(|h| h.cache.as_ref())) {
@@ -1448,6 +1495,8 @@ impl Filesystem for TierFs {
         _position: u32,
         reply: ReplyEmpty,
     ) {
+        // changelog records of this request name its caller (crate::caller)
+        let _caller = self.scope(req);
         match self.run("setxattr", || {
             if let Some(cmd) = name.as_bytes().strip_prefix(PCC_XATTR) {
                 // The kernel let this through only to a writer of the file.
@@ -1516,7 +1565,9 @@ impl Filesystem for TierFs {
         }
     }
 
-    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        // changelog records of this request name its caller (crate::caller)
+        let _caller = self.scope(req);
         match self.run("removexattr", || {
             let n = name.as_bytes();
             if n == acl::ACCESS || n == acl::DEFAULT {
@@ -1610,7 +1661,7 @@ impl Filesystem for TierFs {
     /// [`COPY_MAX`] bytes; callers loop over short copies, as for write(2).
     fn copy_file_range(
         &self,
-        _req: &Request,
+        req: &Request,
         ino_in: INodeNo,
         fh_in: FileHandle,
         offset_in: u64,
@@ -1621,6 +1672,8 @@ impl Filesystem for TierFs {
         flags: CopyFileRangeFlags,
         reply: ReplyWrite,
     ) {
+        // changelog records of this request name its caller (crate::caller)
+        let _caller = self.scope(req);
         let r = self.run("copy_file_range", || {
             if !flags.is_empty() {
                 return Err(ClientError::Errno("copy_file_range flags", libc::EINVAL));
@@ -1686,7 +1739,7 @@ impl Filesystem for TierFs {
 
     fn fallocate(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
@@ -1694,6 +1747,8 @@ impl Filesystem for TierFs {
         mode: i32,
         reply: ReplyEmpty,
     ) {
+        // changelog records of this request name its caller (crate::caller)
+        let _caller = self.scope(req);
         let r = self.run("fallocate", || {
             if let Some(pcc) = &self.pcc {
                 if pcc.local_attr(ino.0).is_some() {

@@ -1,5 +1,6 @@
 //! tierfs client daemon: the FUSE filesystem that `tierfs mount` runs (the Lustre llite role).
 //!
+//! - [`caller`]: who makes each change (uid/gid, job id), for changelog records.
 //! - [`acl`]: POSIX ACLs (encoding, and the mode/ACL rules the daemon applies).
 //! - [`fs`]: the FUSE operations, mapped onto the metadata engine and the data path.
 //! - [`data`]: reads and writes of file data over the storage targets.
@@ -15,6 +16,7 @@
 //!   compaction, maintenance, recalls), each on its own thread, with state and last error.
 
 pub mod acl;
+pub mod caller;
 pub mod config;
 pub mod daemon;
 pub mod data;

@@ -4,6 +4,8 @@
 
 use std::any::Any;
 
+mod changelog;
+
 use crate::engine::MetaEngine;
 use crate::error::MetaError;
 use crate::types::*;
@@ -71,6 +73,14 @@ pub fn run_all(factory: &Factory<'_>) {
             rewrite_data_replaces_everything,
         ),
         ("fallocate_zero_range", fallocate_zero_range),
+        (
+            "changelog_data_and_session_records",
+            changelog::changelog_data_and_session_records,
+        ),
+        (
+            "changelog_namespace_records",
+            changelog::changelog_namespace_records,
+        ),
         (
             "allocated_bytes_follow_the_slices",
             allocated_bytes_follow_the_slices,

@@ -16,6 +16,7 @@
 
 use std::time::Duration;
 
+use crate::changelog::{ChangelogRecord, ChangelogStatus, IdleDeregistration, Mask};
 use crate::error::{MetaError, Result};
 use crate::types::*;
 
@@ -35,6 +36,8 @@ pub enum Channel {
     /// Requests to give back RW-PCC leases the listening client holds
     /// ([`MetaEngine::pcc_request_revoke`]).
     PccRevoke,
+    /// New changelog records were committed (any client's; `tierfs changelog --follow`).
+    Changelog,
 }
 
 /// One event received by a [`Listener`].
@@ -43,6 +46,8 @@ pub enum Channel {
 pub enum Notice {
     /// Someone asked the listening client to give back its lease of this file.
     PccRevoke(Ino),
+    /// Changelog records were committed since the last notice.
+    Changelog,
 }
 
 /// A live subscription to some [`Channel`]s, from [`MetaEngine::listen`].
@@ -221,8 +226,9 @@ pub trait Admin: Send + Sync {
     /// Makes every committed transaction durable against power loss (fsync semantics).
     fn sync(&self) -> Result<()>;
     /// Background housekeeping of the engine (SQLite: checkpoint the write-ahead log; every
-    /// engine: purge files replaced more than [`ORPHAN_GRACE`] ago). Each client calls it every
-    /// second or so, off the application's path.
+    /// engine: purge files replaced more than [`ORPHAN_GRACE`] ago; deregister changelog
+    /// readers idle past their idle time, [`Changelog::changelog_expire`]). Each client calls
+    /// it every second or so, off the application's path.
     fn maintain(&self) -> Result<()>;
     /// Every row of the filesystem's persistent tables ([`DUMP_TABLES`]; not the sessions, open
     /// files, locks or recall requests of mounted clients), for `tierfs dump`.
@@ -255,9 +261,40 @@ pub trait Admin: Send + Sync {
     }
 }
 
-/// The changelog (Lustre's model): records written in the same transaction as each change,
-/// read by registered readers (methods come with the changelog).
-pub trait Changelog: Send + Sync {}
+/// The changelog (Lustre's model, docs/changelog.md): records written in the same transaction
+/// as each change (`core::changelog::record`), read by registered readers. Records are written
+/// only while some registered reader's mask includes their type, and purged once every reader
+/// has cleared them.
+pub trait Changelog: Send + Sync {
+    /// Registers a reader that receives the record types of `mask`, starting after the last
+    /// record written so far; a reader that neither clears nor reads (with its id) for `idle`
+    /// is deregistered ([`Changelog::changelog_expire`]). Returns its id (`cl<id>`).
+    fn changelog_register(&self, mask: Mask, idle: Duration) -> Result<u64>;
+    /// Deregisters a reader and purges records no remaining reader needs; returns how many
+    /// went. An unknown reader is [`crate::changelog::ChangelogError::UnknownReader`]; a reader dropped for
+    /// idleness is forgotten (its warning in `tierfs status` ends).
+    fn changelog_deregister(&self, reader: u64) -> Result<u64>;
+    /// Marks records up to `endrec` (0: the last one now) as processed by `reader` and purges
+    /// those every reader has cleared; returns how many were purged. Clearing past the last
+    /// record is [`crate::changelog::ChangelogError::ClearPastEnd`].
+    fn changelog_clear(&self, reader: u64, endrec: u64) -> Result<u64>;
+    /// Records with `start <= index <= end`, in index order, at most `limit`. With a reader,
+    /// only its mask's types after its cleared point, and the read counts as its use (it is
+    /// not idle); without, every type in `mask`.
+    fn changelog_read(
+        &self,
+        reader: Option<u64>,
+        mask: Mask,
+        start: u64,
+        end: u64,
+        limit: usize,
+    ) -> Result<Vec<ChangelogRecord>>;
+    /// Registered readers, the range of records held, and readers dropped for idleness.
+    fn changelog_status(&self) -> Result<ChangelogStatus>;
+    /// Deregisters readers idle past their idle time (purging what only they held); returns
+    /// them. Clients call it now and then; the reader operations and `changelog_status` too.
+    fn changelog_expire(&self) -> Result<Vec<IdleDeregistration>>;
+}
 
 /// Reports of the clients' background workers: each client publishes its workers' status
 /// every few seconds (its `worker-reports` worker); `tierfs status` lists them.

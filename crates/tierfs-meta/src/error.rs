@@ -52,6 +52,9 @@ pub enum MetaError {
     /// operation reconnects.
     #[error("metadata database unreachable: {0}")]
     Unavailable(String),
+    /// Bad input to a changelog operation (unknown reader, clear past the end, ...).
+    #[error("{0}")]
+    Changelog(#[from] crate::changelog::ChangelogError),
 }
 
 impl MetaError {
@@ -78,6 +81,7 @@ impl MetaError {
             | MetaError::SchemaTooNew { .. }
             | MetaError::Db(_)
             | MetaError::Unavailable(_) => libc::EIO,
+            MetaError::Changelog(e) => e.errno(),
         }
     }
 }

@@ -22,6 +22,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
+use crate::changelog::{ChangelogRecord, ChangelogStatus, IdleDeregistration, Mask};
 use crate::engine::*;
 use crate::error::{MetaError, Result};
 use crate::types::*;
@@ -308,7 +309,16 @@ impl Admin for FaultyEngine {
     }
 }
 
-impl Changelog for FaultyEngine {}
+impl Changelog for FaultyEngine {
+    guarded! {
+        fn changelog_register(&self, mask: Mask, idle: Duration) -> Result<u64>;
+        fn changelog_deregister(&self, reader: u64) -> Result<u64>;
+        fn changelog_clear(&self, reader: u64, endrec: u64) -> Result<u64>;
+        fn changelog_read(&self, reader: Option<u64>, mask: Mask, start: u64, end: u64, limit: usize) -> Result<Vec<ChangelogRecord>>;
+        fn changelog_status(&self) -> Result<ChangelogStatus>;
+        fn changelog_expire(&self) -> Result<Vec<IdleDeregistration>>;
+    }
+}
 
 impl Workers for FaultyEngine {
     guarded! {

@@ -10,6 +10,7 @@
 //! - [`postgres::PgEngine`]: the cluster engine's driver (PostgreSQL); [`postgres::PgMeta`].
 //! - [`conformance`]: the test suite every engine must pass.
 
+pub mod changelog;
 pub mod conformance;
 pub mod core;
 pub mod engine;

@@ -42,6 +42,48 @@ pub fn open_engine(url: &str) -> Result<Arc<dyn MetaEngine>> {
     }
 }
 
+/// The schema version of an existing filesystem, read without opening it as an engine (which
+/// would upgrade an older schema): `None` when there is nothing formatted to read (the open
+/// that follows then says what is wrong). For commands that must not upgrade a filesystem
+/// behind the back of clients still running an older tierfs.
+pub fn schema_version(url: &str) -> Result<Option<i64>> {
+    match MetaUrl::parse(url)? {
+        MetaUrl::Sqlite(p) => {
+            if !p.exists() {
+                return Ok(None);
+            }
+            let c = rusqlite::Connection::open_with_flags(
+                &p,
+                rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY
+                    | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+            )
+            .map_err(|e| MetaError::Db(format!("{}: {e}", p.display())))?;
+            let v: i64 = c
+                .pragma_query_value(None, "user_version", |r| r.get(0))
+                .map_err(|e| MetaError::Db(format!("{}: {e}", p.display())))?;
+            Ok((v > 0).then_some(v))
+        }
+        MetaUrl::Postgres(u) => {
+            let mut c = u
+                .config()?
+                .connect(postgres::NoTls)
+                .map_err(|e| MetaError::Unavailable(format!("{u}: {e}")))?;
+            let db = |e: postgres::Error| MetaError::Db(e.to_string());
+            let exists: bool = c
+                .query_one("SELECT to_regclass('schema_version') IS NOT NULL", &[])
+                .map_err(db)?
+                .get(0);
+            if !exists {
+                return Ok(None);
+            }
+            let row = c
+                .query_opt("SELECT version FROM schema_version", &[])
+                .map_err(db)?;
+            Ok(row.map(|r| r.get::<_, i64>(0)))
+        }
+    }
+}
+
 /// Formats a new filesystem and returns its engine.
 pub fn format_engine(url: &str, params: &FormatParams) -> Result<Arc<dyn MetaEngine>> {
     match MetaUrl::parse(url)? {

@@ -18,6 +18,7 @@ use parking_lot::{Condvar, Mutex};
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 
+use tierfs_meta::changelog::Caller;
 use tierfs_meta::{now_nanos, Attr, Ino, Layout, MetaEngine, MetaError, Slice, SliceData};
 use tierfs_store::{Allocator, StoreError, TargetSet};
 
@@ -129,7 +130,8 @@ pub struct DataPath {
     /// last close (so a reopen of an unchanged file keeps the kernel's cache): 16 bytes a
     /// file, emptied past [`SEEN_MAX`] entries.
     seen: Mutex<HashMap<Ino, u64>>,
-    closes: Mutex<Vec<Ino>>,
+    /// Queued closes, each with the context of whoever opened the file (its CLOSE record's).
+    closes: Mutex<Vec<(Ino, Caller)>>,
     /// Chunks that got new slices: compaction looks at them in the background.
     compact_candidates: Mutex<std::collections::HashSet<(Ino, u64)>>,
     info_cache: Mutex<Option<(std::time::Instant, HashMap<Ino, tierfs_meta::StripeDefault>)>>,
@@ -323,8 +325,9 @@ impl DataPath {
 
     /// Records a close; [`DataPath::drain_closes`] sends them to the metadata engine in one
     /// transaction (a create-write-close then costs two transactions instead of three).
-    pub fn queue_close(&self, ino: Ino) {
-        self.closes.lock().push(ino);
+    /// `caller`: who opened the file, whom its CLOSE changelog record names.
+    pub fn queue_close(&self, ino: Ino, caller: Caller) {
+        self.closes.lock().push((ino, caller));
     }
 
     /// An open of `ino` while a close of it still waits in the queue: the two cancel out and
@@ -334,7 +337,7 @@ impl DataPath {
     /// Returns whether a queued close was taken back.
     pub fn cancel_queued_close(&self, ino: Ino) -> bool {
         let mut q = self.closes.lock();
-        match q.iter().position(|x| *x == ino) {
+        match q.iter().position(|x| x.0 == ino) {
             Some(i) => {
                 q.swap_remove(i);
                 true
@@ -349,7 +352,13 @@ impl DataPath {
         if batch.is_empty() {
             return Ok(0);
         }
-        if let Err(e) = self.meta.close_files(session, &batch) {
+        let inos: Vec<Ino> = batch.iter().map(|(i, _)| *i).collect();
+        // Each CLOSE record names its opener (tierfs_meta::changelog::for_ino).
+        let r = {
+            let _scope = tierfs_meta::changelog::enter_batch(batch.clone());
+            self.meta.close_files(session, &inos)
+        };
+        if let Err(e) = r {
             // Keep them for the next round.
             self.closes.lock().extend_from_slice(&batch);
             return Err(e.into());

@@ -283,6 +283,9 @@ impl<D: Driver> Admin for SqlMeta<D> {
     fn maintain(&self) -> Result<()> {
         self.d.maintain()?;
         self.purge_orphans(now_nanos() - ORPHAN_GRACE.as_nanos() as Nanos)?;
+        // Changelog readers idle past their idle time are deregistered by whichever client
+        // notices first (one read when none is due).
+        crate::engine::Changelog::changelog_expire(self)?;
         Ok(())
     }
 

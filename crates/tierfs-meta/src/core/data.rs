@@ -6,11 +6,13 @@
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
+use super::changelog::{self, Rec};
 use super::common::{
     add_slices, apply_allocated, get_attr, insert_slices, lock1, lock_rows, slice_from_row,
     trash_slices, zero_range, AttrUpdate, ChunkRows, SLICE_COLS,
 };
 use super::SqlMeta;
+use crate::changelog::RecordType;
 use crate::engine::FileData;
 use crate::error::{MetaError, Result};
 use crate::sql::{Driver, Tx};
@@ -119,8 +121,11 @@ impl<D: Driver> FileData for SqlMeta<D> {
             }
             let delta = add_slices(tx, ino, slices)?;
             let a = UPDATE.run(tx, ino, vals![ino, new_end, mtime, delta])?;
-            // changelog: MTIME (data written: size, mtime and data version changed)
             account_objects(tx, &objects_of(slices))?;
+            // changelog: MTIME (data written: size, mtime and data version changed). Last,
+            // after every row lock: on PostgreSQL the record holds the changelog's order lock
+            // until commit (core::changelog).
+            changelog::record(tx, &Rec::new(RecordType::Mtime, ino))?;
             Ok(Ok(a))
         })?
     }
@@ -152,6 +157,7 @@ impl<D: Driver> FileData for SqlMeta<D> {
                     vals![ino, now, size, delta],
                 )?;
                 // changelog: MTIME (a range now reads as zeros; the size may have grown)
+                changelog::record(tx, &Rec::new(RecordType::Mtime, ino))?;
             } else if !keep_size && off + len > a.size {
                 tx.exec(
                     "UPDATE inodes SET size = $2, ctime = $3, data_version = data_version + 1 \
@@ -159,6 +165,7 @@ impl<D: Driver> FileData for SqlMeta<D> {
                     vals![ino, off + len, now],
                 )?;
                 // changelog: CTIME (the size grew: space reserved)
+                changelog::record(tx, &Rec::new(RecordType::Ctime, ino))?;
             }
             get_attr(tx, ino)
         })
@@ -217,13 +224,19 @@ impl<D: Driver> FileData for SqlMeta<D> {
         }
         let allocated: u64 = per.values().map(|v| allocated_bytes(v)).sum();
         self.d.write(|tx| {
-            lock1(tx, ino)?;
+            let old = lock1(tx, ino)?;
             trash_slices(tx, ino, "TRUE", &[])?;
             insert_slices(tx, ino, slices)?;
             let a = UPDATE.run(tx, ino, vals![ino, size, mtime, now_nanos(), allocated])?;
-            // changelog: MTIME (all data replaced by the RW-PCC write-back; TRUNC as well when
-            // the size shrank)
             account_objects(tx, &objects_of(slices))?;
+            // changelog: MTIME (all data replaced by the RW-PCC write-back; TRUNC as well when
+            // the size shrank). Last, after every row lock.
+            let mut recs = Vec::with_capacity(2);
+            if size < old.size {
+                recs.push(Rec::new(RecordType::Trunc, ino));
+            }
+            recs.push(Rec::new(RecordType::Mtime, ino));
+            changelog::record_all(tx, &recs)?;
             Ok(a)
         })
     }

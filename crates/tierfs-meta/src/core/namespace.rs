@@ -11,6 +11,7 @@
 //! `// changelog: TYPE` marks where the changelog's record of an operation belongs (in the
 //! same transaction, after the change).
 
+use super::changelog::{self, Rec};
 use super::common::{
     add_allocated, attr_from_row, check_name, chunk_allocated, chunks_allocated, dir_attr,
     drop_inode, drop_link, find_dentry, get_attr, insert_slice, is_dir, lock1, lock_inodes,
@@ -18,6 +19,7 @@ use super::common::{
     MAX_LINKS,
 };
 use super::SqlMeta;
+use crate::changelog::{RecordType, FLAG_EXCHANGE, FLAG_LAST};
 use crate::engine::Namespace;
 use crate::error::{MetaError, Result};
 use crate::sql::{Driver, Tx, Value};
@@ -280,7 +282,23 @@ impl<D: Driver> Namespace for SqlMeta<D> {
                 ],
             )?;
             // changelog: TRUNC (set.size), SATTR (perm, uid, gid, atime), MTIME (set.mtime),
-            // CTIME (set.ctime alone)
+            // CTIME (set.ctime alone). Lustre's precedence: TRUNC for a size change and SATTR
+            // for mode/owner/group (both when both), else MTIME when mtime was set, else CTIME
+            // when only atime or ctime moved.
+            let mut recs = Vec::with_capacity(2);
+            if set.size.is_some() {
+                recs.push(Rec::new(RecordType::Trunc, ino));
+            }
+            if set.perm.is_some() || set.uid.is_some() || set.gid.is_some() {
+                recs.push(Rec::new(RecordType::Sattr, ino));
+            } else if set.size.is_none() {
+                if set.mtime.is_some() {
+                    recs.push(Rec::new(RecordType::Mtime, ino));
+                } else if set.atime.is_some() || set.ctime.is_some() {
+                    recs.push(Rec::new(RecordType::Ctime, ino));
+                }
+            }
+            changelog::record_all(tx, &recs)?;
             Ok(a)
         })
     }
@@ -356,6 +374,18 @@ impl<D: Driver> Namespace for SqlMeta<D> {
                 get_attr(tx, ino)?
             };
             // changelog: CREAT (file), MKDIR (dir), SLINK (symlink), MKNOD (other kinds)
+            let typ = match node.kind {
+                Kind::File => RecordType::Creat,
+                Kind::Dir => RecordType::Mkdir,
+                Kind::Symlink => RecordType::Slink,
+                _ => RecordType::Mknod,
+            };
+            let made = Rec::new(typ, a.ino).at(parent, name);
+            if open_by.is_some() {
+                changelog::record_all(tx, &[made, Rec::new(RecordType::Open, a.ino)])?;
+            } else {
+                changelog::record(tx, &made)?;
+            }
             Ok(a)
         })
     }
@@ -390,6 +420,10 @@ impl<D: Driver> Namespace for SqlMeta<D> {
             )?;
             touch_dir(tx, new_parent, now, 0)?;
             // changelog: HLINK
+            changelog::record(
+                tx,
+                &Rec::new(RecordType::Hlink, ino).at(new_parent, new_name),
+            )?;
             get_attr(tx, ino)
         })
     }
@@ -421,10 +455,19 @@ impl<D: Driver> Namespace for SqlMeta<D> {
                 touch_dir(tx, parent, now, 0)?;
                 drop_link(tx, ino, now)?
             };
-            // changelog: UNLNK
+            let last = !matches!(nlink, Some(n) if n > 0);
             if matches!(nlink, Some(n) if n <= 0) {
                 drop_inode(tx, ino)?;
             }
+            // changelog: UNLNK (flag LAST when its last name went). Last, after every row
+            // lock: on PostgreSQL a record holds the changelog's order lock until commit.
+            let flags = if last { FLAG_LAST } else { 0 };
+            changelog::record(
+                tx,
+                &Rec::new(RecordType::Unlnk, ino)
+                    .at(parent, name)
+                    .flags(flags),
+            )?;
             Ok(())
         })
     }
@@ -456,6 +499,12 @@ impl<D: Driver> Namespace for SqlMeta<D> {
             delete_dir_inode(tx, ino)?;
             touch_dir(tx, parent, now, -1)?;
             // changelog: RMDIR
+            changelog::record(
+                tx,
+                &Rec::new(RecordType::Rmdir, ino)
+                    .at(parent, name)
+                    .flags(FLAG_LAST),
+            )?;
             Ok(())
         })
     }
@@ -568,9 +617,23 @@ impl<D: Driver> Namespace for SqlMeta<D> {
                     touch_dir(tx, new_parent, now, dn)?;
                 }
                 // changelog: RENME + RNMTO (an exchange: both names now name the other inode)
+                changelog::record_all(
+                    tx,
+                    &[
+                        Rec::new(RecordType::Renme, sino)
+                            .at(new_parent, new_name)
+                            .from(parent, name),
+                        Rec::new(RecordType::Rnmto, dino)
+                            .at(new_parent, new_name)
+                            .from(parent, name)
+                            .flags(FLAG_EXCHANGE),
+                    ],
+                )?;
                 return Ok(());
             }
             let mut new_parent_nlink = 0i64;
+            // The inode the rename replaced, and whether it lost its last name (changelog).
+            let mut replaced: Option<(Ino, bool)> = None;
             if let Some((did, dino, dkind)) = dst {
                 if noreplace {
                     return Err(MetaError::Exists);
@@ -592,6 +655,7 @@ impl<D: Driver> Namespace for SqlMeta<D> {
                     tx.exec("DELETE FROM dentries WHERE id = $1", vals![did])?;
                     delete_dir_inode(tx, dino)?;
                     new_parent_nlink -= 1;
+                    replaced = Some((dino, true));
                 } else {
                     if skind == Kind::Dir {
                         return Err(MetaError::NotDir);
@@ -601,6 +665,7 @@ impl<D: Driver> Namespace for SqlMeta<D> {
                     if nlink <= 0 {
                         retire_inode(tx, dino)?;
                     }
+                    replaced = Some((dino, nlink <= 0));
                 }
             }
             tx.exec(
@@ -624,6 +689,18 @@ impl<D: Driver> Namespace for SqlMeta<D> {
             touch_dir(tx, new_parent, now, new_parent_nlink)?;
             // changelog: RENME (source parent/name), RNMTO (target parent/name; the replaced
             // inode, if any, in the record's flags)
+            let mut recs = vec![Rec::new(RecordType::Renme, sino)
+                .at(new_parent, new_name)
+                .from(parent, name)];
+            if let Some((dino, last)) = replaced {
+                recs.push(
+                    Rec::new(RecordType::Rnmto, dino)
+                        .at(new_parent, new_name)
+                        .from(parent, name)
+                        .flags(if last { FLAG_LAST } else { 0 }),
+                );
+            }
+            changelog::record_all(tx, &recs)?;
             Ok(())
         })
     }
@@ -705,6 +782,7 @@ impl<D: Driver> Namespace for SqlMeta<D> {
                 vals![ino, now_nanos()],
             )?;
             // changelog: XATTR
+            changelog::record(tx, &Rec::new(RecordType::Xattr, ino).at(0, name))?;
             Ok(())
         })
     }
@@ -740,6 +818,7 @@ impl<D: Driver> Namespace for SqlMeta<D> {
                 vals![ino, now_nanos()],
             )?;
             // changelog: XATTR
+            changelog::record(tx, &Rec::new(RecordType::Xattr, ino).at(0, name))?;
             Ok(())
         })
     }
@@ -804,6 +883,7 @@ impl<D: Driver> Namespace for SqlMeta<D> {
                 vals![dir, def.stripe_count, def.stripe_size, now_nanos()],
             )?;
             // changelog: LYOUT
+            changelog::record(tx, &Rec::new(RecordType::Lyout, dir))?;
             Ok(())
         })
     }
@@ -832,6 +912,7 @@ impl<D: Driver> Namespace for SqlMeta<D> {
                 ],
             )?;
             // changelog: LYOUT
+            changelog::record(tx, &Rec::new(RecordType::Lyout, ino))?;
             Ok(())
         })
     }
@@ -845,7 +926,7 @@ impl<D: Driver> Namespace for SqlMeta<D> {
                 "UPDATE inodes SET projid = $2, projinherit = $3, ctime = $4 WHERE ino = $1",
                 vals![ino, projid, subtree as i64, now],
             )?;
-            // changelog: SATTR
+            // changelog: SATTR (one record, for `ino`, written at the end below)
             let mut count = 1u64;
             if subtree {
                 let mut queue = vec![ino];
@@ -872,6 +953,7 @@ impl<D: Driver> Namespace for SqlMeta<D> {
                     }
                 }
             }
+            changelog::record(tx, &Rec::new(RecordType::Sattr, ino))?;
             Ok(count)
         })
     }

@@ -99,6 +99,10 @@ impl<D: Driver> Pcc for SqlMeta<D> {
             )?;
             let a = UPDATE.run(tx, ino, vals![ino, size, mtime])?;
             // changelog: MTIME (the lease owner's cached copy: size and mtime)
+            super::changelog::record(
+                tx,
+                &super::changelog::Rec::new(crate::changelog::RecordType::Mtime, ino),
+            )?;
             Ok(a)
         })
     }

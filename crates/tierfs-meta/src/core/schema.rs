@@ -83,10 +83,7 @@ const _: () = assert!(MIGRATIONS.len() as i64 == SCHEMA_VERSION);
 
 /// Version 6: the tables of the changelog and of the workers' reports. Each owning module
 /// defines its [`Ddl`] and adds one line here.
-pub const V6: &[Ddl] = &[
-    // crate::core::changelog::SCHEMA,
-    crate::core::workers::SCHEMA,
-];
+pub const V6: &[Ddl] = &[crate::core::changelog::SCHEMA, crate::core::workers::SCHEMA];
 
 /// Version 5: each file's allocated bytes (st_blocks): bytes covered by slices that are not
 /// zero slices, the newest slice winning. Kept by every transaction that changes slices, for

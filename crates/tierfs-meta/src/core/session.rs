@@ -4,8 +4,10 @@
 //! Helpers for other domains (`pub(crate)`): [`end_sessions`] (fsck's repairs),
 //! [`session_from_row`].
 
+use super::changelog::{self, Rec};
 use super::common::{lock1, lock_rows, purge_if_orphan, record_open};
 use super::SqlMeta;
+use crate::changelog::RecordType;
 use crate::engine::Sessions;
 use crate::error::{MetaError, Result};
 use crate::sql::{Driver, Row, Tx};
@@ -156,6 +158,7 @@ impl<D: Driver> Sessions for SqlMeta<D> {
             lock1(tx, ino)?;
             record_open(tx, session, ino)?;
             // changelog: OPEN
+            changelog::record(tx, &Rec::new(RecordType::Open, ino))?;
             Ok(())
         })
     }
@@ -180,9 +183,16 @@ impl<D: Driver> Sessions for SqlMeta<D> {
                         vals![session, ino],
                     )?;
                 }
-                // changelog: CLOSE (before a purge of the file at its last close)
                 purge_if_orphan(tx, ino)?;
             }
+            // changelog: CLOSE, in the context of whoever opened each file (the client's
+            // batch scope). After the loop's row locks (and purges: a record does not need
+            // its inode): on PostgreSQL a record holds the order lock until commit.
+            let recs: Vec<Rec> = inos
+                .iter()
+                .map(|ino| Rec::new(RecordType::Close, *ino))
+                .collect();
+            changelog::record_all(tx, &recs)?;
             Ok(())
         })
     }

@@ -456,6 +456,7 @@ impl PgEngine {
 fn pg_channel(ch: Channel) -> &'static str {
     match ch {
         Channel::PccRevoke => REVOKE_CHANNEL,
+        Channel::Changelog => crate::core::changelog::NOTIFY_CHANNEL,
     }
 }
 
@@ -468,6 +469,9 @@ pub struct PgListener {
 impl PgListener {
     /// The notice a notification carries, if it is addressed to this listener's client.
     fn notice(&self, n: &postgres::Notification) -> Option<Notice> {
+        if n.channel() == crate::core::changelog::NOTIFY_CHANNEL {
+            return Some(Notice::Changelog);
+        }
         if n.channel() == REVOKE_CHANNEL {
             let (ino, holder) = n.payload().split_once(' ')?;
             if holder == self.client {

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::*;
-use crate::engine::{Admin, FileData, MetaEngine, Namespace, Pcc};
+use crate::engine::{Admin, Changelog, FileData, MetaEngine, Namespace, Pcc};
 
 /// How long the whole test may take once the server runs.
 const TEST_LIMIT: Duration = Duration::from_secs(420);
@@ -204,6 +204,40 @@ fn postgres_engine() {
     }
     // The server stops when the last reference goes (here, after the body ended).
     drop(server);
+}
+
+/// The changelog's storage checks (`core::changelog::checks`) on PostgreSQL: record order is
+/// commit order under concurrent writers, masks, purge, idle readers.
+#[test]
+fn changelog_on_postgres() {
+    let Some(server) = Server::get() else {
+        return;
+    };
+    crate::core::changelog::checks::run_all(&|| {
+        let db = server.fresh_db();
+        let e = PgMeta::format(&db.url, &params()).expect("format");
+        (Box::new(db) as Box<dyn std::any::Any>, e)
+    });
+    // Followers are woken by a notification when records commit (and only then).
+    let db = server.fresh_db();
+    let e = PgMeta::format(&db.url, &params()).expect("format");
+    e.changelog_register(crate::changelog::Mask::all(), Duration::from_secs(3600))
+        .unwrap();
+    let mut sub = e
+        .listen("follower", &[Channel::Changelog])
+        .unwrap()
+        .unwrap();
+    e.create(ROOT_INO, b"quiet", &dir(), None, None).unwrap();
+    assert_eq!(
+        sub.wait(Duration::from_secs(10)).unwrap(),
+        vec![Notice::Changelog]
+    );
+    assert!(sub.wait(Duration::from_millis(300)).unwrap().is_empty());
+    e.create(ROOT_INO, b"loud", &file(), None, None).unwrap();
+    assert_eq!(
+        sub.wait(Duration::from_secs(10)).unwrap(),
+        vec![Notice::Changelog]
+    );
 }
 
 fn all_checks(server: &Server) {
