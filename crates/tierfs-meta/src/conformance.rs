@@ -6,7 +6,7 @@ use std::any::Any;
 
 mod changelog;
 
-use crate::engine::MetaEngine;
+use crate::engine::{MetaEngine, OPEN_TRASH_GRACE};
 use crate::error::MetaError;
 use crate::types::*;
 
@@ -44,6 +44,10 @@ pub fn run_all(factory: &Factory<'_>) {
         ("xattrs", xattrs),
         ("slices_and_commit_order", slices_and_commit_order),
         ("open_unlinked_file_survives", open_unlinked_file_survives),
+        (
+            "trash_of_a_file_kept_open_goes_after_a_grace",
+            trash_of_a_file_kept_open_goes_after_a_grace,
+        ),
         (
             "replaced_file_stays_openable_for_its_grace",
             replaced_file_stays_openable_for_its_grace,
@@ -230,7 +234,7 @@ fn setattr_and_truncate(e: &dyn MetaEngine) {
         "tail is zeroed"
     );
     assert_eq!(
-        e.trash(100).unwrap().len(),
+        e.trash(100, OPEN_TRASH_GRACE).unwrap().len(),
         1,
         "the freed object is in the trash"
     );
@@ -462,6 +466,41 @@ fn slices_and_commit_order(e: &dyn MetaEngine) {
     assert_eq!(k.size, 4096);
 }
 
+/// Objects a file drops while some client keeps it open wait in the trash for the grace, not
+/// for the last close (a file that is never closed would keep them all).
+fn trash_of_a_file_kept_open_goes_after_a_grace(e: &dyn MetaEngine) {
+    let f = e
+        .create(ROOT_INO, b"kept", &file(), Some(layout()), None)
+        .unwrap();
+    e.commit_slices(f.ino, &[obj_slice(0, 0, 10, 7)], 10, 1)
+        .unwrap();
+    e.open_file(1, f.ino).unwrap();
+    let to_zero = SetAttr {
+        size: Some(0),
+        ..Default::default()
+    };
+    e.setattr(f.ino, &to_zero).unwrap();
+    assert!(
+        e.trash(10, OPEN_TRASH_GRACE).unwrap().is_empty(),
+        "an open file's dropped object waits for the grace"
+    );
+    std::thread::sleep(std::time::Duration::from_millis(5));
+    let t = e.trash(10, std::time::Duration::from_millis(1)).unwrap();
+    assert_eq!(
+        t.iter().map(|i| i.obj).collect::<Vec<_>>(),
+        vec![7],
+        "past the grace it goes, though the file is still open"
+    );
+    e.close_files(1, &[f.ino]).unwrap();
+    assert_eq!(
+        e.trash(10, OPEN_TRASH_GRACE).unwrap().len(),
+        1,
+        "closed: at once"
+    );
+    e.trash_done(&[t[0].id]).unwrap();
+    assert!(e.trash(10, std::time::Duration::ZERO).unwrap().is_empty());
+}
+
 fn open_unlinked_file_survives(e: &dyn MetaEngine) {
     let f = e
         .create(ROOT_INO, b"f", &file(), Some(layout()), None)
@@ -479,19 +518,19 @@ fn open_unlinked_file_survives(e: &dyn MetaEngine) {
         1,
         "data stays while open"
     );
-    assert!(e.trash(10).unwrap().is_empty());
+    assert!(e.trash(10, OPEN_TRASH_GRACE).unwrap().is_empty());
     e.close_files(1, &[f.ino]).unwrap();
     assert!(e.getattr(f.ino).is_ok(), "client 2 still has it open");
     e.close_files(2, &[f.ino]).unwrap();
     assert!(e.getattr(f.ino).is_ok(), "client 2 still has it open once");
     e.close_files(2, &[f.ino]).unwrap();
     assert!(matches!(e.getattr(f.ino), Err(MetaError::NotFound)));
-    let t = e.trash(10).unwrap();
+    let t = e.trash(10, OPEN_TRASH_GRACE).unwrap();
     assert_eq!(t.len(), 1);
     let used = e.targets().unwrap()[0].used;
     e.trash_done(&[t[0].id]).unwrap();
     assert_eq!(e.targets().unwrap()[0].used, used - 10);
-    assert!(e.trash(10).unwrap().is_empty());
+    assert!(e.trash(10, OPEN_TRASH_GRACE).unwrap().is_empty());
 }
 
 fn replaced_file_stays_openable_for_its_grace(e: &dyn MetaEngine) {
@@ -513,7 +552,10 @@ fn replaced_file_stays_openable_for_its_grace(e: &dyn MetaEngine) {
         .getattr(old.ino)
         .expect("in its grace, the old file is there");
     assert_eq!((a.nlink, a.size), (0, 10));
-    assert!(e.trash(10).unwrap().is_empty(), "its data stays");
+    assert!(
+        e.trash(10, OPEN_TRASH_GRACE).unwrap().is_empty(),
+        "its data stays"
+    );
     // purging now (grace not over) leaves it alone
     assert_eq!(e.purge_orphans(now_nanos() - 3_600_000_000_000).unwrap(), 0);
     e.open_file(1, old.ino).unwrap();
@@ -533,7 +575,7 @@ fn replaced_file_stays_openable_for_its_grace(e: &dyn MetaEngine) {
     assert_eq!(e.purge_orphans(now_nanos() - 3_600_000_000_000).unwrap(), 0);
     assert_eq!(e.purge_orphans(now_nanos() + 1).unwrap(), 1);
     assert!(matches!(e.getattr(old.ino), Err(MetaError::NotFound)));
-    let t = e.trash(10).unwrap();
+    let t = e.trash(10, OPEN_TRASH_GRACE).unwrap();
     assert_eq!(t.iter().map(|x| x.obj).collect::<Vec<_>>(), [7]);
     e.trash_done(&[t[0].id]).unwrap();
 
@@ -553,7 +595,7 @@ fn replaced_file_stays_openable_for_its_grace(e: &dyn MetaEngine) {
     e.close_files(2, &[cur.ino]).unwrap();
     assert_eq!(e.purge_orphans(now_nanos() + 1).unwrap(), 1);
     assert!(matches!(e.getattr(cur.ino), Err(MetaError::NotFound)));
-    let t = e.trash(10).unwrap();
+    let t = e.trash(10, OPEN_TRASH_GRACE).unwrap();
     assert_eq!(t.iter().map(|x| x.obj).collect::<Vec<_>>(), [8]);
     e.trash_done(&[t[0].id]).unwrap();
     let new = next;
@@ -566,7 +608,7 @@ fn replaced_file_stays_openable_for_its_grace(e: &dyn MetaEngine) {
     assert_eq!(e.purge_orphans(now_nanos() + 1).unwrap(), 1);
     assert!(matches!(e.getattr(new.ino), Err(MetaError::NotFound)));
     assert!(matches!(e.open_file(1, new.ino), Err(MetaError::NotFound)));
-    let t = e.trash(10).unwrap();
+    let t = e.trash(10, OPEN_TRASH_GRACE).unwrap();
     assert_eq!(t.iter().map(|x| x.obj).collect::<Vec<_>>(), [10]);
     assert_eq!(e.lookup(ROOT_INO, b"live").unwrap().ino, newer.ino);
     // unlink keeps its immediate semantics
@@ -1006,7 +1048,7 @@ fn compaction_replace_chunk(e: &dyn MetaEngine) {
     assert!(!e
         .replace_chunk(f.ino, 0, upto - 1, &[obj_slice(0, 0, 50, 201)])
         .unwrap());
-    let t = e.trash(100).unwrap();
+    let t = e.trash(100, OPEN_TRASH_GRACE).unwrap();
     assert_eq!(t.len(), 1, "a refused merge leaves its object in the trash");
     assert_eq!(t[0].obj, 201);
     assert!(e
@@ -1014,7 +1056,7 @@ fn compaction_replace_chunk(e: &dyn MetaEngine) {
         .unwrap());
     let s = e.read_chunk(f.ino, 0).unwrap();
     assert_eq!(s.len(), 1);
-    assert_eq!(e.trash(100).unwrap().len(), 6);
+    assert_eq!(e.trash(100, OPEN_TRASH_GRACE).unwrap().len(), 6);
 }
 
 fn shared_objects_freed_with_last_slice(e: &dyn MetaEngine) {
@@ -1052,9 +1094,9 @@ fn shared_objects_freed_with_last_slice(e: &dyn MetaEngine) {
         },
     )
     .unwrap();
-    assert!(e.trash(10).unwrap().is_empty());
+    assert!(e.trash(10, OPEN_TRASH_GRACE).unwrap().is_empty());
     e.unlink(ROOT_INO, b"f").unwrap();
-    let t = e.trash(10).unwrap();
+    let t = e.trash(10, OPEN_TRASH_GRACE).unwrap();
     assert_eq!(t.len(), 1);
     assert_eq!((t[0].obj, t[0].len), (42, 8));
 }
@@ -1187,7 +1229,7 @@ fn commit_to_a_vanished_file_trashes_its_objects(e: &dyn MetaEngine) {
         e.commit_slices(f.ino, &[obj_slice(0, 0, 10, 77)], 10, 1),
         Err(MetaError::NotFound)
     ));
-    let t = e.trash(10).unwrap();
+    let t = e.trash(10, OPEN_TRASH_GRACE).unwrap();
     assert_eq!(t.len(), 1, "the uploaded object is not leaked");
     assert_eq!(t[0].obj, 77);
 }
@@ -1211,7 +1253,7 @@ fn rewrite_data_replaces_everything(e: &dyn MetaEngine) {
     assert!(a.data_version > v);
     assert!(e.read_chunk(f.ino, 1).unwrap().is_empty());
     assert_eq!(e.read_chunk(f.ino, 0).unwrap().len(), 1);
-    assert_eq!(e.trash(10).unwrap().len(), 2);
+    assert_eq!(e.trash(10, OPEN_TRASH_GRACE).unwrap().len(), 2);
 }
 
 /// FALLOC_FL_ZERO_RANGE (`zero` without `keep_size`) zeroes inside the size and grows it;

@@ -249,7 +249,7 @@ impl FileData for FaultyEngine {
         fn fallocate(&self, ino: Ino, off: u64, len: u64, keep_size: bool, zero: bool) -> Result<Attr>;
         fn replace_chunk(&self, ino: Ino, chunk: u64, upto: u64, merged: &[Slice]) -> Result<bool>;
         fn rewrite_data(&self, ino: Ino, slices: &[Slice], size: u64, mtime: Nanos) -> Result<Attr>;
-        fn trash(&self, limit: usize) -> Result<Vec<TrashItem>>;
+        fn trash(&self, limit: usize, open_grace: Duration) -> Result<Vec<TrashItem>>;
         fn trash_done(&self, ids: &[u64]) -> Result<()>;
     }
 }

@@ -25,7 +25,7 @@ pub mod url;
 
 pub use engine::{
     Admin, Changelog, Channel, FileData, Listener, Locks, MetaEngine, Namespace, Notice, Pcc,
-    Sessions, Workers, ORPHAN_GRACE,
+    Sessions, Workers, OPEN_TRASH_GRACE, ORPHAN_GRACE,
 };
 pub use error::{MetaError, Result};
 pub use types::*;

@@ -1047,7 +1047,7 @@ impl DataPath {
 
     /// Deletes objects nobody references any more; returns how many went.
     pub fn collect_garbage(&self) -> Result<usize> {
-        let items = self.meta.trash(512)?;
+        let items = self.meta.trash(512, tierfs_meta::OPEN_TRASH_GRACE)?;
         if items.is_empty() {
             return Ok(0);
         }

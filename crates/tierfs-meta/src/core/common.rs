@@ -360,11 +360,12 @@ pub fn trash_slices(tx: &mut dyn Tx, ino: Ino, where_sql: &str, args: &[i64]) ->
     })?;
     gone.sort_unstable();
     gone.dedup();
+    let now = now_nanos();
     for (target, obj, size) in gone {
         tx.exec(
-            "INSERT INTO trash (ino, target, obj, len) SELECT $1, $2, $3, $4 \
+            "INSERT INTO trash (ino, target, obj, len, created) SELECT $1, $2, $3, $4, $5 \
              WHERE NOT EXISTS (SELECT 1 FROM slices WHERE obj = $3)",
-            vals![ino, target, obj, size],
+            vals![ino, target, obj, size, now],
         )?;
     }
     Ok(())

@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
+use std::time::Duration;
 
 use super::changelog::{self, Rec};
 use super::common::{
@@ -241,14 +242,16 @@ impl<D: Driver> FileData for SqlMeta<D> {
         })
     }
 
-    fn trash(&self, limit: usize) -> Result<Vec<TrashItem>> {
+    fn trash(&self, limit: usize, open_grace: Duration) -> Result<Vec<TrashItem>> {
+        let before = now_nanos().saturating_sub(open_grace.as_nanos() as i64);
         self.d.read(|tx| {
             let mut v = Vec::new();
             tx.query_each(
                 "SELECT id, target, obj, len FROM trash t \
-                 WHERE NOT EXISTS (SELECT 1 FROM open_files o WHERE o.ino = t.ino) \
+                 WHERE t.created < $2 \
+                    OR NOT EXISTS (SELECT 1 FROM open_files o WHERE o.ino = t.ino) \
                  ORDER BY id LIMIT $1",
-                vals![limit],
+                vals![limit, before],
                 &mut |r| {
                     v.push(TrashItem {
                         id: r.u64(0)?,

@@ -83,7 +83,16 @@ const _: () = assert!(MIGRATIONS.len() as i64 == SCHEMA_VERSION);
 
 /// Version 6: the tables of the changelog and of the workers' reports. Each owning module
 /// defines its [`Ddl`] and adds one line here.
-pub const V6: &[Ddl] = &[crate::core::changelog::SCHEMA, crate::core::workers::SCHEMA];
+pub const V6: &[Ddl] = &[
+    crate::core::changelog::SCHEMA,
+    crate::core::workers::SCHEMA,
+    TRASH_CREATED,
+];
+
+/// Version 6, the trash: when each row came (0: at once, rows of files nobody holds and rows
+/// from before v6), so that the objects a file kept open drops can go after a grace instead
+/// of at its last close ([`crate::engine::OPEN_TRASH_GRACE`]).
+const TRASH_CREATED: Ddl = &["ALTER TABLE trash ADD COLUMN created INT NOT NULL DEFAULT 0"];
 
 /// Version 5: each file's allocated bytes (st_blocks): bytes covered by slices that are not
 /// zero slices, the newest slice winning. Kept by every transaction that changes slices, for
@@ -238,6 +247,22 @@ pub const PG_MIGRATION_LOCK: i64 = 0x7469_6572_6673_0001;
 /// them; the dump lists them). Found from the DDL itself, so a new table is never forgotten.
 pub fn tables() -> Vec<&'static str> {
     tables_added_after(0)
+}
+
+/// The (table, column) pairs the migrations past `version` add to existing tables.
+pub fn columns_added_after(version: i64) -> Vec<(&'static str, &'static str)> {
+    let mut v = Vec::new();
+    for m in MIGRATIONS.iter().filter(|m| m.version > version) {
+        for part in m.parts {
+            for stmt in part.iter() {
+                let words: Vec<&str> = stmt.split_whitespace().collect();
+                if let ["ALTER", "TABLE", table, "ADD", "COLUMN", column, ..] = words[..] {
+                    v.push((table, column));
+                }
+            }
+        }
+    }
+    v
 }
 
 /// The tables the migrations past `version` create, in creation order.

@@ -360,6 +360,11 @@ fn drop_tables_after_v5(admin: &mut postgres::Client) {
     for t in crate::core::schema::tables_added_after(5) {
         admin.batch_execute(&format!("DROP TABLE {t}")).unwrap();
     }
+    for (t, c) in crate::core::schema::columns_added_after(5) {
+        admin
+            .batch_execute(&format!("ALTER TABLE {t} DROP COLUMN {c}"))
+            .unwrap();
+    }
 }
 
 fn schema_and_format(server: &Server) {

@@ -409,6 +409,10 @@ mod tests {
             for t in schema::tables_added_after(5) {
                 c.execute_batch(&format!("DROP TABLE {t}")).unwrap();
             }
+            for (t, col) in schema::columns_added_after(5) {
+                c.execute_batch(&format!("ALTER TABLE {t} DROP COLUMN {col}"))
+                    .unwrap();
+            }
         }
         let e = SqliteMeta::open(&path).unwrap();
         let rules = e.pcc_rules().unwrap();
@@ -472,6 +476,10 @@ mod tests {
                 .unwrap();
             for t in schema::tables_added_after(5) {
                 c.execute_batch(&format!("DROP TABLE {t}")).unwrap();
+            }
+            for (t, col) in schema::columns_added_after(5) {
+                c.execute_batch(&format!("ALTER TABLE {t} DROP COLUMN {col}"))
+                    .unwrap();
             }
         }
         let e = SqliteMeta::open(&path).unwrap();
