@@ -15,6 +15,7 @@
 //!   retry classification, reads, durability, housekeeping and notifications. The core
 //!   ([`crate::core::SqlMeta`]) does the rest.
 
+pub mod fault;
 pub mod postgres;
 pub mod sqlite;
 
