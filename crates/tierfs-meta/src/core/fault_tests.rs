@@ -265,3 +265,26 @@ fn faults_leave_nothing_half_done_on_sqlite() {
         true,
     );
 }
+
+#[test]
+fn a_delayed_statement_runs_late_and_counts_once() {
+    use crate::engine::Namespace;
+    let dir = tempfile::tempdir().unwrap();
+    let d = crate::sqlite::SqliteEngine::format(
+        &dir.path().join("m.db"),
+        &crate::conformance::params(),
+    )
+    .unwrap();
+    let e = SqlMeta::new(FaultDriver::new(d));
+    let n = e.driver().statements();
+    e.driver()
+        .fail_in(1, Fault::Delay(std::time::Duration::from_millis(200)));
+    let t = std::time::Instant::now();
+    assert_eq!(e.getattr(ROOT_INO).unwrap().kind, Kind::Dir);
+    assert!(t.elapsed() >= std::time::Duration::from_millis(200));
+    assert_eq!(e.driver().statements(), n + 1);
+    // Fired once: the next call is not delayed.
+    let t = std::time::Instant::now();
+    e.getattr(ROOT_INO).unwrap();
+    assert!(t.elapsed() < std::time::Duration::from_millis(200));
+}
