@@ -61,6 +61,11 @@ impl<D: Driver> FaultDriver<D> {
         self.plan.lock().push((at, fault));
     }
 
+    /// Faults planned that have not fired yet.
+    pub fn pending(&self) -> usize {
+        self.plan.lock().len()
+    }
+
     /// Drops every planned fault that has not fired.
     pub fn clear(&self) {
         self.plan.lock().clear();
