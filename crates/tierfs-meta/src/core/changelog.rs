@@ -145,14 +145,15 @@ const INSERT_SQLITE: &str = "INSERT INTO changelog \
     SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12 \
     WHERE EXISTS (SELECT 1 FROM changelog_readers WHERE state = 0 AND (mask & $13) <> 0)";
 
-// The gate's WHERE is evaluated before its select list, so the lock is taken only when a
-// reader wants the record; the index (`nextval`, in the outer select list) is drawn for the
+// The gate's WHERE is evaluated before its select list, so the lock is taken (and the NOTIFY
+// on [`NOTIFY_CHANNEL`] sent) only when a reader wants the record; the index (`nextval`, in the outer select list) is drawn for the
 // gate's row, after the lock.
 const INSERT_PG: &str = "INSERT INTO changelog \
     (idx, time, type, flags, target, parent, name, sparent, sname, uid, gid, client, jobid) \
     SELECT nextval('changelog_seq_n_seq'), $1::BIGINT, $2::INTEGER, $3::INTEGER, $4::BIGINT, $5::BIGINT, $6::BYTEA, \
     $7::BIGINT, $8::BYTEA, $9::BIGINT, $10::BIGINT, $11::TEXT, $12::TEXT \
-    FROM (SELECT pg_advisory_xact_lock(7882522153839479911) AS locked \
+    FROM (SELECT pg_advisory_xact_lock(7882522153839479911) AS locked, \
+    pg_notify('tierfs_changelog', '') AS notified \
     WHERE EXISTS (SELECT 1 FROM changelog_readers WHERE state = 0 AND (mask & $13::BIGINT) <> 0)) \
     AS gate";
 
@@ -185,10 +186,8 @@ pub fn record(tx: &mut dyn Tx, rec: &Rec<'_>) -> Result<bool> {
             rec.typ.bit(),
         ],
     )?;
-    if n > 0 {
-        // Wakes followers on PostgreSQL (one notice per transaction: identical ones merge).
-        tx.notify(NOTIFY_CHANNEL, "")?;
-    }
+    // On PostgreSQL the statement also sent the NOTIFY that wakes followers (delivered at
+    // commit; identical notices of one transaction merge into one).
     Ok(n > 0)
 }
 
