@@ -187,6 +187,53 @@ pub(crate) fn fs_info<D: Driver>(d: &D) -> Result<FsInfo> {
     })
 }
 
+/// The rows of a freshly formatted filesystem, once its schema exists: settings, the object
+/// id counter, the targets and the root directory (one transaction through driver `d`).
+pub(crate) fn init_filesystem<D: Driver>(d: &D, p: &FormatParams) -> Result<()> {
+    let now = now_nanos();
+    let uuid = uuid::Uuid::new_v4().to_string();
+    d.write(|tx| {
+        let kv = [
+            ("name", p.name.clone()),
+            ("uuid", uuid.clone()),
+            ("stripe_count", p.stripe_count.to_string()),
+            ("stripe_size", p.stripe_size.to_string()),
+            ("inline_threshold", p.inline_threshold.to_string()),
+            ("created", now.to_string()),
+        ];
+        for (k, v) in kv {
+            tx.exec(
+                "INSERT INTO meta_info (key, value) VALUES ($1, $2)",
+                vals![k, v],
+            )?;
+        }
+        tx.exec(
+            "INSERT INTO counters (name, value) VALUES ('next_object', 1)",
+            vals![],
+        )?;
+        for (i, (url, cap)) in p.targets.iter().enumerate() {
+            tx.exec(
+                "INSERT INTO targets (id, url, capacity) VALUES ($1, $2, $3)",
+                vals![i, url.as_str(), *cap],
+            )?;
+        }
+        tx.exec(
+            "INSERT INTO inodes (ino, kind, perm, uid, gid, nlink, atime, mtime, ctime, crtime, \
+             parent) VALUES (1, $1, $2, 0, 0, 2, $3, $3, $3, $3, 1)",
+            vals![Kind::Dir as i64, 0o755, now],
+        )?;
+        if tx.dialect().is_postgres() {
+            // The root took ino 1 by hand: new inodes start at 2. (SQLite's AUTOINCREMENT
+            // follows the largest id inserted by itself.)
+            tx.exec(
+                "SELECT setval(pg_get_serial_sequence('inodes', 'ino'), 1)",
+                vals![],
+            )?;
+        }
+        Ok(())
+    })
+}
+
 impl<D: Driver> Admin for SqlMeta<D> {
     fn info(&self) -> Result<FsInfo> {
         fs_info(&self.d)

@@ -372,55 +372,77 @@ pub fn trash_slices(tx: &mut dyn Tx, ino: Ino, where_sql: &str, args: &[i64]) ->
 
 /// Deletes an inode and everything that belongs to it; its objects go to the trash.
 pub fn purge_inode(tx: &mut dyn Tx, ino: Ino) -> Result<()> {
-    trash_slices(tx, ino, "TRUE", &[])?;
     if tx.dialect().is_postgres() {
-        // One round trip: data-modifying CTEs all run.
-        tx.exec(
-            "WITH x AS (DELETE FROM xattrs WHERE ino = $1), \
-                  l AS (DELETE FROM locks WHERE ino = $1), \
-                  p AS (DELETE FROM pcc_leases WHERE ino = $1), \
-                  r AS (DELETE FROM pcc_revokes WHERE ino = $1) \
-             DELETE FROM inodes WHERE ino = $1",
-            vals![ino],
-        )?;
-    } else {
-        for sql in [
-            "DELETE FROM xattrs WHERE ino = $1",
-            "DELETE FROM locks WHERE ino = $1",
-            "DELETE FROM pcc_leases WHERE ino = $1",
-            "DELETE FROM pcc_revokes WHERE ino = $1",
-            "DELETE FROM inodes WHERE ino = $1",
-        ] {
-            tx.exec(sql, vals![ino])?;
-        }
+        tx.exec(pg_purge_sql(false), vals![ino])?;
+        return Ok(());
+    }
+    trash_slices(tx, ino, "TRUE", &[])?;
+    for sql in [
+        "DELETE FROM xattrs WHERE ino = $1",
+        "DELETE FROM locks WHERE ino = $1",
+        "DELETE FROM pcc_leases WHERE ino = $1",
+        "DELETE FROM pcc_revokes WHERE ino = $1",
+        "DELETE FROM inodes WHERE ino = $1",
+    ] {
+        tx.exec(sql, vals![ino])?;
     }
     Ok(())
+}
+
+/// PostgreSQL: [`purge_inode`] in one round trip (data-modifying CTEs all run, on one
+/// snapshot): the slices go, their objects no other file's slice reads go to the trash (the
+/// snapshot still shows this file's slices, hence `x.ino <> $1`: every one of them goes), and
+/// the inode with its xattrs, locks, lease and recall request. With `if_unheld`
+/// ([`drop_inode`]), first marks the file an open orphan when some client has it open, and
+/// then purges nothing.
+fn pg_purge_sql(if_unheld: bool) -> &'static str {
+    static S: OnceLock<[String; 2]> = OnceLock::new();
+    let v = S.get_or_init(|| {
+        let make = |guarded: bool| {
+            let (head, cond) = if guarded {
+                (
+                    "WITH o AS (UPDATE inodes SET orphan = 1 WHERE ino = $1 \
+                     AND EXISTS (SELECT 1 FROM open_files WHERE ino = $1) RETURNING ino), ",
+                    " AND NOT EXISTS (SELECT 1 FROM o)",
+                )
+            } else {
+                ("WITH ", "")
+            };
+            format!(
+                "{head}s AS (DELETE FROM slices WHERE ino = $1{cond} \
+                     RETURNING target, obj, obj_size), \
+                 t AS (INSERT INTO trash (ino, target, obj, len) \
+                     SELECT DISTINCT $1::BIGINT, s.target, s.obj, s.obj_size FROM s \
+                     WHERE s.target IS NOT NULL AND s.obj IS NOT NULL \
+                     AND NOT EXISTS (SELECT 1 FROM slices x WHERE x.obj = s.obj AND x.ino <> $1)), \
+                 x AS (DELETE FROM xattrs WHERE ino = $1{cond}), \
+                 l AS (DELETE FROM locks WHERE ino = $1{cond}), \
+                 p AS (DELETE FROM pcc_leases WHERE ino = $1{cond}), \
+                 r AS (DELETE FROM pcc_revokes WHERE ino = $1{cond}) \
+                 DELETE FROM inodes WHERE ino = $1{cond}"
+            )
+        };
+        [make(false), make(true)]
+    });
+    &v[if_unheld as usize]
 }
 
 /// Deletes an inode whose last name is gone, or marks it orphan (`orphan = 1`) while a client
 /// has it open (the last close purges it).
 pub fn drop_inode(tx: &mut dyn Tx, ino: Ino) -> Result<()> {
-    let open = if tx.dialect().is_postgres() {
-        // One round trip; no row back means nobody has it open.
-        tx.query_opt(
-            "UPDATE inodes SET orphan = 1 WHERE ino = $1 \
-             AND EXISTS (SELECT 1 FROM open_files WHERE ino = $1) RETURNING ino",
-            vals![ino],
-        )?
-        .is_some()
-    } else {
-        // SQLite: `UPDATE ... RETURNING` opens a statement journal even when it changes
-        // nothing; the usual case (not open) is one plain read.
-        let open = tx.exists(
-            "SELECT EXISTS (SELECT 1 FROM open_files WHERE ino = $1)",
-            vals![ino],
-        )?;
-        if open {
-            tx.exec("UPDATE inodes SET orphan = 1 WHERE ino = $1", vals![ino])?;
-        }
-        open
-    };
+    if tx.dialect().is_postgres() {
+        // The open check, the mark and the purge in one round trip.
+        tx.exec(pg_purge_sql(true), vals![ino])?;
+        return Ok(());
+    }
+    // SQLite: `UPDATE ... RETURNING` opens a statement journal even when it changes nothing;
+    // the usual case (not open) is one plain read.
+    let open = tx.exists(
+        "SELECT EXISTS (SELECT 1 FROM open_files WHERE ino = $1)",
+        vals![ino],
+    )?;
     if open {
+        tx.exec("UPDATE inodes SET orphan = 1 WHERE ino = $1", vals![ino])?;
         return Ok(());
     }
     purge_inode(tx, ino)

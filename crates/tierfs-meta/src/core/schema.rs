@@ -401,6 +401,22 @@ pub fn migrate<D: Driver>(d: &D) -> Result<()> {
     }
 }
 
+/// Opens a filesystem's schema: refuses a database without one (`what` names the database
+/// in the error) or with a newer one than this build, and migrates an older one.
+pub fn open<D: Driver>(d: &D, what: &str) -> Result<()> {
+    match d.read(read_version)? {
+        None => Err(MetaError::NotFormatted(format!(
+            "{what} holds no tierfs schema"
+        ))),
+        Some(v) if v > SCHEMA_VERSION => Err(MetaError::SchemaTooNew {
+            found: v,
+            supported: SCHEMA_VERSION,
+        }),
+        Some(v) if v < SCHEMA_VERSION => migrate(d),
+        Some(_) => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -171,14 +171,18 @@ impl<D: Driver> Sessions for SqlMeta<D> {
             lock_rows(tx, inos)?;
             for ino in inos {
                 let ino = *ino;
-                tx.exec(
-                    "UPDATE open_files SET count = count - 1 WHERE session = $1 AND ino = $2",
+                // The last open of this session goes (one statement: the usual case), or
+                // one of several is counted down.
+                if tx.exec(
+                    "DELETE FROM open_files WHERE session = $1 AND ino = $2 AND count <= 1",
                     vals![session, ino],
-                )?;
-                tx.exec(
-                    "DELETE FROM open_files WHERE session = $1 AND ino = $2 AND count <= 0",
-                    vals![session, ino],
-                )?;
+                )? == 0
+                {
+                    tx.exec(
+                        "UPDATE open_files SET count = count - 1 WHERE session = $1 AND ino = $2",
+                        vals![session, ino],
+                    )?;
+                }
                 purge_if_orphan(tx, ino)?;
             }
             // changelog: CLOSE, in the context of whoever opened each file (the client's

@@ -276,23 +276,7 @@ impl PgEngine {
     /// Opens a formatted filesystem, migrating its schema if it is older than this build.
     pub fn open(url: &str) -> Result<PgEngine> {
         let e = Self::new(url)?;
-        let version = e.schema_version()?;
-        match version {
-            None | Some(0) => {
-                return Err(MetaError::NotFormatted(format!(
-                    "{} holds no tierfs schema",
-                    e.url
-                )))
-            }
-            Some(v) if v > SCHEMA_VERSION => {
-                return Err(MetaError::SchemaTooNew {
-                    found: v,
-                    supported: SCHEMA_VERSION,
-                })
-            }
-            Some(v) if v < SCHEMA_VERSION => schema::migrate(&e)?,
-            Some(_) => {}
-        }
+        schema::open(&e, &e.url.to_string())?;
         Ok(e)
     }
 
@@ -357,52 +341,8 @@ impl PgEngine {
         }
         e.pool.clear();
         schema::migrate(&e)?;
-        let now = now_nanos();
-        let uuid = uuid::Uuid::new_v4().to_string();
-        e.write(|c| {
-            let kv = [
-                ("name", p.name.clone()),
-                ("uuid", uuid.clone()),
-                ("stripe_count", p.stripe_count.to_string()),
-                ("stripe_size", p.stripe_size.to_string()),
-                ("inline_threshold", p.inline_threshold.to_string()),
-                ("created", now.to_string()),
-            ];
-            for (k, v) in kv {
-                c.exec(
-                    "INSERT INTO meta_info (key, value) VALUES ($1, $2)",
-                    &[&k, &v],
-                )?;
-            }
-            c.exec(
-                "INSERT INTO counters (name, value) VALUES ('next_object', 1)",
-                &[],
-            )?;
-            for (i, (url, cap)) in p.targets.iter().enumerate() {
-                c.exec(
-                    "INSERT INTO targets (id, url, capacity) VALUES ($1, $2, $3)",
-                    &[&(i as i64), url, &(*cap as i64)],
-                )?;
-            }
-            c.exec(
-                "INSERT INTO inodes (ino, kind, perm, uid, gid, nlink, atime, mtime, ctime, crtime, parent) \
-                 VALUES (1, $1, $2, 0, 0, 2, $3, $3, $3, $3, 1)",
-                &[&(Kind::Dir as i64), &0o755i64, &now],
-            )?;
-            // The root took ino 1 by hand: new inodes start at 2.
-            c.exec(
-                "SELECT setval(pg_get_serial_sequence('inodes', 'ino'), 1)",
-                &[],
-            )?;
-            Ok(())
-        })?;
+        crate::core::admin::init_filesystem(&e, p)?;
         Ok(e)
-    }
-
-    /// Runs `f` in one REPEATABLE READ transaction, retrying serialization failures and
-    /// deadlocks with backoff. The closure may run several times.
-    fn write<T>(&self, mut f: impl FnMut(&mut PgConn) -> Result<T>) -> Result<T> {
-        self.write_commit(|c| f(c).map(Ok))?
     }
 
     /// Like `write`, but an inner `Err` is committed (work done before a reported failure,

@@ -196,9 +196,9 @@ impl Row {
     pub fn text(&self, i: usize) -> Result<String> {
         match self.value(i)? {
             Value::Text(s) => Ok(s.clone()),
-            Value::Blob(b) => {
-                String::from_utf8(b.clone()).map_err(|_| bad_type(i, "text", &Value::Null))
-            }
+            Value::Blob(b) => String::from_utf8(b.clone()).map_err(|_| {
+                MetaError::Db(format!("column {i}: expected text, found non-UTF-8 bytes"))
+            }),
             v => Err(bad_type(i, "text", v)),
         }
     }
@@ -352,7 +352,8 @@ impl Dialect {
         self.is_postgres()
     }
 
-    /// `sql` in this dialect (cached: the text is rendered once per distinct statement).
+    /// `sql` in this dialect (cached: the text is rendered once per distinct statement; the
+    /// cache holds as many entries as the program has distinct statements).
     pub fn render<'a>(&self, sql: &'a str) -> Rendered<'a> {
         if self.kind == DialectKind::Postgres {
             return Rendered::Same(sql);

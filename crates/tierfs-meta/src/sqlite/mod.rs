@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use rusqlite::{params, Connection};
+use rusqlite::Connection;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::core::schema;
@@ -109,23 +109,7 @@ impl SqliteEngine {
             )));
         }
         let e = Self::new(path)?;
-        let version: i64 = e
-            .writer
-            .lock()
-            .pragma_query_value(None, "user_version", |r| r.get(0))?;
-        if version == 0 {
-            return Err(MetaError::NotFormatted(format!(
-                "{} holds no tierfs schema",
-                path.display()
-            )));
-        }
-        if version > SCHEMA_VERSION {
-            return Err(MetaError::SchemaTooNew {
-                found: version,
-                supported: SCHEMA_VERSION,
-            });
-        }
-        schema::migrate(&e)?;
+        schema::open(&e, &path.display().to_string())?;
         Ok(e)
     }
 
@@ -164,34 +148,7 @@ impl SqliteEngine {
         }
         let e = Self::new(path)?;
         schema::migrate(&e)?;
-        let now = now_nanos();
-        let uuid = uuid::Uuid::new_v4().to_string();
-        e.write(|tx| {
-            let kv = [
-                ("name", p.name.clone()),
-                ("uuid", uuid.clone()),
-                ("stripe_count", p.stripe_count.to_string()),
-                ("stripe_size", p.stripe_size.to_string()),
-                ("inline_threshold", p.inline_threshold.to_string()),
-                ("created", now.to_string()),
-            ];
-            for (k, v) in kv {
-                tx.execute("INSERT INTO meta_info (key, value) VALUES (?1, ?2)", params![k, v])?;
-            }
-            tx.execute("INSERT INTO counters (name, value) VALUES ('next_object', 1)", [])?;
-            for (i, (url, cap)) in p.targets.iter().enumerate() {
-                tx.execute(
-                    "INSERT INTO targets (id, url, capacity) VALUES (?1, ?2, ?3)",
-                    params![i as i64, url, *cap as i64],
-                )?;
-            }
-            tx.execute(
-                "INSERT INTO inodes (ino, kind, perm, uid, gid, nlink, atime, mtime, ctime, crtime, parent) \
-                 VALUES (1, ?1, ?2, 0, 0, 2, ?3, ?3, ?3, ?3, 1)",
-                params![Kind::Dir as i64, 0o755, now],
-            )?;
-            Ok(())
-        })?;
+        crate::core::admin::init_filesystem(&e, p)?;
         Ok(e)
     }
 
