@@ -40,4 +40,6 @@ impl<D: Driver> SqlMeta<D> {
 }
 
 #[cfg(test)]
+pub(crate) mod fault_tests;
+#[cfg(test)]
 pub(crate) mod upgrade_tests;

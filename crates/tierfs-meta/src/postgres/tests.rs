@@ -252,6 +252,19 @@ fn all_checks(server: &Server) {
     });
     eprintln!("conformance suite on PostgreSQL: {:?}", t.elapsed());
     sql_layer_converts_exact_types(server);
+    let t = Instant::now();
+    crate::core::fault_tests::faults_leave_nothing_half_done(
+        &|| {
+            let db = server.fresh_db();
+            let d = PgEngine::format(&db.url, &params()).expect("format");
+            (
+                Box::new(db) as Box<dyn std::any::Any>,
+                crate::core::SqlMeta::new(crate::sql::fault::FaultDriver::new(d)),
+            )
+        },
+        false,
+    );
+    eprintln!("fault injection on PostgreSQL: {:?}", t.elapsed());
     schema_and_format(server);
     a_v5_filesystem_upgrades_and_keeps_every_file(server);
     dump_from_sqlite_loads_into_postgres_and_back(server);

@@ -15,11 +15,13 @@
 //!   retry classification, reads, durability, housekeeping and notifications. The core
 //!   ([`crate::core::SqlMeta`]) does the rest.
 
+pub mod fault;
 pub mod postgres;
 pub mod sqlite;
 
 use std::borrow::Cow;
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
 use parking_lot::RwLock;
@@ -306,7 +308,46 @@ pub enum DialectKind {
 /// A SQL dialect: renders the core's PostgreSQL-style SQL into the engine's, with a cache.
 pub struct Dialect {
     kind: DialectKind,
-    cache: RwLock<HashMap<Box<str>, Arc<str>>>,
+    cache: RwLock<RenderCache>,
+}
+
+/// Renderings by statement text, and a faster path by the text's address: the core's
+/// statements are mostly `&'static str`, the same address every time, so most lookups hash two
+/// numbers and compare the text once instead of hashing it (this matters: SQLite runs a small
+/// statement in a few microseconds). An address entry is only used when its text still
+/// matches (a heap string's address may be reused for another text); the address map is
+/// emptied when it grows past [`ADDR_ENTRIES`] (texts built anew each time get new addresses).
+#[derive(Default)]
+struct RenderCache {
+    by_text: HashMap<Box<str>, Arc<str>>,
+    by_addr: ByAddr,
+}
+
+/// (address, length) of a statement text -> (the text, its rendering).
+type ByAddr = HashMap<(usize, usize), (Arc<str>, Arc<str>), BuildHasherDefault<AddrHasher>>;
+
+/// Most address entries kept (see [`RenderCache`]).
+const ADDR_ENTRIES: usize = 4096;
+
+/// A hasher for (address, length) keys.
+#[derive(Default)]
+struct AddrHasher(u64);
+
+impl Hasher for AddrHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.write_u64(*b as u64);
+        }
+    }
+    fn write_usize(&mut self, n: usize) {
+        self.write_u64(n as u64);
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
 }
 
 /// SQL rendered for a dialect: the original text or a cached rendering.
@@ -329,7 +370,7 @@ impl Dialect {
     pub fn new(kind: DialectKind) -> Dialect {
         Dialect {
             kind,
-            cache: RwLock::new(HashMap::new()),
+            cache: RwLock::new(RenderCache::default()),
         }
     }
 
@@ -358,11 +399,25 @@ impl Dialect {
         if self.kind == DialectKind::Postgres {
             return Rendered::Same(sql);
         }
-        if let Some(r) = self.cache.read().get(sql) {
-            return Rendered::Cached(r.clone());
+        let addr = (sql.as_ptr() as usize, sql.len());
+        let known = {
+            let c = self.cache.read();
+            if let Some((text, r)) = c.by_addr.get(&addr) {
+                if **text == *sql {
+                    return Rendered::Cached(r.clone());
+                }
+            }
+            c.by_text.get(sql).cloned()
+        };
+        let r = known.unwrap_or_else(|| Arc::from(render_sqlite(sql).as_ref()));
+        let mut c = self.cache.write();
+        if !c.by_text.contains_key(sql) {
+            c.by_text.insert(sql.into(), r.clone());
         }
-        let r: Arc<str> = Arc::from(render_sqlite(sql).as_ref());
-        self.cache.write().insert(sql.into(), r.clone());
+        if c.by_addr.len() >= ADDR_ENTRIES {
+            c.by_addr.clear();
+        }
+        c.by_addr.insert(addr, (Arc::from(sql), r.clone()));
         Rendered::Cached(r)
     }
 }
@@ -533,6 +588,11 @@ mod tests {
             (Rendered::Cached(x), Rendered::Cached(y)) => assert!(Arc::ptr_eq(&x, &y)),
             _ => panic!("not cached"),
         }
+        // A text at an address that held another text before renders as itself.
+        let mut buf = String::from("SELECT $1 FROM a");
+        assert_eq!(&*d.render(&buf), "SELECT ?1 FROM a");
+        buf.replace_range(.., "SELECT $2 FROM b");
+        assert_eq!(&*d.render(&buf), "SELECT ?2 FROM b");
         let p = Dialect::new(DialectKind::Postgres);
         assert_eq!(&*p.render("SELECT $1 FOR UPDATE"), "SELECT $1 FOR UPDATE");
     }
