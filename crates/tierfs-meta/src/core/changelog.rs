@@ -461,17 +461,32 @@ impl<D: Driver> Changelog for SqlMeta<D> {
         };
         match reader {
             None => self.d.read(|tx| query(tx, mask.0, start)),
-            Some(id) => self.d.write(|tx| {
-                expire_and(tx, |tx, now| {
-                    let r = active_reader(tx, id)?;
-                    tx.exec(
-                        "UPDATE changelog_readers SET last_used = $2 WHERE id = $1",
-                        vals![id, now],
-                    )?;
-                    query(tx, r.mask & mask.0, start.max(r.cleared + 1))
-                })
-                .map(|(_, v)| v)
-            }),
+            Some(id) => {
+                // A follower reads several times a second: its use is written down only when
+                // the last note is older than a minute (or half its idle time), so reading
+                // is a read, not a write transaction, almost every time.
+                let now = now_nanos();
+                let r = self.d.read(|tx| active_reader(tx, id))?;
+                let every = (r.idle_ns / 2).min(60_000_000_000);
+                let r = if now - r.last_used >= every {
+                    self.d
+                        .write(|tx| {
+                            expire_and(tx, |tx, now| {
+                                let r = active_reader(tx, id)?;
+                                tx.exec(
+                                    "UPDATE changelog_readers SET last_used = $2 WHERE id = $1",
+                                    vals![id, now],
+                                )?;
+                                Ok(r)
+                            })
+                        })?
+                        .1
+                } else {
+                    r
+                };
+                self.d
+                    .read(|tx| query(tx, r.mask & mask.0, start.max(r.cleared + 1)))
+            }
         }
     }
 
