@@ -918,6 +918,47 @@ pub(crate) mod checks {
         });
     }
 
+    /// A v5 filesystem (before the changelog) upgraded on open gets working changelog tables.
+    #[test]
+    fn an_upgraded_v5_filesystem_records() {
+        use crate::engine::Namespace;
+        let d = tempfile::tempdir().unwrap();
+        let db = d.path().join("m.db");
+        std::fs::copy(
+            concat!(env!("CARGO_MANIFEST_DIR"), "/src/core/testdata/v5.sqlite"),
+            &db,
+        )
+        .unwrap();
+        assert_eq!(
+            crate::url::schema_version(&format!("sqlite://{}", db.display())).unwrap(),
+            Some(5)
+        );
+        let e = crate::sqlite::SqliteMeta::open(&db).unwrap();
+        assert!(all(&e).is_empty());
+        let r = e.changelog_register(Mask::all(), DAY).unwrap();
+        let f = e
+            .create(
+                ROOT_INO,
+                b"after-upgrade",
+                &NewNode {
+                    kind: Kind::File,
+                    perm: 0o644,
+                    uid: 0,
+                    gid: 0,
+                    rdev: 0,
+                    symlink: None,
+                },
+                None,
+                None,
+            )
+            .unwrap();
+        let v = e
+            .changelog_read(Some(r), Mask::all(), 0, u64::MAX, 10)
+            .unwrap();
+        assert_eq!(v.len(), 1);
+        assert_eq!((v[0].typ, v[0].target), (RecordType::Creat, f.ino));
+    }
+
     #[test]
     fn on_sqlite() {
         run_all(&|| {
