@@ -94,6 +94,10 @@ fn main() {
         // other Unix tools do. The daemon keeps Rust's default of ignoring SIGPIPE.
         // SAFETY: setting a signal disposition before any other thread exists.
         unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+        // Changes a command makes itself (setstripe, project, ...) are recorded in the
+        // changelog as made by `tierfs@<host>` (a mount daemon records its client name).
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+        tierfs_meta::changelog::set_process_client(&format!("tierfs@{}", host.trim()));
     }
     if let Some(p) = &cli.s3_credentials {
         // The daemon (and anything else this process starts) finds the file through the

@@ -295,3 +295,49 @@ fn old_schema_is_refused_and_left_alone() {
         }
     }
 }
+
+/// A reader idle past its idle time is deregistered (by the next changelog command or a
+/// client's housekeeping), `tierfs status` warns about it until it is deregistered by hand,
+/// and its own commands say what happened.
+#[test]
+fn idle_reader_is_dropped_with_a_warning() {
+    let t = TestFs::with(Opts {
+        clients: 0,
+        ..Opts::default()
+    });
+    let url = t.meta_url();
+    let reg = t.tierfs(&["changelog", "register", "--idle", "1s", "--meta", &url]);
+    reg.assert_ok();
+    assert_eq!(reg.stdout.trim(), "cl1");
+    let busy = t.tierfs(&["changelog", "register", "--meta", &url]);
+    busy.assert_ok();
+    let status = t.tierfs(&["status", "--meta", &url]);
+    status.assert_ok();
+    assert!(!status.stdout.contains("WARNING"), "{}", status.stdout);
+    std::thread::sleep(Duration::from_millis(2500));
+    let status = t.tierfs(&["status", "--meta", &url]);
+    status.assert_ok();
+    assert!(
+        status.stdout.contains("changelog:  1 reader (cl2)"),
+        "{}",
+        status.stdout
+    );
+    assert!(
+        status
+            .stdout
+            .lines()
+            .any(|l| l.starts_with("WARNING: changelog reader cl1 was deregistered")),
+        "{}",
+        status.stdout
+    );
+    let o = t.tierfs(&["changelog", "--reader", "cl1", "--meta", &url]);
+    o.assert_clean_error();
+    assert!(o.stderr.contains("idle"), "{}", o.describe());
+    t.tierfs(&["changelog", "deregister", "cl1", "--meta", &url])
+        .assert_ok();
+    let status = t.tierfs(&["status", "--meta", &url]);
+    assert!(!status.stdout.contains("WARNING"), "{}", status.stdout);
+    // Dismissed: from now on cl1 is simply unknown.
+    t.tierfs(&["changelog", "deregister", "cl1", "--meta", &url])
+        .assert_clean_error();
+}

@@ -38,10 +38,12 @@ use crate::vals;
 
 /// The changelog's tables (schema v6).
 ///
-/// - `changelog`: one row per record; `idx` is the record's index. SQLite: the highest index
-///   plus one (one writer at a time), never reused (after a purge that emptied the table the
-///   readers' `cleared`/`floor` say where numbering stood); no `AUTOINCREMENT`, whose extra
-///   `sqlite_sequence` write per record cost about a third of the changelog's price.
+/// - `changelog`: one row per record; `idx` is the record's index. SQLite: the rowid, which
+///   SQLite makes the highest one plus one (one writer at a time). Never reused: a purge
+///   always keeps the highest row, turned into a MARK (type 0, which no read returns) when it
+///   was purged, so numbering goes on from it. (Not `AUTOINCREMENT`, whose `sqlite_sequence`
+///   write per record, or an explicit `MAX(idx) + 1`, which makes SQLite copy the `SELECT`
+///   of an `INSERT ... SELECT` from the same table, each made the changelog much dearer.)
 ///   PostgreSQL: `nextval` of the sequence `changelog_seq_n_seq`, ordered by [`ORDER_LOCK`].
 ///   `type` is the Lustre number of [`RecordType`]; `sparent`/`sname` are set for renames.
 /// - `changelog_seq`: no rows; its `SERIAL` column gives PostgreSQL the sequence above (the
@@ -49,8 +51,7 @@ use crate::vals;
 /// - `changelog_readers`: registered readers, never deleted (ids are not reused): `mask` (bit
 ///   `1 << type`), `cleared` (records up to it are done for this reader), `last_used` and
 ///   `idle_ns` (idle expiry), `state` (0 active, 1 deregistered, 2 dropped for idleness, shown
-///   by `tierfs status` until deregistered by hand), `ended` (when it stopped), `floor` (the
-///   last index handed out when it stopped).
+///   by `tierfs status` until deregistered by hand), `ended` (when it stopped).
 pub const SCHEMA: crate::core::schema::Ddl = &[
     "CREATE TABLE changelog (
         idx INT PRIMARY KEY,
@@ -75,8 +76,7 @@ pub const SCHEMA: crate::core::schema::Ddl = &[
         last_used INT NOT NULL,
         idle_ns INT NOT NULL,
         state INT NOT NULL DEFAULT 0,
-        ended INT,
-        floor INT NOT NULL DEFAULT 0
+        ended INT
     )",
     "CREATE TABLE changelog_seq (n SERIAL)",
 ];
@@ -141,20 +141,19 @@ impl<'a> Rec<'a> {
 }
 
 const INSERT_SQLITE: &str = "INSERT INTO changelog \
-    (idx, time, type, flags, target, parent, name, sparent, sname, uid, gid, client, jobid) \
-    SELECT COALESCE((SELECT MAX(idx) FROM changelog), \
-    (SELECT MAX(GREATEST(cleared, floor)) FROM changelog_readers), 0) + 1, \
-    $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12 \
+    (time, type, flags, target, parent, name, sparent, sname, uid, gid, client, jobid) \
+    SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12 \
     WHERE EXISTS (SELECT 1 FROM changelog_readers WHERE state = 0 AND (mask & $13) <> 0)";
 
-// The gate's WHERE is evaluated before its select list, so the lock is taken only when a
-// reader wants the record; the index (`nextval`, in the outer select list) is drawn for the
+// The gate's WHERE is evaluated before its select list, so the lock is taken (and the NOTIFY
+// on [`NOTIFY_CHANNEL`] sent) only when a reader wants the record; the index (`nextval`, in the outer select list) is drawn for the
 // gate's row, after the lock.
 const INSERT_PG: &str = "INSERT INTO changelog \
     (idx, time, type, flags, target, parent, name, sparent, sname, uid, gid, client, jobid) \
     SELECT nextval('changelog_seq_n_seq'), $1::BIGINT, $2::INTEGER, $3::INTEGER, $4::BIGINT, $5::BIGINT, $6::BYTEA, \
     $7::BIGINT, $8::BYTEA, $9::BIGINT, $10::BIGINT, $11::TEXT, $12::TEXT \
-    FROM (SELECT pg_advisory_xact_lock(7882522153839479911) AS locked \
+    FROM (SELECT pg_advisory_xact_lock(7882522153839479911) AS locked, \
+    pg_notify('tierfs_changelog', '') AS notified \
     WHERE EXISTS (SELECT 1 FROM changelog_readers WHERE state = 0 AND (mask & $13::BIGINT) <> 0)) \
     AS gate";
 
@@ -187,10 +186,8 @@ pub fn record(tx: &mut dyn Tx, rec: &Rec<'_>) -> Result<bool> {
             rec.typ.bit(),
         ],
     )?;
-    if n > 0 {
-        // Wakes followers on PostgreSQL (one notice per transaction: identical ones merge).
-        tx.notify(NOTIFY_CHANNEL, "")?;
-    }
+    // On PostgreSQL the statement also sent the NOTIFY that wakes followers (delivered at
+    // commit; identical notices of one transaction merge into one).
     Ok(n > 0)
 }
 
@@ -231,19 +228,40 @@ fn current_index(tx: &mut dyn Tx) -> Result<u64> {
         // Not transactional: a number taken by a transaction that later rolled back counts.
         "SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM changelog_seq_n_seq"
     } else {
-        "SELECT COALESCE((SELECT MAX(idx) FROM changelog), \
-         (SELECT MAX(GREATEST(cleared, floor)) FROM changelog_readers), 0)"
+        // The highest row is never purged (see `purge`).
+        "SELECT COALESCE(MAX(idx), 0) FROM changelog"
     };
     Ok(tx.int(sql, vals![])?.max(0) as u64)
 }
 
-/// Deletes records that every active reader has cleared (all of them when none is left).
+/// Deletes records that every active reader has cleared (all of them when none is left),
+/// except the highest row, which becomes a MARK (type 0, never returned by a read) when it is
+/// due: SQLite numbers new rows after it. Returns how many records went.
 fn purge(tx: &mut dyn Tx) -> Result<u64> {
-    tx.exec(
-        "DELETE FROM changelog WHERE idx <= COALESCE( \
-         (SELECT MIN(cleared) FROM changelog_readers WHERE state = 0), $1)",
-        vals![i64::MAX],
-    )
+    let top = tx
+        .one("SELECT MAX(idx) FROM changelog", vals![])?
+        .opt_i64(0)?;
+    let Some(top) = top else { return Ok(0) };
+    let upto = tx
+        .one(
+            "SELECT MIN(cleared) FROM changelog_readers WHERE state = 0",
+            vals![],
+        )?
+        .opt_i64(0)?
+        .unwrap_or(i64::MAX);
+    let mut n = tx.exec(
+        "DELETE FROM changelog WHERE idx <= $1 AND idx < $2",
+        vals![upto, top],
+    )?;
+    if top <= upto {
+        n += tx.exec(
+            "UPDATE changelog SET type = 0, flags = 0, target = 0, parent = 0, name = $2, \
+             sparent = NULL, sname = NULL, uid = 0, gid = 0, client = '', jobid = NULL \
+             WHERE idx = $1 AND type <> 0",
+            vals![top, &b""[..]],
+        )?;
+    }
+    Ok(n)
 }
 
 const READER_COLS: &str = "id, mask, cleared, registered, last_used, idle_ns";
@@ -285,11 +303,10 @@ fn expire(tx: &mut dyn Tx, now: Nanos) -> Result<Vec<IdleDeregistration>> {
     )? {
         return Ok(Vec::new());
     }
-    let floor = current_index(tx)?;
     let rows = tx.query(
-        "UPDATE changelog_readers SET state = 2, ended = $1, floor = $2 \
+        "UPDATE changelog_readers SET state = 2, ended = $1 \
          WHERE state = 0 AND last_used + idle_ns < $1 RETURNING id, cleared, last_used",
-        vals![now, floor],
+        vals![now],
     )?;
     let mut out = Vec::with_capacity(rows.len());
     for r in &rows {
@@ -380,11 +397,10 @@ impl<D: Driver> Changelog for SqlMeta<D> {
     fn changelog_deregister(&self, reader: u64) -> Result<u64> {
         self.d.write(|tx| {
             expire_and(tx, |tx, now| {
-                let floor = current_index(tx)?;
                 let n = tx.exec(
-                    "UPDATE changelog_readers SET state = $2, ended = $3, \
-                     floor = GREATEST(floor, $4) WHERE id = $1 AND state IN (0, 2)",
-                    vals![reader, DEREGISTERED, now, floor],
+                    "UPDATE changelog_readers SET state = $2, ended = $3 \
+                     WHERE id = $1 AND state IN (0, 2)",
+                    vals![reader, DEREGISTERED, now],
                 )?;
                 if n == 0 {
                     return Err(ChangelogError::UnknownReader(reader).into());
@@ -427,7 +443,8 @@ impl<D: Driver> Changelog for SqlMeta<D> {
             tx.query_each(
                 "SELECT idx, time, type, flags, target, parent, name, sparent, sname, uid, gid, \
                  client, jobid FROM changelog \
-                 WHERE idx >= $1 AND idx <= $2 AND ((CAST($3 AS BIGINT) >> CAST(type AS INTEGER)) & 1) = 1 \
+                 WHERE idx >= $1 AND idx <= $2 AND type <> 0 \
+                 AND ((CAST($3 AS BIGINT) >> CAST(type AS INTEGER)) & 1) = 1 \
                  ORDER BY idx LIMIT $4",
                 vals![
                     start.min(i64::MAX as u64),
@@ -444,17 +461,32 @@ impl<D: Driver> Changelog for SqlMeta<D> {
         };
         match reader {
             None => self.d.read(|tx| query(tx, mask.0, start)),
-            Some(id) => self.d.write(|tx| {
-                expire_and(tx, |tx, now| {
-                    let r = active_reader(tx, id)?;
-                    tx.exec(
-                        "UPDATE changelog_readers SET last_used = $2 WHERE id = $1",
-                        vals![id, now],
-                    )?;
-                    query(tx, r.mask & mask.0, start.max(r.cleared + 1))
-                })
-                .map(|(_, v)| v)
-            }),
+            Some(id) => {
+                // A follower reads several times a second: its use is written down only when
+                // the last note is older than a minute (or half its idle time), so reading
+                // is a read, not a write transaction, almost every time.
+                let now = now_nanos();
+                let r = self.d.read(|tx| active_reader(tx, id))?;
+                let every = (r.idle_ns / 2).min(60_000_000_000);
+                let r = if now - r.last_used >= every {
+                    self.d
+                        .write(|tx| {
+                            expire_and(tx, |tx, now| {
+                                let r = active_reader(tx, id)?;
+                                tx.exec(
+                                    "UPDATE changelog_readers SET last_used = $2 WHERE id = $1",
+                                    vals![id, now],
+                                )?;
+                                Ok(r)
+                            })
+                        })?
+                        .1
+                } else {
+                    r
+                };
+                self.d
+                    .read(|tx| query(tx, r.mask & mask.0, start.max(r.cleared + 1)))
+            }
         }
     }
 
@@ -468,7 +500,10 @@ impl<D: Driver> Changelog for SqlMeta<D> {
                 for r in tx.query(&sql, vals![])? {
                     st.readers.push(reader_from_row(&r)?);
                 }
-                let r = tx.one("SELECT MIN(idx), MAX(idx) FROM changelog", vals![])?;
+                let r = tx.one(
+                    "SELECT MIN(idx), MAX(idx) FROM changelog WHERE type <> 0",
+                    vals![],
+                )?;
                 st.first = r.opt_i64(0)?.map(|v| v as u64);
                 st.last = r.opt_i64(1)?.map(|v| v as u64);
                 st.current = current_index(tx)?;
@@ -529,7 +564,7 @@ pub(crate) mod checks {
     }
 
     fn count<D: Driver>(e: &SqlMeta<D>) -> i64 {
-        e.d.read(|tx| tx.int("SELECT COUNT(*) FROM changelog", vals![]))
+        e.d.read(|tx| tx.int("SELECT COUNT(*) FROM changelog WHERE type <> 0", vals![]))
             .unwrap()
     }
 
@@ -881,6 +916,47 @@ pub(crate) mod checks {
                 "the follower missed records that committed behind a higher index"
             );
         });
+    }
+
+    /// A v5 filesystem (before the changelog) upgraded on open gets working changelog tables.
+    #[test]
+    fn an_upgraded_v5_filesystem_records() {
+        use crate::engine::Namespace;
+        let d = tempfile::tempdir().unwrap();
+        let db = d.path().join("m.db");
+        std::fs::copy(
+            concat!(env!("CARGO_MANIFEST_DIR"), "/src/core/testdata/v5.sqlite"),
+            &db,
+        )
+        .unwrap();
+        assert_eq!(
+            crate::url::schema_version(&format!("sqlite://{}", db.display())).unwrap(),
+            Some(5)
+        );
+        let e = crate::sqlite::SqliteMeta::open(&db).unwrap();
+        assert!(all(&e).is_empty());
+        let r = e.changelog_register(Mask::all(), DAY).unwrap();
+        let f = e
+            .create(
+                ROOT_INO,
+                b"after-upgrade",
+                &NewNode {
+                    kind: Kind::File,
+                    perm: 0o644,
+                    uid: 0,
+                    gid: 0,
+                    rdev: 0,
+                    symlink: None,
+                },
+                None,
+                None,
+            )
+            .unwrap();
+        let v = e
+            .changelog_read(Some(r), Mask::all(), 0, u64::MAX, 10)
+            .unwrap();
+        assert_eq!(v.len(), 1);
+        assert_eq!((v[0].typ, v[0].target), (RecordType::Creat, f.ino));
     }
 
     #[test]
