@@ -481,16 +481,18 @@ fn start_workers(
 }
 
 /// Unmount, after FUSE has stopped: the data movers and cleaners stop (each ends the unit it
-/// is in); buffered writes are flushed and every dirty RW-PCC file is written back while the
-/// session still heartbeats; the close recorder records the last closes; the reports stop;
-/// heartbeat and session reaper stop last, just before the session ends.
+/// is in); buffered writes are flushed; the close recorder records the last closes (so that
+/// files deleted while open are gone before the write-back: their cache entries are dropped,
+/// not written back to an orphan); every dirty RW-PCC file is written back while the session
+/// still heartbeats; the reports stop; heartbeat and session reaper stop last, just before the
+/// session ends.
 fn stop_workers(mut workers: Workers, data: &DataPath, pcc: Option<&Arc<Pcc>>) {
     workers.stop(STOP_FIRST);
     data.flush_all();
+    workers.stop(&["close-recorder"]);
     if let Some(p) = pcc {
         p.write_back_all();
     }
-    workers.stop(&["close-recorder"]);
     workers.stop(&["worker-reports"]);
     workers.stop(&["session-reaper", "heartbeat"]);
 }
