@@ -112,7 +112,10 @@ fn failing_sync_commits_nothing(len: usize) {
     want.resize(len.max(before.len()), 0);
     want[..len].fill(b'b');
     want.truncate(1 << 20);
-    assert_eq!(got, want, "the kept writes, committed once the targets sync again");
+    assert_eq!(
+        got, want,
+        "the kept writes, committed once the targets sync again"
+    );
     let now = f.data.meta.getattr(f.ino).unwrap();
     assert_eq!(now.size, len.max(before.len()) as u64);
     drop(f.data);
