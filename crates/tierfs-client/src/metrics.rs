@@ -41,7 +41,7 @@ pub struct Metrics {
     /// Bytes buffered by writers and not yet committed, over all files.
     pub buffered_bytes: Gauge,
     /// Commits of buffered writes that failed and were kept for the next attempt.
-    pub commit_retries_pending: Counter,
+    pub commits_put_back: Counter,
     handles: parking_lot::RwLock<std::collections::HashMap<&'static str, OpHandles>>,
 }
 
@@ -169,18 +169,18 @@ impl Metrics {
              buffer_limit_mb)",
             buffered_bytes.clone(),
         );
-        let commit_retries_pending = Counter::default();
+        let commits_put_back = Counter::default();
         registry.register(
             "commits_put_back",
             "Commits of buffered writes that failed (the metadata engine or a target did not \
              answer) and whose data was kept for the next attempt",
-            commit_retries_pending.clone(),
+            commits_put_back.clone(),
         );
         Metrics {
             registry,
             file_states,
             buffered_bytes,
-            commit_retries_pending,
+            commits_put_back,
             ops,
             errors,
             misses,

@@ -584,7 +584,7 @@ impl DataPath {
             return Ok(None);
         };
         let _order = st.flush_lock.lock();
-        let (pending, end, taken) = {
+        let (mut pending, end, taken) = {
             let mut inner = st.inner.lock();
             if let Some(e) = inner.deferred_error.take() {
                 // (what is buffered now stays for the next commit)
@@ -603,7 +603,6 @@ impl DataPath {
             }
         }
         let mut unbuffer = Unbuffer(self, taken);
-        let mut pending = pending;
         if pending.is_empty() {
             return Ok(None);
         }
@@ -620,6 +619,9 @@ impl DataPath {
         let mut packed: Vec<(usize, u32)> = Vec::new();
         // (index in `pending`, index in `waits`, target, object) of each sealed piece
         let mut sealed: Vec<(usize, usize, u32, u64)> = Vec::new();
+        // (index in `pending`, index in `slices`) of each inline piece: its bytes move into
+        // the slice, and come back from it if the commit fails
+        let mut inlined: Vec<(usize, usize)> = Vec::new();
         for (i, p) in pending.iter_mut().enumerate() {
             match p.upload.take() {
                 Some((target, obj, handle)) => {
@@ -632,12 +634,13 @@ impl DataPath {
                 None if inline && p.chunk == 0 => {
                     let len = p.data.len() as u64;
                     reserved.push((layout.target_of_chunk(0), len));
+                    inlined.push((i, slices.len()));
                     slices.push(Slice {
                         seq: 0,
                         chunk: p.chunk,
                         off: p.off,
                         len,
-                        data: SliceData::Inline(p.data.clone()),
+                        data: SliceData::Inline(std::mem::take(&mut p.data)),
                     });
                 }
                 None => {
@@ -707,6 +710,13 @@ impl DataPath {
             // upload succeeded keeps its object; one whose upload failed is uploaded again.
             // If the commit did land and only its answer was lost, the next commit writes the
             // same bytes at the same places again.
+            for &(i, j) in &inlined {
+                if let SliceData::Inline(d) =
+                    std::mem::replace(&mut slices[j].data, SliceData::Zero)
+                {
+                    pending[i].data = d;
+                }
+            }
             for &(i, k, target, obj) in &sealed {
                 let p = &mut pending[i];
                 if uploaded[k] {
@@ -723,7 +733,7 @@ impl DataPath {
             inner.pending.extend(later);
             inner.pending_bytes += taken;
             inner.pending_end = inner.pending_end.max(end);
-            self.metrics.commit_retries_pending.inc();
+            self.metrics.commits_put_back.inc();
         } else {
             for (t, n) in reserved {
                 self.space.release(t, n);
