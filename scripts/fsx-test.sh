@@ -26,7 +26,7 @@
 # Environment: FSX_OPS (operations per kind, default 1000000), FSX_SEGMENT (operations per fsx
 # process, default 25000), FSX_SEED (seed of the first kind, default 20261124; kind k uses
 # FSX_SEED+k, its i-th process FSX_SEED+k+1000*i; printed), FSX_TIMEOUT (seconds for all the
-# # processes of one kind, default 780), FSX_RUNS (default "uncached pcc reader"), TIERFS_BIN (a
+# processes of one kind, default 780), FSX_RUNS (default "uncached pcc reader"), TIERFS_BIN (a
 # tierfs binary to use instead of building one with `cargo build --release`). Needs root
 # (FUSE). Closing lines:
 #   fsx uncached: 1000000 ops in 40 runs, 0 failures (seeds ...)      (one per kind)
