@@ -13,9 +13,9 @@
 
 use super::changelog::{self, Rec};
 use super::common::{
-    add_allocated, attr_from_row, check_name, chunk_allocated, chunks_allocated, dir_attr,
-    drop_inode, drop_link, find_dentry, get_attr, insert_slice, is_dir, lock1, lock_inodes,
-    purge_inode, record_open, retire_inode, touch_dir, trash_slices, ATTR_COLS, ATTR_COLS_I,
+    add_allocated, apply_allocated, attr_from_row, check_name, chunks_allocated, dir_attr,
+    drop_inode, drop_link, find_dentry, get_attr, is_dir, lock1, lock_inodes, purge_inode,
+    record_open, retire_inode, touch_dir, trash_slices, zero_range, ATTR_COLS, ATTR_COLS_I,
     MAX_LINKS,
 };
 use super::SqlMeta;
@@ -44,33 +44,6 @@ fn is_ancestor(tx: &mut dyn Tx, maybe_ancestor: Ino, mut ino: Ino) -> Result<boo
         hops += 1;
     }
     Ok(ino == maybe_ancestor)
-}
-
-/// Zeroes `[off, off+len)` of a file by adding zero slices, chunk by chunk.
-fn zero_range(tx: &mut dyn Tx, ino: Ino, stripe_size: u64, off: u64, len: u64) -> Result<()> {
-    let mut pos = off;
-    let end = off + len;
-    while pos < end {
-        let chunk = pos / stripe_size;
-        let coff = pos % stripe_size;
-        let n = (stripe_size - coff).min(end - pos);
-        let before = chunk_allocated(tx, ino, chunk)?;
-        insert_slice(
-            tx,
-            ino,
-            &Slice {
-                seq: 0,
-                chunk,
-                off: coff,
-                len: n,
-                data: SliceData::Zero,
-            },
-        )?;
-        let after = chunk_allocated(tx, ino, chunk)?;
-        add_allocated(tx, ino, before, after)?;
-        pos += n;
-    }
-    Ok(())
 }
 
 /// Changes a file's size: shrinking frees whole chunks beyond the end and zeroes the tail of the
@@ -105,7 +78,8 @@ fn truncate(tx: &mut dyn Tx, a: &Attr, new_size: u64) -> Result<()> {
             vals![a.ino, chunk, off],
         )?;
         if beyond {
-            zero_range(tx, a.ino, cs, new_size, cs - off)?;
+            let delta = zero_range(tx, a.ino, cs, new_size, cs - off)?;
+            apply_allocated(tx, a.ino, delta)?;
         }
     }
     Ok(())
