@@ -1470,6 +1470,216 @@ fn fcntl_locks_across_clients() {
     });
 }
 
+/// A forked child process that makes raw system calls only (the test process has threads: after
+/// fork only async-signal-safe calls are safe). It reports numbers through a pipe. Dropped, it
+/// is killed and reaped (bounded: a child stuck in an uninterruptible FUSE wait is left).
+struct LockChild {
+    pid: i32,
+    rfd: i32,
+}
+
+impl LockChild {
+    /// Forks; the child runs `f` with the pipe's write end and must never return.
+    fn spawn(f: impl FnOnce(i32)) -> LockChild {
+        let mut fds = [0i32; 2];
+        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork failed");
+        if pid == 0 {
+            unsafe { libc::close(fds[0]) };
+            f(fds[1]);
+            unsafe { libc::_exit(3) };
+        }
+        unsafe { libc::close(fds[1]) };
+        LockChild { pid, rfd: fds[0] }
+    }
+
+    /// The next number the child reports, or None if none comes within `limit`.
+    fn report(&self, limit: Duration) -> Option<i32> {
+        let mut p = libc::pollfd {
+            fd: self.rfd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        if unsafe { libc::poll(&mut p, 1, limit.as_millis() as i32) } != 1 {
+            return None;
+        }
+        let mut b = [0u8; 4];
+        let n = unsafe { libc::read(self.rfd, b.as_mut_ptr().cast(), 4) };
+        (n == 4).then(|| i32::from_ne_bytes(b))
+    }
+
+    /// Whether the child was reaped within `limit` (after a kill).
+    fn reaped_within(&mut self, limit: Duration) -> bool {
+        if self.pid == 0 {
+            return true;
+        }
+        let deadline = std::time::Instant::now() + limit;
+        loop {
+            let mut st = 0;
+            if unsafe { libc::waitpid(self.pid, &mut st, libc::WNOHANG) } == self.pid {
+                self.pid = 0;
+                return true;
+            }
+            if std::time::Instant::now() > deadline {
+                return false;
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn kill(&self, sig: i32) {
+        if self.pid != 0 {
+            unsafe { libc::kill(self.pid, sig) };
+        }
+    }
+}
+
+impl Drop for LockChild {
+    fn drop(&mut self) {
+        self.kill(libc::SIGKILL);
+        let _ = self.reaped_within(Duration::from_secs(5));
+        unsafe { libc::close(self.rfd) };
+    }
+}
+
+/// Child side: writes a number to the pipe.
+fn tell(wfd: i32, v: i32) {
+    let b = v.to_ne_bytes();
+    unsafe { libc::write(wfd, b.as_ptr().cast(), 4) };
+}
+
+/// Child side: opens `path` read-write, or exits.
+fn child_open(path: &CString) -> i32 {
+    let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDWR) };
+    if fd < 0 {
+        unsafe { libc::_exit(4) };
+    }
+    fd
+}
+
+/// Child side: F_SETLKW of a write lock on bytes 0..100; 0 or the errno.
+fn child_setlkw(fd: i32) -> i32 {
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = libc::F_WRLCK as libc::c_short;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    fl.l_start = 0;
+    fl.l_len = 100;
+    if unsafe { libc::fcntl(fd, libc::F_SETLKW, &mut fl) } == 0 {
+        0
+    } else {
+        unsafe { *libc::__errno_location() }
+    }
+}
+
+extern "C" fn on_alarm(_: libc::c_int) {}
+
+/// Whether bytes 0..100 of `f`'s file are free of other owners' locks (F_GETLK from this
+/// process), checked twice a second apart.
+fn lock_free_for(f: &fs::File) -> Result<(), String> {
+    for _ in 0..2 {
+        let g = fcntl_lock(f, libc::F_GETLK, libc::F_WRLCK, 0, 100).map_err(|e| e.to_string())?;
+        if g.l_type as i32 != libc::F_UNLCK {
+            return Err(format!(
+                "held: type {} range {}+{} pid {}",
+                g.l_type, g.l_start, g.l_len, g.l_pid
+            ));
+        }
+        thread::sleep(Duration::from_secs(1));
+    }
+    Ok(())
+}
+
+/// Interruptible lock waits (issue 12): a process blocked in F_SETLKW on one client, behind a
+/// lock another client holds, gets EINTR when a signal interrupts the wait (SIGALRM, handler
+/// without SA_RESTART); then, while it keeps the file open (so no close releases anything),
+/// the holder unlocks and nobody holds the lock: the abandoned wait took nothing.
+#[test]
+fn fcntl_setlkw_interrupted_by_a_signal_gets_eintr_and_takes_no_lock() {
+    let t = TestFs::new(2);
+    fs::write(t.p(0, "lock"), vec![0u8; 1000]).unwrap();
+    let a = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(t.p(0, "lock"))
+        .unwrap();
+    fcntl_lock(&a, libc::F_SETLK, libc::F_WRLCK, 0, 100).unwrap();
+    let path = cstr(&t.p(1, "lock"));
+    let child = LockChild::spawn(|wfd| unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_alarm as *const () as usize;
+        sa.sa_flags = 0; // no SA_RESTART
+        libc::sigaction(libc::SIGALRM, &sa, std::ptr::null_mut());
+        let fd = child_open(&path);
+        libc::alarm(1);
+        tell(wfd, child_setlkw(fd));
+        // keep the file open: a close would release whatever this process holds
+        loop {
+            libc::pause();
+        }
+    });
+    let got = child.report(Duration::from_secs(10));
+    // whatever happened, the holder unlocks now (a wait that is still blocked ends)
+    fcntl_lock(&a, libc::F_SETLK, libc::F_UNLCK, 0, 100).unwrap();
+    let got = got.expect("F_SETLKW was not interrupted by SIGALRM within 10 s");
+    assert_eq!(
+        got,
+        libc::EINTR,
+        "F_SETLKW interrupted by a signal: {}",
+        errname(got)
+    );
+    // a wait that went on after the EINTR would take the lock now, within its 100 ms retry
+    lock_free_for(&a).expect("after the interrupted waiter and the holder's unlock, the lock");
+    fcntl_lock(&a, libc::F_SETLK, libc::F_WRLCK, 0, 100)
+        .expect("the holder's client takes the lock again");
+    drop(child);
+}
+
+/// A process blocked in F_SETLKW that is killed (SIGKILL) dies at once, and leaves no lock
+/// behind once the holder unlocks.
+#[test]
+fn fcntl_setlkw_waiter_killed_leaves_no_lock() {
+    let t = TestFs::new(2);
+    fs::write(t.p(0, "lock"), vec![0u8; 1000]).unwrap();
+    let a = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(t.p(0, "lock"))
+        .unwrap();
+    fcntl_lock(&a, libc::F_SETLK, libc::F_WRLCK, 0, 100).unwrap();
+    let path = cstr(&t.p(1, "lock"));
+    let mut child = LockChild::spawn(|wfd| unsafe {
+        let fd = child_open(&path);
+        tell(wfd, -1);
+        tell(wfd, child_setlkw(fd));
+        loop {
+            libc::pause();
+        }
+    });
+    assert_eq!(
+        child.report(Duration::from_secs(10)),
+        Some(-1),
+        "child ready"
+    );
+    // let the F_SETLKW reach the daemon and wait there
+    thread::sleep(Duration::from_secs(1));
+    assert_eq!(
+        child.report(Duration::ZERO),
+        None,
+        "F_SETLKW returned while the lock is held"
+    );
+    child.kill(libc::SIGKILL);
+    let died = child.reaped_within(Duration::from_secs(10));
+    fcntl_lock(&a, libc::F_SETLK, libc::F_UNLCK, 0, 100).unwrap();
+    assert!(
+        died,
+        "the killed waiter stayed in its F_SETLKW for 10 s (until the lock was free)"
+    );
+    lock_free_for(&a).expect("after the killed waiter and the holder's unlock, the lock");
+    fcntl_lock(&a, libc::F_SETLK, libc::F_WRLCK, 0, 100)
+        .expect("the holder's client takes the lock again");
+}
+
 // ---------------------------------------------------------------------------------------------
 // permissions as non-root users
 // ---------------------------------------------------------------------------------------------

@@ -409,6 +409,14 @@ pub trait Filesystem: Send + Sync + 'static {
     /// Called on filesystem exit.
     fn destroy(&mut self) {}
 
+    /// tierfs patch: the kernel asks to interrupt request `unique` (`Request::unique` of the
+    /// request concerned), because a signal reached the process that made it. The filesystem
+    /// may answer that request early (usually with EINTR) or ignore this. No reply: this is
+    /// called on a request thread and must not block. The interrupt may arrive before the
+    /// request it names is seen by the filesystem (another thread still dispatches it), or
+    /// after it was answered.
+    fn interrupt(&self, _req: &Request, _unique: RequestId) {}
+
     /// Look up a directory entry by name and get its attributes.
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         warn!("[Not Implemented] lookup(parent: {parent:#x?}, name {name:?})");

@@ -114,9 +114,12 @@ impl<'a> RequestWithSender<'a> {
                 return Err(Errno::EIO);
             }
 
-            ll::Operation::Interrupt(_) => {
-                // TODO: handle FUSE_INTERRUPT
-                return Err(Errno::ENOSYS);
+            ll::Operation::Interrupt(x) => {
+                // tierfs patch: the filesystem is told which request the kernel wants
+                // interrupted; no reply (the interrupted request's own reply, e.g. EINTR,
+                // answers it). Never ENOSYS, which would make the kernel stop sending them.
+                filesystem.interrupt(self.request_header(), x.unique());
+                return Ok(None);
             }
 
             ll::Operation::Lookup(x) => {
