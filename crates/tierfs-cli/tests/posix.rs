@@ -1470,85 +1470,6 @@ fn fcntl_locks_across_clients() {
     });
 }
 
-/// A forked child process that makes raw system calls only (the test process has threads: after
-/// fork only async-signal-safe calls are safe). It reports numbers through a pipe. Dropped, it
-/// is killed and reaped (bounded: a child stuck in an uninterruptible FUSE wait is left).
-struct LockChild {
-    pid: i32,
-    rfd: i32,
-}
-
-impl LockChild {
-    /// Forks; the child runs `f` with the pipe's write end and must never return.
-    fn spawn(f: impl FnOnce(i32)) -> LockChild {
-        let mut fds = [0i32; 2];
-        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
-        let pid = unsafe { libc::fork() };
-        assert!(pid >= 0, "fork failed");
-        if pid == 0 {
-            unsafe { libc::close(fds[0]) };
-            f(fds[1]);
-            unsafe { libc::_exit(3) };
-        }
-        unsafe { libc::close(fds[1]) };
-        LockChild { pid, rfd: fds[0] }
-    }
-
-    /// The next number the child reports, or None if none comes within `limit`.
-    fn report(&self, limit: Duration) -> Option<i32> {
-        let mut p = libc::pollfd {
-            fd: self.rfd,
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        if unsafe { libc::poll(&mut p, 1, limit.as_millis() as i32) } != 1 {
-            return None;
-        }
-        let mut b = [0u8; 4];
-        let n = unsafe { libc::read(self.rfd, b.as_mut_ptr().cast(), 4) };
-        (n == 4).then(|| i32::from_ne_bytes(b))
-    }
-
-    /// Whether the child was reaped within `limit` (after a kill).
-    fn reaped_within(&mut self, limit: Duration) -> bool {
-        if self.pid == 0 {
-            return true;
-        }
-        let deadline = std::time::Instant::now() + limit;
-        loop {
-            let mut st = 0;
-            if unsafe { libc::waitpid(self.pid, &mut st, libc::WNOHANG) } == self.pid {
-                self.pid = 0;
-                return true;
-            }
-            if std::time::Instant::now() > deadline {
-                return false;
-            }
-            thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    fn kill(&self, sig: i32) {
-        if self.pid != 0 {
-            unsafe { libc::kill(self.pid, sig) };
-        }
-    }
-}
-
-impl Drop for LockChild {
-    fn drop(&mut self) {
-        self.kill(libc::SIGKILL);
-        let _ = self.reaped_within(Duration::from_secs(5));
-        unsafe { libc::close(self.rfd) };
-    }
-}
-
-/// Child side: writes a number to the pipe.
-fn tell(wfd: i32, v: i32) {
-    let b = v.to_ne_bytes();
-    unsafe { libc::write(wfd, b.as_ptr().cast(), 4) };
-}
-
 /// Child side: opens `path` read-write, or exits.
 fn child_open(path: &CString) -> i32 {
     let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDWR) };
@@ -1605,7 +1526,7 @@ fn fcntl_setlkw_interrupted_by_a_signal_gets_eintr_and_takes_no_lock() {
         .unwrap();
     fcntl_lock(&a, libc::F_SETLK, libc::F_WRLCK, 0, 100).unwrap();
     let path = cstr(&t.p(1, "lock"));
-    let child = LockChild::spawn(|wfd| unsafe {
+    let child = RawChild::spawn(|wfd| unsafe {
         let mut sa: libc::sigaction = std::mem::zeroed();
         sa.sa_sigaction = on_alarm as *const () as usize;
         sa.sa_flags = 0; // no SA_RESTART
@@ -1648,7 +1569,7 @@ fn fcntl_setlkw_waiter_killed_leaves_no_lock() {
         .unwrap();
     fcntl_lock(&a, libc::F_SETLK, libc::F_WRLCK, 0, 100).unwrap();
     let path = cstr(&t.p(1, "lock"));
-    let mut child = LockChild::spawn(|wfd| unsafe {
+    let mut child = RawChild::spawn(|wfd| unsafe {
         let fd = child_open(&path);
         tell(wfd, -1);
         tell(wfd, child_setlkw(fd));

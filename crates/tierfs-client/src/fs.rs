@@ -128,18 +128,85 @@ struct SetattrArgs {
 }
 
 /// A place for one request waiting off the FUSE threads (counted against [`MAX_PARKED`] until
-/// dropped).
+/// dropped), interruptible once its reply is held ([`Parked::hold`]).
 struct Parked {
     fs: Arc<FsInner>,
+    /// The request's `unique` (what an interrupt names).
+    unique: u64,
+    /// Registered for interrupts.
+    watched: bool,
 }
 
 impl Drop for Parked {
     fn drop(&mut self) {
+        if self.watched {
+            self.fs.lock_waits.lock().parked.remove(&self.unique);
+        }
         self.fs.parked.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
+/// A reply that can answer an error (an interrupted parked request answers EINTR).
+trait Answer: Send + 'static {
+    fn fail(self, e: Errno);
+}
+impl Answer for ReplyOpen {
+    fn fail(self, e: Errno) {
+        self.error(e)
+    }
+}
+impl Answer for ReplyAttr {
+    fn fail(self, e: Errno) {
+        self.error(e)
+    }
+}
+
+/// The reply of a parked request, answered once: by its waiter, which answers while holding
+/// the lock (so the request is carried out only if no interrupt answered it first), or by an
+/// interrupt (EINTR) while the waiter waits for the recall.
+struct HeldReply<R>(Mutex<Option<R>>);
+
+impl<R: Answer> HeldReply<R> {
+    /// The kernel interrupts the request: EINTR, unless the waiter is answering it just now.
+    fn interrupt(&self) {
+        if let Some(mut g) = self.0.try_lock() {
+            if let Some(r) = g.take() {
+                r.fail(Errno::EINTR);
+            }
+        }
+    }
+
+    fn take(&self) -> Option<R> {
+        self.0.lock().take()
+    }
+}
+
+/// What a parked request gets when an interrupt answered it first.
+fn interrupted() -> ClientError {
+    ClientError::Errno("interrupted while waiting for a recall", libc::EINTR)
+}
+
 impl Parked {
+    /// Holds the request's reply so that an interrupt of the request can answer it (EINTR);
+    /// None, having answered EINTR, when the interrupt came already.
+    fn hold<R: Answer>(&mut self, reply: R) -> Option<Arc<HeldReply<R>>> {
+        let held = Arc::new(HeldReply(Mutex::new(Some(reply))));
+        let on_interrupt: Arc<dyn Fn() + Send + Sync> = {
+            let held = Arc::clone(&held);
+            Arc::new(move || held.interrupt())
+        };
+        let mut g = self.fs.lock_waits.lock();
+        if let Some(i) = g.early.iter().position(|(u, _)| *u == self.unique) {
+            g.early.remove(i);
+            drop(g);
+            held.interrupt();
+            return None;
+        }
+        g.parked.insert(self.unique, on_interrupt);
+        self.watched = true;
+        Some(held)
+    }
+
     /// Runs `job` on a thread of its own, in the caller scope of the request (changelog
     /// records). Should the thread not start, the job's reply is dropped, which answers EIO.
     fn spawn(self, what: &'static str, job: impl FnOnce(&FsInner) + Send + 'static) {
@@ -212,6 +279,9 @@ impl LockWait {
 #[derive(Default)]
 struct LockWaits {
     by_unique: HashMap<u64, Arc<LockWait>>,
+    /// Parked requests (opens, truncates waiting for a recall), by `unique`: what answers one
+    /// EINTR when it is interrupted.
+    parked: HashMap<u64, Arc<dyn Fn() + Send + Sync>>,
     early: std::collections::VecDeque<(u64, Instant)>,
 }
 
@@ -423,10 +493,12 @@ impl TierFs {
 
     /// A place for a request to wait off the FUSE threads, or None (logged) when
     /// [`MAX_PARKED`] requests wait already.
-    fn park(&self) -> Option<Parked> {
+    fn park(&self, req: &Request) -> Option<Parked> {
         let before = self.parked.fetch_add(1, Ordering::Relaxed);
         let slot = Parked {
             fs: Arc::clone(&self.inner),
+            unique: req.unique().0,
+            watched: false,
         };
         if before >= MAX_PARKED {
             tracing::warn!(
@@ -1017,6 +1089,11 @@ impl FsInner {
             w.stop(INTERRUPTED);
             return;
         }
+        if let Some(f) = g.parked.get(&unique).cloned() {
+            drop(g);
+            f();
+            return;
+        }
         let now = Instant::now();
         while g
             .early
@@ -1244,18 +1321,39 @@ impl Filesystem for TierFs {
             Ok(Step::Done(a)) => reply.attr(&self.attr_ttl, &self.fattr(&a)),
             // Another client holds the file's RW-PCC lease: it is given back before the size
             // changes here, waiting on a thread of its own while this one serves others.
-            Ok(Step::Wait(l)) => match self.park() {
-                None => reply.error(Errno::EAGAIN),
-                Some(p) => p.spawn("setattr", move |fs| {
+            // An interrupt (a signal to the caller) answers EINTR meanwhile.
+            Ok(Step::Wait(l)) => {
+                let Some(mut p) = self.park(req) else {
+                    return reply.error(Errno::EAGAIN);
+                };
+                let Some(held) = p.hold(reply) else { return };
+                p.spawn("setattr", move |fs| {
                     let r = fs.run("setattr_recalled", || {
-                        fs.after_recall(l, |fs| fs.setattr_now(&asker, ino.0, &args))
+                        fs.after_recall(l, |fs| {
+                            let g = held.0.lock();
+                            if g.is_none() {
+                                return Err(interrupted());
+                            }
+                            Ok(match fs.setattr_now(&asker, ino.0, &args)? {
+                                Step::Done(a) => Step::Done((a, g)),
+                                Step::Wait(l) => Step::Wait(l),
+                            })
+                        })
                     });
                     match r {
-                        Ok(a) => reply.attr(&fs.attr_ttl, &fs.fattr(&a)),
-                        Err(e) => reply.error(ino_errno(&e)),
+                        Ok((a, mut g)) => {
+                            if let Some(reply) = g.take() {
+                                reply.attr(&fs.attr_ttl, &fs.fattr(&a));
+                            }
+                        }
+                        Err(e) => {
+                            if let Some(reply) = held.take() {
+                                reply.error(ino_errno(&e));
+                            }
+                        }
                     }
-                }),
-            },
+                })
+            }
             Err(e) => reply.error(ino_errno(&e)),
         }
     }
@@ -1459,15 +1557,39 @@ impl Filesystem for TierFs {
             Ok(Step::Done(o)) => answer_open(reply, Ok(o)),
             // Another client holds the file's RW-PCC lease: the open waits for the give-back on
             // a thread of its own, and this one goes on serving others.
-            Ok(Step::Wait(l)) => match self.park() {
-                None => reply.error(Errno::EAGAIN),
-                Some(p) => p.spawn("open", move |fs| {
+            // An interrupt (a signal to the opener) answers EINTR meanwhile.
+            Ok(Step::Wait(l)) => {
+                let Some(mut p) = self.park(req) else {
+                    return reply.error(Errno::EAGAIN);
+                };
+                let Some(held) = p.hold(reply) else { return };
+                p.spawn("open", move |fs| {
                     let r = fs.run("open_recalled", || {
-                        fs.after_recall(l, |fs| fs.open_step(&reply, ino.0, flags.0))
+                        fs.after_recall(l, |fs| {
+                            let g = held.0.lock();
+                            let Some(reply) = g.as_ref() else {
+                                return Err(interrupted());
+                            };
+                            Ok(match fs.open_step(reply, ino.0, flags.0)? {
+                                Step::Done(o) => Step::Done((o, g)),
+                                Step::Wait(l) => Step::Wait(l),
+                            })
+                        })
                     });
-                    answer_open(reply, r)
-                }),
-            },
+                    match r {
+                        Ok((o, mut g)) => {
+                            if let Some(reply) = g.take() {
+                                answer_open(reply, Ok(o));
+                            }
+                        }
+                        Err(e) => {
+                            if let Some(reply) = held.take() {
+                                reply.error(ino_errno(&e));
+                            }
+                        }
+                    }
+                })
+            }
             Err(e) => reply.error(ino_errno(&e)),
         }
     }
