@@ -1556,6 +1556,45 @@ fn fcntl_setlkw_interrupted_by_a_signal_gets_eintr_and_takes_no_lock() {
     drop(child);
 }
 
+/// The same for `flock`: a blocked LOCK_EX interrupted by a signal gets EINTR, and once the
+/// holder unlocks, the lock is free although the interrupted process keeps its file open.
+#[test]
+fn flock_wait_interrupted_by_a_signal_gets_eintr_and_takes_no_lock() {
+    let t = TestFs::new(2);
+    fs::write(t.p(0, "lock"), b"").unwrap();
+    let a = fs::File::open(t.p(0, "lock")).unwrap();
+    flock(&a, libc::LOCK_EX).unwrap();
+    let path = cstr(&t.p(1, "lock"));
+    let child = RawChild::spawn(|wfd| unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_alarm as *const () as usize;
+        sa.sa_flags = 0; // no SA_RESTART
+        libc::sigaction(libc::SIGALRM, &sa, std::ptr::null_mut());
+        let fd = child_open(&path);
+        libc::alarm(1);
+        let r = libc::flock(fd, libc::LOCK_EX);
+        tell(wfd, if r == 0 { 0 } else { *libc::__errno_location() });
+        loop {
+            libc::pause();
+        }
+    });
+    let got = child.report(Duration::from_secs(10));
+    flock(&a, libc::LOCK_UN).unwrap();
+    let got = got.expect("flock(LOCK_EX) was not interrupted by SIGALRM within 10 s");
+    assert_eq!(
+        got,
+        libc::EINTR,
+        "flock interrupted by a signal: {}",
+        errname(got)
+    );
+    // a wait that went on after the EINTR would take the lock now, within its 100 ms retry
+    thread::sleep(Duration::from_secs(1));
+    let b = fs::File::open(t.p(0, "lock")).unwrap();
+    flock(&b, libc::LOCK_EX | libc::LOCK_NB)
+        .expect("the lock is free after the interrupted waiter and the holder's unlock");
+    drop(child);
+}
+
 /// A process blocked in F_SETLKW that is killed (SIGKILL) dies at once, and leaves no lock
 /// behind once the holder unlocks.
 #[test]
