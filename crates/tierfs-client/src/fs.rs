@@ -227,9 +227,9 @@ impl Parked {
 /// ENOLCK (as when a lock table is full).
 const MAX_LOCK_WAITS: usize = 1024;
 
-/// Interrupts the kernel sent for requests not (yet) known as lock waits, kept this long (and
-/// at most [`EARLY_INTERRUPTS_MAX`] of them): one may name a lock request another FUSE thread
-/// is still dispatching.
+/// Interrupts the kernel sent for requests not (yet) known as lock waits or parked requests,
+/// kept this long (and at most [`EARLY_INTERRUPTS_MAX`] of them): one may name a request another
+/// FUSE thread is still dispatching. (Interrupts of other requests are ignored.)
 const EARLY_INTERRUPT_TTL: Duration = Duration::from_secs(30);
 const EARLY_INTERRUPTS_MAX: usize = 1024;
 
