@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -13,13 +13,15 @@ use fuser::{
     AccessFlags, BackingId, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType, Filesystem,
     FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, LockOwner, Notifier, OpenFlags,
     RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry,
-    ReplyLock, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    ReplyLock, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, RequestId, TimeOrNow,
+    WriteFlags,
 };
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 use tierfs_meta::changelog::{Caller, CallerGuard};
 
 use tierfs_meta::{
-    Attr, Ino, Kind, LockRange, LockType, MetaEngine, MetaError, NewNode, SetAttr, TimeSet,
+    Attr, Ino, Kind, LockRange, LockType, MetaEngine, MetaError, NewNode, PccLease, SetAttr,
+    TimeSet,
 };
 
 use crate::acl::{self, Acl};
@@ -77,6 +79,221 @@ struct Inherited {
     default: Option<Vec<u8>>,
 }
 
+/// Most requests (opens, truncates) waiting at once, each on a thread of its own, for another
+/// client to give an RW-PCC lease back; past it such a request fails with EAGAIN at once.
+const MAX_PARKED: usize = 256;
+
+/// How often a parked request waits again when, after one give-back, yet another client has
+/// taken the lease before the request could go on; then it fails with ETIMEDOUT.
+const MAX_RECALL_ROUNDS: usize = 8;
+
+/// What a request that may need another client's RW-PCC lease given back got to: done, or
+/// stopped (before changing anything) because that client holds the lease.
+enum Step<T> {
+    Done(T),
+    Wait(PccLease),
+}
+
+/// A new handle: its number, open flags and passthrough backing file.
+type Opened = (u64, FopenFlags, Option<Arc<BackingId>>);
+
+/// Who makes a request, kept for the part of it that runs off the request thread.
+#[derive(Clone, Copy)]
+struct Asker {
+    uid: u32,
+    gid: u32,
+    pid: u32,
+}
+
+impl Asker {
+    fn of(req: &Request) -> Asker {
+        Asker {
+            uid: req.uid(),
+            gid: req.gid(),
+            pid: req.pid(),
+        }
+    }
+}
+
+/// The changes a setattr asks for.
+#[derive(Clone, Copy)]
+struct SetattrArgs {
+    mode: Option<u32>,
+    uid: Option<u32>,
+    gid: Option<u32>,
+    size: Option<u64>,
+    atime: Option<TimeOrNow>,
+    mtime: Option<TimeOrNow>,
+    ctime: Option<SystemTime>,
+}
+
+/// A place for one request waiting off the FUSE threads (counted against [`MAX_PARKED`] until
+/// dropped), interruptible once its reply is held ([`Parked::hold`]).
+struct Parked {
+    fs: Arc<FsInner>,
+    /// The request's `unique` (what an interrupt names).
+    unique: u64,
+    /// Registered for interrupts.
+    watched: bool,
+}
+
+impl Drop for Parked {
+    fn drop(&mut self) {
+        if self.watched {
+            self.fs.lock_waits.lock().parked.remove(&self.unique);
+        }
+        self.fs.parked.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A reply that can answer an error (an interrupted parked request answers EINTR).
+trait Answer: Send + 'static {
+    fn fail(self, e: Errno);
+}
+impl Answer for ReplyOpen {
+    fn fail(self, e: Errno) {
+        self.error(e)
+    }
+}
+impl Answer for ReplyAttr {
+    fn fail(self, e: Errno) {
+        self.error(e)
+    }
+}
+
+/// The reply of a parked request, answered once: by its waiter, which answers while holding
+/// the lock (so the request is carried out only if no interrupt answered it first), or by an
+/// interrupt (EINTR) while the waiter waits for the recall.
+struct HeldReply<R>(Mutex<Option<R>>);
+
+impl<R: Answer> HeldReply<R> {
+    /// The kernel interrupts the request: EINTR, unless the waiter is answering it just now.
+    fn interrupt(&self) {
+        if let Some(mut g) = self.0.try_lock() {
+            if let Some(r) = g.take() {
+                r.fail(Errno::EINTR);
+            }
+        }
+    }
+
+    fn take(&self) -> Option<R> {
+        self.0.lock().take()
+    }
+}
+
+/// What a parked request gets when an interrupt answered it first.
+fn interrupted() -> ClientError {
+    ClientError::Errno("interrupted while waiting for a recall", libc::EINTR)
+}
+
+impl Parked {
+    /// Holds the request's reply so that an interrupt of the request can answer it (EINTR);
+    /// None, having answered EINTR, when the interrupt came already.
+    fn hold<R: Answer>(&mut self, reply: R) -> Option<Arc<HeldReply<R>>> {
+        let held = Arc::new(HeldReply(Mutex::new(Some(reply))));
+        let on_interrupt: Arc<dyn Fn() + Send + Sync> = {
+            let held = Arc::clone(&held);
+            Arc::new(move || held.interrupt())
+        };
+        let mut g = self.fs.lock_waits.lock();
+        if let Some(i) = g.early.iter().position(|(u, _)| *u == self.unique) {
+            g.early.remove(i);
+            drop(g);
+            held.interrupt();
+            return None;
+        }
+        g.parked.insert(self.unique, on_interrupt);
+        self.watched = true;
+        Some(held)
+    }
+
+    /// Runs `job` on a thread of its own, in the caller scope of the request (changelog
+    /// records). Should the thread not start, the job's reply is dropped, which answers EIO.
+    fn spawn(self, what: &'static str, job: impl FnOnce(&FsInner) + Send + 'static) {
+        let caller = tierfs_meta::changelog::current();
+        let r = std::thread::Builder::new()
+            .name(format!("tierfs-{what}-wait"))
+            .spawn(move || {
+                let _caller = caller.enter();
+                job(&self.fs);
+            });
+        if let Err(e) = r {
+            tracing::warn!(what, "cannot start a thread for a waiting request: {e}");
+        }
+    }
+}
+
+/// Most blocked `F_SETLKW`/`flock` requests waiting at once; past it such a request fails with
+/// ENOLCK (as when a lock table is full).
+const MAX_LOCK_WAITS: usize = 1024;
+
+/// Interrupts the kernel sent for requests not (yet) known as lock waits or parked requests,
+/// kept this long (and at most [`EARLY_INTERRUPTS_MAX`] of them): one may name a request another
+/// FUSE thread is still dispatching. (Interrupts of other requests are ignored.)
+const EARLY_INTERRUPT_TTL: Duration = Duration::from_secs(30);
+const EARLY_INTERRUPTS_MAX: usize = 1024;
+
+/// States of a [`LockWait`].
+const WAITING: u8 = 0;
+/// The kernel asked to interrupt the request (a signal reached the process).
+const INTERRUPTED: u8 = 1;
+/// Its owner closed the file (flush or release): a lock must not outlive that.
+const CANCELLED: u8 = 2;
+const GRANTED: u8 = 3;
+
+/// A blocked `F_SETLKW`/`flock`, retried on a thread of its own until it gets the lock, its
+/// request is interrupted, or its owner closes the file.
+struct LockWait {
+    ino: Ino,
+    owner: u64,
+    state: AtomicU8,
+    sleep: Mutex<()>,
+    wake: Condvar,
+}
+
+impl LockWait {
+    /// Stops a waiting lock request for `why` (INTERRUPTED or CANCELLED); nothing once it got
+    /// the lock or was stopped already.
+    fn stop(&self, why: u8) {
+        if self
+            .state
+            .compare_exchange(WAITING, why, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+        {
+            let _g = self.sleep.lock();
+            self.wake.notify_all();
+        }
+    }
+
+    /// Sleeps up to `d`, or until stopped.
+    fn nap(&self, d: Duration) {
+        let mut g = self.sleep.lock();
+        if self.state.load(Ordering::SeqCst) == WAITING {
+            self.wake.wait_for(&mut g, d);
+        }
+    }
+}
+
+/// The lock requests waiting, by request `unique`, and interrupts that came before their request
+/// was known.
+#[derive(Default)]
+struct LockWaits {
+    by_unique: HashMap<u64, Arc<LockWait>>,
+    /// Parked requests (opens, truncates waiting for a recall), by `unique`: what answers one
+    /// EINTR when it is interrupted.
+    parked: HashMap<u64, Arc<dyn Fn() + Send + Sync>>,
+    early: std::collections::VecDeque<(u64, Instant)>,
+}
+
+/// Answers an open.
+fn answer_open(reply: ReplyOpen, r: Result<Opened>) {
+    match r {
+        Ok((fh, fl, Some(id))) => reply.opened_passthrough(FileHandle(fh), fl, &id),
+        Ok((fh, fl, None)) => reply.opened(FileHandle(fh), fl),
+        Err(e) => reply.error(ino_errno(&e)),
+    }
+}
+
 /// Reply types that can register a passthrough backing file.
 trait BackingReply {
     fn backing(&self, f: &std::fs::File) -> std::io::Result<BackingId>;
@@ -92,7 +309,9 @@ impl BackingReply for ReplyCreate {
     }
 }
 
-pub struct TierFs {
+/// The filesystem's state, shared (through [`TierFs`]'s `Arc`) with work that runs off the FUSE
+/// request threads, such as an open waiting for another client to give its RW-PCC lease back.
+pub struct FsInner {
     pub meta: Arc<dyn MetaEngine>,
     pub data: Arc<DataPath>,
     pub metrics: Arc<Metrics>,
@@ -124,6 +343,32 @@ pub struct TierFs {
     pub posix_acl: bool,
     /// Who makes each request, for changelog records (uid/gid, job id).
     pub callers: crate::caller::Callers,
+    /// Requests waiting off the FUSE threads for an RW-PCC lease (at most [`MAX_PARKED`]).
+    parked: AtomicUsize,
+    /// Blocked lock requests waiting on threads of their own.
+    lock_waits: Mutex<LockWaits>,
+}
+
+/// The FUSE filesystem: a handle on the shared [`FsInner`] (its methods are reached through
+/// `Deref`); off-thread work clones the `Arc`.
+pub struct TierFs {
+    inner: Arc<FsInner>,
+}
+
+impl std::ops::Deref for TierFs {
+    type Target = FsInner;
+    fn deref(&self) -> &FsInner {
+        &self.inner
+    }
+}
+
+/// Setting the filesystem up before it is mounted (the daemon fills in the cache, the notifier,
+/// the caller source): the state is not shared yet then. Once a copy of the `Arc` is held
+/// elsewhere (after mount), mutable access is a programming error and panics.
+impl std::ops::DerefMut for TierFs {
+    fn deref_mut(&mut self) -> &mut FsInner {
+        Arc::get_mut(&mut self.inner).expect("TierFs is configured before it is shared")
+    }
 }
 
 fn to_time(n: i64) -> SystemTime {
@@ -182,17 +427,24 @@ fn kill_suid_sgid(perm: u32, in_group: impl FnOnce() -> bool) -> u32 {
 /// Whether the caller of `req` is root or a member of group `gid` (its primary group, or a
 /// supplementary group as /proc lists them; FUSE passes only the primary one).
 fn in_group_or_root(req: &Request, gid: u32) -> bool {
-    if req.uid() == 0 || req.gid() == gid {
-        return true;
+    Asker::of(req).in_group_or_root(gid)
+}
+
+impl Asker {
+    /// [`in_group_or_root`] of this asker.
+    fn in_group_or_root(&self, gid: u32) -> bool {
+        if self.uid == 0 || self.gid == gid {
+            return true;
+        }
+        let Ok(status) = std::fs::read_to_string(format!("/proc/{}/status", self.pid)) else {
+            return false;
+        };
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("Groups:"))
+            .map(|g| g.split_whitespace().any(|x| x.parse() == Ok(gid)))
+            .unwrap_or(false)
     }
-    let Ok(status) = std::fs::read_to_string(format!("/proc/{}/status", req.pid())) else {
-        return false;
-    };
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("Groups:"))
-        .map(|g| g.split_whitespace().any(|x| x.parse() == Ok(gid)))
-        .unwrap_or(false)
 }
 
 fn time_set(t: TimeOrNow) -> TimeSet {
@@ -212,7 +464,7 @@ impl TierFs {
         entry_ttl: Duration,
         recaller: Arc<Recaller>,
     ) -> TierFs {
-        TierFs {
+        let inner = FsInner {
             meta,
             data,
             metrics,
@@ -231,9 +483,35 @@ impl TierFs {
             names: Mutex::new(HashMap::new()),
             posix_acl: true,
             callers: crate::caller::Callers::new(crate::caller::JobIdSource::Disabled),
+            parked: AtomicUsize::new(0),
+            lock_waits: Mutex::new(LockWaits::default()),
+        };
+        TierFs {
+            inner: Arc::new(inner),
         }
     }
 
+    /// A place for a request to wait off the FUSE threads, or None (logged) when
+    /// [`MAX_PARKED`] requests wait already.
+    fn park(&self, req: &Request) -> Option<Parked> {
+        let before = self.parked.fetch_add(1, Ordering::Relaxed);
+        let slot = Parked {
+            fs: Arc::clone(&self.inner),
+            unique: req.unique().0,
+            watched: false,
+        };
+        if before >= MAX_PARKED {
+            tracing::warn!(
+                "{MAX_PARKED} requests already wait for RW-PCC leases on other clients: EAGAIN"
+            );
+            return None;
+        }
+        self.metrics.pcc("requests_parked", 1);
+        Some(slot)
+    }
+}
+
+impl FsInner {
     fn fattr(&self, a: &Attr) -> FileAttr {
         let mut size = if a.kind == Kind::File {
             self.data.local_size(a)
@@ -323,7 +601,9 @@ impl TierFs {
         }
         r
     }
+}
 
+impl TierFs {
     /// A new inode of `kind` owned by the caller (setgid-directory inheritance is the
     /// engine's).
     fn new_node(req: &Request, kind: Kind, perm: u32) -> NewNode {
@@ -336,7 +616,9 @@ impl TierFs {
             symlink: None,
         }
     }
+}
 
+impl FsInner {
     /// The mode of a new inode under `parent` and the ACLs it inherits (the kernel's
     /// posix_acl_create): where the directory has a default ACL, the umask is not applied; the
     /// default ACL masked by the mode asked for becomes the inode's access ACL (stored only
@@ -507,6 +789,150 @@ impl TierFs {
         Ok((fh, fl))
     }
 
+    /// A setattr, up to where another client's RW-PCC lease makes it wait ([`Step::Wait`],
+    /// nothing changed yet) or done.
+    fn setattr_now(&self, asker: &Asker, ino: Ino, args: &SetattrArgs) -> Result<Step<Attr>> {
+        let SetattrArgs {
+            mode,
+            uid,
+            gid,
+            size,
+            atime,
+            mtime,
+            ctime,
+        } = *args;
+        let mut size = size;
+        let chmod = mode;
+        let mut mode = mode;
+        // The kernel leaves clearing setuid/setgid to us (FUSE_HANDLE_KILLPRIV_V2), by its
+        // rules (fs/attr.c): a chown of anything but a directory clears them (setuid for
+        // root too), and so does a truncate of a regular file by anyone but root. A chown
+        // to -1, -1 (which changes nothing else) reaches us as a setattr that sets nothing:
+        // it is the only call that sends one.
+        let nothing = mode.is_none()
+            && size.is_none()
+            && atime.is_none()
+            && mtime.is_none()
+            && ctime.is_none();
+        let chown = uid.is_some() || gid.is_some() || nothing;
+        if mode.is_none() && (chown || (size.is_some() && asker.uid != 0)) {
+            let a = self.meta.getattr(ino)?;
+            let applies = if chown {
+                a.kind != Kind::Dir
+            } else {
+                a.kind == Kind::File
+            };
+            if applies {
+                let killed = kill_suid_sgid(a.perm, || asker.in_group_or_root(a.gid));
+                if killed != a.perm {
+                    mode = Some(killed);
+                }
+            }
+        }
+        let local = self
+            .pcc
+            .as_ref()
+            .map(|p| p.local_attr(ino).is_some())
+            .unwrap_or(false);
+        if let (true, Some(pcc)) = (local, &self.pcc) {
+            // RW-cached here: size and times belong to the cache file.
+            pcc.set_local(ino, size, atime.map(time_set), mtime.map(time_set))?;
+            size = None;
+        } else if size.is_some() {
+            // Another client's RW-PCC file is given back before its size changes here (the
+            // caller waits for that off the request thread).
+            match self.recaller.look_ino(ino)? {
+                Lease::Held(l) => return Ok(Step::Wait(l)),
+                // Leased to this client, but not RW-cached here: its data is not here.
+                Lease::Ours(l) => self.recaller.ours_without_data(&l)?,
+                Lease::Free | Lease::Recalled => {}
+            }
+        }
+        if size.is_some() || mtime.is_some() || atime.is_some() {
+            // Buffered writes land first, so the truncate or the times given (tar sets
+            // mtime before close) apply after them and are not overwritten by their commit.
+            self.data.flush(ino)?;
+        }
+        let set = SetAttr {
+            perm: mode.map(|m| m & 0o7777),
+            uid,
+            gid,
+            size,
+            atime: atime.map(time_set),
+            mtime: mtime.map(time_set),
+            ctime: ctime.map(from_time),
+        };
+        let a = self.meta.setattr(ino, &set)?;
+        if let Some(m) = chmod {
+            self.chmod_acl(ino, m)?;
+        }
+        if size.is_some() {
+            self.data.invalidate(ino, Some(&a));
+        }
+        Ok(Step::Done(a))
+    }
+
+    /// After another client's lease `l` was seen: waits (blocking; never on a FUSE request
+    /// thread) until it is given back, then runs `step` again, as often as yet another client
+    /// took the lease in between (at most [`MAX_RECALL_ROUNDS`] times).
+    fn after_recall<T>(
+        &self,
+        mut l: PccLease,
+        step: impl Fn(&FsInner) -> Result<Step<T>>,
+    ) -> Result<T> {
+        for _ in 0..MAX_RECALL_ROUNDS {
+            self.recaller.recall(&l)?;
+            match step(self)? {
+                Step::Done(v) => return Ok(v),
+                Step::Wait(next) => l = next,
+            }
+        }
+        Err(ClientError::Errno(
+            "the file's RW-PCC lease kept moving between other clients",
+            libc::ETIMEDOUT,
+        ))
+    }
+
+    /// An open up to where another client's RW-PCC lease makes it wait ([`Step::Wait`], nothing
+    /// recorded yet) or done: a new handle.
+    fn open_step(&self, reply: &dyn BackingReply, ino: Ino, flags: i32) -> Result<Step<Opened>> {
+        let a = self.meta.getattr(ino)?;
+        if a.kind == Kind::Dir {
+            return Err(ClientError::Meta(MetaError::IsDir));
+        }
+        // Every client, with a cache or not, has another client's RW-PCC file given back
+        // before it opens it: the data is only in the owner's cache until then.
+        let (a, own) = match self.recaller.look(&a)? {
+            Lease::Held(l) => return Ok(Step::Wait(l)),
+            Lease::Free => (a, None),
+            // The lease was this client's, without its data here, and is released: open what
+            // is there now.
+            Lease::Recalled => (self.meta.getattr(ino)?, None),
+            Lease::Ours(l) => (a, Some(l)),
+        };
+        self.open_now(reply, &a, own, flags).map(Step::Done)
+    }
+
+    /// Opens `a`'s file with its lease settled: `own` is this client's lease (the file is
+    /// then served from this client's cache), None when no other client holds one.
+    /// Registering a passthrough backing file works from any thread.
+    fn open_now(
+        &self,
+        reply: &dyn BackingReply,
+        a: &Attr,
+        own: Option<PccLease>,
+        flags: i32,
+    ) -> Result<Opened> {
+        if let Some(pcc) = &self.pcc {
+            let name = self.names.lock().get(&a.ino).cloned();
+            if let Some(served) = pcc.on_open(a, own.as_ref(), name.as_deref(), flags)? {
+                return self.open_cached(reply, a, flags, served, false);
+            }
+        }
+        let (fh, fl) = self.open_file(a, flags, false)?;
+        Ok((fh, fl, None))
+    }
+
     /// Up to `len` bytes of a file at `off` for copy_file_range (fewer at its end).
     fn read_for_copy(&self, h: &Handle, ino: Ino, off: u64, len: u64) -> Result<Vec<u8>> {
         if let Some(c) = &h.cache {
@@ -631,6 +1057,109 @@ impl TierFs {
         Ok((fh, fl, backing))
     }
 
+    /// Records a lock request that waits (request `unique`), or None when too many wait. One
+    /// the kernel already asked to interrupt starts out interrupted.
+    fn lock_wait(&self, unique: u64, ino: Ino, owner: u64) -> Option<Arc<LockWait>> {
+        let mut g = self.lock_waits.lock();
+        if g.by_unique.len() >= MAX_LOCK_WAITS {
+            tracing::warn!("{MAX_LOCK_WAITS} lock requests already wait: ENOLCK");
+            return None;
+        }
+        let w = Arc::new(LockWait {
+            ino,
+            owner,
+            state: AtomicU8::new(WAITING),
+            sleep: Mutex::new(()),
+            wake: Condvar::new(),
+        });
+        if let Some(i) = g.early.iter().position(|(u, _)| *u == unique) {
+            g.early.remove(i);
+            w.state.store(INTERRUPTED, Ordering::SeqCst);
+        }
+        g.by_unique.insert(unique, Arc::clone(&w));
+        Some(w)
+    }
+
+    /// The kernel asks to interrupt request `unique`: a waiting lock request stops (and answers
+    /// EINTR); an unknown one is remembered for a while, in case its lock request is still on
+    /// its way to [`FsInner::lock_wait`].
+    fn interrupt_request(&self, unique: u64) {
+        let mut g = self.lock_waits.lock();
+        if let Some(w) = g.by_unique.get(&unique) {
+            w.stop(INTERRUPTED);
+            return;
+        }
+        if let Some(f) = g.parked.get(&unique).cloned() {
+            drop(g);
+            f();
+            return;
+        }
+        let now = Instant::now();
+        while g
+            .early
+            .front()
+            .is_some_and(|(_, t)| now.duration_since(*t) > EARLY_INTERRUPT_TTL)
+            || g.early.len() >= EARLY_INTERRUPTS_MAX
+        {
+            g.early.pop_front();
+        }
+        g.early.push_back((unique, now));
+    }
+
+    /// `owner` closes `ino` (flush or release): its lock requests still waiting there stop, so
+    /// none takes a lock after the close released the owner's locks.
+    fn cancel_lock_waits(&self, ino: Ino, owner: u64) {
+        for w in self.lock_waits.lock().by_unique.values() {
+            if w.ino == ino && w.owner == owner {
+                w.stop(CANCELLED);
+            }
+        }
+    }
+
+    /// Retries a blocked lock request until it gets the lock (Ok), its request is interrupted
+    /// or its owner closes the file (EINTR), or the engine fails. A lock taken just as the
+    /// owner closed the file is given back; one taken just as the request was interrupted is
+    /// kept and answered Ok (the request has not been answered: the caller holds the lock and
+    /// knows it, and drops it at its close).
+    fn wait_for_lock(&self, w: &LockWait, want: &LockRange) -> std::result::Result<(), Errno> {
+        let mut delay = Duration::from_millis(2);
+        loop {
+            if w.state.load(Ordering::SeqCst) != WAITING {
+                return Err(Errno::EINTR);
+            }
+            match self.meta.set_lock(w.ino, want) {
+                Ok(()) => {
+                    return match w.state.compare_exchange(
+                        WAITING,
+                        GRANTED,
+                        Ordering::SeqCst,
+                        Ordering::SeqCst,
+                    ) {
+                        Ok(_) | Err(INTERRUPTED) => Ok(()),
+                        Err(_) => {
+                            let undo = LockRange {
+                                typ: LockType::Unlock,
+                                ..want.clone()
+                            };
+                            if let Err(e) = self.meta.set_lock(w.ino, &undo) {
+                                tracing::warn!(
+                                    ino = w.ino,
+                                    "giving back a lock taken after its owner closed the file: {e}"
+                                );
+                            }
+                            Err(Errno::EINTR)
+                        }
+                    };
+                }
+                Err(MetaError::WouldBlock) => {
+                    w.nap(delay);
+                    delay = (delay * 2).min(Duration::from_millis(100));
+                }
+                Err(e) => return Err(Errno::from_i32(e.errno())),
+            }
+        }
+    }
+
     fn lock_range(&self, owner: LockOwner, start: u64, end: u64, typ: i32, pid: u32) -> LockRange {
         LockRange {
             session: self.session,
@@ -703,6 +1232,12 @@ impl Filesystem for TierFs {
         self.data.flush_all();
     }
 
+    /// A signal reached the process of request `unique` (the patched fuser, vendor/fuser):
+    /// a lock wait it names stops and answers EINTR.
+    fn interrupt(&self, _req: &Request, unique: RequestId) {
+        self.interrupt_request(unique.0);
+    }
+
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         if parent.0 == tierfs_meta::ROOT_INO && (name == STATS_NAME || name == INFO_NAME) {
             let ino = if name == STATS_NAME {
@@ -772,76 +1307,53 @@ impl Filesystem for TierFs {
     ) {
         // changelog records of this request name its caller (crate::caller)
         let _caller = self.scope(req);
-        let r = self.run("setattr", || {
-            let mut size = size;
-            let chmod = mode;
-            let mut mode = mode;
-            // The kernel leaves clearing setuid/setgid to us (FUSE_HANDLE_KILLPRIV_V2), by its
-            // rules (fs/attr.c): a chown of anything but a directory clears them (setuid for
-            // root too), and so does a truncate of a regular file by anyone but root. A chown
-            // to -1, -1 (which changes nothing else) reaches us as a setattr that sets nothing:
-            // it is the only call that sends one.
-            let nothing = mode.is_none()
-                && size.is_none()
-                && atime.is_none()
-                && mtime.is_none()
-                && ctime.is_none();
-            let chown = uid.is_some() || gid.is_some() || nothing;
-            if mode.is_none() && (chown || (size.is_some() && req.uid() != 0)) {
-                let a = self.meta.getattr(ino.0)?;
-                let applies = if chown {
-                    a.kind != Kind::Dir
-                } else {
-                    a.kind == Kind::File
+        let asker = Asker::of(req);
+        let args = SetattrArgs {
+            mode,
+            uid,
+            gid,
+            size,
+            atime,
+            mtime,
+            ctime,
+        };
+        match self.run("setattr", || self.setattr_now(&asker, ino.0, &args)) {
+            Ok(Step::Done(a)) => reply.attr(&self.attr_ttl, &self.fattr(&a)),
+            // Another client holds the file's RW-PCC lease: it is given back before the size
+            // changes here, waiting on a thread of its own while this one serves others.
+            // An interrupt (a signal to the caller) answers EINTR meanwhile.
+            Ok(Step::Wait(l)) => {
+                let Some(mut p) = self.park(req) else {
+                    return reply.error(Errno::EAGAIN);
                 };
-                if applies {
-                    let killed = kill_suid_sgid(a.perm, || in_group_or_root(req, a.gid));
-                    if killed != a.perm {
-                        mode = Some(killed);
+                let Some(held) = p.hold(reply) else { return };
+                p.spawn("setattr", move |fs| {
+                    let r = fs.run("setattr_recalled", || {
+                        fs.after_recall(l, |fs| {
+                            let g = held.0.lock();
+                            if g.is_none() {
+                                return Err(interrupted());
+                            }
+                            Ok(match fs.setattr_now(&asker, ino.0, &args)? {
+                                Step::Done(a) => Step::Done((a, g)),
+                                Step::Wait(l) => Step::Wait(l),
+                            })
+                        })
+                    });
+                    match r {
+                        Ok((a, mut g)) => {
+                            if let Some(reply) = g.take() {
+                                reply.attr(&fs.attr_ttl, &fs.fattr(&a));
+                            }
+                        }
+                        Err(e) => {
+                            if let Some(reply) = held.take() {
+                                reply.error(ino_errno(&e));
+                            }
+                        }
                     }
-                }
+                })
             }
-            let local = self
-                .pcc
-                .as_ref()
-                .map(|p| p.local_attr(ino.0).is_some())
-                .unwrap_or(false);
-            if let (true, Some(pcc)) = (local, &self.pcc) {
-                // RW-cached here: size and times belong to the cache file.
-                pcc.set_local(ino.0, size, atime.map(time_set), mtime.map(time_set))?;
-                size = None;
-            } else if size.is_some() {
-                // Another client's RW-PCC file is given back before its size changes here.
-                if let Lease::Ours(l) = self.recaller.check_ino(ino.0)? {
-                    // Leased to this client, but not RW-cached here: its data is not here.
-                    self.recaller.ours_without_data(&l)?;
-                }
-            }
-            if size.is_some() || mtime.is_some() || atime.is_some() {
-                // Buffered writes land first, so the truncate or the times given (tar sets
-                // mtime before close) apply after them and are not overwritten by their commit.
-                self.data.flush(ino.0)?;
-            }
-            let set = SetAttr {
-                perm: mode.map(|m| m & 0o7777),
-                uid,
-                gid,
-                size,
-                atime: atime.map(time_set),
-                mtime: mtime.map(time_set),
-                ctime: ctime.map(from_time),
-            };
-            let a = self.meta.setattr(ino.0, &set)?;
-            if let Some(m) = chmod {
-                self.chmod_acl(ino.0, m)?;
-            }
-            if size.is_some() {
-                self.data.invalidate(ino.0, Some(&a));
-            }
-            Ok(a)
-        });
-        match r {
-            Ok(a) => reply.attr(&self.attr_ttl, &self.fattr(&a)),
             Err(e) => reply.error(ino_errno(&e)),
         }
     }
@@ -1041,32 +1553,43 @@ impl Filesystem for TierFs {
             reply.opened(FileHandle(fh), FopenFlags::FOPEN_DIRECT_IO);
             return;
         }
-        let r = self.run("open", || {
-            let a = self.meta.getattr(ino.0)?;
-            if a.kind == Kind::Dir {
-                return Err(ClientError::Meta(MetaError::IsDir));
+        match self.run("open", || self.open_step(&reply, ino.0, flags.0)) {
+            Ok(Step::Done(o)) => answer_open(reply, Ok(o)),
+            // Another client holds the file's RW-PCC lease: the open waits for the give-back on
+            // a thread of its own, and this one goes on serving others.
+            // An interrupt (a signal to the opener) answers EINTR meanwhile.
+            Ok(Step::Wait(l)) => {
+                let Some(mut p) = self.park(req) else {
+                    return reply.error(Errno::EAGAIN);
+                };
+                let Some(held) = p.hold(reply) else { return };
+                p.spawn("open", move |fs| {
+                    let r = fs.run("open_recalled", || {
+                        fs.after_recall(l, |fs| {
+                            let g = held.0.lock();
+                            let Some(reply) = g.as_ref() else {
+                                return Err(interrupted());
+                            };
+                            Ok(match fs.open_step(reply, ino.0, flags.0)? {
+                                Step::Done(o) => Step::Done((o, g)),
+                                Step::Wait(l) => Step::Wait(l),
+                            })
+                        })
+                    });
+                    match r {
+                        Ok((o, mut g)) => {
+                            if let Some(reply) = g.take() {
+                                answer_open(reply, Ok(o));
+                            }
+                        }
+                        Err(e) => {
+                            if let Some(reply) = held.take() {
+                                reply.error(ino_errno(&e));
+                            }
+                        }
+                    }
+                })
             }
-            // Every client, with a cache or not, has another client's RW-PCC file given back
-            // before it opens it: the data is only in the owner's cache until then.
-            let (a, own) = match self.recaller.check(&a)? {
-                Lease::Free => (a, None),
-                // The owner wrote the file back: open what is there now.
-                Lease::Recalled => (self.meta.getattr(ino.0)?, None),
-                Lease::Ours(l) => (a, Some(l)),
-            };
-            if let Some(pcc) = &self.pcc {
-                let name = self.names.lock().get(&ino.0).cloned();
-                if let Some(served) = pcc.on_open(&a, own.as_ref(), name.as_deref(), flags.0)? {
-                    let (fh, fl, backing) = self.open_cached(&reply, &a, flags.0, served, false)?;
-                    return Ok((fh, fl, backing));
-                }
-            }
-            let (fh, fl) = self.open_file(&a, flags.0, false)?;
-            Ok((fh, fl, None))
-        });
-        match r {
-            Ok((fh, fl, Some(id))) => reply.opened_passthrough(FileHandle(fh), fl, &id),
-            Ok((fh, fl, None)) => reply.opened(FileHandle(fh), fl),
             Err(e) => reply.error(ino_errno(&e)),
         }
     }
@@ -1285,7 +1808,9 @@ impl Filesystem for TierFs {
                 }
             }
             let res = self.data.flush(ino.0);
-            // close(2) drops the POSIX locks this owner holds on the file.
+            // close(2) drops the POSIX locks this owner holds on the file, and ends its waits
+            // for more.
+            self.cancel_lock_waits(ino.0, lock_owner.0);
             if self.handle(fh).is_some() && self.locked.lock().contains(&ino.0) {
                 self.meta
                     .release_locks(ino.0, self.session, lock_owner.0, false)?;
@@ -1339,6 +1864,7 @@ impl Filesystem for TierFs {
             let flushed = self.data.flush(ino.0).map(|_| ());
             let mut unlocked = Ok(());
             if let Some(o) = lock_owner {
+                self.cancel_lock_waits(ino.0, o.0);
                 if self.locked.lock().contains(&ino.0) {
                     unlocked = self
                         .meta
@@ -1615,7 +2141,7 @@ impl Filesystem for TierFs {
 
     fn setlk(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         lock_owner: LockOwner,
@@ -1634,21 +2160,28 @@ impl Filesystem for TierFs {
         match first {
             Ok(()) => reply.ok(),
             Err(ClientError::Meta(MetaError::WouldBlock)) if sleep => {
-                // F_SETLKW: wait on a thread of its own so FUSE workers stay free.
-                let meta = Arc::clone(&self.meta);
-                std::thread::spawn(move || {
-                    let mut delay = Duration::from_millis(2);
-                    loop {
-                        match meta.set_lock(ino.0, &want) {
-                            Ok(()) => return reply.ok(),
-                            Err(MetaError::WouldBlock) => {
-                                std::thread::sleep(delay);
-                                delay = (delay * 2).min(Duration::from_millis(100));
-                            }
-                            Err(e) => return reply.error(Errno::from_i32(e.errno())),
+                // F_SETLKW, flock: wait on a thread of its own so FUSE workers stay free; a
+                // signal to the caller (FUSE_INTERRUPT) or the owner's close ends the wait.
+                let unique = req.unique().0;
+                let Some(w) = self.lock_wait(unique, ino.0, lock_owner.0) else {
+                    return reply.error(Errno::ENOLCK);
+                };
+                let fs = Arc::clone(&self.inner);
+                let spawned = std::thread::Builder::new()
+                    .name("tierfs-lock-wait".into())
+                    .spawn(move || {
+                        let r = fs.wait_for_lock(&w, &want);
+                        fs.lock_waits.lock().by_unique.remove(&unique);
+                        match r {
+                            Ok(()) => reply.ok(),
+                            Err(e) => reply.error(e),
                         }
-                    }
-                });
+                    });
+                if let Err(e) = spawned {
+                    // the reply went with the closure: dropped unanswered, it answers EIO
+                    tracing::warn!("cannot start a thread for a lock wait: {e}");
+                    self.lock_waits.lock().by_unique.remove(&unique);
+                }
             }
             Err(e) => reply.error(ino_errno(&e)),
         }
