@@ -53,6 +53,10 @@ pub fn run_all(factory: &Factory<'_>) {
             replaced_file_stays_openable_for_its_grace,
         ),
         ("sessions_and_reaping", sessions_and_reaping),
+        (
+            "client_session_is_the_newest_with_its_heartbeat_age",
+            client_session_is_the_newest_with_its_heartbeat_age,
+        ),
         ("worker_reports", worker_reports),
         ("fsck_queries_and_repairs", fsck_queries_and_repairs),
         ("locks", locks),
@@ -696,6 +700,62 @@ fn sessions_and_reaping(e: &dyn MetaEngine) {
     assert_eq!(won.len(), 1, "one of four concurrent registrations of 'u'");
     e.unregister_session(won[0]).unwrap();
     assert!(e.sessions().unwrap().is_empty());
+}
+
+/// `client_session`: the newest session of a name and its heartbeat's age by the database's
+/// clock, which grows until the next heartbeat and starts again from it.
+fn client_session_is_the_newest_with_its_heartbeat_age(e: &dyn MetaEngine) {
+    let s = SessionInfo {
+        id: 0,
+        client_name: "c".into(),
+        host: "h".into(),
+        pid: 1,
+        mountpoint: "/mnt/c".into(),
+        version: "0".into(),
+        started: 0,
+        heartbeat: 0,
+    };
+    assert!(e.client_session("c").unwrap().is_none());
+    let old = e.register_session(&s).unwrap();
+    let new = e
+        .register_session(&SessionInfo {
+            pid: 2,
+            ..s.clone()
+        })
+        .unwrap();
+    let other = e
+        .register_session(&SessionInfo {
+            client_name: "d".into(),
+            ..s.clone()
+        })
+        .unwrap();
+    let minute = 60_000_000_000;
+    let (got, age) = e.client_session("c").unwrap().unwrap();
+    assert_eq!((got.id, got.pid, got.client_name.as_str()), (new, 2, "c"));
+    assert!((0..minute).contains(&age), "fresh session, age {age}");
+    std::thread::sleep(std::time::Duration::from_millis(60));
+    let (_, aged) = e.client_session("c").unwrap().unwrap();
+    assert!(
+        aged >= 50_000_000 && aged < minute,
+        "60 ms later, age {aged}"
+    );
+    e.heartbeat(new).unwrap();
+    let (_, fresh) = e.client_session("c").unwrap().unwrap();
+    assert!(
+        fresh < aged,
+        "a heartbeat restarts the age: {fresh} after {aged}"
+    );
+    // the age agrees with the liveness checks, all by the database's clock
+    assert!(e.client_alive("c", minute).unwrap());
+    std::thread::sleep(std::time::Duration::from_millis(30));
+    assert!(!e.client_alive("c", 10_000_000).unwrap());
+    // the newest goes: the older one of the name is reported
+    e.unregister_session(new).unwrap();
+    assert_eq!(e.client_session("c").unwrap().unwrap().0.id, old);
+    e.unregister_session(old).unwrap();
+    assert!(e.client_session("c").unwrap().is_none());
+    assert_eq!(e.client_session("d").unwrap().unwrap().0.id, other);
+    e.unregister_session(other).unwrap();
 }
 
 /// Worker reports: replaced per session in order, listed only for live sessions, refused for

@@ -162,6 +162,10 @@ pub trait Sessions: Send + Sync {
     /// `timeout_ns` ([`MetaError::ClientNameInUse`]); the check and the insert are one
     /// transaction, so two mounts of one name at once cannot both succeed.
     fn register_session_unique(&self, s: &SessionInfo, timeout_ns: i64) -> Result<u64>;
+    /// Stamps `session`'s heartbeat with the database's clock; `NotFound` once it has ended
+    /// (reaped or evicted). Every liveness judgement (this, [`Sessions::reap_sessions`],
+    /// [`Sessions::client_alive`], [`Sessions::register_session_unique`],
+    /// [`Sessions::client_session`]) reads the DATABASE's clock, never the caller's.
     fn heartbeat(&self, session: u64) -> Result<()>;
     fn unregister_session(&self, session: u64) -> Result<()>;
     fn sessions(&self) -> Result<Vec<SessionInfo>>;
@@ -174,6 +178,11 @@ pub trait Sessions: Send + Sync {
     fn close_files(&self, session: u64, inos: &[Ino]) -> Result<()>;
     /// Whether a client with this name has a session whose heartbeat is newer than `timeout_ns`.
     fn client_alive(&self, client: &str, timeout_ns: i64) -> Result<bool>;
+    /// The newest session of the client named `client` (highest id), if it has one, and the
+    /// age of its last heartbeat in nanoseconds by the DATABASE's clock (PostgreSQL:
+    /// `clock_timestamp()`; SQLite: this host's clock, the database is embedded), so the
+    /// caller's own clock plays no part. Never negative.
+    fn client_session(&self, client: &str) -> Result<Option<(SessionInfo, i64)>>;
 }
 
 /// The persistent client cache: RW-PCC leases and attach rules.

@@ -265,6 +265,7 @@ impl Sessions for FaultyEngine {
         fn open_file(&self, session: u64, ino: Ino) -> Result<()>;
         fn close_files(&self, session: u64, inos: &[Ino]) -> Result<()>;
         fn client_alive(&self, client: &str, timeout_ns: i64) -> Result<bool>;
+        fn client_session(&self, client: &str) -> Result<Option<(SessionInfo, i64)>>;
     }
 }
 

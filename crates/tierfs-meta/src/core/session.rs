@@ -55,6 +55,22 @@ pub(crate) fn end_sessions(tx: &mut dyn Tx, sessions: &[u64]) -> Result<()> {
     Ok(())
 }
 
+/// The database's clock in nanoseconds since the epoch, on PostgreSQL (`clock_timestamp()`:
+/// the time the statement runs, not the transaction's start).
+const PG_NOW: &str = "SELECT (extract(epoch FROM clock_timestamp()) * 1000000000)::bigint";
+
+/// The database's clock, in nanoseconds since the epoch: what liveness is judged by, so that
+/// no client's clock decides whether another client is alive. PostgreSQL:
+/// `clock_timestamp()` (one query); SQLite: this host's clock, which is the database's (it is
+/// embedded in this process).
+pub(crate) fn db_now(tx: &mut dyn Tx) -> Result<Nanos> {
+    if tx.dialect().is_postgres() {
+        tx.int(PG_NOW, vals![])
+    } else {
+        Ok(now_nanos())
+    }
+}
+
 fn insert_session(tx: &mut dyn Tx, s: &SessionInfo, now: Nanos) -> Result<u64> {
     Ok(tx.int(
         "INSERT INTO sessions (client_name, host, pid, mountpoint, version, started, heartbeat) \
@@ -72,7 +88,10 @@ fn insert_session(tx: &mut dyn Tx, s: &SessionInfo, now: Nanos) -> Result<u64> {
 
 impl<D: Driver> Sessions for SqlMeta<D> {
     fn register_session(&self, s: &SessionInfo) -> Result<u64> {
-        self.d.write(|tx| insert_session(tx, s, now_nanos()))
+        self.d.write(|tx| {
+            let now = db_now(tx)?;
+            insert_session(tx, s, now)
+        })
     }
 
     fn register_session_unique(&self, s: &SessionInfo, timeout_ns: i64) -> Result<u64> {
@@ -86,7 +105,7 @@ impl<D: Driver> Sessions for SqlMeta<D> {
                 let key = format!("tierfs client name {}", s.client_name);
                 tx.exec("SELECT pg_advisory_xact_lock(hashtext($1))", vals![key])?;
             }
-            let now = now_nanos();
+            let now = db_now(tx)?;
             let live = tx.query_opt(
                 "SELECT id, client_name, host, pid, mountpoint, version, started, heartbeat \
                  FROM sessions WHERE client_name = $1 AND heartbeat >= $2 ORDER BY id LIMIT 1",
@@ -105,10 +124,19 @@ impl<D: Driver> Sessions for SqlMeta<D> {
 
     fn heartbeat(&self, session: u64) -> Result<()> {
         self.d.write(|tx| {
-            let n = tx.exec(
-                "UPDATE sessions SET heartbeat = $2 WHERE id = $1",
-                vals![session, now_nanos()],
-            )?;
+            // The database's clock (see [`db_now`]), in the one statement on PostgreSQL.
+            let n = if tx.dialect().is_postgres() {
+                tx.exec(
+                    "UPDATE sessions SET heartbeat = \
+                     (extract(epoch FROM clock_timestamp()) * 1000000000)::bigint WHERE id = $1",
+                    vals![session],
+                )?
+            } else {
+                tx.exec(
+                    "UPDATE sessions SET heartbeat = $2 WHERE id = $1",
+                    vals![session, now_nanos()],
+                )?
+            };
             if n == 0 {
                 return Err(MetaError::NotFound);
             }
@@ -138,7 +166,7 @@ impl<D: Driver> Sessions for SqlMeta<D> {
 
     fn reap_sessions(&self, timeout_ns: i64) -> Result<usize> {
         self.d.write(|tx| {
-            let limit = now_nanos() - timeout_ns;
+            let limit = db_now(tx)? - timeout_ns;
             let mut dead = Vec::new();
             tx.query_each(
                 "SELECT id FROM sessions WHERE heartbeat < $1 ORDER BY id",
@@ -199,10 +227,28 @@ impl<D: Driver> Sessions for SqlMeta<D> {
 
     fn client_alive(&self, client: &str, timeout_ns: i64) -> Result<bool> {
         self.d.read(|tx| {
+            let limit = db_now(tx)? - timeout_ns;
             tx.exists(
                 "SELECT EXISTS (SELECT 1 FROM sessions WHERE client_name = $1 AND heartbeat >= $2)",
-                vals![client, now_nanos() - timeout_ns],
+                vals![client, limit],
             )
+        })
+    }
+
+    fn client_session(&self, client: &str) -> Result<Option<(SessionInfo, i64)>> {
+        self.d.read(|tx| {
+            let now = db_now(tx)?;
+            let row = tx.query_opt(
+                "SELECT id, client_name, host, pid, mountpoint, version, started, heartbeat \
+                 FROM sessions WHERE client_name = $1 ORDER BY id DESC LIMIT 1",
+                vals![client],
+            )?;
+            row.map(|r| {
+                let s = session_from_row(&r)?;
+                let age = now.saturating_sub(s.heartbeat).max(0);
+                Ok((s, age))
+            })
+            .transpose()
         })
     }
 }
