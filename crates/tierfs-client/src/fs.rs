@@ -1539,7 +1539,16 @@ impl Filesystem for TierFs {
                     }
                 }
             }
-            let res = self.data.flush(ino.0);
+            let mut res = self.data.flush(ino.0);
+            if let (Err(ClientError::Meta(MetaError::SessionEnded(_))), Some(h)) =
+                (&res, self.handle(fh))
+            {
+                if h.session != self.session.id() {
+                    // close(2) of a handle of an ended session succeeds (as after a Lustre
+                    // eviction): what it had buffered was refused and logged (FENCED).
+                    res = Ok(None);
+                }
+            }
             // close(2) drops the POSIX locks this owner holds on the file.
             if self.handle(fh).is_some() && self.locked.lock().contains(&ino.0) {
                 self.meta

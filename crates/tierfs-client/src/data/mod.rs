@@ -623,6 +623,9 @@ impl DataPath {
                 .acquire_owned()
                 .await
                 .map_err(|e| StoreError::Io(e.to_string()))?;
+            if let Some(d) = test_upload_stall() {
+                tokio::time::sleep(d).await;
+            }
             let n = bytes.len() as u64;
             t.put(obj, bytes).await?;
             t.sync(vec![obj]).await?;
@@ -1321,4 +1324,22 @@ async fn materialize(
         fetched.push(r?);
     }
     Ok(assemble(&segs, &slices, start, end, fetched))
+}
+
+/// Test hook, in debug builds only: `TIERFS_TEST_UPLOAD_STALL_MS=N` in the daemon's environment
+/// makes every object upload take N ms longer, as a slow storage target would
+/// (crates/tierfs-cli/tests/sessions.rs: a long write-back never gets its owner reaped).
+fn test_upload_stall() -> Option<Duration> {
+    #[cfg(debug_assertions)]
+    {
+        static STALL: std::sync::OnceLock<Option<Duration>> = std::sync::OnceLock::new();
+        *STALL.get_or_init(|| {
+            std::env::var("TIERFS_TEST_UPLOAD_STALL_MS")
+                .ok()
+                .and_then(|v| v.parse::<u64>().ok())
+                .map(Duration::from_millis)
+        })
+    }
+    #[cfg(not(debug_assertions))]
+    None
 }
