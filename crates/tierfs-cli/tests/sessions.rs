@@ -407,6 +407,12 @@ fn an_evicted_client_fences_and_recovers() {
         log_text(&log)
     );
     let new = now[0];
+    let info: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(t.p(a, ".tierfs-info")).unwrap()).unwrap();
+    assert_eq!(
+        info["session"], new,
+        "the mount's info file names the new session"
+    );
 
     // Old handles: EIO; close succeeds.
     assert_errno(

@@ -1288,7 +1288,14 @@ impl Filesystem for TierFs {
             }
             let text = text.into_bytes();
             let text = if ino.0 == INFO_INO {
-                self.info_json.clone().into_bytes()
+                // with the current session (a fenced client registered a new one)
+                match serde_json::from_str::<serde_json::Value>(&self.info_json) {
+                    Ok(mut v) if v.get("session").is_some() => {
+                        v["session"] = self.session.id().into();
+                        v.to_string().into_bytes()
+                    }
+                    _ => self.info_json.clone().into_bytes(),
+                }
             } else {
                 text
             };
