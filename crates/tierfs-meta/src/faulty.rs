@@ -252,6 +252,22 @@ impl FileData for FaultyEngine {
         fn trash(&self, limit: usize, open_grace: Duration) -> Result<Vec<TrashItem>>;
         fn trash_done(&self, ids: &[u64]) -> Result<()>;
     }
+
+    /// The same operation as `commit_slices` (a client's commit of its buffered writes, under
+    /// its session): plans name it `"commit_slices"`.
+    fn commit_slices_for(
+        &self,
+        session: u64,
+        ino: Ino,
+        slices: &[Slice],
+        new_end: u64,
+        mtime: Nanos,
+    ) -> Result<Attr> {
+        self.plan.call("commit_slices", || {
+            self.inner
+                .commit_slices_for(session, ino, slices, new_end, mtime)
+        })
+    }
 }
 
 impl Sessions for FaultyEngine {
@@ -265,6 +281,8 @@ impl Sessions for FaultyEngine {
         fn open_file(&self, session: u64, ino: Ino) -> Result<()>;
         fn close_files(&self, session: u64, inos: &[Ino]) -> Result<()>;
         fn client_alive(&self, client: &str, timeout_ns: i64) -> Result<bool>;
+        fn client_session(&self, client: &str) -> Result<Option<(SessionInfo, i64)>>;
+        fn db_now(&self) -> Result<Nanos>;
     }
 }
 

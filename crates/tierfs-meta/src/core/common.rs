@@ -292,11 +292,18 @@ pub fn drop_link(tx: &mut dyn Tx, ino: Ino, now: Nanos) -> Result<Option<i64>> {
 
 /// Counts one more open of `ino` by `session`.
 pub fn record_open(tx: &mut dyn Tx, session: u64, ino: Ino) -> Result<()> {
-    tx.exec(
-        "INSERT INTO open_files (session, ino, count) VALUES ($1, $2, 1) \
+    // Only under a session that still exists (one statement: the check is a primary-key
+    // lookup inside the insert); on PostgreSQL the caller holds the session's row first
+    // (`session::hold_session`), so a concurrent reap cannot interleave.
+    let n = tx.exec(
+        "INSERT INTO open_files (session, ino, count) SELECT $1, $2, 1 \
+         WHERE EXISTS (SELECT 1 FROM sessions WHERE id = $1) \
          ON CONFLICT (ino, session) DO UPDATE SET count = open_files.count + 1",
         vals![session, ino],
     )?;
+    if n == 0 {
+        return Err(MetaError::SessionEnded(session));
+    }
     Ok(())
 }
 
@@ -360,7 +367,12 @@ pub fn trash_slices(tx: &mut dyn Tx, ino: Ino, where_sql: &str, args: &[i64]) ->
     })?;
     gone.sort_unstable();
     gone.dedup();
-    let now = now_nanos();
+    if gone.is_empty() {
+        return Ok(());
+    }
+    // The database's clock: the grace (`FileData::trash`) is judged by it, whichever client's
+    // collector looks.
+    let now = super::session::db_now(tx)?;
     for (target, obj, size) in gone {
         tx.exec(
             "INSERT INTO trash (ino, target, obj, len, created) SELECT $1, $2, $3, $4, $5 \
