@@ -19,15 +19,16 @@ use parking_lot::Mutex;
 use tierfs_meta::changelog::{Caller, CallerGuard};
 
 use tierfs_meta::{
-    Attr, Ino, Kind, LockRange, LockType, MetaEngine, MetaError, NewNode, SetAttr, TimeSet,
+    Attr, Ino, Kind, LockRange, LockType, MetaEngine, MetaError, NewNode, PccOpen, SetAttr,
+    TimeSet,
 };
 
 use crate::acl::{self, Acl};
 use crate::data::DataPath;
 use crate::error::{ClientError, Result};
-use crate::lease::{Lease, Recaller};
+use crate::lease::{Lease, Recaller, Recalled};
 use crate::metrics::Metrics;
-use crate::pcc::{Pcc, Served};
+use crate::pcc::{Opened, Pcc, Served};
 
 /// Name of the virtual stats file in the root directory (`tierfs stats MOUNT` reads it).
 pub const STATS_NAME: &str = ".tierfs-stats";
@@ -513,8 +514,14 @@ impl FsInner {
         if !recorded && !self.data.cancel_queued_close(attr.ino) {
             self.meta.open_file(self.session, attr.ino)?;
         }
+        Ok(self.open_handle(attr, flags, !recorded))
+    }
+
+    /// A new handle on `attr`'s file whose open is counted in the metadata engine already;
+    /// `seen`: the file existed before this open (not created by it).
+    fn open_handle(&self, attr: &Attr, flags: i32, seen: bool) -> (u64, FopenFlags) {
         let keep = self.data.open(attr);
-        if !keep && !recorded {
+        if !keep && seen {
             // The data changed since this client last saw it: make the kernel drop its cached
             // size too, so reads are not cut at a stale end of file. (Not for a file this open
             // just created: the kernel knows nothing stale of it.)
@@ -537,7 +544,87 @@ impl FsInner {
             cache: None,
             caller: tierfs_meta::changelog::current(),
         });
-        Ok((fh, fl))
+        (fh, fl)
+    }
+
+    /// Opens a file that is not a directory, RW-PCC leases included: the lease check and the
+    /// record of the open are one engine transaction ([`MetaEngine::pcc_open`], through
+    /// [`Pcc::open`] with a cache), so a client that takes the lease after it sees the open;
+    /// another client's lease is recalled (this waits) and the open tried again. A read-only
+    /// open of a file whose owner has writers is served a snapshot the owner writes back
+    /// ([`Recaller::recall_for`]).
+    fn open_leased(
+        &self,
+        reply: &dyn BackingReply,
+        a: Attr,
+        flags: i32,
+    ) -> Result<(u64, FopenFlags, Option<Arc<BackingId>>)> {
+        if a.kind != Kind::File {
+            let (fh, fl) = self.open_file(&a, flags, false)?;
+            return Ok((fh, fl, None));
+        }
+        let write = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        let ino = a.ino;
+        // A close of the file still queued here: the engine never stopped counting it open,
+        // so no other client took its lease since (pcc_acquire refuses a file open
+        // elsewhere); only a lease found before is looked for.
+        if self.pcc.is_none() && self.data.cancel_queued_close(ino) {
+            if self.recaller.free_now(&a)? {
+                let (fh, fl) = self.open_handle(&a, flags, true);
+                return Ok((fh, fl, None));
+            }
+            self.data
+                .queue_close(ino, tierfs_meta::changelog::current());
+        }
+        let mut a = a;
+        let mut snapshot = None;
+        for _ in 0..1000 {
+            let opened = match &self.pcc {
+                Some(pcc) => {
+                    let name = self.names.lock().get(&ino).cloned();
+                    pcc.open(self.session, &a, name.as_deref(), flags, snapshot)?
+                }
+                None => {
+                    let client = self.recaller.client();
+                    match self.meta.pcc_open(self.session, ino, client, write, snapshot)? {
+                        PccOpen::Held(l) => Opened::Held(l),
+                        PccOpen::Snapshot { attr, .. } => Opened::Uncached(attr),
+                        PccOpen::Opened { attr, lease: None } => Opened::Uncached(attr),
+                        PccOpen::Opened {
+                            lease: Some(l), ..
+                        } => {
+                            // Leased to this client name, but this mount has no cache: its
+                            // data is not here (a clean lease is given up).
+                            if let Err(e) = self.recaller.ours_without_data(&l) {
+                                let _ = self.meta.close_files(self.session, &[ino]);
+                                return Err(e);
+                            }
+                            Opened::Uncached(self.meta.getattr(ino)?)
+                        }
+                    }
+                }
+            };
+            match opened {
+                Opened::Served(served) => {
+                    return self.open_cached(reply, &a, flags, served, true);
+                }
+                Opened::Uncached(attr) => {
+                    let (fh, fl) = self.open_handle(&attr, flags, true);
+                    return Ok((fh, fl, None));
+                }
+                Opened::Held(l) => {
+                    snapshot = match self.recaller.recall_for(&l, write)? {
+                        Recalled::Gone => None,
+                        Recalled::Snapshot(seq) => Some(seq),
+                    };
+                    a = self.meta.getattr(ino)?;
+                }
+            }
+        }
+        Err(ClientError::Errno(
+            "the file's RW-PCC lease kept changing hands",
+            libc::EAGAIN,
+        ))
     }
 
     /// Up to `len` bytes of a file at `off` for copy_file_range (fewer at its end).
@@ -1080,22 +1167,9 @@ impl Filesystem for TierFs {
                 return Err(ClientError::Meta(MetaError::IsDir));
             }
             // Every client, with a cache or not, has another client's RW-PCC file given back
-            // before it opens it: the data is only in the owner's cache until then.
-            let (a, own) = match self.recaller.check(&a)? {
-                Lease::Free => (a, None),
-                // The owner wrote the file back: open what is there now.
-                Lease::Recalled => (self.meta.getattr(ino.0)?, None),
-                Lease::Ours(l) => (a, Some(l)),
-            };
-            if let Some(pcc) = &self.pcc {
-                let name = self.names.lock().get(&ino.0).cloned();
-                if let Some(served) = pcc.on_open(&a, own.as_ref(), name.as_deref(), flags.0)? {
-                    let (fh, fl, backing) = self.open_cached(&reply, &a, flags.0, served, false)?;
-                    return Ok((fh, fl, backing));
-                }
-            }
-            let (fh, fl) = self.open_file(&a, flags.0, false)?;
-            Ok((fh, fl, None))
+            // (or, for reading, a snapshot of it written back) before it opens it: the data is
+            // only in the owner's cache until then.
+            self.open_leased(&reply, a, flags.0)
         });
         match r {
             Ok((fh, fl, Some(id))) => reply.opened_passthrough(FileHandle(fh), fl, &id),
