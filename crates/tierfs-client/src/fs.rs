@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -19,16 +19,16 @@ use parking_lot::Mutex;
 use tierfs_meta::changelog::{Caller, CallerGuard};
 
 use tierfs_meta::{
-    Attr, Ino, Kind, LockRange, LockType, MetaEngine, MetaError, NewNode, PccOpen, SetAttr,
-    TimeSet,
+    Attr, Ino, Kind, LockRange, LockType, MetaEngine, MetaError, NewNode, PccLease, PccOpen,
+    SetAttr, TimeSet,
 };
 
 use crate::acl::{self, Acl};
 use crate::data::DataPath;
 use crate::error::{ClientError, Result};
-use crate::lease::{Lease, Recaller, Recalled};
+use crate::lease::{Lease, Recalled, Recaller};
 use crate::metrics::Metrics;
-use crate::pcc::{Opened, Pcc, Served};
+use crate::pcc::{Opened as CacheOpened, Pcc, Served};
 
 /// Name of the virtual stats file in the root directory (`tierfs stats MOUNT` reads it).
 pub const STATS_NAME: &str = ".tierfs-stats";
@@ -76,6 +76,92 @@ struct Inherited {
     perm: u32,
     access: Option<Vec<u8>>,
     default: Option<Vec<u8>>,
+}
+
+/// Most requests (opens, truncates) waiting at once, each on a thread of its own, for another
+/// client to give an RW-PCC lease back; past it such a request fails with EAGAIN at once.
+const MAX_PARKED: usize = 256;
+
+/// How often a parked request waits again when, after one give-back, yet another client has
+/// taken the lease before the request could go on; then it fails with ETIMEDOUT.
+const MAX_RECALL_ROUNDS: usize = 8;
+
+/// What a request that may need another client's RW-PCC lease given back got to: done, or
+/// stopped (before changing anything) because that client holds the lease.
+enum Step<T> {
+    Done(T),
+    Wait(PccLease),
+}
+
+/// A new handle: its number, open flags and passthrough backing file.
+type Opened = (u64, FopenFlags, Option<Arc<BackingId>>);
+
+/// Who makes a request, kept for the part of it that runs off the request thread.
+#[derive(Clone, Copy)]
+struct Asker {
+    uid: u32,
+    gid: u32,
+    pid: u32,
+}
+
+impl Asker {
+    fn of(req: &Request) -> Asker {
+        Asker {
+            uid: req.uid(),
+            gid: req.gid(),
+            pid: req.pid(),
+        }
+    }
+}
+
+/// The changes a setattr asks for.
+#[derive(Clone, Copy)]
+struct SetattrArgs {
+    mode: Option<u32>,
+    uid: Option<u32>,
+    gid: Option<u32>,
+    size: Option<u64>,
+    atime: Option<TimeOrNow>,
+    mtime: Option<TimeOrNow>,
+    ctime: Option<SystemTime>,
+}
+
+/// A place for one request waiting off the FUSE threads (counted against [`MAX_PARKED`] until
+/// dropped).
+struct Parked {
+    fs: Arc<FsInner>,
+}
+
+impl Drop for Parked {
+    fn drop(&mut self) {
+        self.fs.parked.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Parked {
+    /// Runs `job` on a thread of its own, in the caller scope of the request (changelog
+    /// records). Should the thread not start, the job's reply is dropped, which answers EIO.
+    fn spawn(self, what: &'static str, job: impl FnOnce(&FsInner) + Send + 'static) {
+        let caller = tierfs_meta::changelog::current();
+        let r = std::thread::Builder::new()
+            .name(format!("tierfs-{what}-wait"))
+            .spawn(move || {
+                let _caller = caller.enter();
+                job(&self.fs);
+            });
+        if let Err(e) = r {
+            tracing::warn!(what, "cannot start a thread for a waiting request: {e}");
+        }
+    }
+}
+
+/// Answers an open.
+fn answer_open(reply: ReplyOpen, r: Result<Opened>) {
+    match r {
+        Ok((fh, fl, Some(id))) => reply.opened_passthrough(FileHandle(fh), fl, &id),
+        Ok((fh, fl, None)) => reply.opened(FileHandle(fh), fl),
+        Err(e) => reply.error(ino_errno(&e)),
+    }
 }
 
 /// Reply types that can register a passthrough backing file.
@@ -127,6 +213,8 @@ pub struct FsInner {
     pub posix_acl: bool,
     /// Who makes each request, for changelog records (uid/gid, job id).
     pub callers: crate::caller::Callers,
+    /// Requests waiting off the FUSE threads for an RW-PCC lease (at most [`MAX_PARKED`]).
+    parked: AtomicUsize,
 }
 
 /// The FUSE filesystem: a handle on the shared [`FsInner`] (its methods are reached through
@@ -207,17 +295,24 @@ fn kill_suid_sgid(perm: u32, in_group: impl FnOnce() -> bool) -> u32 {
 /// Whether the caller of `req` is root or a member of group `gid` (its primary group, or a
 /// supplementary group as /proc lists them; FUSE passes only the primary one).
 fn in_group_or_root(req: &Request, gid: u32) -> bool {
-    if req.uid() == 0 || req.gid() == gid {
-        return true;
+    Asker::of(req).in_group_or_root(gid)
+}
+
+impl Asker {
+    /// [`in_group_or_root`] of this asker.
+    fn in_group_or_root(&self, gid: u32) -> bool {
+        if self.uid == 0 || self.gid == gid {
+            return true;
+        }
+        let Ok(status) = std::fs::read_to_string(format!("/proc/{}/status", self.pid)) else {
+            return false;
+        };
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("Groups:"))
+            .map(|g| g.split_whitespace().any(|x| x.parse() == Ok(gid)))
+            .unwrap_or(false)
     }
-    let Ok(status) = std::fs::read_to_string(format!("/proc/{}/status", req.pid())) else {
-        return false;
-    };
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("Groups:"))
-        .map(|g| g.split_whitespace().any(|x| x.parse() == Ok(gid)))
-        .unwrap_or(false)
 }
 
 fn time_set(t: TimeOrNow) -> TimeSet {
@@ -256,10 +351,28 @@ impl TierFs {
             names: Mutex::new(HashMap::new()),
             posix_acl: true,
             callers: crate::caller::Callers::new(crate::caller::JobIdSource::Disabled),
+            parked: AtomicUsize::new(0),
         };
         TierFs {
             inner: Arc::new(inner),
         }
+    }
+
+    /// A place for a request to wait off the FUSE threads, or None (logged) when
+    /// [`MAX_PARKED`] requests wait already.
+    fn park(&self) -> Option<Parked> {
+        let before = self.parked.fetch_add(1, Ordering::Relaxed);
+        let slot = Parked {
+            fs: Arc::clone(&self.inner),
+        };
+        if before >= MAX_PARKED {
+            tracing::warn!(
+                "{MAX_PARKED} requests already wait for RW-PCC leases on other clients: EAGAIN"
+            );
+            return None;
+        }
+        self.metrics.pcc("requests_parked", 1);
+        Some(slot)
     }
 }
 
@@ -547,83 +660,206 @@ impl FsInner {
         (fh, fl)
     }
 
-    /// Opens a file that is not a directory, RW-PCC leases included: the lease check and the
-    /// record of the open are one engine transaction ([`MetaEngine::pcc_open`], through
-    /// [`Pcc::open`] with a cache), so a client that takes the lease after it sees the open;
-    /// another client's lease is recalled (this waits) and the open tried again. A read-only
-    /// open of a file whose owner has writers is served a snapshot the owner writes back
-    /// ([`Recaller::recall_for`]).
-    fn open_leased(
+    /// A setattr, up to where another client's RW-PCC lease makes it wait ([`Step::Wait`],
+    /// nothing changed yet) or done.
+    fn setattr_now(&self, asker: &Asker, ino: Ino, args: &SetattrArgs) -> Result<Step<Attr>> {
+        let SetattrArgs {
+            mode,
+            uid,
+            gid,
+            size,
+            atime,
+            mtime,
+            ctime,
+        } = *args;
+        let mut size = size;
+        let chmod = mode;
+        let mut mode = mode;
+        // The kernel leaves clearing setuid/setgid to us (FUSE_HANDLE_KILLPRIV_V2), by its
+        // rules (fs/attr.c): a chown of anything but a directory clears them (setuid for
+        // root too), and so does a truncate of a regular file by anyone but root. A chown
+        // to -1, -1 (which changes nothing else) reaches us as a setattr that sets nothing:
+        // it is the only call that sends one.
+        let nothing = mode.is_none()
+            && size.is_none()
+            && atime.is_none()
+            && mtime.is_none()
+            && ctime.is_none();
+        let chown = uid.is_some() || gid.is_some() || nothing;
+        if mode.is_none() && (chown || (size.is_some() && asker.uid != 0)) {
+            let a = self.meta.getattr(ino)?;
+            let applies = if chown {
+                a.kind != Kind::Dir
+            } else {
+                a.kind == Kind::File
+            };
+            if applies {
+                let killed = kill_suid_sgid(a.perm, || asker.in_group_or_root(a.gid));
+                if killed != a.perm {
+                    mode = Some(killed);
+                }
+            }
+        }
+        let local = self
+            .pcc
+            .as_ref()
+            .map(|p| p.local_attr(ino).is_some())
+            .unwrap_or(false);
+        if let (true, Some(pcc)) = (local, &self.pcc) {
+            // RW-cached here: size and times belong to the cache file.
+            pcc.set_local(ino, size, atime.map(time_set), mtime.map(time_set))?;
+            size = None;
+        } else if size.is_some() {
+            // Another client's RW-PCC file is given back before its size changes here (the
+            // caller waits for that off the request thread).
+            match self.recaller.look_ino(ino)? {
+                Lease::Held(l) => return Ok(Step::Wait(l)),
+                // Leased to this client, but not RW-cached here: its data is not here.
+                Lease::Ours(l) => self.recaller.ours_without_data(&l)?,
+                Lease::Free | Lease::Recalled => {}
+            }
+        }
+        if size.is_some() || mtime.is_some() || atime.is_some() {
+            // Buffered writes land first, so the truncate or the times given (tar sets
+            // mtime before close) apply after them and are not overwritten by their commit.
+            self.data.flush(ino)?;
+        }
+        let set = SetAttr {
+            perm: mode.map(|m| m & 0o7777),
+            uid,
+            gid,
+            size,
+            atime: atime.map(time_set),
+            mtime: mtime.map(time_set),
+            ctime: ctime.map(from_time),
+        };
+        let a = self.meta.setattr(ino, &set)?;
+        if let Some(m) = chmod {
+            self.chmod_acl(ino, m)?;
+        }
+        if size.is_some() {
+            self.data.invalidate(ino, Some(&a));
+        }
+        Ok(Step::Done(a))
+    }
+
+    /// After another client's lease `l` was seen: waits (blocking; never on a FUSE request
+    /// thread) until it is given back, then runs `step` again, as often as yet another client
+    /// took the lease in between (at most [`MAX_RECALL_ROUNDS`] times).
+    fn after_recall<T>(
+        &self,
+        mut l: PccLease,
+        step: impl Fn(&FsInner) -> Result<Step<T>>,
+    ) -> Result<T> {
+        for _ in 0..MAX_RECALL_ROUNDS {
+            self.recaller.recall(&l)?;
+            match step(self)? {
+                Step::Done(v) => return Ok(v),
+                Step::Wait(next) => l = next,
+            }
+        }
+        Err(ClientError::Errno(
+            "the file's RW-PCC lease kept moving between other clients",
+            libc::ETIMEDOUT,
+        ))
+    }
+
+    /// An open up to where another client's RW-PCC lease makes it wait ([`Step::Wait`], nothing
+    /// recorded) or done: a new handle. The lease check and the record of the open are one
+    /// engine transaction ([`MetaEngine::pcc_open`], through [`Pcc::open`] with a cache, which
+    /// also marks this client's own lease dirty before a writable descriptor exists), so a
+    /// client that takes the lease afterwards sees the open. `snapshot`: the number of a read
+    /// request the owner served with a snapshot ([`Recalled::Snapshot`]).
+    fn open_step(
         &self,
         reply: &dyn BackingReply,
-        a: Attr,
+        ino: Ino,
         flags: i32,
-    ) -> Result<(u64, FopenFlags, Option<Arc<BackingId>>)> {
+        snapshot: Option<u64>,
+    ) -> Result<Step<Opened>> {
+        let a = self.meta.getattr(ino)?;
+        if a.kind == Kind::Dir {
+            return Err(ClientError::Meta(MetaError::IsDir));
+        }
         if a.kind != Kind::File {
             let (fh, fl) = self.open_file(&a, flags, false)?;
-            return Ok((fh, fl, None));
+            return Ok(Step::Done((fh, fl, None)));
         }
         let write = flags & libc::O_ACCMODE != libc::O_RDONLY;
-        let ino = a.ino;
         // A close of the file still queued here: the engine never stopped counting it open,
         // so no other client took its lease since (pcc_acquire refuses a file open
-        // elsewhere); only a lease found before is looked for.
-        if self.pcc.is_none() && self.data.cancel_queued_close(ino) {
-            if self.recaller.free_now(&a)? {
+        // elsewhere): the close and this open cancel out if no lease was there before.
+        if self.pcc.is_none() && snapshot.is_none() && self.data.cancel_queued_close(ino) {
+            if let Ok(Lease::Free) = self.recaller.look(&a) {
                 let (fh, fl) = self.open_handle(&a, flags, true);
-                return Ok((fh, fl, None));
+                return Ok(Step::Done((fh, fl, None)));
             }
             self.data
                 .queue_close(ino, tierfs_meta::changelog::current());
         }
-        let mut a = a;
-        let mut snapshot = None;
-        for _ in 0..1000 {
-            let opened = match &self.pcc {
-                Some(pcc) => {
-                    let name = self.names.lock().get(&ino).cloned();
-                    pcc.open(self.session, &a, name.as_deref(), flags, snapshot)?
-                }
-                None => {
-                    let client = self.recaller.client();
-                    match self.meta.pcc_open(self.session, ino, client, write, snapshot)? {
-                        PccOpen::Held(l) => Opened::Held(l),
-                        PccOpen::Snapshot { attr, .. } => Opened::Uncached(attr),
-                        PccOpen::Opened { attr, lease: None } => Opened::Uncached(attr),
-                        PccOpen::Opened {
-                            lease: Some(l), ..
-                        } => {
-                            // Leased to this client name, but this mount has no cache: its
-                            // data is not here (a clean lease is given up).
-                            if let Err(e) = self.recaller.ours_without_data(&l) {
-                                let _ = self.meta.close_files(self.session, &[ino]);
-                                return Err(e);
-                            }
-                            Opened::Uncached(self.meta.getattr(ino)?)
+        let opened = match &self.pcc {
+            Some(pcc) => {
+                let name = self.names.lock().get(&ino).cloned();
+                pcc.open(self.session, &a, name.as_deref(), flags, snapshot)?
+            }
+            None => {
+                let client = self.recaller.client();
+                match self
+                    .meta
+                    .pcc_open(self.session, ino, client, write, snapshot)?
+                {
+                    PccOpen::Held(l) => CacheOpened::Held(l),
+                    PccOpen::Snapshot { attr, .. } => CacheOpened::Uncached(attr),
+                    PccOpen::Opened { attr, lease: None } => CacheOpened::Uncached(attr),
+                    PccOpen::Opened { lease: Some(l), .. } => {
+                        // Leased to this client name, but this mount has no cache: its data
+                        // is not here (a clean lease is given up, dirty data cannot be read).
+                        if let Err(e) = self.recaller.ours_without_data(&l) {
+                            let _ = self.meta.close_files(self.session, &[ino]);
+                            return Err(e);
                         }
+                        CacheOpened::Uncached(self.meta.getattr(ino)?)
                     }
                 }
+            }
+        };
+        match opened {
+            CacheOpened::Served(served) => self
+                .open_cached(reply, &a, flags, served, true)
+                .map(Step::Done),
+            CacheOpened::Uncached(attr) => {
+                let (fh, fl) = self.open_handle(&attr, flags, true);
+                Ok(Step::Done((fh, fl, None)))
+            }
+            CacheOpened::Held(l) => Ok(Step::Wait(l)),
+        }
+    }
+
+    /// After another client's lease `l` stopped an open: waits (blocking; never on a FUSE
+    /// request thread) until it is given back or, for a read-only open, until the owner wrote
+    /// back a snapshot ([`Recaller::recall_for`]), then opens again, as often as yet another
+    /// client took the lease in between (at most [`MAX_RECALL_ROUNDS`] times).
+    fn open_after_recall(
+        &self,
+        mut l: PccLease,
+        reply: &dyn BackingReply,
+        ino: Ino,
+        flags: i32,
+    ) -> Result<Opened> {
+        let write = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        for _ in 0..MAX_RECALL_ROUNDS {
+            let snapshot = match self.recaller.recall_for(&l, write)? {
+                Recalled::Gone => None,
+                Recalled::Snapshot(seq) => Some(seq),
             };
-            match opened {
-                Opened::Served(served) => {
-                    return self.open_cached(reply, &a, flags, served, true);
-                }
-                Opened::Uncached(attr) => {
-                    let (fh, fl) = self.open_handle(&attr, flags, true);
-                    return Ok((fh, fl, None));
-                }
-                Opened::Held(l) => {
-                    snapshot = match self.recaller.recall_for(&l, write)? {
-                        Recalled::Gone => None,
-                        Recalled::Snapshot(seq) => Some(seq),
-                    };
-                    a = self.meta.getattr(ino)?;
-                }
+            match self.open_step(reply, ino, flags, snapshot)? {
+                Step::Done(v) => return Ok(v),
+                Step::Wait(next) => l = next,
             }
         }
         Err(ClientError::Errno(
-            "the file's RW-PCC lease kept changing hands",
-            libc::EAGAIN,
+            "the file's RW-PCC lease kept moving between other clients",
+            libc::ETIMEDOUT,
         ))
     }
 
@@ -892,76 +1128,32 @@ impl Filesystem for TierFs {
     ) {
         // changelog records of this request name its caller (crate::caller)
         let _caller = self.scope(req);
-        let r = self.run("setattr", || {
-            let mut size = size;
-            let chmod = mode;
-            let mut mode = mode;
-            // The kernel leaves clearing setuid/setgid to us (FUSE_HANDLE_KILLPRIV_V2), by its
-            // rules (fs/attr.c): a chown of anything but a directory clears them (setuid for
-            // root too), and so does a truncate of a regular file by anyone but root. A chown
-            // to -1, -1 (which changes nothing else) reaches us as a setattr that sets nothing:
-            // it is the only call that sends one.
-            let nothing = mode.is_none()
-                && size.is_none()
-                && atime.is_none()
-                && mtime.is_none()
-                && ctime.is_none();
-            let chown = uid.is_some() || gid.is_some() || nothing;
-            if mode.is_none() && (chown || (size.is_some() && req.uid() != 0)) {
-                let a = self.meta.getattr(ino.0)?;
-                let applies = if chown {
-                    a.kind != Kind::Dir
-                } else {
-                    a.kind == Kind::File
-                };
-                if applies {
-                    let killed = kill_suid_sgid(a.perm, || in_group_or_root(req, a.gid));
-                    if killed != a.perm {
-                        mode = Some(killed);
+        let asker = Asker::of(req);
+        let args = SetattrArgs {
+            mode,
+            uid,
+            gid,
+            size,
+            atime,
+            mtime,
+            ctime,
+        };
+        match self.run("setattr", || self.setattr_now(&asker, ino.0, &args)) {
+            Ok(Step::Done(a)) => reply.attr(&self.attr_ttl, &self.fattr(&a)),
+            // Another client holds the file's RW-PCC lease: it is given back before the size
+            // changes here, waiting on a thread of its own while this one serves others.
+            Ok(Step::Wait(l)) => match self.park() {
+                None => reply.error(Errno::EAGAIN),
+                Some(p) => p.spawn("setattr", move |fs| {
+                    let r = fs.run("setattr_recalled", || {
+                        fs.after_recall(l, |fs| fs.setattr_now(&asker, ino.0, &args))
+                    });
+                    match r {
+                        Ok(a) => reply.attr(&fs.attr_ttl, &fs.fattr(&a)),
+                        Err(e) => reply.error(ino_errno(&e)),
                     }
-                }
-            }
-            let local = self
-                .pcc
-                .as_ref()
-                .map(|p| p.local_attr(ino.0).is_some())
-                .unwrap_or(false);
-            if let (true, Some(pcc)) = (local, &self.pcc) {
-                // RW-cached here: size and times belong to the cache file.
-                pcc.set_local(ino.0, size, atime.map(time_set), mtime.map(time_set))?;
-                size = None;
-            } else if size.is_some() {
-                // Another client's RW-PCC file is given back before its size changes here.
-                if let Lease::Ours(l) = self.recaller.check_ino(ino.0)? {
-                    // Leased to this client, but not RW-cached here: its data is not here.
-                    self.recaller.ours_without_data(&l)?;
-                }
-            }
-            if size.is_some() || mtime.is_some() || atime.is_some() {
-                // Buffered writes land first, so the truncate or the times given (tar sets
-                // mtime before close) apply after them and are not overwritten by their commit.
-                self.data.flush(ino.0)?;
-            }
-            let set = SetAttr {
-                perm: mode.map(|m| m & 0o7777),
-                uid,
-                gid,
-                size,
-                atime: atime.map(time_set),
-                mtime: mtime.map(time_set),
-                ctime: ctime.map(from_time),
-            };
-            let a = self.meta.setattr(ino.0, &set)?;
-            if let Some(m) = chmod {
-                self.chmod_acl(ino.0, m)?;
-            }
-            if size.is_some() {
-                self.data.invalidate(ino.0, Some(&a));
-            }
-            Ok(a)
-        });
-        match r {
-            Ok(a) => reply.attr(&self.attr_ttl, &self.fattr(&a)),
+                }),
+            },
             Err(e) => reply.error(ino_errno(&e)),
         }
     }
@@ -1161,19 +1353,19 @@ impl Filesystem for TierFs {
             reply.opened(FileHandle(fh), FopenFlags::FOPEN_DIRECT_IO);
             return;
         }
-        let r = self.run("open", || {
-            let a = self.meta.getattr(ino.0)?;
-            if a.kind == Kind::Dir {
-                return Err(ClientError::Meta(MetaError::IsDir));
-            }
-            // Every client, with a cache or not, has another client's RW-PCC file given back
-            // (or, for reading, a snapshot of it written back) before it opens it: the data is
-            // only in the owner's cache until then.
-            self.open_leased(&reply, a, flags.0)
-        });
-        match r {
-            Ok((fh, fl, Some(id))) => reply.opened_passthrough(FileHandle(fh), fl, &id),
-            Ok((fh, fl, None)) => reply.opened(FileHandle(fh), fl),
+        match self.run("open", || self.open_step(&reply, ino.0, flags.0, None)) {
+            Ok(Step::Done(o)) => answer_open(reply, Ok(o)),
+            // Another client holds the file's RW-PCC lease: the open waits for the give-back on
+            // a thread of its own, and this one goes on serving others.
+            Ok(Step::Wait(l)) => match self.park() {
+                None => reply.error(Errno::EAGAIN),
+                Some(p) => p.spawn("open", move |fs| {
+                    let r = fs.run("open_recalled", || {
+                        fs.open_after_recall(l, &reply, ino.0, flags.0)
+                    });
+                    answer_open(reply, r)
+                }),
+            },
             Err(e) => reply.error(ino_errno(&e)),
         }
     }

@@ -26,7 +26,7 @@ fn owner_down() -> ClientError {
     )
 }
 
-/// What [`Recaller::check`] found.
+/// What [`Recaller::check`] (or, without waiting, [`Recaller::look`]) found.
 #[derive(Debug)]
 pub enum Lease {
     /// No client holds the file: the attributes the check was given are still good.
@@ -36,6 +36,10 @@ pub enum Lease {
     Recalled,
     /// This client holds the lease (only for a client with a cache, which serves the file).
     Ours(PccLease),
+    /// Another client holds the lease: only [`Recaller::look`] and [`Recaller::look_ino`]
+    /// answer this, without waiting; [`Recaller::recall`] (blocking, off the FUSE request
+    /// threads) then waits until the owner gives the file back.
+    Held(PccLease),
 }
 
 /// How a recall ended ([`Recaller::recall_for`]).
@@ -89,6 +93,21 @@ impl Recaller {
     /// until it is given back. Costs no metadata query when this client already found the file
     /// without a lease at its current data version, one otherwise.
     pub fn check(&self, attr: &Attr) -> Result<Lease> {
+        let found = self.look(attr)?;
+        self.wait_if_held(found)
+    }
+
+    /// [`Recaller::check`] for a request that has not read the file's attributes (a
+    /// truncate): one lease query.
+    pub fn check_ino(&self, ino: Ino) -> Result<Lease> {
+        let found = self.look_ino(ino)?;
+        self.wait_if_held(found)
+    }
+
+    /// [`Recaller::check`] without waiting: another client's lease comes back as
+    /// [`Lease::Held`] (recall it with [`Recaller::recall`] off the request thread). A lease in
+    /// this client's name without its data here is settled as `check` does (no waiting).
+    pub fn look(&self, attr: &Attr) -> Result<Lease> {
         if attr.kind != Kind::File {
             return Ok(Lease::Free);
         }
@@ -99,32 +118,26 @@ impl Recaller {
         self.settle(attr.ino, lease, Some(attr.data_version))
     }
 
-    /// Whether no client holds a lease of `attr`'s file (read just now), without recalling
-    /// anything: no query when this client found it without a lease at its current data
-    /// version, one otherwise.
-    pub fn free_now(&self, attr: &Attr) -> Result<bool> {
-        if self.unleased.lock().get(&attr.ino) == Some(&attr.data_version) {
-            return Ok(true);
-        }
-        match self.meta.pcc_lease(attr.ino)? {
-            None => {
-                self.settle(attr.ino, None, Some(attr.data_version))?;
-                Ok(true)
-            }
-            Some(_) => Ok(false),
-        }
-    }
-
     /// This client's name.
     pub fn client(&self) -> &str {
         &self.client
     }
 
-    /// [`Recaller::check`] for a request that has not read the file's attributes (a
-    /// truncate): one lease query.
-    pub fn check_ino(&self, ino: Ino) -> Result<Lease> {
+    /// [`Recaller::look`] by inode number (one lease query).
+    pub fn look_ino(&self, ino: Ino) -> Result<Lease> {
         let lease = self.meta.pcc_lease(ino)?;
         self.settle(ino, lease, None)
+    }
+
+    /// Waits for another client's lease to be given back; anything else is settled already.
+    fn wait_if_held(&self, found: Lease) -> Result<Lease> {
+        match found {
+            Lease::Held(l) => {
+                self.recall(&l)?;
+                Ok(Lease::Recalled)
+            }
+            settled => Ok(settled),
+        }
     }
 
     fn settle(&self, ino: Ino, lease: Option<PccLease>, version: Option<u64>) -> Result<Lease> {
@@ -146,10 +159,7 @@ impl Recaller {
                 self.ours_without_data(&l)?;
                 Ok(Lease::Recalled)
             }
-            Some(l) => {
-                self.recall(&l)?;
-                Ok(Lease::Recalled)
-            }
+            Some(l) => Ok(Lease::Held(l)),
         }
     }
 
@@ -175,7 +185,8 @@ impl Recaller {
         }
     }
 
-    /// Waits until another client gives an RW lease back (asking it to, once). A dead owner's
+    /// Waits until another client gives an RW lease back (asking it to, once); blocking, for up
+    /// to the recall timeout, so never on a FUSE request thread. A dead owner's
     /// clean lease is broken; a dead owner's dirty data cannot be read (EHOSTDOWN); an owner
     /// that does not give the file back within the recall timeout gives ETIMEDOUT.
     pub fn recall(&self, lease: &PccLease) -> Result<()> {

@@ -49,6 +49,19 @@ pub struct PccConfig {
 /// A stored rule and its parsed form.
 type RuleEntry = (PccRuleRow, Rule);
 
+/// How long the rules read from the metadata engine are used before they are read again.
+const RULES_TTL: Duration = Duration::from_secs(2);
+
+/// The rules as last read from the metadata engine.
+#[derive(Default)]
+struct RulesCache {
+    /// When they were read (None: not yet).
+    at: Option<Instant>,
+    list: Vec<RuleEntry>,
+    /// A thread is reading them again (without holding the lock).
+    refreshing: bool,
+}
+
 pub struct Pcc {
     pub store: CacheStore,
     pub cfg: PccConfig,
@@ -58,8 +71,8 @@ pub struct Pcc {
     /// Recalls of other clients' leases (shared with the clients' uncached opens).
     recaller: Arc<Recaller>,
     pub client: String,
-    /// When the rules were read, and the rules that apply to this client.
-    rules: Mutex<(Option<Instant>, Vec<RuleEntry>)>,
+    /// The rules that apply to this client, as last read (see [`Pcc::rules`]).
+    rules: Mutex<RulesCache>,
     /// Each file's state machine and the lock of its transitions (see [`crate::pcc_state`]).
     slots: Mutex<HashMap<Ino, Arc<Slot>>>,
     last_validate: Mutex<Option<Instant>>,
@@ -103,7 +116,7 @@ impl Pcc {
             metrics,
             recaller,
             client,
-            rules: Mutex::new((None, Vec::new())),
+            rules: Mutex::new(RulesCache::default()),
             slots: Mutex::new(HashMap::new()),
             last_validate: Mutex::new(None),
             validate_cursor: Mutex::new(0),
@@ -164,34 +177,46 @@ impl Pcc {
 
     // ------------------------------------------------------------------ rules
 
-    /// The rules that apply to this client, refreshed from the metadata engine every 2 s.
+    /// The rules that apply to this client, read again from the metadata engine when older
+    /// than [`RULES_TTL`]. The query runs without the lock: one caller reads them again while
+    /// the others (opens) go on with the rules read last; until the first read succeeds, every
+    /// caller reads them. A failed read keeps the old rules (and is tried again next time).
     fn rules(&self) -> Vec<RuleEntry> {
-        let mut g = self.rules.lock();
-        let stale =
-            g.0.map(|t| t.elapsed() > Duration::from_secs(2))
-                .unwrap_or(true);
-        if stale {
-            if let Ok(rows) = self.meta.pcc_rules() {
-                g.1 = rows
-                    .into_iter()
-                    .filter(|r| {
-                        r.client
-                            .as_deref()
-                            .map(|c| c == self.client)
-                            .unwrap_or(true)
-                    })
-                    .filter_map(|r| match Rule::parse(&r.rule) {
-                        Ok(rule) => Some((r, rule)),
-                        Err(e) => {
-                            tracing::warn!(id = r.id, "stored PCC rule does not parse: {e}");
-                            None
-                        }
-                    })
-                    .collect();
-                g.0 = Some(Instant::now());
+        {
+            let mut g = self.rules.lock();
+            let stale = g.at.map(|t| t.elapsed() > RULES_TTL).unwrap_or(true);
+            if !stale || (g.refreshing && g.at.is_some()) {
+                return g.list.clone();
             }
+            g.refreshing = true;
         }
-        g.1.clone()
+        let read = self.meta.pcc_rules().map(|rows| {
+            rows.into_iter()
+                .filter(|r| {
+                    r.client
+                        .as_deref()
+                        .map(|c| c == self.client)
+                        .unwrap_or(true)
+                })
+                .filter_map(|r| match Rule::parse(&r.rule) {
+                    Ok(rule) => Some((r, rule)),
+                    Err(e) => {
+                        tracing::warn!(id = r.id, "stored PCC rule does not parse: {e}");
+                        None
+                    }
+                })
+                .collect::<Vec<_>>()
+        });
+        let mut g = self.rules.lock();
+        g.refreshing = false;
+        match read {
+            Ok(list) => {
+                g.list = list;
+                g.at = Some(Instant::now());
+            }
+            Err(e) => tracing::debug!("reading the PCC rules failed, keeping the old ones: {e}"),
+        }
+        g.list.clone()
     }
 
     /// The first rule of `mode` (in id order) that matches a file.
@@ -741,19 +766,18 @@ impl Pcc {
         let slot = self.slot(ino);
         let _held = slot.op.lock();
         self.sync(&slot, ino);
-        let (attr, own) =
-            match self
-                .meta
-                .pcc_open(session, ino, &self.client, write, snapshot)?
-            {
-                PccOpen::Held(l) => return Ok(Opened::Held(l)),
-                PccOpen::Snapshot { attr, .. } => {
-                    // Another client's snapshot, read from the capacity tier.
-                    self.metrics.pcc("misses", 1);
-                    return Ok(Opened::Uncached(attr));
-                }
-                PccOpen::Opened { attr, lease } => (attr, lease),
-            };
+        let (attr, own) = match self
+            .meta
+            .pcc_open(session, ino, &self.client, write, snapshot)?
+        {
+            PccOpen::Held(l) => return Ok(Opened::Held(l)),
+            PccOpen::Snapshot { attr, .. } => {
+                // Another client's snapshot, read from the capacity tier.
+                self.metrics.pcc("misses", 1);
+                return Ok(Opened::Uncached(attr));
+            }
+            PccOpen::Opened { attr, lease } => (attr, lease),
+        };
         match self.serve(&slot, &attr, own.as_ref(), name, write) {
             Ok(o) => Ok(o),
             Err(e) => {

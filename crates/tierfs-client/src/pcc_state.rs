@@ -58,18 +58,26 @@ pub enum Event {
     /// The lease was taken and the data is in the cache.
     Attached,
     /// A handle served from the cache (a writer only of an RW file).
-    Open { write: bool },
+    Open {
+        write: bool,
+    },
     /// A handle served from the cache closes.
-    Close { write: bool },
+    Close {
+        write: bool,
+    },
     /// The file changed (a report of a write, a truncate, fallocate).
     Written,
     WriteBackStart,
     /// `clean`: no writer wrote meanwhile (a snapshot with writers left stays dirty).
-    WriteBackDone { clean: bool },
+    WriteBackDone {
+        clean: bool,
+    },
     WriteBackFailed,
     GiveBackStart,
     /// `keep`: a read-only copy stays.
-    GivenBack { keep: bool },
+    GivenBack {
+        keep: bool,
+    },
     GiveBackFailed,
     /// The file left the cache (evicted, stale, deleted, quarantined, lease lost).
     Dropped,
@@ -84,7 +92,11 @@ pub struct Illegal {
 
 impl fmt::Display for Illegal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "cache state {:?} does not allow {:?}", self.from, self.event)
+        write!(
+            f,
+            "cache state {:?} does not allow {:?}",
+            self.from, self.event
+        )
     }
 }
 
@@ -246,7 +258,10 @@ mod tests {
         assert_eq!(s.phase, P::Rw { dirty: true });
         // a snapshot while the writer stays: still dirty afterwards
         s.apply(E::WriteBackStart).unwrap();
-        assert!(s.apply(E::Open { write: true }).is_err(), "no open mid-write-back");
+        assert!(
+            s.apply(E::Open { write: true }).is_err(),
+            "no open mid-write-back"
+        );
         s.apply(E::WriteBackDone { clean: true }).unwrap();
         assert_eq!(s.phase, P::Rw { dirty: true });
         s.apply(E::Close { write: true }).unwrap();

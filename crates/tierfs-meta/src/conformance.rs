@@ -1282,7 +1282,9 @@ fn pcc_snapshot_recalls(e: &dyn MetaEngine) {
     assert!(e.pcc_snapshot_served(f.ino, "a", l.generation, s4).unwrap());
     assert_eq!(e.pcc_recalls_for("a").unwrap().len(), 1);
     // a snapshot of another generation changes nothing
-    assert!(!e.pcc_snapshot_served(f.ino, "a", l.generation + 1000, s4 + 1).unwrap());
+    assert!(!e
+        .pcc_snapshot_served(f.ino, "a", l.generation + 1000, s4 + 1)
+        .unwrap());
     assert_eq!(e.pcc_lease(f.ino).unwrap().unwrap().snapshot, s4);
     e.close_files(a, &[f.ino]).unwrap();
     e.close_files(b, &[f.ino]).unwrap();
@@ -1305,7 +1307,9 @@ fn pcc_leases_and_rules(e: &dyn MetaEngine) {
         e.pcc_acquire(f.ino, "b"),
         Err(MetaError::WouldBlock)
     ));
-    let a = e.pcc_report(f.ino, "a", l.generation, true, 12345, 77).unwrap();
+    let a = e
+        .pcc_report(f.ino, "a", l.generation, true, 12345, 77)
+        .unwrap();
     assert_eq!((a.size, a.mtime), (12345, 77));
     assert!(matches!(
         e.pcc_report(f.ino, "b", l.generation, true, 1, 1),
@@ -1317,7 +1321,10 @@ fn pcc_leases_and_rules(e: &dyn MetaEngine) {
     assert!(e.pcc_revokes_for("b").unwrap().is_empty());
     assert_eq!(e.pcc_leases_of("a").unwrap().len(), 1);
     assert!(!e.pcc_release(f.ino, "a", l.generation + 1000).unwrap());
-    assert!(e.pcc_lease(f.ino).unwrap().is_some(), "another generation's release");
+    assert!(
+        e.pcc_lease(f.ino).unwrap().is_some(),
+        "another generation's release"
+    );
     assert!(e.pcc_release(f.ino, "a", l.generation).unwrap());
     assert!(e.pcc_lease(f.ino).unwrap().is_none());
     assert!(e.pcc_revokes_for("a").unwrap().is_empty());

@@ -105,10 +105,7 @@ impl<D: Driver> Pcc for SqlMeta<D> {
                     if write && !l.dirty {
                         // "May be dirty" before the caller hands out a writable descriptor:
                         // a restart after a kill -9 then writes the file back.
-                        tx.exec(
-                            "UPDATE pcc_leases SET dirty = 1 WHERE ino = $1",
-                            vals![ino],
-                        )?;
+                        tx.exec("UPDATE pcc_leases SET dirty = 1 WHERE ino = $1", vals![ino])?;
                         l.dirty = true;
                     }
                     PccOpen::Opened {
@@ -294,9 +291,7 @@ impl<D: Driver> Pcc for SqlMeta<D> {
         self.d.read(|tx| {
             let mut v = Vec::new();
             tx.query_each(
-                &format!(
-                    "SELECT {LEASE_COLS} FROM pcc_leases WHERE client = $1 ORDER BY ino"
-                ),
+                &format!("SELECT {LEASE_COLS} FROM pcc_leases WHERE client = $1 ORDER BY ino"),
                 vals![client],
                 &mut |r| {
                     v.push(lease_from_row(&r)?);
