@@ -53,7 +53,15 @@ pub fn run_all(factory: &Factory<'_>) {
             replaced_file_stays_openable_for_its_grace,
         ),
         ("sessions_and_reaping", sessions_and_reaping),
+        (
+            "client_session_is_the_newest_with_its_heartbeat_age",
+            client_session_is_the_newest_with_its_heartbeat_age,
+        ),
         ("worker_reports", worker_reports),
+        (
+            "nothing_is_recorded_under_an_ended_session",
+            nothing_is_recorded_under_an_ended_session,
+        ),
         ("fsck_queries_and_repairs", fsck_queries_and_repairs),
         ("locks", locks),
         ("stripe_defaults_and_projects", stripe_defaults_and_projects),
@@ -475,15 +483,38 @@ fn slices_and_commit_order(e: &dyn MetaEngine) {
     assert_eq!(k.size, 4096);
 }
 
+/// Sessions registered for a check that records opens or locks (recorded only under a live
+/// session): `[0, first, second, ...]`, so that `s[k]` stands for the k-th.
+fn live_sessions(e: &dyn MetaEngine, n: usize) -> Vec<u64> {
+    let mut v = vec![0];
+    for k in 1..=n {
+        v.push(
+            e.register_session(&SessionInfo {
+                id: 0,
+                client_name: format!("client{k}"),
+                host: "h".into(),
+                pid: k as u32,
+                mountpoint: "/mnt".into(),
+                version: "0".into(),
+                started: 0,
+                heartbeat: 0,
+            })
+            .unwrap(),
+        );
+    }
+    v
+}
+
 /// Objects a file drops while some client keeps it open wait in the trash for the grace, not
 /// for the last close (a file that is never closed would keep them all).
 fn trash_of_a_file_kept_open_goes_after_a_grace(e: &dyn MetaEngine) {
+    let s = live_sessions(e, 1);
     let f = e
         .create(ROOT_INO, b"kept", &file(), Some(layout()), None)
         .unwrap();
     e.commit_slices(f.ino, &[obj_slice(0, 0, 10, 7)], 10, 1)
         .unwrap();
-    e.open_file(1, f.ino).unwrap();
+    e.open_file(s[1], f.ino).unwrap();
     let to_zero = SetAttr {
         size: Some(0),
         ..Default::default()
@@ -500,7 +531,7 @@ fn trash_of_a_file_kept_open_goes_after_a_grace(e: &dyn MetaEngine) {
         vec![7],
         "past the grace it goes, though the file is still open"
     );
-    e.close_files(1, &[f.ino]).unwrap();
+    e.close_files(s[1], &[f.ino]).unwrap();
     assert_eq!(
         e.trash(10, OPEN_TRASH_GRACE).unwrap().len(),
         1,
@@ -511,15 +542,16 @@ fn trash_of_a_file_kept_open_goes_after_a_grace(e: &dyn MetaEngine) {
 }
 
 fn open_unlinked_file_survives(e: &dyn MetaEngine) {
+    let s = live_sessions(e, 2);
     let f = e
         .create(ROOT_INO, b"f", &file(), Some(layout()), None)
         .unwrap();
     e.commit_slices(f.ino, &[obj_slice(0, 0, 10, 7)], 10, 1)
         .unwrap();
-    e.open_file(1, f.ino).unwrap();
-    e.open_file(2, f.ino).unwrap();
+    e.open_file(s[1], f.ino).unwrap();
+    e.open_file(s[2], f.ino).unwrap();
     // Session 2 opens it twice: one close leaves it open there.
-    e.open_file(2, f.ino).unwrap();
+    e.open_file(s[2], f.ino).unwrap();
     e.unlink(ROOT_INO, b"f").unwrap();
     assert!(e.lookup(ROOT_INO, b"f").is_err());
     assert_eq!(
@@ -528,11 +560,11 @@ fn open_unlinked_file_survives(e: &dyn MetaEngine) {
         "data stays while open"
     );
     assert!(e.trash(10, OPEN_TRASH_GRACE).unwrap().is_empty());
-    e.close_files(1, &[f.ino]).unwrap();
+    e.close_files(s[1], &[f.ino]).unwrap();
     assert!(e.getattr(f.ino).is_ok(), "client 2 still has it open");
-    e.close_files(2, &[f.ino]).unwrap();
+    e.close_files(s[2], &[f.ino]).unwrap();
     assert!(e.getattr(f.ino).is_ok(), "client 2 still has it open once");
-    e.close_files(2, &[f.ino]).unwrap();
+    e.close_files(s[2], &[f.ino]).unwrap();
     assert!(matches!(e.getattr(f.ino), Err(MetaError::NotFound)));
     let t = e.trash(10, OPEN_TRASH_GRACE).unwrap();
     assert_eq!(t.len(), 1);
@@ -543,6 +575,7 @@ fn open_unlinked_file_survives(e: &dyn MetaEngine) {
 }
 
 fn replaced_file_stays_openable_for_its_grace(e: &dyn MetaEngine) {
+    let s = live_sessions(e, 2);
     let write = |name: &[u8], obj: u64| {
         let f = e
             .create(ROOT_INO, name, &file(), Some(layout()), None)
@@ -567,20 +600,20 @@ fn replaced_file_stays_openable_for_its_grace(e: &dyn MetaEngine) {
     );
     // purging now (grace not over) leaves it alone
     assert_eq!(e.purge_orphans(now_nanos() - 3_600_000_000_000).unwrap(), 0);
-    e.open_file(1, old.ino).unwrap();
+    e.open_file(s[1], old.ino).unwrap();
     assert_eq!(e.read_chunk(old.ino, 0).unwrap().len(), 1);
     // while open, even past its grace, it stays; its last close leaves it to the rest of its
     // grace (another reader may have looked the name up just before the rename too)
     assert_eq!(e.purge_orphans(now_nanos() + 1).unwrap(), 0);
     assert!(e.getattr(old.ino).is_ok());
-    e.close_files(1, &[old.ino]).unwrap();
+    e.close_files(s[1], &[old.ino]).unwrap();
     assert!(
         e.getattr(old.ino).is_ok(),
         "closed within its grace: still there"
     );
-    e.open_file(2, old.ino)
+    e.open_file(s[2], old.ino)
         .expect("a second reader within the grace");
-    e.close_files(2, &[old.ino]).unwrap();
+    e.close_files(s[2], &[old.ino]).unwrap();
     assert_eq!(e.purge_orphans(now_nanos() - 3_600_000_000_000).unwrap(), 0);
     assert_eq!(e.purge_orphans(now_nanos() + 1).unwrap(), 1);
     assert!(matches!(e.getattr(old.ino), Err(MetaError::NotFound)));
@@ -591,17 +624,17 @@ fn replaced_file_stays_openable_for_its_grace(e: &dyn MetaEngine) {
     // replaced while its writer's close is still on the way (closes go in batches): it gets
     // the grace all the same, and is purged after it once closed
     let cur = e.lookup(ROOT_INO, b"live").unwrap();
-    e.open_file(1, cur.ino).unwrap();
+    e.open_file(s[1], cur.ino).unwrap();
     let next = write(b"tmp1", 10);
     e.rename(ROOT_INO, b"tmp1", ROOT_INO, b"live", 0).unwrap();
-    e.close_files(1, &[cur.ino]).unwrap();
+    e.close_files(s[1], &[cur.ino]).unwrap();
     assert!(
         e.getattr(cur.ino).is_ok(),
         "the writer's close did not end the grace"
     );
-    e.open_file(2, cur.ino)
+    e.open_file(s[2], cur.ino)
         .expect("a reader that looked the name up before the rename");
-    e.close_files(2, &[cur.ino]).unwrap();
+    e.close_files(s[2], &[cur.ino]).unwrap();
     assert_eq!(e.purge_orphans(now_nanos() + 1).unwrap(), 1);
     assert!(matches!(e.getattr(cur.ino), Err(MetaError::NotFound)));
     let t = e.trash(10, OPEN_TRASH_GRACE).unwrap();
@@ -616,7 +649,10 @@ fn replaced_file_stays_openable_for_its_grace(e: &dyn MetaEngine) {
     assert!(e.pcc_lease(new.ino).unwrap().is_none());
     assert_eq!(e.purge_orphans(now_nanos() + 1).unwrap(), 1);
     assert!(matches!(e.getattr(new.ino), Err(MetaError::NotFound)));
-    assert!(matches!(e.open_file(1, new.ino), Err(MetaError::NotFound)));
+    assert!(matches!(
+        e.open_file(s[1], new.ino),
+        Err(MetaError::NotFound)
+    ));
     let t = e.trash(10, OPEN_TRASH_GRACE).unwrap();
     assert_eq!(t.iter().map(|x| x.obj).collect::<Vec<_>>(), [10]);
     assert_eq!(e.lookup(ROOT_INO, b"live").unwrap().ino, newer.ino);
@@ -705,6 +741,166 @@ fn sessions_and_reaping(e: &dyn MetaEngine) {
     assert_eq!(won.len(), 1, "one of four concurrent registrations of 'u'");
     e.unregister_session(won[0]).unwrap();
     assert!(e.sessions().unwrap().is_empty());
+}
+
+/// `client_session`: the newest session of a name and its heartbeat's age by the database's
+/// clock, which grows until the next heartbeat and starts again from it.
+fn client_session_is_the_newest_with_its_heartbeat_age(e: &dyn MetaEngine) {
+    let s = SessionInfo {
+        id: 0,
+        client_name: "c".into(),
+        host: "h".into(),
+        pid: 1,
+        mountpoint: "/mnt/c".into(),
+        version: "0".into(),
+        started: 0,
+        heartbeat: 0,
+    };
+    assert!(e.client_session("c").unwrap().is_none());
+    let old = e.register_session(&s).unwrap();
+    let new = e
+        .register_session(&SessionInfo {
+            pid: 2,
+            ..s.clone()
+        })
+        .unwrap();
+    let other = e
+        .register_session(&SessionInfo {
+            client_name: "d".into(),
+            ..s.clone()
+        })
+        .unwrap();
+    let minute = 60_000_000_000;
+    let (got, age) = e.client_session("c").unwrap().unwrap();
+    assert_eq!((got.id, got.pid, got.client_name.as_str()), (new, 2, "c"));
+    assert!((0..minute).contains(&age), "fresh session, age {age}");
+    std::thread::sleep(std::time::Duration::from_millis(60));
+    let (_, aged) = e.client_session("c").unwrap().unwrap();
+    assert!(
+        aged >= 50_000_000 && aged < minute,
+        "60 ms later, age {aged}"
+    );
+    e.heartbeat(new).unwrap();
+    let (_, fresh) = e.client_session("c").unwrap().unwrap();
+    assert!(
+        fresh < aged,
+        "a heartbeat restarts the age: {fresh} after {aged}"
+    );
+    // the age agrees with the liveness checks, all by the database's clock
+    assert!(e.client_alive("c", minute).unwrap());
+    std::thread::sleep(std::time::Duration::from_millis(30));
+    assert!(!e.client_alive("c", 10_000_000).unwrap());
+    // the newest goes: the older one of the name is reported
+    e.unregister_session(new).unwrap();
+    assert_eq!(e.client_session("c").unwrap().unwrap().0.id, old);
+    e.unregister_session(old).unwrap();
+    assert!(e.client_session("c").unwrap().is_none());
+    assert_eq!(e.client_session("d").unwrap().unwrap().0.id, other);
+    e.unregister_session(other).unwrap();
+}
+
+/// Once a session has ended (reaped or evicted), nothing more is recorded under it: opens,
+/// creates opened at once, closes, locks and data commits of its buffered writes fail with
+/// `SessionEnded` (EIO) and leave no trace; the commit's new objects go to the trash. Ending a
+/// session while another thread records opens under it leaves no open of it behind.
+fn nothing_is_recorded_under_an_ended_session(e: &dyn MetaEngine) {
+    let s = live_sessions(e, 2);
+    let (gone, live) = (s[1], s[2]);
+    let f = e
+        .create(ROOT_INO, b"f", &file(), Some(layout()), Some(gone))
+        .unwrap();
+    let lock = |session| LockRange {
+        session,
+        owner: 1,
+        flock: false,
+        typ: LockType::Write,
+        start: 0,
+        end: 10,
+        pid: 1,
+    };
+    e.set_lock(f.ino, &lock(gone)).unwrap();
+    e.unregister_session(gone).unwrap();
+    let ended = |r: Result<(), MetaError>, what: &str| {
+        let err = r.expect_err(what);
+        assert!(
+            matches!(err, MetaError::SessionEnded(id) if id == gone),
+            "{what}: {err}"
+        );
+        assert_eq!(err.errno(), libc::EIO);
+    };
+    ended(e.open_file(gone, f.ino), "open");
+    ended(e.close_files(gone, &[f.ino]), "close");
+    ended(e.set_lock(f.ino, &lock(gone)), "lock");
+    ended(
+        e.create(ROOT_INO, b"g", &file(), Some(layout()), Some(gone))
+            .map(|_| ()),
+        "create opened",
+    );
+    assert!(matches!(e.lookup(ROOT_INO, b"g"), Err(MetaError::NotFound)));
+    let before = e.getattr(f.ino).unwrap();
+    ended(
+        e.commit_slices_for(gone, f.ino, &[obj_slice(0, 0, 10, 41)], 10, 1)
+            .map(|_| ()),
+        "commit",
+    );
+    let after = e.getattr(f.ino).unwrap();
+    assert_eq!(
+        (after.size, after.data_version),
+        (before.size, before.data_version)
+    );
+    assert!(e.read_chunk(f.ino, 0).unwrap().is_empty());
+    let trash: Vec<u64> = e
+        .trash(10, std::time::Duration::ZERO)
+        .unwrap()
+        .iter()
+        .map(|t| t.obj)
+        .collect();
+    assert_eq!(trash, vec![41], "the refused commit's object is garbage");
+    // a live session records all of it
+    e.open_file(live, f.ino).unwrap();
+    e.set_lock(f.ino, &lock(live)).unwrap();
+    let a = e
+        .commit_slices_for(live, f.ino, &[obj_slice(0, 0, 10, 42)], 10, 1)
+        .unwrap();
+    assert_eq!(a.size, 10);
+    e.close_files(live, &[f.ino]).unwrap();
+    // nothing of the ended session is left behind
+    let hour = 3_600_000_000_000;
+    assert!(e.meta_issues(hour).unwrap().is_empty());
+
+    // Opens racing the end of their session: each lands before it (and goes with it) or
+    // fails; none is left behind under the ended session.
+    for round in 0..5 {
+        let racer = live_sessions(e, 1)[1];
+        let files: Vec<Ino> = (0..20)
+            .map(|i| {
+                e.create(
+                    ROOT_INO,
+                    format!("r{round}-{i}").as_bytes(),
+                    &file(),
+                    None,
+                    None,
+                )
+                .unwrap()
+                .ino
+            })
+            .collect();
+        std::thread::scope(|sc| {
+            let opener = sc.spawn(|| {
+                for ino in &files {
+                    if let Err(err) = e.open_file(racer, *ino) {
+                        assert!(matches!(err, MetaError::SessionEnded(_)), "{err}");
+                        break;
+                    }
+                }
+            });
+            std::thread::sleep(std::time::Duration::from_millis(round * 2));
+            e.unregister_session(racer).unwrap();
+            opener.join().unwrap();
+        });
+        let issues = e.meta_issues(hour).unwrap();
+        assert!(issues.is_empty(), "round {round}: {issues:?}");
+    }
 }
 
 /// Worker reports: replaced per session in order, listed only for live sessions, refused for
@@ -914,6 +1110,7 @@ fn fsck_queries_and_repairs(e: &dyn MetaEngine) {
 }
 
 fn locks(e: &dyn MetaEngine) {
+    let s = live_sessions(e, 4);
     let f = e.create(ROOT_INO, b"f", &file(), None, None).unwrap();
     let w = |session, owner, start, end| LockRange {
         session,
@@ -924,22 +1121,22 @@ fn locks(e: &dyn MetaEngine) {
         end,
         pid: 1,
     };
-    e.set_lock(f.ino, &w(1, 1, 0, 99)).unwrap();
+    e.set_lock(f.ino, &w(s[1], 1, 0, 99)).unwrap();
     assert!(matches!(
-        e.set_lock(f.ino, &w(2, 1, 50, 60)),
+        e.set_lock(f.ino, &w(s[2], 1, 50, 60)),
         Err(MetaError::WouldBlock)
     ));
-    e.set_lock(f.ino, &w(2, 1, 100, 200)).unwrap();
-    let conflict = e.test_lock(f.ino, &w(3, 1, 90, 110)).unwrap().unwrap();
-    assert_eq!(conflict.session, 1);
+    e.set_lock(f.ino, &w(s[2], 1, 100, 200)).unwrap();
+    let conflict = e.test_lock(f.ino, &w(s[3], 1, 90, 110)).unwrap().unwrap();
+    assert_eq!(conflict.session, s[1]);
     let unlock = LockRange {
         typ: LockType::Unlock,
-        ..w(1, 1, 0, 99)
+        ..w(s[1], 1, 0, 99)
     };
     e.set_lock(f.ino, &unlock).unwrap();
-    e.set_lock(f.ino, &w(3, 1, 0, 99)).unwrap();
-    e.release_locks(f.ino, 3, 1, false).unwrap();
-    assert!(e.test_lock(f.ino, &w(4, 1, 0, 99)).unwrap().is_none());
+    e.set_lock(f.ino, &w(s[3], 1, 0, 99)).unwrap();
+    e.release_locks(f.ino, s[3], 1, false).unwrap();
+    assert!(e.test_lock(f.ino, &w(s[4], 1, 0, 99)).unwrap().is_none());
     let fl = |session, typ| LockRange {
         session,
         owner: 9,
@@ -949,10 +1146,10 @@ fn locks(e: &dyn MetaEngine) {
         end: u64::MAX,
         pid: 1,
     };
-    e.set_lock(f.ino, &fl(1, LockType::Read)).unwrap();
-    e.set_lock(f.ino, &fl(2, LockType::Read)).unwrap();
+    e.set_lock(f.ino, &fl(s[1], LockType::Read)).unwrap();
+    e.set_lock(f.ino, &fl(s[2], LockType::Read)).unwrap();
     assert!(matches!(
-        e.set_lock(f.ino, &fl(3, LockType::Write)),
+        e.set_lock(f.ino, &fl(s[3], LockType::Write)),
         Err(MetaError::WouldBlock)
     ));
 }

@@ -136,6 +136,18 @@ pub trait FileData: Send + Sync {
     /// bumps the data version and mtime/ctime. Returns the new attributes.
     fn commit_slices(&self, ino: Ino, slices: &[Slice], new_end: u64, mtime: Nanos)
         -> Result<Attr>;
+    /// [`FileData::commit_slices`] of writes buffered by a client under `session`, in one
+    /// transaction with the check that the session still exists: once it was reaped or
+    /// evicted, [`MetaError::SessionEnded`] and the new objects go to the trash (its uploads
+    /// may already count as garbage, see `tierfs gc`, so they are never referenced).
+    fn commit_slices_for(
+        &self,
+        session: u64,
+        ino: Ino,
+        slices: &[Slice],
+        new_end: u64,
+        mtime: Nanos,
+    ) -> Result<Attr>;
     /// Reserves space: extends the size to `off+len` unless `keep_size`. With `zero`, the range
     /// reads as zeros afterwards (FALLOC_FL_PUNCH_HOLE with `keep_size`, FALLOC_FL_ZERO_RANGE
     /// with or without): zero slices cover the part inside the old size, and the size grows
@@ -162,18 +174,34 @@ pub trait Sessions: Send + Sync {
     /// `timeout_ns` ([`MetaError::ClientNameInUse`]); the check and the insert are one
     /// transaction, so two mounts of one name at once cannot both succeed.
     fn register_session_unique(&self, s: &SessionInfo, timeout_ns: i64) -> Result<u64>;
+    /// Stamps `session`'s heartbeat with the database's clock; `NotFound` once it has ended
+    /// (reaped or evicted). Every liveness judgement (this, [`Sessions::reap_sessions`],
+    /// [`Sessions::client_alive`], [`Sessions::register_session_unique`],
+    /// [`Sessions::client_session`]) reads the DATABASE's clock, never the caller's.
     fn heartbeat(&self, session: u64) -> Result<()>;
     fn unregister_session(&self, session: u64) -> Result<()>;
     fn sessions(&self) -> Result<Vec<SessionInfo>>;
     /// Removes sessions whose heartbeat is older than `timeout_ns`, with their open files and
     /// locks; returns how many went.
     fn reap_sessions(&self, timeout_ns: i64) -> Result<usize>;
+    /// Records an open of `ino` by `session`; [`MetaError::SessionEnded`] once the session has
+    /// ended (as for every write recorded under a session: creates with `open_by`, closes,
+    /// locks, [`FileData::commit_slices_for`]).
     fn open_file(&self, session: u64, ino: Ino) -> Result<()>;
     /// Drops one open of each of `inos` by `session` (one transaction); a file with no names
     /// left is deleted at its last close on every client.
     fn close_files(&self, session: u64, inos: &[Ino]) -> Result<()>;
     /// Whether a client with this name has a session whose heartbeat is newer than `timeout_ns`.
     fn client_alive(&self, client: &str, timeout_ns: i64) -> Result<bool>;
+    /// The newest session of the client named `client` (highest id), if it has one, and the
+    /// age of its last heartbeat in nanoseconds by the DATABASE's clock (PostgreSQL:
+    /// `clock_timestamp()`; SQLite: this host's clock, the database is embedded), so the
+    /// caller's own clock plays no part. Never negative.
+    fn client_session(&self, client: &str) -> Result<Option<(SessionInfo, i64)>>;
+    /// The database's clock, in nanoseconds since the epoch (what heartbeats are stamped
+    /// with): for comparing with a session's `heartbeat` or `started` without trusting the
+    /// caller's clock.
+    fn db_now(&self) -> Result<Nanos>;
 }
 
 /// The persistent client cache: RW-PCC leases and attach rules.

@@ -246,6 +246,7 @@ impl FileData for FaultyEngine {
         fn alloc_object_ids(&self, n: u64) -> Result<u64>;
         fn read_chunk(&self, ino: Ino, chunk: u64) -> Result<Vec<Slice>>;
         fn commit_slices(&self, ino: Ino, slices: &[Slice], new_end: u64, mtime: Nanos) -> Result<Attr>;
+        fn commit_slices_for(&self, session: u64, ino: Ino, slices: &[Slice], new_end: u64, mtime: Nanos) -> Result<Attr>;
         fn fallocate(&self, ino: Ino, off: u64, len: u64, keep_size: bool, zero: bool) -> Result<Attr>;
         fn replace_chunk(&self, ino: Ino, chunk: u64, upto: u64, merged: &[Slice]) -> Result<bool>;
         fn rewrite_data(&self, ino: Ino, slices: &[Slice], size: u64, mtime: Nanos) -> Result<Attr>;
@@ -265,6 +266,8 @@ impl Sessions for FaultyEngine {
         fn open_file(&self, session: u64, ino: Ino) -> Result<()>;
         fn close_files(&self, session: u64, inos: &[Ino]) -> Result<()>;
         fn client_alive(&self, client: &str, timeout_ns: i64) -> Result<bool>;
+        fn client_session(&self, client: &str) -> Result<Option<(SessionInfo, i64)>>;
+        fn db_now(&self) -> Result<Nanos>;
     }
 }
 

@@ -27,11 +27,39 @@ pub(crate) fn session_from_row(r: &Row) -> Result<SessionInfo> {
     })
 }
 
+/// Fails with [`MetaError::SessionEnded`] unless `session` exists. Every write recorded under a
+/// session (an open, a lock, a data commit of its buffered writes) calls this in its
+/// transaction, so nothing is recorded under a session that was reaped or evicted. On
+/// PostgreSQL the session's row is held (`FOR KEY SHARE`, which a heartbeat's update does not
+/// wait for) until commit, before any inode row: [`end_sessions`] takes the row `FOR UPDATE`
+/// first and so waits for the transaction, then (at READ COMMITTED) sees what it recorded.
+/// SQLite: one primary-key lookup (one writer at a time: nothing interleaves).
+pub(crate) fn hold_session(tx: &mut dyn Tx, session: u64) -> Result<()> {
+    let sql = if tx.dialect().is_postgres() {
+        "SELECT 1 FROM sessions WHERE id = $1 FOR KEY SHARE"
+    } else {
+        "SELECT 1 FROM sessions WHERE id = $1"
+    };
+    match tx.query_opt(sql, vals![session])? {
+        Some(_) => Ok(()),
+        None => Err(MetaError::SessionEnded(session)),
+    }
+}
+
 /// Removes sessions with their open files (purging unlinked files they were the last to
-/// hold) and locks. On PostgreSQL the inodes they had open are locked first, in order.
+/// hold) and locks. On PostgreSQL the sessions' rows are locked first (waiting for the
+/// transactions that hold them to record an open or lock, see [`hold_session`]), then the
+/// inodes they had open, in order; the caller runs at READ COMMITTED (its first statement), so
+/// that the open files and locks read after the row locks include those just committed.
 pub(crate) fn end_sessions(tx: &mut dyn Tx, sessions: &[u64]) -> Result<()> {
     if sessions.is_empty() {
         return Ok(());
+    }
+    if tx.dialect().is_postgres() {
+        tx.query(
+            "SELECT id FROM sessions WHERE id = ANY($1) ORDER BY id FOR UPDATE",
+            vals![sessions],
+        )?;
     }
     let mut inos = Vec::new();
     tx.query_each(
@@ -55,6 +83,22 @@ pub(crate) fn end_sessions(tx: &mut dyn Tx, sessions: &[u64]) -> Result<()> {
     Ok(())
 }
 
+/// The database's clock in nanoseconds since the epoch, on PostgreSQL (`clock_timestamp()`:
+/// the time the statement runs, not the transaction's start).
+const PG_NOW: &str = "SELECT (extract(epoch FROM clock_timestamp()) * 1000000000)::bigint";
+
+/// The database's clock, in nanoseconds since the epoch: what liveness is judged by, so that
+/// no client's clock decides whether another client is alive. PostgreSQL:
+/// `clock_timestamp()` (one query); SQLite: this host's clock, which is the database's (it is
+/// embedded in this process).
+pub(crate) fn db_now(tx: &mut dyn Tx) -> Result<Nanos> {
+    if tx.dialect().is_postgres() {
+        tx.int(PG_NOW, vals![])
+    } else {
+        Ok(now_nanos())
+    }
+}
+
 fn insert_session(tx: &mut dyn Tx, s: &SessionInfo, now: Nanos) -> Result<u64> {
     Ok(tx.int(
         "INSERT INTO sessions (client_name, host, pid, mountpoint, version, started, heartbeat) \
@@ -72,7 +116,10 @@ fn insert_session(tx: &mut dyn Tx, s: &SessionInfo, now: Nanos) -> Result<u64> {
 
 impl<D: Driver> Sessions for SqlMeta<D> {
     fn register_session(&self, s: &SessionInfo) -> Result<u64> {
-        self.d.write(|tx| insert_session(tx, s, now_nanos()))
+        self.d.write(|tx| {
+            let now = db_now(tx)?;
+            insert_session(tx, s, now)
+        })
     }
 
     fn register_session_unique(&self, s: &SessionInfo, timeout_ns: i64) -> Result<u64> {
@@ -86,7 +133,7 @@ impl<D: Driver> Sessions for SqlMeta<D> {
                 let key = format!("tierfs client name {}", s.client_name);
                 tx.exec("SELECT pg_advisory_xact_lock(hashtext($1))", vals![key])?;
             }
-            let now = now_nanos();
+            let now = db_now(tx)?;
             let live = tx.query_opt(
                 "SELECT id, client_name, host, pid, mountpoint, version, started, heartbeat \
                  FROM sessions WHERE client_name = $1 AND heartbeat >= $2 ORDER BY id LIMIT 1",
@@ -104,11 +151,21 @@ impl<D: Driver> Sessions for SqlMeta<D> {
     }
 
     fn heartbeat(&self, session: u64) -> Result<()> {
-        self.d.write(|tx| {
-            let n = tx.exec(
-                "UPDATE sessions SET heartbeat = $2 WHERE id = $1",
-                vals![session, now_nanos()],
-            )?;
+        // Its own connection on PostgreSQL: never behind the I/O's transactions.
+        self.d.write_priority(|tx| {
+            // The database's clock (see [`db_now`]), in the one statement on PostgreSQL.
+            let n = if tx.dialect().is_postgres() {
+                tx.exec(
+                    "UPDATE sessions SET heartbeat = \
+                     (extract(epoch FROM clock_timestamp()) * 1000000000)::bigint WHERE id = $1",
+                    vals![session],
+                )?
+            } else {
+                tx.exec(
+                    "UPDATE sessions SET heartbeat = $2 WHERE id = $1",
+                    vals![session, now_nanos()],
+                )?
+            };
             if n == 0 {
                 return Err(MetaError::NotFound);
             }
@@ -117,7 +174,16 @@ impl<D: Driver> Sessions for SqlMeta<D> {
     }
 
     fn unregister_session(&self, session: u64) -> Result<()> {
-        self.d.write(|tx| end_sessions(tx, &[session]))
+        self.d.write(|tx| {
+            if tx.dialect().is_postgres() {
+                tx.batch("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")?;
+            }
+            end_sessions(tx, &[session])
+        })
+    }
+
+    fn db_now(&self) -> Result<Nanos> {
+        self.d.read(db_now)
     }
 
     fn sessions(&self) -> Result<Vec<SessionInfo>> {
@@ -138,10 +204,21 @@ impl<D: Driver> Sessions for SqlMeta<D> {
 
     fn reap_sessions(&self, timeout_ns: i64) -> Result<usize> {
         self.d.write(|tx| {
-            let limit = now_nanos() - timeout_ns;
+            // PostgreSQL: READ COMMITTED (see `end_sessions`); the dead rows are locked as they
+            // are found, and a heartbeat that lands meanwhile takes its session out of the
+            // list (the condition is checked again on the row's newest version).
+            let pg = tx.dialect().is_postgres();
+            if pg {
+                tx.batch("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")?;
+            }
+            let limit = db_now(tx)? - timeout_ns;
             let mut dead = Vec::new();
             tx.query_each(
-                "SELECT id FROM sessions WHERE heartbeat < $1 ORDER BY id",
+                if pg {
+                    "SELECT id FROM sessions WHERE heartbeat < $1 ORDER BY id FOR UPDATE"
+                } else {
+                    "SELECT id FROM sessions WHERE heartbeat < $1 ORDER BY id"
+                },
                 vals![limit],
                 &mut |r| {
                     dead.push(r.u64(0)?);
@@ -155,6 +232,11 @@ impl<D: Driver> Sessions for SqlMeta<D> {
 
     fn open_file(&self, session: u64, ino: Ino) -> Result<()> {
         self.d.write(|tx| {
+            // The session's row before the inode's (the order `end_sessions` takes them in);
+            // SQLite: `record_open` checks the session in its insert.
+            if tx.dialect().is_postgres() {
+                hold_session(tx, session)?;
+            }
             lock1(tx, ino)?;
             record_open(tx, session, ino)?;
             // changelog: OPEN
@@ -168,6 +250,8 @@ impl<D: Driver> Sessions for SqlMeta<D> {
             return Ok(());
         }
         self.d.write(|tx| {
+            // An ended session's opens went with it: nothing to count down.
+            hold_session(tx, session)?;
             lock_rows(tx, inos)?;
             for ino in inos {
                 let ino = *ino;
@@ -199,10 +283,28 @@ impl<D: Driver> Sessions for SqlMeta<D> {
 
     fn client_alive(&self, client: &str, timeout_ns: i64) -> Result<bool> {
         self.d.read(|tx| {
+            let limit = db_now(tx)? - timeout_ns;
             tx.exists(
                 "SELECT EXISTS (SELECT 1 FROM sessions WHERE client_name = $1 AND heartbeat >= $2)",
-                vals![client, now_nanos() - timeout_ns],
+                vals![client, limit],
             )
+        })
+    }
+
+    fn client_session(&self, client: &str) -> Result<Option<(SessionInfo, i64)>> {
+        self.d.read(|tx| {
+            let now = db_now(tx)?;
+            let row = tx.query_opt(
+                "SELECT id, client_name, host, pid, mountpoint, version, started, heartbeat \
+                 FROM sessions WHERE client_name = $1 ORDER BY id DESC LIMIT 1",
+                vals![client],
+            )?;
+            row.map(|r| {
+                let s = session_from_row(&r)?;
+                let age = now.saturating_sub(s.heartbeat).max(0);
+                Ok((s, age))
+            })
+            .transpose()
         })
     }
 }
