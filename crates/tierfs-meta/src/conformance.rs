@@ -1395,6 +1395,12 @@ fn pcc_open_checks_the_lease_and_records_in_one_step(e: &dyn MetaEngine) {
     // b's refused open left no row: after the give-back, a may attach again
     assert!(e.pcc_release(f.ino, "a", l.generation).unwrap());
     assert!(e.pcc_acquire(f.ino, "a").unwrap().generation > l.generation);
+    // nothing is recorded under an ended session
+    e.unregister_session(b).unwrap();
+    assert!(matches!(
+        e.pcc_open(b, f.ino, "a", false, None),
+        Err(MetaError::SessionEnded(_))
+    ));
 }
 
 fn pcc_transitions_are_conditional_on_generation_and_dirty(e: &dyn MetaEngine) {

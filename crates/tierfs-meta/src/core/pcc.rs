@@ -96,6 +96,11 @@ impl<D: Driver> Pcc for SqlMeta<D> {
         snapshot: Option<u64>,
     ) -> Result<PccOpen> {
         self.d.write(|tx| {
+            // The session's row before the inode's (the order `end_sessions` takes them in);
+            // SQLite: `record_open` checks the session in its insert.
+            if tx.dialect().is_postgres() {
+                super::session::hold_session(tx, session)?;
+            }
             // The inode's row lock orders this open against pcc_acquire, which looks for
             // other clients' opens under it (PostgreSQL; SQLite writes one at a time).
             let attr = lock1(tx, ino)?;
