@@ -2284,7 +2284,7 @@ fn open_loop(p: &Path, stop: &std::sync::atomic::AtomicBool) -> usize {
     let mut i = 0usize;
     while !stop.load(Ordering::Relaxed) {
         i += 1;
-        let ok = if i % 3 == 0 {
+        let ok = if i.is_multiple_of(3) {
             OpenOptions::new().read(true).write(true).open(p).is_ok()
         } else {
             read_all(p).is_ok()
