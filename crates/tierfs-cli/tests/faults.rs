@@ -31,15 +31,19 @@ struct FaultyMount {
 
 impl FaultyMount {
     fn new(fs: &TestFs, name: &str) -> FaultyMount {
+        let config = ClientConfig {
+            client_name: Some(name.to_string()),
+            ..ClientConfig::default()
+        };
+        FaultyMount::with_config(fs, name, config)
+    }
+
+    fn with_config(fs: &TestFs, name: &str, config: ClientConfig) -> FaultyMount {
         let mnt = fs.root().join(format!("faulty-{name}"));
         std::fs::create_dir_all(&mnt).unwrap();
         let plan = FaultPlan::new();
         let inner = open_engine(&fs.meta_url()).expect("open the engine");
         let engine: Arc<dyn MetaEngine> = Arc::new(FaultyEngine::new(inner, Arc::clone(&plan)));
-        let config = ClientConfig {
-            client_name: Some(name.to_string()),
-            ..ClientConfig::default()
-        };
         let req = MountRequest {
             meta_url: fs.meta_url(),
             mountpoint: mnt.clone(),
@@ -265,4 +269,55 @@ fn an_engine_down_for_a_while_fails_calls_then_everything_is_there() {
     assert_eq!(read_all(&fs.p(0, "d/kept")), before);
     fs::write(m.p("d/new"), b"after").unwrap();
     assert_eq!(read_all(&fs.p(0, "d/new")), b"after");
+}
+
+/// No global lock is held across a metadata query on the open path (issue 12): on a client
+/// with a cache, every read-only open of an uncached file matches the PCC rules, which are read
+/// again from the engine when 2 s old. While that read hangs (5 s, injected) for one open,
+/// another open answers: it uses the rules read last. (A liveness bound, not a speed figure:
+/// with the rules locked across the query, the second open waits for the first one's.)
+#[test]
+fn a_slow_pcc_rules_query_holds_up_no_other_open() {
+    let fs = TestFs::new(1);
+    let config = ClientConfig {
+        client_name: Some("faulty".to_string()),
+        cache_dir: Some(fs.root().join("cache-faulty")),
+        cache_size: "64M".to_string(),
+        ..ClientConfig::default()
+    };
+    let m = FaultyMount::with_config(&fs, "faulty", config);
+    fs::write(fs.p(0, "f1"), b"one").unwrap();
+    fs::write(fs.p(0, "f2"), b"two").unwrap();
+    // the rules are read once (f1's open), and both names are known to the client
+    assert_eq!(read_all(&m.p("f1")), b"one");
+    assert_eq!(fs::metadata(m.p("f2")).unwrap().len(), 3);
+    let before = m.plan.calls("pcc_rules");
+    assert!(
+        before > 0,
+        "an open on a client with a cache reads the PCC rules"
+    );
+    thread::sleep(Duration::from_millis(2500));
+    m.plan
+        .fail_next("pcc_rules", 1, Fault::Timeout(Duration::from_secs(5)));
+    let p1 = m.p("f1");
+    let slow = thread::spawn(move || read_all(&p1));
+    assert!(
+        wait_until(Duration::from_secs(3), || m.plan.calls("pcc_rules")
+            > before),
+        "f1's open did not read the rules again"
+    );
+    let (tx, rx) = mpsc::channel();
+    let p2 = m.p("f2");
+    thread::spawn(move || {
+        let _ = tx.send(read_all(&p2));
+    });
+    let got = rx
+        .recv_timeout(Duration::from_secs(2))
+        .expect("an open waited for another open's PCC rules query");
+    assert_eq!(got, b"two");
+    assert_eq!(
+        slow.join().unwrap(),
+        b"one",
+        "f1 opens once its rules query ends"
+    );
 }

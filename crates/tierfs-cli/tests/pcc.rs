@@ -1826,6 +1826,49 @@ fn remote_opens_waiting_for_recalls_leave_the_mount_answering() {
     }
 }
 
+extern "C" fn on_alarm(_: libc::c_int) {}
+
+/// A remote open waiting for a recall (the owner keeps writing) ends with EINTR when a signal
+/// interrupts it (SIGALRM, handler without SA_RESTART), as a blocking call on a local
+/// filesystem would; the file opens normally once the owner closes it.
+#[test]
+fn a_signal_interrupts_a_remote_open_waiting_for_a_recall() {
+    let _g = serial();
+    let (t, _) = pcc_fs(&[("a", &[]), ("b", &[])], 120);
+    let fa = t.p(0, "f");
+    fs::write(&fa, b"").unwrap();
+    pcc(&t, &["attach", "-w", &s(&fa)]).assert_ok();
+    let h = OpenOptions::new().write(true).open(&fa).unwrap();
+    let d = pattern(7, 0, 4096);
+    h.write_all_at(&d, 0).unwrap();
+    after_ttl();
+    let path = cstr(&t.p(1, "f"));
+    let child = RawChild::spawn(|wfd| unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_alarm as *const () as usize;
+        sa.sa_flags = 0; // no SA_RESTART
+        libc::sigaction(libc::SIGALRM, &sa, std::ptr::null_mut());
+        libc::alarm(1);
+        let fd = libc::open(path.as_ptr(), libc::O_RDWR);
+        tell(wfd, if fd < 0 { *libc::__errno_location() } else { 0 });
+        loop {
+            libc::pause();
+        }
+    });
+    let got = child.report(Duration::from_secs(10));
+    // whatever happened, a's writer closes now (a wait still under way ends)
+    drop(h);
+    let got = got.expect("the open on b was not interrupted by SIGALRM within 10 s");
+    assert_eq!(
+        got,
+        libc::EINTR,
+        "open waiting for a recall, interrupted: {}",
+        errname(got)
+    );
+    drop(child);
+    assert_reads(&t.p(1, "f"), &d, "b opens the file after a closed it");
+}
+
 /// "discards copies that are stale or fail verification": an RO copy damaged while the daemon
 /// was down (here: cut short) is not served after the restart.
 #[test]

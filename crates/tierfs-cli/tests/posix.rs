@@ -1470,6 +1470,176 @@ fn fcntl_locks_across_clients() {
     });
 }
 
+/// Child side: opens `path` read-write, or exits.
+fn child_open(path: &CString) -> i32 {
+    let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDWR) };
+    if fd < 0 {
+        unsafe { libc::_exit(4) };
+    }
+    fd
+}
+
+/// Child side: F_SETLKW of a write lock on bytes 0..100; 0 or the errno.
+fn child_setlkw(fd: i32) -> i32 {
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = libc::F_WRLCK as libc::c_short;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    fl.l_start = 0;
+    fl.l_len = 100;
+    if unsafe { libc::fcntl(fd, libc::F_SETLKW, &mut fl) } == 0 {
+        0
+    } else {
+        unsafe { *libc::__errno_location() }
+    }
+}
+
+extern "C" fn on_alarm(_: libc::c_int) {}
+
+/// Whether bytes 0..100 of `f`'s file are free of other owners' locks (F_GETLK from this
+/// process), checked twice a second apart.
+fn lock_free_for(f: &fs::File) -> Result<(), String> {
+    for _ in 0..2 {
+        let g = fcntl_lock(f, libc::F_GETLK, libc::F_WRLCK, 0, 100).map_err(|e| e.to_string())?;
+        if g.l_type as i32 != libc::F_UNLCK {
+            return Err(format!(
+                "held: type {} range {}+{} pid {}",
+                g.l_type, g.l_start, g.l_len, g.l_pid
+            ));
+        }
+        thread::sleep(Duration::from_secs(1));
+    }
+    Ok(())
+}
+
+/// Interruptible lock waits (issue 12): a process blocked in F_SETLKW on one client, behind a
+/// lock another client holds, gets EINTR when a signal interrupts the wait (SIGALRM, handler
+/// without SA_RESTART); then, while it keeps the file open (so no close releases anything),
+/// the holder unlocks and nobody holds the lock: the abandoned wait took nothing.
+#[test]
+fn fcntl_setlkw_interrupted_by_a_signal_gets_eintr_and_takes_no_lock() {
+    let t = TestFs::new(2);
+    fs::write(t.p(0, "lock"), vec![0u8; 1000]).unwrap();
+    let a = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(t.p(0, "lock"))
+        .unwrap();
+    fcntl_lock(&a, libc::F_SETLK, libc::F_WRLCK, 0, 100).unwrap();
+    let path = cstr(&t.p(1, "lock"));
+    let child = RawChild::spawn(|wfd| unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_alarm as *const () as usize;
+        sa.sa_flags = 0; // no SA_RESTART
+        libc::sigaction(libc::SIGALRM, &sa, std::ptr::null_mut());
+        let fd = child_open(&path);
+        libc::alarm(1);
+        tell(wfd, child_setlkw(fd));
+        // keep the file open: a close would release whatever this process holds
+        loop {
+            libc::pause();
+        }
+    });
+    let got = child.report(Duration::from_secs(10));
+    // whatever happened, the holder unlocks now (a wait that is still blocked ends)
+    fcntl_lock(&a, libc::F_SETLK, libc::F_UNLCK, 0, 100).unwrap();
+    let got = got.expect("F_SETLKW was not interrupted by SIGALRM within 10 s");
+    assert_eq!(
+        got,
+        libc::EINTR,
+        "F_SETLKW interrupted by a signal: {}",
+        errname(got)
+    );
+    // a wait that went on after the EINTR would take the lock now, within its 100 ms retry
+    lock_free_for(&a).expect("after the interrupted waiter and the holder's unlock, the lock");
+    fcntl_lock(&a, libc::F_SETLK, libc::F_WRLCK, 0, 100)
+        .expect("the holder's client takes the lock again");
+    drop(child);
+}
+
+/// The same for `flock`: a blocked LOCK_EX interrupted by a signal gets EINTR, and once the
+/// holder unlocks, the lock is free although the interrupted process keeps its file open.
+#[test]
+fn flock_wait_interrupted_by_a_signal_gets_eintr_and_takes_no_lock() {
+    let t = TestFs::new(2);
+    fs::write(t.p(0, "lock"), b"").unwrap();
+    let a = fs::File::open(t.p(0, "lock")).unwrap();
+    flock(&a, libc::LOCK_EX).unwrap();
+    let path = cstr(&t.p(1, "lock"));
+    let child = RawChild::spawn(|wfd| unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_alarm as *const () as usize;
+        sa.sa_flags = 0; // no SA_RESTART
+        libc::sigaction(libc::SIGALRM, &sa, std::ptr::null_mut());
+        let fd = child_open(&path);
+        libc::alarm(1);
+        let r = libc::flock(fd, libc::LOCK_EX);
+        tell(wfd, if r == 0 { 0 } else { *libc::__errno_location() });
+        loop {
+            libc::pause();
+        }
+    });
+    let got = child.report(Duration::from_secs(10));
+    flock(&a, libc::LOCK_UN).unwrap();
+    let got = got.expect("flock(LOCK_EX) was not interrupted by SIGALRM within 10 s");
+    assert_eq!(
+        got,
+        libc::EINTR,
+        "flock interrupted by a signal: {}",
+        errname(got)
+    );
+    // a wait that went on after the EINTR would take the lock now, within its 100 ms retry
+    thread::sleep(Duration::from_secs(1));
+    let b = fs::File::open(t.p(0, "lock")).unwrap();
+    flock(&b, libc::LOCK_EX | libc::LOCK_NB)
+        .expect("the lock is free after the interrupted waiter and the holder's unlock");
+    drop(child);
+}
+
+/// A process blocked in F_SETLKW that is killed (SIGKILL) dies at once, and leaves no lock
+/// behind once the holder unlocks.
+#[test]
+fn fcntl_setlkw_waiter_killed_leaves_no_lock() {
+    let t = TestFs::new(2);
+    fs::write(t.p(0, "lock"), vec![0u8; 1000]).unwrap();
+    let a = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(t.p(0, "lock"))
+        .unwrap();
+    fcntl_lock(&a, libc::F_SETLK, libc::F_WRLCK, 0, 100).unwrap();
+    let path = cstr(&t.p(1, "lock"));
+    let mut child = RawChild::spawn(|wfd| unsafe {
+        let fd = child_open(&path);
+        tell(wfd, -1);
+        tell(wfd, child_setlkw(fd));
+        loop {
+            libc::pause();
+        }
+    });
+    assert_eq!(
+        child.report(Duration::from_secs(10)),
+        Some(-1),
+        "child ready"
+    );
+    // let the F_SETLKW reach the daemon and wait there
+    thread::sleep(Duration::from_secs(1));
+    assert_eq!(
+        child.report(Duration::ZERO),
+        None,
+        "F_SETLKW returned while the lock is held"
+    );
+    child.kill(libc::SIGKILL);
+    let died = child.reaped_within(Duration::from_secs(10));
+    fcntl_lock(&a, libc::F_SETLK, libc::F_UNLCK, 0, 100).unwrap();
+    assert!(
+        died,
+        "the killed waiter stayed in its F_SETLKW for 10 s (until the lock was free)"
+    );
+    lock_free_for(&a).expect("after the killed waiter and the holder's unlock, the lock");
+    fcntl_lock(&a, libc::F_SETLK, libc::F_WRLCK, 0, 100)
+        .expect("the holder's client takes the lock again");
+}
+
 // ---------------------------------------------------------------------------------------------
 // permissions as non-root users
 // ---------------------------------------------------------------------------------------------

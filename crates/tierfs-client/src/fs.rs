@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -13,9 +13,10 @@ use fuser::{
     AccessFlags, BackingId, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType, Filesystem,
     FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, LockOwner, Notifier, OpenFlags,
     RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry,
-    ReplyLock, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    ReplyLock, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, RequestId, TimeOrNow,
+    WriteFlags,
 };
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 use tierfs_meta::changelog::{Caller, CallerGuard};
 
 use tierfs_meta::{
@@ -127,18 +128,85 @@ struct SetattrArgs {
 }
 
 /// A place for one request waiting off the FUSE threads (counted against [`MAX_PARKED`] until
-/// dropped).
+/// dropped), interruptible once its reply is held ([`Parked::hold`]).
 struct Parked {
     fs: Arc<FsInner>,
+    /// The request's `unique` (what an interrupt names).
+    unique: u64,
+    /// Registered for interrupts.
+    watched: bool,
 }
 
 impl Drop for Parked {
     fn drop(&mut self) {
+        if self.watched {
+            self.fs.lock_waits.lock().parked.remove(&self.unique);
+        }
         self.fs.parked.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
+/// A reply that can answer an error (an interrupted parked request answers EINTR).
+trait Answer: Send + 'static {
+    fn fail(self, e: Errno);
+}
+impl Answer for ReplyOpen {
+    fn fail(self, e: Errno) {
+        self.error(e)
+    }
+}
+impl Answer for ReplyAttr {
+    fn fail(self, e: Errno) {
+        self.error(e)
+    }
+}
+
+/// The reply of a parked request, answered once: by its waiter, which answers while holding
+/// the lock (so the request is carried out only if no interrupt answered it first), or by an
+/// interrupt (EINTR) while the waiter waits for the recall.
+struct HeldReply<R>(Mutex<Option<R>>);
+
+impl<R: Answer> HeldReply<R> {
+    /// The kernel interrupts the request: EINTR, unless the waiter is answering it just now.
+    fn interrupt(&self) {
+        if let Some(mut g) = self.0.try_lock() {
+            if let Some(r) = g.take() {
+                r.fail(Errno::EINTR);
+            }
+        }
+    }
+
+    fn take(&self) -> Option<R> {
+        self.0.lock().take()
+    }
+}
+
+/// What a parked request gets when an interrupt answered it first.
+fn interrupted() -> ClientError {
+    ClientError::Errno("interrupted while waiting for a recall", libc::EINTR)
+}
+
 impl Parked {
+    /// Holds the request's reply so that an interrupt of the request can answer it (EINTR);
+    /// None, having answered EINTR, when the interrupt came already.
+    fn hold<R: Answer>(&mut self, reply: R) -> Option<Arc<HeldReply<R>>> {
+        let held = Arc::new(HeldReply(Mutex::new(Some(reply))));
+        let on_interrupt: Arc<dyn Fn() + Send + Sync> = {
+            let held = Arc::clone(&held);
+            Arc::new(move || held.interrupt())
+        };
+        let mut g = self.fs.lock_waits.lock();
+        if let Some(i) = g.early.iter().position(|(u, _)| *u == self.unique) {
+            g.early.remove(i);
+            drop(g);
+            held.interrupt();
+            return None;
+        }
+        g.parked.insert(self.unique, on_interrupt);
+        self.watched = true;
+        Some(held)
+    }
+
     /// Runs `job` on a thread of its own, in the caller scope of the request (changelog
     /// records). Should the thread not start, the job's reply is dropped, which answers EIO.
     fn spawn(self, what: &'static str, job: impl FnOnce(&FsInner) + Send + 'static) {
@@ -153,6 +221,68 @@ impl Parked {
             tracing::warn!(what, "cannot start a thread for a waiting request: {e}");
         }
     }
+}
+
+/// Most blocked `F_SETLKW`/`flock` requests waiting at once; past it such a request fails with
+/// ENOLCK (as when a lock table is full).
+const MAX_LOCK_WAITS: usize = 1024;
+
+/// Interrupts the kernel sent for requests not (yet) known as lock waits or parked requests,
+/// kept this long (and at most [`EARLY_INTERRUPTS_MAX`] of them): one may name a request another
+/// FUSE thread is still dispatching. (Interrupts of other requests are ignored.)
+const EARLY_INTERRUPT_TTL: Duration = Duration::from_secs(30);
+const EARLY_INTERRUPTS_MAX: usize = 1024;
+
+/// States of a [`LockWait`].
+const WAITING: u8 = 0;
+/// The kernel asked to interrupt the request (a signal reached the process).
+const INTERRUPTED: u8 = 1;
+/// Its owner closed the file (flush or release): a lock must not outlive that.
+const CANCELLED: u8 = 2;
+const GRANTED: u8 = 3;
+
+/// A blocked `F_SETLKW`/`flock`, retried on a thread of its own until it gets the lock, its
+/// request is interrupted, or its owner closes the file.
+struct LockWait {
+    ino: Ino,
+    owner: u64,
+    state: AtomicU8,
+    sleep: Mutex<()>,
+    wake: Condvar,
+}
+
+impl LockWait {
+    /// Stops a waiting lock request for `why` (INTERRUPTED or CANCELLED); nothing once it got
+    /// the lock or was stopped already.
+    fn stop(&self, why: u8) {
+        if self
+            .state
+            .compare_exchange(WAITING, why, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+        {
+            let _g = self.sleep.lock();
+            self.wake.notify_all();
+        }
+    }
+
+    /// Sleeps up to `d`, or until stopped.
+    fn nap(&self, d: Duration) {
+        let mut g = self.sleep.lock();
+        if self.state.load(Ordering::SeqCst) == WAITING {
+            self.wake.wait_for(&mut g, d);
+        }
+    }
+}
+
+/// The lock requests waiting, by request `unique`, and interrupts that came before their request
+/// was known.
+#[derive(Default)]
+struct LockWaits {
+    by_unique: HashMap<u64, Arc<LockWait>>,
+    /// Parked requests (opens, truncates waiting for a recall), by `unique`: what answers one
+    /// EINTR when it is interrupted.
+    parked: HashMap<u64, Arc<dyn Fn() + Send + Sync>>,
+    early: std::collections::VecDeque<(u64, Instant)>,
 }
 
 /// Answers an open.
@@ -215,6 +345,8 @@ pub struct FsInner {
     pub callers: crate::caller::Callers,
     /// Requests waiting off the FUSE threads for an RW-PCC lease (at most [`MAX_PARKED`]).
     parked: AtomicUsize,
+    /// Blocked lock requests waiting on threads of their own.
+    lock_waits: Mutex<LockWaits>,
 }
 
 /// The FUSE filesystem: a handle on the shared [`FsInner`] (its methods are reached through
@@ -352,6 +484,7 @@ impl TierFs {
             posix_acl: true,
             callers: crate::caller::Callers::new(crate::caller::JobIdSource::Disabled),
             parked: AtomicUsize::new(0),
+            lock_waits: Mutex::new(LockWaits::default()),
         };
         TierFs {
             inner: Arc::new(inner),
@@ -360,10 +493,12 @@ impl TierFs {
 
     /// A place for a request to wait off the FUSE threads, or None (logged) when
     /// [`MAX_PARKED`] requests wait already.
-    fn park(&self) -> Option<Parked> {
+    fn park(&self, req: &Request) -> Option<Parked> {
         let before = self.parked.fetch_add(1, Ordering::Relaxed);
         let slot = Parked {
             fs: Arc::clone(&self.inner),
+            unique: req.unique().0,
+            watched: false,
         };
         if before >= MAX_PARKED {
             tracing::warn!(
@@ -837,22 +972,22 @@ impl FsInner {
 
     /// After another client's lease `l` stopped an open: waits (blocking; never on a FUSE
     /// request thread) until it is given back or, for a read-only open, until the owner wrote
-    /// back a snapshot ([`Recaller::recall_for`]), then opens again, as often as yet another
-    /// client took the lease in between (at most [`MAX_RECALL_ROUNDS`] times).
-    fn open_after_recall(
+    /// back a snapshot ([`Recaller::recall_for`]), then runs `step` (the open, given the
+    /// snapshot's request number) again, as often as yet another client took the lease in
+    /// between (at most [`MAX_RECALL_ROUNDS`] times).
+    fn open_after_recall<T>(
         &self,
         mut l: PccLease,
-        reply: &dyn BackingReply,
-        ino: Ino,
         flags: i32,
-    ) -> Result<Opened> {
+        step: impl Fn(&FsInner, Option<u64>) -> Result<Step<T>>,
+    ) -> Result<T> {
         let write = flags & libc::O_ACCMODE != libc::O_RDONLY;
         for _ in 0..MAX_RECALL_ROUNDS {
             let snapshot = match self.recaller.recall_for(&l, write)? {
                 Recalled::Gone => None,
                 Recalled::Snapshot(seq) => Some(seq),
             };
-            match self.open_step(reply, ino, flags, snapshot)? {
+            match step(self, snapshot)? {
                 Step::Done(v) => return Ok(v),
                 Step::Wait(next) => l = next,
             }
@@ -987,6 +1122,109 @@ impl FsInner {
         Ok((fh, fl, backing))
     }
 
+    /// Records a lock request that waits (request `unique`), or None when too many wait. One
+    /// the kernel already asked to interrupt starts out interrupted.
+    fn lock_wait(&self, unique: u64, ino: Ino, owner: u64) -> Option<Arc<LockWait>> {
+        let mut g = self.lock_waits.lock();
+        if g.by_unique.len() >= MAX_LOCK_WAITS {
+            tracing::warn!("{MAX_LOCK_WAITS} lock requests already wait: ENOLCK");
+            return None;
+        }
+        let w = Arc::new(LockWait {
+            ino,
+            owner,
+            state: AtomicU8::new(WAITING),
+            sleep: Mutex::new(()),
+            wake: Condvar::new(),
+        });
+        if let Some(i) = g.early.iter().position(|(u, _)| *u == unique) {
+            g.early.remove(i);
+            w.state.store(INTERRUPTED, Ordering::SeqCst);
+        }
+        g.by_unique.insert(unique, Arc::clone(&w));
+        Some(w)
+    }
+
+    /// The kernel asks to interrupt request `unique`: a waiting lock request stops (and answers
+    /// EINTR); an unknown one is remembered for a while, in case its lock request is still on
+    /// its way to [`FsInner::lock_wait`].
+    fn interrupt_request(&self, unique: u64) {
+        let mut g = self.lock_waits.lock();
+        if let Some(w) = g.by_unique.get(&unique) {
+            w.stop(INTERRUPTED);
+            return;
+        }
+        if let Some(f) = g.parked.get(&unique).cloned() {
+            drop(g);
+            f();
+            return;
+        }
+        let now = Instant::now();
+        while g
+            .early
+            .front()
+            .is_some_and(|(_, t)| now.duration_since(*t) > EARLY_INTERRUPT_TTL)
+            || g.early.len() >= EARLY_INTERRUPTS_MAX
+        {
+            g.early.pop_front();
+        }
+        g.early.push_back((unique, now));
+    }
+
+    /// `owner` closes `ino` (flush or release): its lock requests still waiting there stop, so
+    /// none takes a lock after the close released the owner's locks.
+    fn cancel_lock_waits(&self, ino: Ino, owner: u64) {
+        for w in self.lock_waits.lock().by_unique.values() {
+            if w.ino == ino && w.owner == owner {
+                w.stop(CANCELLED);
+            }
+        }
+    }
+
+    /// Retries a blocked lock request until it gets the lock (Ok), its request is interrupted
+    /// or its owner closes the file (EINTR), or the engine fails. A lock taken just as the
+    /// owner closed the file is given back; one taken just as the request was interrupted is
+    /// kept and answered Ok (the request has not been answered: the caller holds the lock and
+    /// knows it, and drops it at its close).
+    fn wait_for_lock(&self, w: &LockWait, want: &LockRange) -> std::result::Result<(), Errno> {
+        let mut delay = Duration::from_millis(2);
+        loop {
+            if w.state.load(Ordering::SeqCst) != WAITING {
+                return Err(Errno::EINTR);
+            }
+            match self.meta.set_lock(w.ino, want) {
+                Ok(()) => {
+                    return match w.state.compare_exchange(
+                        WAITING,
+                        GRANTED,
+                        Ordering::SeqCst,
+                        Ordering::SeqCst,
+                    ) {
+                        Ok(_) | Err(INTERRUPTED) => Ok(()),
+                        Err(_) => {
+                            let undo = LockRange {
+                                typ: LockType::Unlock,
+                                ..want.clone()
+                            };
+                            if let Err(e) = self.meta.set_lock(w.ino, &undo) {
+                                tracing::warn!(
+                                    ino = w.ino,
+                                    "giving back a lock taken after its owner closed the file: {e}"
+                                );
+                            }
+                            Err(Errno::EINTR)
+                        }
+                    };
+                }
+                Err(MetaError::WouldBlock) => {
+                    w.nap(delay);
+                    delay = (delay * 2).min(Duration::from_millis(100));
+                }
+                Err(e) => return Err(Errno::from_i32(e.errno())),
+            }
+        }
+    }
+
     fn lock_range(&self, owner: LockOwner, start: u64, end: u64, typ: i32, pid: u32) -> LockRange {
         LockRange {
             session: self.session,
@@ -1057,6 +1295,12 @@ impl Filesystem for TierFs {
 
     fn destroy(&mut self) {
         self.data.flush_all();
+    }
+
+    /// A signal reached the process of request `unique` (the patched fuser, vendor/fuser):
+    /// a lock wait it names stops and answers EINTR.
+    fn interrupt(&self, _req: &Request, unique: RequestId) {
+        self.interrupt_request(unique.0);
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
@@ -1142,18 +1386,39 @@ impl Filesystem for TierFs {
             Ok(Step::Done(a)) => reply.attr(&self.attr_ttl, &self.fattr(&a)),
             // Another client holds the file's RW-PCC lease: it is given back before the size
             // changes here, waiting on a thread of its own while this one serves others.
-            Ok(Step::Wait(l)) => match self.park() {
-                None => reply.error(Errno::EAGAIN),
-                Some(p) => p.spawn("setattr", move |fs| {
+            // An interrupt (a signal to the caller) answers EINTR meanwhile.
+            Ok(Step::Wait(l)) => {
+                let Some(mut p) = self.park(req) else {
+                    return reply.error(Errno::EAGAIN);
+                };
+                let Some(held) = p.hold(reply) else { return };
+                p.spawn("setattr", move |fs| {
                     let r = fs.run("setattr_recalled", || {
-                        fs.after_recall(l, |fs| fs.setattr_now(&asker, ino.0, &args))
+                        fs.after_recall(l, |fs| {
+                            let g = held.0.lock();
+                            if g.is_none() {
+                                return Err(interrupted());
+                            }
+                            Ok(match fs.setattr_now(&asker, ino.0, &args)? {
+                                Step::Done(a) => Step::Done((a, g)),
+                                Step::Wait(l) => Step::Wait(l),
+                            })
+                        })
                     });
                     match r {
-                        Ok(a) => reply.attr(&fs.attr_ttl, &fs.fattr(&a)),
-                        Err(e) => reply.error(ino_errno(&e)),
+                        Ok((a, mut g)) => {
+                            if let Some(reply) = g.take() {
+                                reply.attr(&fs.attr_ttl, &fs.fattr(&a));
+                            }
+                        }
+                        Err(e) => {
+                            if let Some(reply) = held.take() {
+                                reply.error(ino_errno(&e));
+                            }
+                        }
                     }
-                }),
-            },
+                })
+            }
             Err(e) => reply.error(ino_errno(&e)),
         }
     }
@@ -1357,15 +1622,39 @@ impl Filesystem for TierFs {
             Ok(Step::Done(o)) => answer_open(reply, Ok(o)),
             // Another client holds the file's RW-PCC lease: the open waits for the give-back on
             // a thread of its own, and this one goes on serving others.
-            Ok(Step::Wait(l)) => match self.park() {
-                None => reply.error(Errno::EAGAIN),
-                Some(p) => p.spawn("open", move |fs| {
+            // An interrupt (a signal to the opener) answers EINTR meanwhile.
+            Ok(Step::Wait(l)) => {
+                let Some(mut p) = self.park(req) else {
+                    return reply.error(Errno::EAGAIN);
+                };
+                let Some(held) = p.hold(reply) else { return };
+                p.spawn("open", move |fs| {
                     let r = fs.run("open_recalled", || {
-                        fs.open_after_recall(l, &reply, ino.0, flags.0)
+                        fs.open_after_recall(l, flags.0, |fs, snapshot| {
+                            let g = held.0.lock();
+                            let Some(reply) = g.as_ref() else {
+                                return Err(interrupted());
+                            };
+                            Ok(match fs.open_step(reply, ino.0, flags.0, snapshot)? {
+                                Step::Done(o) => Step::Done((o, g)),
+                                Step::Wait(l) => Step::Wait(l),
+                            })
+                        })
                     });
-                    answer_open(reply, r)
-                }),
-            },
+                    match r {
+                        Ok((o, mut g)) => {
+                            if let Some(reply) = g.take() {
+                                answer_open(reply, Ok(o));
+                            }
+                        }
+                        Err(e) => {
+                            if let Some(reply) = held.take() {
+                                reply.error(ino_errno(&e));
+                            }
+                        }
+                    }
+                })
+            }
             Err(e) => reply.error(ino_errno(&e)),
         }
     }
@@ -1584,7 +1873,9 @@ impl Filesystem for TierFs {
                 }
             }
             let res = self.data.flush(ino.0);
-            // close(2) drops the POSIX locks this owner holds on the file.
+            // close(2) drops the POSIX locks this owner holds on the file, and ends its waits
+            // for more.
+            self.cancel_lock_waits(ino.0, lock_owner.0);
             if self.handle(fh).is_some() && self.locked.lock().contains(&ino.0) {
                 self.meta
                     .release_locks(ino.0, self.session, lock_owner.0, false)?;
@@ -1638,6 +1929,7 @@ impl Filesystem for TierFs {
             let flushed = self.data.flush(ino.0).map(|_| ());
             let mut unlocked = Ok(());
             if let Some(o) = lock_owner {
+                self.cancel_lock_waits(ino.0, o.0);
                 if self.locked.lock().contains(&ino.0) {
                     unlocked = self
                         .meta
@@ -1914,7 +2206,7 @@ impl Filesystem for TierFs {
 
     fn setlk(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         lock_owner: LockOwner,
@@ -1933,21 +2225,28 @@ impl Filesystem for TierFs {
         match first {
             Ok(()) => reply.ok(),
             Err(ClientError::Meta(MetaError::WouldBlock)) if sleep => {
-                // F_SETLKW: wait on a thread of its own so FUSE workers stay free.
-                let meta = Arc::clone(&self.meta);
-                std::thread::spawn(move || {
-                    let mut delay = Duration::from_millis(2);
-                    loop {
-                        match meta.set_lock(ino.0, &want) {
-                            Ok(()) => return reply.ok(),
-                            Err(MetaError::WouldBlock) => {
-                                std::thread::sleep(delay);
-                                delay = (delay * 2).min(Duration::from_millis(100));
-                            }
-                            Err(e) => return reply.error(Errno::from_i32(e.errno())),
+                // F_SETLKW, flock: wait on a thread of its own so FUSE workers stay free; a
+                // signal to the caller (FUSE_INTERRUPT) or the owner's close ends the wait.
+                let unique = req.unique().0;
+                let Some(w) = self.lock_wait(unique, ino.0, lock_owner.0) else {
+                    return reply.error(Errno::ENOLCK);
+                };
+                let fs = Arc::clone(&self.inner);
+                let spawned = std::thread::Builder::new()
+                    .name("tierfs-lock-wait".into())
+                    .spawn(move || {
+                        let r = fs.wait_for_lock(&w, &want);
+                        fs.lock_waits.lock().by_unique.remove(&unique);
+                        match r {
+                            Ok(()) => reply.ok(),
+                            Err(e) => reply.error(e),
                         }
-                    }
-                });
+                    });
+                if let Err(e) = spawned {
+                    // the reply went with the closure: dropped unanswered, it answers EIO
+                    tracing::warn!("cannot start a thread for a lock wait: {e}");
+                    self.lock_waits.lock().by_unique.remove(&unique);
+                }
             }
             Err(e) => reply.error(ino_errno(&e)),
         }

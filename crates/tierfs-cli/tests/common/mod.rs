@@ -1212,3 +1212,86 @@ pub fn tokens(s: &str) -> Vec<String> {
         .map(|t| t.to_ascii_lowercase())
         .collect()
 }
+
+// ---------------------------------------------------------------------------------------------
+// A child process for system calls that block (lock waits, opens waiting for a recall)
+// ---------------------------------------------------------------------------------------------
+
+/// A forked child process that makes raw system calls only (the test process has threads: after
+/// fork only async-signal-safe calls are safe). It reports numbers through a pipe. Dropped, it
+/// is killed and reaped (bounded: a child stuck in an uninterruptible FUSE wait is left).
+pub struct RawChild {
+    pid: i32,
+    rfd: i32,
+}
+
+impl RawChild {
+    /// Forks; the child runs `f` with the pipe's write end and must never return.
+    pub fn spawn(f: impl FnOnce(i32)) -> RawChild {
+        let mut fds = [0i32; 2];
+        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork failed");
+        if pid == 0 {
+            unsafe { libc::close(fds[0]) };
+            f(fds[1]);
+            unsafe { libc::_exit(3) };
+        }
+        unsafe { libc::close(fds[1]) };
+        RawChild { pid, rfd: fds[0] }
+    }
+
+    /// The next number the child reports, or None if none comes within `limit`.
+    pub fn report(&self, limit: Duration) -> Option<i32> {
+        let mut p = libc::pollfd {
+            fd: self.rfd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        if unsafe { libc::poll(&mut p, 1, limit.as_millis() as i32) } != 1 {
+            return None;
+        }
+        let mut b = [0u8; 4];
+        let n = unsafe { libc::read(self.rfd, b.as_mut_ptr().cast(), 4) };
+        (n == 4).then(|| i32::from_ne_bytes(b))
+    }
+
+    /// Whether the child was reaped within `limit` (after a kill).
+    pub fn reaped_within(&mut self, limit: Duration) -> bool {
+        if self.pid == 0 {
+            return true;
+        }
+        let deadline = Instant::now() + limit;
+        loop {
+            let mut st = 0;
+            if unsafe { libc::waitpid(self.pid, &mut st, libc::WNOHANG) } == self.pid {
+                self.pid = 0;
+                return true;
+            }
+            if Instant::now() > deadline {
+                return false;
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    pub fn kill(&self, sig: i32) {
+        if self.pid != 0 {
+            unsafe { libc::kill(self.pid, sig) };
+        }
+    }
+}
+
+impl Drop for RawChild {
+    fn drop(&mut self) {
+        self.kill(libc::SIGKILL);
+        let _ = self.reaped_within(Duration::from_secs(5));
+        unsafe { libc::close(self.rfd) };
+    }
+}
+
+/// Child side: writes a number to the pipe.
+pub fn tell(wfd: i32, v: i32) {
+    let b = v.to_ne_bytes();
+    unsafe { libc::write(wfd, b.as_ptr().cast(), 4) };
+}
