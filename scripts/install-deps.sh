@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what tierfs needs on a Debian machine: FUSE 3 (fusermount3, /dev/fuse tools), fio for
-# the benchmarks, sqlite3 for inspecting metadata, acl (setfacl/getfacl, for the ACL tests), and a
-# Rust toolchain if none is present.
+# the benchmarks, sqlite3 for inspecting metadata, acl (setfacl/getfacl, for the ACL tests),
+# faketime (libfaketime: the skewed-clock session test runs a daemon with its clock 60 s fast),
+# and a Rust toolchain if none is present.
 set -euo pipefail
 need=()
 command -v fusermount3 >/dev/null 2>&1 || need+=(fuse3)
@@ -9,6 +10,7 @@ command -v fio >/dev/null 2>&1 || need+=(fio)
 command -v sqlite3 >/dev/null 2>&1 || need+=(sqlite3)
 command -v setfacl >/dev/null 2>&1 || need+=(acl)
 command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
+command -v faketime >/dev/null 2>&1 || need+=(faketime)
 command -v cc >/dev/null 2>&1 || need+=(build-essential)
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing Debian packages: ${need[*]}"

@@ -419,6 +419,8 @@ fn print_status(engine: Arc<dyn MetaEngine>) -> Result<()> {
         println!("clients:    {} mounted", sessions.len());
     }
     let now = now_nanos();
+    // Heartbeats are stamped with the database's clock: their age is by it too.
+    let db_now = engine.db_now()?;
     // A database the workers cannot report to (an error here) still shows everything else.
     let reports = engine.worker_reports();
     for (s, l) in sessions {
@@ -433,7 +435,7 @@ fn print_status(engine: Arc<dyn MetaEngine>) -> Result<()> {
             s.pid,
             s.mountpoint,
             s.id,
-            (now - s.heartbeat) as f64 / 1e9,
+            (db_now - s.heartbeat) as f64 / 1e9,
             s.version
         );
         match &reports {

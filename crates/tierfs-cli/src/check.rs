@@ -182,7 +182,8 @@ fn scan(engine: &dyn MetaEngine, session_timeout: Duration) -> Result<Scan> {
     let refs = engine.object_refs()?;
     let counter = engine.object_id_counter()?;
     let host = hostname();
-    let now = now_nanos();
+    // Heartbeats carry the database's clock: judged by it, not this host's.
+    let now = engine.db_now()?;
     let live: Vec<SessionInfo> = engine
         .sessions()?
         .into_iter()

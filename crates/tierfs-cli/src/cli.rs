@@ -76,6 +76,10 @@ pub enum Command {
     /// The persistent client cache: attach, detach, state, pin, rules, stats.
     #[command(subcommand)]
     Pcc(crate::pcc::PccCmd),
+    /// Client sessions: list them, or evict one (end it at once, like Lustre's `lctl evict`:
+    /// its opens and locks go; the client fences itself and registers a new session).
+    #[command(subcommand)]
+    Session(crate::session::SessionCmd),
     /// Mount as mount(8) asks a helper to: SOURCE MOUNTPOINT -o OPTS (/etc/fstab lines of type
     /// fuse.tierfs; also run as mount.fuse.tierfs, or as `tierfs SOURCE MOUNTPOINT -o OPTS`).
     MountHelper(crate::helper::MountHelperArgs),

@@ -12,6 +12,7 @@ mod helper;
 mod locate;
 mod mount;
 mod pcc;
+mod session;
 
 use clap::Parser;
 
@@ -43,6 +44,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::Stats(a) => admin::stats(a),
         Command::Bench(a) => tierfs_bench::run(a).map_err(|e| CliError::Other(e.to_string())),
         Command::Pcc(c) => pcc::run(c),
+        Command::Session(c) => session::run(c),
         Command::Changelog(a) => changelog::run(a),
         Command::Dump(a) => dump::dump(a),
         Command::Gc(a) => check::gc(a),

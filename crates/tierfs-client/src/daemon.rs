@@ -19,6 +19,7 @@ use crate::fs::TierFs;
 use crate::lease::Recaller;
 use crate::metrics::Metrics;
 use crate::pcc::{Pcc, PccConfig};
+use crate::session::Session;
 use crate::workers::{jobs, Workers};
 
 #[derive(Debug, Error)]
@@ -243,8 +244,9 @@ pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Resul
         tracing::warn!("ending the sessions of dead local daemons failed: {e}");
     }
     // One live session per client name: a second mount of the name is refused.
-    let session = meta.register_session_unique(
-        &SessionInfo {
+    let session = Session::register(
+        meta.clone(),
+        SessionInfo {
             id: 0,
             client_name: client_name.clone(),
             host: crate::liveness::host_field(&hostname()),
@@ -256,6 +258,7 @@ pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Resul
         },
         Duration::from_secs(cfg.session_timeout_secs).as_nanos() as i64,
     )?;
+    let first_session = session.id();
     let data = Arc::new(DataPath::new(
         meta.clone(),
         targets,
@@ -270,6 +273,7 @@ pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Resul
             buffer_limit: cfg.buffer_limit_mb << 20,
         },
     ));
+    data.set_session(Arc::clone(&session));
     // Every client recalls other clients' RW-PCC leases before it opens or truncates a file.
     let recaller = Arc::new(Recaller::new(
         meta.clone(),
@@ -313,7 +317,7 @@ pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Resul
         meta.clone(),
         Arc::clone(&data),
         Arc::clone(&metrics),
-        session,
+        Arc::clone(&session),
         Duration::from_secs_f64(cfg.attr_ttl),
         Duration::from_secs_f64(cfg.entry_ttl),
         recaller,
@@ -327,7 +331,7 @@ pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Resul
         "meta": tierfs_meta::postgres::without_password(&req.meta_url),
         "name": info.name,
         "client": client_name,
-        "session": session,
+        "session": first_session,
         "mountpoint": mountpoint.display().to_string(),
         "pid": std::process::id(),
     })
@@ -347,7 +351,7 @@ pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Resul
     let mut fsession = match fuser::Session::new(fs, &mountpoint, &fcfg) {
         Ok(s) => s,
         Err(e) => {
-            let _ = meta.unregister_session(session);
+            let _ = meta.unregister_session(session.id());
             return Err(DaemonError::Mount(
                 mountpoint.display().to_string(),
                 e.to_string(),
@@ -360,12 +364,12 @@ pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Resul
     // The background workers, each on its own thread (see workers.rs).
     let workers = start_workers(
         &cfg,
-        session,
+        &session,
         &meta,
         &data,
         pcc.as_ref(),
         &metrics,
-        publish_reports(meta.clone(), session),
+        publish_reports(meta.clone(), Arc::clone(&session)),
     )?;
 
     // Signals: unmount cleanly.
@@ -384,7 +388,7 @@ pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Resul
     }
 
     tracing::info!(
-        "mounted {} at {} as client '{}' (session {session})",
+        "mounted {} at {} as client '{}' (session {first_session})",
         info.name,
         mountpoint.display(),
         client_name
@@ -392,7 +396,7 @@ pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Resul
     ready(Ok(()));
     let result = fsession.run();
     stop_workers(workers, &data, pcc.as_ref());
-    if let Err(e) = meta.unregister_session(session) {
+    if let Err(e) = meta.unregister_session(session.id()) {
         tracing::warn!("could not end the session: {e}");
     }
     drop(rt);
@@ -415,7 +419,7 @@ const STOP_FIRST: &[&str] = &[
 /// Starts the daemon's workers; `publish` is where `worker-reports` sends their status.
 fn start_workers(
     cfg: &ClientConfig,
-    session: u64,
+    session: &Arc<Session>,
     meta: &Arc<dyn tierfs_meta::MetaEngine>,
     data: &Arc<DataPath>,
     pcc: Option<&Arc<Pcc>>,
@@ -429,7 +433,7 @@ fn start_workers(
     let gc_every = Duration::from_secs(cfg.gc_interval_secs);
     w.spawn(jobs::Heartbeat {
         meta: meta.clone(),
-        session,
+        session: Arc::clone(session),
         every: heartbeat,
         health: Arc::clone(&health),
     })
@@ -443,7 +447,6 @@ fn start_workers(
     .map_err(spawn_err)?;
     w.spawn(jobs::CloseRecorder {
         data: Arc::clone(data),
-        session,
     })
     .map_err(spawn_err)?;
     w.spawn(jobs::CommitRetry {
@@ -498,11 +501,12 @@ fn stop_workers(mut workers: Workers, data: &DataPath, pcc: Option<&Arc<Pcc>>) {
 }
 
 /// Where `worker-reports` publishes: the metadata database, for `tierfs status`.
-fn publish_reports(meta: Arc<dyn tierfs_meta::MetaEngine>, session: u64) -> jobs::Publish {
+fn publish_reports(meta: Arc<dyn tierfs_meta::MetaEngine>, session: Arc<Session>) -> jobs::Publish {
     Box::new(move |snapshot| {
         let reports: Vec<tierfs_meta::WorkerReport> =
             snapshot.iter().map(crate::workers::report_of).collect();
-        meta.report_workers(session, &reports)
+        // under the current session (a fenced client's new one)
+        meta.report_workers(session.id(), &reports)
             .map_err(|e| e.to_string())
     })
 }

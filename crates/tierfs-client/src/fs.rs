@@ -30,6 +30,7 @@ use crate::error::{ClientError, Result};
 use crate::lease::{Lease, Recalled, Recaller};
 use crate::metrics::Metrics;
 use crate::pcc::{Opened as CacheOpened, Pcc, Served};
+use crate::session::Session;
 
 /// Name of the virtual stats file in the root directory (`tierfs stats MOUNT` reads it).
 pub const STATS_NAME: &str = ".tierfs-stats";
@@ -63,6 +64,9 @@ struct Handle {
     /// Who opened it: a close (queued, recorded later by the session thread) and the flush at
     /// release are recorded in the changelog in this context.
     caller: Caller,
+    /// The session it was opened under: once this client was fenced (that session reaped or
+    /// evicted, its opens and locks dropped), the handle fails with EIO (close succeeds).
+    session: u64,
 }
 
 struct CachedHandle {
@@ -315,7 +319,8 @@ pub struct FsInner {
     pub meta: Arc<dyn MetaEngine>,
     pub data: Arc<DataPath>,
     pub metrics: Arc<Metrics>,
-    pub session: u64,
+    /// This client's session (swapped when it is fenced: see [`crate::session`]).
+    pub session: Arc<Session>,
     pub attr_ttl: Duration,
     pub entry_ttl: Duration,
     handles: Mutex<HashMap<u64, Arc<Handle>>>,
@@ -459,7 +464,7 @@ impl TierFs {
         meta: Arc<dyn MetaEngine>,
         data: Arc<DataPath>,
         metrics: Arc<Metrics>,
-        session: u64,
+        session: Arc<Session>,
         attr_ttl: Duration,
         entry_ttl: Duration,
         recaller: Arc<Recaller>,
@@ -750,24 +755,29 @@ impl FsInner {
         } else {
             None
         };
-        let open_by = if open { Some(self.session) } else { None };
-        Ok(self
-            .meta
-            .create(parent, name.as_bytes(), &node, layout, open_by)?)
+        let sid = self.session.id();
+        let open_by = if open { Some(sid) } else { None };
+        Ok(self.session.watch(
+            sid,
+            self.meta
+                .create(parent, name.as_bytes(), &node, layout, open_by),
+        )?)
     }
 
     /// A new handle on `attr`'s file; `recorded` when the open is already in the metadata
     /// engine (create + open in one transaction).
     fn open_file(&self, attr: &Attr, flags: i32, recorded: bool) -> Result<(u64, FopenFlags)> {
-        if !recorded && !self.data.cancel_queued_close(attr.ino) {
-            self.meta.open_file(self.session, attr.ino)?;
+        let sid = self.session.id();
+        if !recorded && !self.data.cancel_queued_close(attr.ino, sid) {
+            self.session
+                .watch(sid, self.meta.open_file(sid, attr.ino))?;
         }
-        Ok(self.open_handle(attr, flags, !recorded))
+        Ok(self.open_handle(attr, flags, !recorded, sid))
     }
 
-    /// A new handle on `attr`'s file whose open is counted in the metadata engine already;
-    /// `seen`: the file existed before this open (not created by it).
-    fn open_handle(&self, attr: &Attr, flags: i32, seen: bool) -> (u64, FopenFlags) {
+    /// A new handle on `attr`'s file whose open is counted in the metadata engine already,
+    /// under session `sid`; `seen`: the file existed before this open (not created by it).
+    fn open_handle(&self, attr: &Attr, flags: i32, seen: bool, sid: u64) -> (u64, FopenFlags) {
         let keep = self.data.open(attr);
         if !keep && seen {
             // The data changed since this client last saw it: make the kernel drop its cached
@@ -791,6 +801,7 @@ impl FsInner {
             stats: None,
             cache: None,
             caller: tierfs_meta::changelog::current(),
+            session: sid,
         });
         (fh, fl)
     }
@@ -924,24 +935,32 @@ impl FsInner {
         // A close of the file still queued here: the engine never stopped counting it open,
         // so no other client took its lease since (pcc_acquire refuses a file open
         // elsewhere): the close and this open cancel out if no lease was there before.
-        if self.pcc.is_none() && snapshot.is_none() && self.data.cancel_queued_close(ino) {
+        let sid = self.session.id();
+        if self.pcc.is_none() && snapshot.is_none() && self.data.cancel_queued_close(ino, sid) {
             if let Ok(Lease::Free) = self.recaller.look(&a) {
-                let (fh, fl) = self.open_handle(&a, flags, true);
+                let (fh, fl) = self.open_handle(&a, flags, true, sid);
                 return Ok(Step::Done((fh, fl, None)));
             }
             self.data
-                .queue_close(ino, tierfs_meta::changelog::current());
+                .queue_close(ino, tierfs_meta::changelog::current(), sid);
         }
         let opened = match &self.pcc {
             Some(pcc) => {
                 let name = self.names.lock().get(&ino).cloned();
-                pcc.open(self.session, &a, name.as_deref(), flags, snapshot)?
+                let r = pcc.open(sid, &a, name.as_deref(), flags, snapshot);
+                if let Err(ClientError::Meta(MetaError::SessionEnded(s))) = &r {
+                    // fenced: a new session for the next request (this one fails, EIO)
+                    let _ = self
+                        .session
+                        .watch::<()>(sid, Err(MetaError::SessionEnded(*s)));
+                }
+                r?
             }
             None => {
                 let client = self.recaller.client();
                 match self
-                    .meta
-                    .pcc_open(self.session, ino, client, write, snapshot)?
+                    .session
+                    .watch(sid, self.meta.pcc_open(sid, ino, client, write, snapshot))?
                 {
                     PccOpen::Held(l) => CacheOpened::Held(l),
                     PccOpen::Snapshot { attr, .. } => CacheOpened::Uncached(attr),
@@ -950,7 +969,7 @@ impl FsInner {
                         // Leased to this client name, but this mount has no cache: its data
                         // is not here (a clean lease is given up, dirty data cannot be read).
                         if let Err(e) = self.recaller.ours_without_data(&l) {
-                            let _ = self.meta.close_files(self.session, &[ino]);
+                            let _ = self.meta.close_files(sid, &[ino]);
                             return Err(e);
                         }
                         CacheOpened::Uncached(self.meta.getattr(ino)?)
@@ -963,7 +982,7 @@ impl FsInner {
                 .open_cached(reply, &a, flags, served, true)
                 .map(Step::Done),
             CacheOpened::Uncached(attr) => {
-                let (fh, fl) = self.open_handle(&attr, flags, true);
+                let (fh, fl) = self.open_handle(&attr, flags, true, sid);
                 Ok(Step::Done((fh, fl, None)))
             }
             CacheOpened::Held(l) => Ok(Step::Wait(l)),
@@ -1082,8 +1101,10 @@ impl FsInner {
         served: Served,
         recorded: bool,
     ) -> Result<(u64, FopenFlags, Option<Arc<BackingId>>)> {
+        let sid = self.session.id();
         if !recorded {
-            self.meta.open_file(self.session, attr.ino)?;
+            self.session
+                .watch(sid, self.meta.open_file(sid, attr.ino))?;
         }
         let write = flags & libc::O_ACCMODE != libc::O_RDONLY;
         let privileged = write && attr.perm & (libc::S_ISUID | libc::S_ISGID) != 0;
@@ -1118,6 +1139,7 @@ impl FsInner {
                 passthrough: backing.is_some(),
             }),
             caller: tierfs_meta::changelog::current(),
+            session: sid,
         });
         Ok((fh, fl, backing))
     }
@@ -1227,7 +1249,7 @@ impl FsInner {
 
     fn lock_range(&self, owner: LockOwner, start: u64, end: u64, typ: i32, pid: u32) -> LockRange {
         LockRange {
-            session: self.session,
+            session: self.session.id(),
             owner: owner.0,
             // flock(2) and fcntl(2) locks share one space, as on NFS: FUSE gives no way to tell
             // them apart here.
@@ -1604,7 +1626,14 @@ impl Filesystem for TierFs {
             }
             let text = text.into_bytes();
             let text = if ino.0 == INFO_INO {
-                self.info_json.clone().into_bytes()
+                // with the current session (a fenced client registered a new one)
+                match serde_json::from_str::<serde_json::Value>(&self.info_json) {
+                    Ok(mut v) if v.get("session").is_some() => {
+                        v["session"] = self.session.id().into();
+                        v.to_string().into_bytes()
+                    }
+                    _ => self.info_json.clone().into_bytes(),
+                }
             } else {
                 text
             };
@@ -1614,6 +1643,7 @@ impl Filesystem for TierFs {
                 stats: Some(text),
                 cache: None,
                 caller: Caller::default(),
+                session: self.session.id(),
             });
             reply.opened(FileHandle(fh), FopenFlags::FOPEN_DIRECT_IO);
             return;
@@ -1734,6 +1764,10 @@ impl Filesystem for TierFs {
             reply.data(&text[s..e]);
             return;
         }
+        if let Err(e) = self.session.check_handle(h.session) {
+            reply.error(errno(&e));
+            return;
+        }
         if let Some(c) = &h.cache {
             use std::os::unix::fs::FileExt;
             let mut buf = vec![0u8; size as usize];
@@ -1791,6 +1825,8 @@ impl Filesystem for TierFs {
         // (libaio, io_uring) gets none, so the daemon does it here.
         let dsync = flags.0 & libc::O_DSYNC != 0;
         let r = self.run("write", || {
+            // a handle of a session that ended (this client was fenced): EIO
+            self.session.check_handle(h.session)?;
             if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
                 // An unprivileged write (the kernel says so: FUSE_HANDLE_KILLPRIV_V2) drops
                 // setuid, and setgid on group-executables.
@@ -1872,13 +1908,22 @@ impl Filesystem for TierFs {
                     }
                 }
             }
-            let res = self.data.flush(ino.0);
+            let mut res = self.data.flush(ino.0);
+            if let (Err(ClientError::Meta(MetaError::SessionEnded(_))), Some(h)) =
+                (&res, self.handle(fh))
+            {
+                if h.session != self.session.id() {
+                    // close(2) of a handle of an ended session succeeds (as after a Lustre
+                    // eviction): what it had buffered was refused and logged (FENCED).
+                    res = Ok(None);
+                }
+            }
             // close(2) drops the POSIX locks this owner holds on the file, and ends its waits
             // for more.
             self.cancel_lock_waits(ino.0, lock_owner.0);
             if self.handle(fh).is_some() && self.locked.lock().contains(&ino.0) {
                 self.meta
-                    .release_locks(ino.0, self.session, lock_owner.0, false)?;
+                    .release_locks(ino.0, self.session.id(), lock_owner.0, false)?;
             }
             res.map(|_| ())
         });
@@ -1933,12 +1978,14 @@ impl Filesystem for TierFs {
                 if self.locked.lock().contains(&ino.0) {
                     unlocked = self
                         .meta
-                        .release_locks(ino.0, self.session, o.0, false)
+                        .release_locks(ino.0, self.session.id(), o.0, false)
                         .map_err(ClientError::from);
                 }
             }
             // Closes reach the metadata engine in batches (see DataPath::queue_close).
-            self.data.queue_close(ino.0, caller);
+            // (under the session it was opened under: one that ended has no opens left)
+            let opened_under = h.as_ref().map_or(self.session.id(), |h| h.session);
+            self.data.queue_close(ino.0, caller, opened_under);
             if h.as_ref().is_some_and(|h| h.cache.is_none()) {
                 // a handle of the data path (DataPath::open): the file's state may go
                 self.data.release(ino.0);
@@ -1963,6 +2010,9 @@ impl Filesystem for TierFs {
         let _caller = self.scope(req);
         let h = self.handle(fh);
         match self.run("fsync", || {
+            if let Some(h) = &h {
+                self.session.check_handle(h.session)?;
+            }
             if let (Some(pcc), Some(c)) = (&self.pcc, h.as_ref().and_then(|h| h.cache.as_ref())) {
                 return pcc.on_fsync(ino.0, &c.file);
             }
@@ -2181,7 +2231,7 @@ impl Filesystem for TierFs {
         &self,
         _req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         lock_owner: LockOwner,
         start: u64,
         end: u64,
@@ -2189,6 +2239,12 @@ impl Filesystem for TierFs {
         pid: u32,
         reply: ReplyLock,
     ) {
+        if let Some(h) = self.handle(fh) {
+            if let Err(e) = self.session.check_handle(h.session) {
+                reply.error(errno(&e));
+                return;
+            }
+        }
         let want = self.lock_range(lock_owner, start, end, typ, pid);
         match self.run("getlk", || Ok(self.meta.test_lock(ino.0, &want)?)) {
             Ok(Some(l)) => {
@@ -2208,7 +2264,7 @@ impl Filesystem for TierFs {
         &self,
         req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         lock_owner: LockOwner,
         start: u64,
         end: u64,
@@ -2217,11 +2273,22 @@ impl Filesystem for TierFs {
         sleep: bool,
         reply: ReplyEmpty,
     ) {
+        if let Some(h) = self.handle(fh) {
+            // a handle of a session that ended (this client was fenced): EIO
+            if let Err(e) = self.session.check_handle(h.session) {
+                reply.error(errno(&e));
+                return;
+            }
+        }
         let want = self.lock_range(lock_owner, start, end, typ, pid);
         if want.typ != LockType::Unlock {
             self.locked.lock().insert(ino.0);
         }
-        let first = self.run("setlk", || Ok(self.meta.set_lock(ino.0, &want)?));
+        let first = self.run("setlk", || {
+            Ok(self
+                .session
+                .watch(want.session, self.meta.set_lock(ino.0, &want))?)
+        });
         match first {
             Ok(()) => reply.ok(),
             Err(ClientError::Meta(MetaError::WouldBlock)) if sleep => {

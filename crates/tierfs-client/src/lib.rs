@@ -12,6 +12,7 @@
 //!   client, with a cache or not).
 //! - [`liveness`]: whether a session's daemon still runs, when it ran on this machine.
 //! - [`recall`]: the loop that gives RW-PCC leases back on request (notified or polling).
+//! - [`session`]: this client's session, and its fencing when the session ended under it.
 //! - [`workers`]: the background workers (heartbeat, reaper, close recorder, PCC, GC,
 //!   compaction, maintenance, recalls), each on its own thread, with state and last error.
 
@@ -28,6 +29,7 @@ pub mod metrics;
 pub mod pcc;
 pub mod pcc_state;
 pub mod recall;
+pub mod session;
 pub mod workers;
 
 pub use config::ClientConfig;

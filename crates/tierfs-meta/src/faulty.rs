@@ -246,12 +246,27 @@ impl FileData for FaultyEngine {
         fn alloc_object_ids(&self, n: u64) -> Result<u64>;
         fn read_chunk(&self, ino: Ino, chunk: u64) -> Result<Vec<Slice>>;
         fn commit_slices(&self, ino: Ino, slices: &[Slice], new_end: u64, mtime: Nanos) -> Result<Attr>;
-        fn commit_slices_for(&self, session: u64, ino: Ino, slices: &[Slice], new_end: u64, mtime: Nanos) -> Result<Attr>;
         fn fallocate(&self, ino: Ino, off: u64, len: u64, keep_size: bool, zero: bool) -> Result<Attr>;
         fn replace_chunk(&self, ino: Ino, chunk: u64, upto: u64, merged: &[Slice]) -> Result<bool>;
         fn rewrite_data(&self, ino: Ino, slices: &[Slice], size: u64, mtime: Nanos) -> Result<Attr>;
         fn trash(&self, limit: usize, open_grace: Duration) -> Result<Vec<TrashItem>>;
         fn trash_done(&self, ids: &[u64]) -> Result<()>;
+    }
+
+    /// The same operation as `commit_slices` (a client's commit of its buffered writes, under
+    /// its session): plans name it `"commit_slices"`.
+    fn commit_slices_for(
+        &self,
+        session: u64,
+        ino: Ino,
+        slices: &[Slice],
+        new_end: u64,
+        mtime: Nanos,
+    ) -> Result<Attr> {
+        self.plan.call("commit_slices", || {
+            self.inner
+                .commit_slices_for(session, ino, slices, new_end, mtime)
+        })
     }
 }
 

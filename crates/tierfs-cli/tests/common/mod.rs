@@ -1295,3 +1295,92 @@ pub fn tell(wfd: i32, v: i32) {
     let b = v.to_ne_bytes();
     unsafe { libc::write(wfd, b.as_ptr().cast(), 4) };
 }
+// ---------------------------------------------------------------------------------------------
+// A private PostgreSQL server
+// ---------------------------------------------------------------------------------------------
+
+pub fn pg_script() -> String {
+    format!(
+        "{}/../../scripts/postgres-test-server.sh",
+        env!("CARGO_MANIFEST_DIR")
+    )
+}
+
+/// Runs the script with a time limit; (exit code, stdout, stderr).
+pub fn run_pg_script(args: &[&str], limit: Duration) -> (i32, String, String) {
+    let mut child = Command::new("bash")
+        .arg(pg_script())
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run bash");
+    let deadline = Instant::now() + limit;
+    while child.try_wait().expect("wait").is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("postgres-test-server.sh {args:?} took longer than {limit:?}");
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().expect("output");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A private PostgreSQL server from `scripts/postgres-test-server.sh` (which installs PostgreSQL
+/// from Debian packages when it is missing); stopped and removed when dropped.
+pub struct PgServer {
+    pub url: String,
+    pub dir: String,
+}
+
+impl PgServer {
+    /// `None` when PostgreSQL is not available (the test is then skipped).
+    pub fn start(test: &str) -> Option<PgServer> {
+        let (code, out, err) = run_pg_script(&["start"], Duration::from_secs(600));
+        if code == 3 {
+            let in_ci = std::env::var("CI").map(|v| v == "true").unwrap_or(false);
+            assert!(!in_ci, "PostgreSQL is not available and CI=true: {err}");
+            eprintln!("SKIPPED: {test}: PostgreSQL is not installed and could not be installed");
+            return None;
+        }
+        assert_eq!(code, 0, "postgres-test-server.sh start failed: {err}");
+        let get = |k: &str| {
+            out.lines()
+                .find_map(|l| l.strip_prefix(&format!("{k}=")))
+                .map(str::to_string)
+                .unwrap_or_else(|| panic!("no {k} in {out}"))
+        };
+        Some(PgServer {
+            url: get("TIERFS_PG_URL"),
+            dir: get("TIERFS_PG_DIR"),
+        })
+    }
+
+    /// Stops the server abruptly (as a crash would), keeping its data.
+    pub fn down(&self) {
+        let (code, _, err) = run_pg_script(&["down", &self.dir], Duration::from_secs(60));
+        assert_eq!(code, 0, "postgres-test-server.sh down: {err}");
+    }
+
+    /// Starts it again on the same port.
+    pub fn up(&self) {
+        let (code, _, err) = run_pg_script(&["up", &self.dir], Duration::from_secs(120));
+        assert_eq!(code, 0, "postgres-test-server.sh up: {err}");
+    }
+}
+
+impl Drop for PgServer {
+    fn drop(&mut self) {
+        let (code, _, err) = run_pg_script(&["stop", &self.dir], Duration::from_secs(60));
+        if code != 0 {
+            eprintln!("stopping the test PostgreSQL server: {err}");
+        }
+    }
+}

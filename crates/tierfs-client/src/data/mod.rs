@@ -10,7 +10,7 @@ pub mod space;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -24,6 +24,7 @@ use tierfs_store::{Allocator, StoreError, TargetSet};
 
 use crate::error::{ClientError, Result};
 use crate::metrics::Metrics;
+use crate::session::Session;
 use cache::ChunkCache;
 use segments::{visible, Source};
 use space::SpaceGuard;
@@ -95,6 +96,9 @@ struct FileInner {
     seen_version: Option<u64>,
     chunk_slices: HashMap<u64, Arc<Vec<Slice>>>,
     pending: Vec<Pending>,
+    /// The session the pending writes were buffered under (0: none known): they are committed
+    /// under it, and refused once it ended (see [`crate::session`]).
+    pending_session: u64,
     pending_bytes: usize,
     pending_end: u64,
     /// An error of a background upload, reported at the next write, flush or fsync.
@@ -130,8 +134,11 @@ pub struct DataPath {
     /// last close (so a reopen of an unchanged file keeps the kernel's cache): 16 bytes a
     /// file, emptied past [`SEEN_MAX`] entries.
     seen: Mutex<HashMap<Ino, u64>>,
-    /// Queued closes, each with the context of whoever opened the file (its CLOSE record's).
-    closes: Mutex<Vec<(Ino, Caller)>>,
+    /// Queued closes, each with the context of whoever opened the file (its CLOSE record's)
+    /// and the session it was opened under.
+    closes: Mutex<Vec<(Ino, Caller, u64)>>,
+    /// This client's session, once mounted: buffered writes are committed under it.
+    session: OnceLock<Arc<Session>>,
     /// Chunks that got new slices: compaction looks at them in the background.
     compact_candidates: Mutex<std::collections::HashSet<(Ino, u64)>>,
     info_cache: Mutex<Option<(std::time::Instant, HashMap<Ino, tierfs_meta::StripeDefault>)>>,
@@ -174,6 +181,7 @@ impl DataPath {
             buffered_fell: (Mutex::new(()), Condvar::new()),
             seen: Mutex::new(HashMap::new()),
             closes: Mutex::new(Vec::new()),
+            session: OnceLock::new(),
             compact_candidates: Mutex::new(Default::default()),
             info_cache: Mutex::new(None),
             cfg,
@@ -182,6 +190,16 @@ impl DataPath {
             rt,
             metrics,
         }
+    }
+
+    /// Commits buffered writes under `session` from now on (set once, at mount).
+    pub fn set_session(&self, session: Arc<Session>) {
+        let _ = self.session.set(session);
+    }
+
+    /// The current session id (0 before [`DataPath::set_session`]).
+    fn session_id(&self) -> u64 {
+        self.session.get().map_or(0, |s| s.id())
     }
 
     fn state(&self, ino: Ino) -> Arc<FileState> {
@@ -326,8 +344,9 @@ impl DataPath {
     /// Records a close; [`DataPath::drain_closes`] sends them to the metadata engine in one
     /// transaction (a create-write-close then costs two transactions instead of three).
     /// `caller`: who opened the file, whom its CLOSE changelog record names.
-    pub fn queue_close(&self, ino: Ino, caller: Caller) {
-        self.closes.lock().push((ino, caller));
+    /// `session`: the one the handle was opened under.
+    pub fn queue_close(&self, ino: Ino, caller: Caller, session: u64) {
+        self.closes.lock().push((ino, caller, session));
     }
 
     /// An open of `ino` while a close of it still waits in the queue: the two cancel out and
@@ -335,9 +354,11 @@ impl DataPath {
     /// (A file opened and closed in a loop then costs no metadata writes, and does not keep
     /// updating its inode row, which would make other clients' transactions on it conflict.)
     /// Returns whether a queued close was taken back.
-    pub fn cancel_queued_close(&self, ino: Ino) -> bool {
+    /// Only a close of the same `session` cancels out (one of an ended session has nothing
+    /// left to count down, and the new open must be recorded).
+    pub fn cancel_queued_close(&self, ino: Ino, session: u64) -> bool {
         let mut q = self.closes.lock();
-        match q.iter().position(|x| x.0 == ino) {
+        match q.iter().position(|x| x.0 == ino && x.2 == session) {
             Some(i) => {
                 q.swap_remove(i);
                 true
@@ -346,24 +367,53 @@ impl DataPath {
         }
     }
 
-    /// Sends queued closes to the metadata engine.
-    pub fn drain_closes(&self, session: u64) -> Result<usize> {
+    /// Sends queued closes to the metadata engine, one transaction per session they were
+    /// opened under (the current one, but also one that ended: those opens went with it, and
+    /// the closes are dropped).
+    pub fn drain_closes(&self) -> Result<usize> {
         let batch = std::mem::take(&mut *self.closes.lock());
         if batch.is_empty() {
             return Ok(0);
         }
-        let inos: Vec<Ino> = batch.iter().map(|(i, _)| *i).collect();
-        // Each CLOSE record names its opener (tierfs_meta::changelog::for_ino).
-        let r = {
-            let _scope = tierfs_meta::changelog::enter_batch(batch.clone());
-            self.meta.close_files(session, &inos)
-        };
-        if let Err(e) = r {
-            // Keep them for the next round.
-            self.closes.lock().extend_from_slice(&batch);
-            return Err(e.into());
+        let mut sessions: Vec<u64> = batch.iter().map(|x| x.2).collect();
+        sessions.sort_unstable();
+        sessions.dedup();
+        let mut done = 0;
+        let mut failed = None;
+        for session in sessions {
+            let mine: Vec<(Ino, Caller)> = batch
+                .iter()
+                .filter(|x| x.2 == session)
+                .map(|(i, c, _)| (*i, c.clone()))
+                .collect();
+            let inos: Vec<Ino> = mine.iter().map(|(i, _)| *i).collect();
+            // Each CLOSE record names its opener (tierfs_meta::changelog::for_ino).
+            let r = {
+                let _scope = tierfs_meta::changelog::enter_batch(mine.clone());
+                self.meta.close_files(session, &inos)
+            };
+            let r = match self.session.get() {
+                Some(s) => s.watch(session, r),
+                None => r,
+            };
+            match r {
+                Ok(()) => done += mine.len(),
+                Err(MetaError::SessionEnded(_)) => {
+                    tracing::debug!(session, "closes under an ended session dropped");
+                }
+                Err(e) => {
+                    // Keep them for the next round.
+                    self.closes
+                        .lock()
+                        .extend(mine.into_iter().map(|(i, c)| (i, c, session)));
+                    failed = Some(e);
+                }
+            }
         }
-        Ok(batch.len())
+        match failed {
+            Some(e) => Err(e.into()),
+            None => Ok(done),
+        }
     }
 
     /// A directory's stripe default for new files, cached for a second (setstripe on a
@@ -504,6 +554,9 @@ impl DataPath {
                 }
                 return Err(ClientError::Errno("earlier background upload failed", e));
             }
+            if inner.pending.is_empty() {
+                inner.pending_session = self.session_id();
+            }
             let mut pos = 0usize;
             for (chunk, s, e) in chunk_range(&layout, off, end) {
                 let n = (e - s) as usize;
@@ -570,6 +623,9 @@ impl DataPath {
                 .acquire_owned()
                 .await
                 .map_err(|e| StoreError::Io(e.to_string()))?;
+            if let Some(d) = test_upload_stall() {
+                tokio::time::sleep(d).await;
+            }
             let n = bytes.len() as u64;
             t.put(obj, bytes).await?;
             t.sync(vec![obj]).await?;
@@ -584,7 +640,7 @@ impl DataPath {
             return Ok(None);
         };
         let _order = st.flush_lock.lock();
-        let (mut pending, end, taken) = {
+        let (mut pending, end, taken, session) = {
             let mut inner = st.inner.lock();
             if let Some(e) = inner.deferred_error.take() {
                 // (what is buffered now stays for the next commit)
@@ -592,7 +648,7 @@ impl DataPath {
             }
             let p = std::mem::take(&mut inner.pending);
             let taken = std::mem::take(&mut inner.pending_bytes);
-            (p, inner.pending_end, taken)
+            (p, inner.pending_end, taken, inner.pending_session)
         };
         // The bytes stop counting against buffer_limit once this commit is over, unless it
         // failed and they were put back for the next one.
@@ -696,13 +752,35 @@ impl DataPath {
         }
         let result = match failure {
             Some(e) => Err(e),
+            // Under the session the writes were buffered under: refused once it ended (this
+            // client was fenced; its uploads may count as garbage already).
+            None if session != 0 => {
+                let r = self
+                    .meta
+                    .commit_slices_for(session, ino, &slices, end, now_nanos());
+                match self.session.get() {
+                    Some(s) => s.watch(session, r),
+                    None => r,
+                }
+                .map_err(ClientError::from)
+            }
             None => self
                 .meta
                 .commit_slices(ino, &slices, end, now_nanos())
                 .map_err(ClientError::from),
         };
-        let put_back =
-            matches!(&result, Err(e) if !matches!(e, ClientError::Meta(MetaError::NotFound)));
+        if let Err(ClientError::Meta(MetaError::SessionEnded(_))) = &result {
+            tracing::error!(
+                ino,
+                bytes = taken,
+                "FENCED: writes buffered under ended session {session} are dropped (reported \
+                 as EIO to the writer's next write, fsync or close)"
+            );
+        }
+        let put_back = matches!(&result, Err(e) if !matches!(
+            e,
+            ClientError::Meta(MetaError::NotFound | MetaError::SessionEnded(_))
+        ));
         if put_back {
             // Nothing of this commit may be lost: the pieces go back in front of what was
             // written meanwhile, for the next flush, fsync or close (or the background retry
@@ -730,6 +808,7 @@ impl DataPath {
             let mut inner = st.inner.lock();
             let later = std::mem::take(&mut inner.pending);
             inner.pending = pending;
+            inner.pending_session = session;
             inner.pending.extend(later);
             inner.pending_bytes += taken;
             inner.pending_end = inner.pending_end.max(end);
@@ -1245,4 +1324,22 @@ async fn materialize(
         fetched.push(r?);
     }
     Ok(assemble(&segs, &slices, start, end, fetched))
+}
+
+/// Test hook, in debug builds only: `TIERFS_TEST_UPLOAD_STALL_MS=N` in the daemon's environment
+/// makes every object upload take N ms longer, as a slow storage target would
+/// (crates/tierfs-cli/tests/sessions.rs: a long write-back never gets its owner reaped).
+fn test_upload_stall() -> Option<Duration> {
+    #[cfg(debug_assertions)]
+    {
+        static STALL: std::sync::OnceLock<Option<Duration>> = std::sync::OnceLock::new();
+        *STALL.get_or_init(|| {
+            std::env::var("TIERFS_TEST_UPLOAD_STALL_MS")
+                .ok()
+                .and_then(|v| v.parse::<u64>().ok())
+                .map(Duration::from_millis)
+        })
+    }
+    #[cfg(not(debug_assertions))]
+    None
 }

@@ -11,6 +11,7 @@ use super::{Ctx, Next, Registry, State, Status, WorkError, Worker};
 use crate::data::DataPath;
 use crate::metrics::Metrics;
 use crate::pcc::Pcc;
+use crate::session::Session;
 
 /// How often the `worker-reports` worker publishes the workers' status to the database.
 pub const REPORT_INTERVAL: Duration = Duration::from_secs(3);
@@ -44,10 +45,13 @@ impl Health {
 }
 
 /// `heartbeat`: the session's heartbeat, alone on its thread (it takes no lock of the client's
-/// that another worker holds; the engine's own write lock is held for one statement at a time).
+/// that another worker holds; the engine's own write lock is held for one statement at a time;
+/// on PostgreSQL it has a database connection of its own, `Driver::write_priority`). The
+/// engine stamps it with the database's clock. When the session is gone (reaped or evicted),
+/// the client fences itself and carries on under a new session ([`Session::ended`]).
 pub struct Heartbeat {
     pub meta: Arc<dyn MetaEngine>,
-    pub session: u64,
+    pub session: Arc<Session>,
     pub every: Duration,
     pub health: Arc<Health>,
 }
@@ -59,9 +63,29 @@ impl Worker for Heartbeat {
     fn interval(&self) -> Duration {
         self.every
     }
-    fn work(&mut self, _ctx: &Ctx) -> Result<Next, WorkError> {
-        match self.meta.heartbeat(self.session) {
+    fn work(&mut self, ctx: &Ctx) -> Result<Next, WorkError> {
+        let id = self.session.id();
+        match self.meta.heartbeat(id) {
             Ok(()) => Ok(Next::Idle),
+            Err(tierfs_meta::MetaError::NotFound) => {
+                // Our session was reaped or evicted: fence, and carry on under a new one.
+                self.health.broken();
+                match self.session.ended(id) {
+                    Ok(new) => {
+                        ctx.progress(format!("fenced: session {id} had ended, now session {new}"));
+                        Err(format!(
+                            "session {id} had ended (reaped or evicted): fenced, registered \
+                             session {new}"
+                        )
+                        .into())
+                    }
+                    Err(e) => Err(format!(
+                        "session {id} had ended (reaped or evicted); registering a new \
+                         session failed: {e}"
+                    )
+                    .into()),
+                }
+            }
             Err(e) => {
                 self.health.broken();
                 Err(format!("heartbeat failed: {e}").into())
@@ -117,7 +141,6 @@ impl Worker for SessionReaper {
 /// batch); at unmount it records what is left.
 pub struct CloseRecorder {
     pub data: Arc<DataPath>,
-    pub session: u64,
 }
 
 impl Worker for CloseRecorder {
@@ -129,12 +152,12 @@ impl Worker for CloseRecorder {
     }
     fn work(&mut self, _ctx: &Ctx) -> Result<Next, WorkError> {
         self.data
-            .drain_closes(self.session)
+            .drain_closes()
             .map_err(|e| format!("recording closes failed: {e}"))?;
         Ok(Next::Idle)
     }
     fn finish(&mut self, ctx: &Ctx) {
-        if let Err(e) = self.data.drain_closes(self.session) {
+        if let Err(e) = self.data.drain_closes() {
             ctx.error(format!("recording closes at unmount failed: {e}"));
         }
     }

@@ -8,7 +8,7 @@ use super::common::{lock_rows, purge_if_orphan, purge_inode};
 use super::schema::SCHEMA_VERSION;
 use super::session::end_sessions;
 use super::SqlMeta;
-use crate::engine::{Admin, Channel, Listener, Namespace, ORPHAN_GRACE};
+use crate::engine::{Admin, Channel, Listener, Namespace, Sessions, ORPHAN_GRACE};
 use crate::error::{MetaError, Result};
 use crate::sql::{Driver, Row, Tx, Value};
 use crate::types::*;
@@ -447,7 +447,8 @@ impl<D: Driver> Admin for SqlMeta<D> {
     }
 
     fn meta_issues(&self, timeout_ns: i64) -> Result<Vec<MetaIssue>> {
-        let limit = now_nanos() - timeout_ns;
+        // by the database's clock, as heartbeats are stamped
+        let limit = Sessions::db_now(self)? - timeout_ns;
         let unheld = format!("SELECT i.ino FROM inodes i WHERE {UNHELD} ORDER BY i.ino");
         self.d.read(|tx| {
             let mut out = Vec::new();
@@ -515,7 +516,8 @@ impl<D: Driver> Admin for SqlMeta<D> {
     }
 
     fn repair_issue(&self, issue: &MetaIssue, timeout_ns: i64) -> Result<bool> {
-        let limit = now_nanos() - timeout_ns;
+        // by the database's clock, as heartbeats are stamped
+        let limit = Sessions::db_now(self)? - timeout_ns;
         let unheld =
             format!("SELECT EXISTS (SELECT 1 FROM inodes i WHERE i.ino = $1 AND {UNHELD})");
         self.d.write(|tx| match issue {

@@ -367,7 +367,12 @@ pub fn trash_slices(tx: &mut dyn Tx, ino: Ino, where_sql: &str, args: &[i64]) ->
     })?;
     gone.sort_unstable();
     gone.dedup();
-    let now = now_nanos();
+    if gone.is_empty() {
+        return Ok(());
+    }
+    // The database's clock: the grace (`FileData::trash`) is judged by it, whichever client's
+    // collector looks.
+    let now = super::session::db_now(tx)?;
     for (target, obj, size) in gone {
         tx.exec(
             "INSERT INTO trash (ino, target, obj, len, created) SELECT $1, $2, $3, $4, $5 \

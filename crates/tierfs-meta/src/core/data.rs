@@ -231,8 +231,10 @@ impl<D: Driver> FileData for SqlMeta<D> {
     }
 
     fn trash(&self, limit: usize, open_grace: Duration) -> Result<Vec<TrashItem>> {
-        let before = now_nanos().saturating_sub(open_grace.as_nanos() as i64);
         self.d.read(|tx| {
+            // By the database's clock, which stamped the rows' `created`: a collector whose
+            // clock runs fast does not cut the grace short.
+            let before = super::session::db_now(tx)?.saturating_sub(open_grace.as_nanos() as i64);
             let mut v = Vec::new();
             tx.query_each(
                 "SELECT id, target, obj, len FROM trash t \

@@ -308,3 +308,101 @@ impl<D: Driver> Sessions for SqlMeta<D> {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::core::SqlMeta;
+    use crate::engine::{FileData, Locks, Namespace, Sessions};
+    use crate::sql::fault::FaultDriver;
+    use crate::types::*;
+
+    /// What the session checks cost on SQLite, in statements per operation: an open checks
+    /// its session inside its insert (no statement more); a close batch, a lock and a commit
+    /// under a session look the session up once (one primary-key lookup more).
+    #[test]
+    fn session_checks_cost_at_most_one_lookup_on_sqlite() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = crate::sqlite::SqliteEngine::format(
+            &dir.path().join("m.db"),
+            &crate::conformance::params(),
+        )
+        .unwrap();
+        let e = SqlMeta::new(FaultDriver::new(d));
+        let s = e
+            .register_session(&SessionInfo {
+                id: 0,
+                client_name: "c".into(),
+                host: "h".into(),
+                pid: 1,
+                mountpoint: "/m".into(),
+                version: "0".into(),
+                started: 0,
+                heartbeat: 0,
+            })
+            .unwrap();
+        let layout = Layout {
+            stripe_size: 1 << 20,
+            targets: vec![0],
+        };
+        let node = NewNode {
+            kind: Kind::File,
+            perm: 0o644,
+            uid: 0,
+            gid: 0,
+            rdev: 0,
+            symlink: None,
+        };
+        let f = e.create(ROOT_INO, b"f", &node, Some(layout), None).unwrap();
+        let cost = |op: &dyn Fn()| {
+            let n = e.driver().statements();
+            op();
+            e.driver().statements() - n
+        };
+        let slice = |obj| Slice {
+            seq: 0,
+            chunk: 0,
+            off: 0,
+            len: 10,
+            data: SliceData::Object {
+                target: 0,
+                obj,
+                obj_off: 0,
+                obj_size: 10,
+            },
+        };
+        let open = cost(&|| e.open_file(s, f.ino).unwrap());
+        let close = cost(&|| e.close_files(s, &[f.ino]).unwrap());
+        let lock = LockRange {
+            session: s,
+            owner: 1,
+            flock: false,
+            typ: LockType::Write,
+            start: 0,
+            end: 10,
+            pid: 1,
+        };
+        let set_lock = cost(&|| e.set_lock(f.ino, &lock).unwrap());
+        let plain = cost(&|| {
+            e.commit_slices(f.ino, &[slice(1)], 10, 1).unwrap();
+        });
+        let under = cost(&|| {
+            e.commit_slices_for(s, f.ino, &[slice(2)], 10, 1).unwrap();
+        });
+        eprintln!(
+            "SQLite statements: open_file {open}, close_files {close}, set_lock {set_lock}, \
+             commit_slices {plain}, commit_slices_for {under}"
+        );
+        assert_eq!(
+            under,
+            plain + 1,
+            "a commit under a session: one lookup more"
+        );
+        // Before the checks: open 3, close 3, lock 3.
+        // open: lock the inode, insert the open (its session checked inside), changelog
+        assert_eq!(open, 3, "open_file");
+        // close: the session lookup, the delete, the orphan check, changelog
+        assert_eq!(close, 4, "close_files");
+        // lock: the session lookup, the held locks, delete and insert of the owner's locks
+        assert_eq!(set_lock, 4, "set_lock");
+    }
+}

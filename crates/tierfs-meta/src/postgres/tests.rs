@@ -662,6 +662,24 @@ fn lost_connections_recover(server: &Server) {
     let db = server.fresh_db();
     let e = PgMeta::format(&db.url, &params()).unwrap();
     e.create(ROOT_INO, b"f", &file(), None, None).unwrap();
+    let session = {
+        use crate::engine::Sessions;
+        let s = e
+            .register_session(&SessionInfo {
+                id: 0,
+                client_name: "c".into(),
+                host: "h".into(),
+                pid: 1,
+                mountpoint: "/m".into(),
+                version: "0".into(),
+                started: 0,
+                heartbeat: 0,
+            })
+            .unwrap();
+        // the heartbeat's own connection is open
+        e.heartbeat(s).unwrap();
+        s
+    };
     // Connections killed under the engine: the next calls reconnect without an error.
     let mut admin = server.admin();
     let killed = admin
@@ -676,6 +694,8 @@ fn lost_connections_recover(server: &Server) {
     std::thread::sleep(Duration::from_millis(100));
     e.lookup(ROOT_INO, b"f").unwrap();
     e.create(ROOT_INO, b"g", &file(), None, None).unwrap();
+    // the heartbeat's connection too
+    crate::engine::Sessions::heartbeat(&e, session).unwrap();
     drop(admin);
     // The whole server goes away: calls fail with EIO, then work again once it is back.
     let Some(dir) = &server.dir else {
