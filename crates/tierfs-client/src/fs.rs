@@ -92,10 +92,13 @@ const MAX_PARKED: usize = 256;
 const MAX_RECALL_ROUNDS: usize = 8;
 
 /// What a request that may need another client's RW-PCC lease given back got to: done, or
-/// stopped (before changing anything) because that client holds the lease.
+/// stopped (before changing anything) because that client holds the lease, or (an open)
+/// because this client's own cache is changing the file's state (a write-back or give-back
+/// holds the file's lock in [`Pcc`]): either way it waits off the request thread.
 enum Step<T> {
     Done(T),
     Wait(PccLease),
+    Busy,
 }
 
 /// A new handle: its number, open flags and passthrough backing file.
@@ -902,6 +905,7 @@ impl FsInner {
             match step(self)? {
                 Step::Done(v) => return Ok(v),
                 Step::Wait(next) => l = next,
+                Step::Busy => {}
             }
         }
         Err(ClientError::Errno(
@@ -916,12 +920,16 @@ impl FsInner {
     /// also marks this client's own lease dirty before a writable descriptor exists), so a
     /// client that takes the lease afterwards sees the open. `snapshot`: the number of a read
     /// request the owner served with a snapshot ([`Recalled::Snapshot`]).
+    ///
+    /// `block`: wait for this client's own transition of the file (off the request thread);
+    /// without, such a wait answers [`Step::Busy`].
     fn open_step(
         &self,
         reply: &dyn BackingReply,
         ino: Ino,
         flags: i32,
         snapshot: Option<u64>,
+        block: bool,
     ) -> Result<Step<Opened>> {
         let a = self.meta.getattr(ino)?;
         if a.kind == Kind::Dir {
@@ -947,7 +955,7 @@ impl FsInner {
         let opened = match &self.pcc {
             Some(pcc) => {
                 let name = self.names.lock().get(&ino).cloned();
-                let r = pcc.open(sid, &a, name.as_deref(), flags, snapshot);
+                let r = pcc.open(sid, &a, name.as_deref(), flags, snapshot, block);
                 if let Err(ClientError::Meta(MetaError::SessionEnded(s))) = &r {
                     // fenced: a new session for the next request (this one fails, EIO)
                     let _ = self
@@ -986,6 +994,7 @@ impl FsInner {
                 Ok(Step::Done((fh, fl, None)))
             }
             CacheOpened::Held(l) => Ok(Step::Wait(l)),
+            CacheOpened::Busy => Ok(Step::Busy),
         }
     }
 
@@ -996,19 +1005,24 @@ impl FsInner {
     /// between (at most [`MAX_RECALL_ROUNDS`] times).
     fn open_after_recall<T>(
         &self,
-        mut l: PccLease,
+        mut l: Option<PccLease>,
         flags: i32,
         step: impl Fn(&FsInner, Option<u64>) -> Result<Step<T>>,
     ) -> Result<T> {
         let write = flags & libc::O_ACCMODE != libc::O_RDONLY;
         for _ in 0..MAX_RECALL_ROUNDS {
-            let snapshot = match self.recaller.recall_for(&l, write)? {
-                Recalled::Gone => None,
-                Recalled::Snapshot(seq) => Some(seq),
+            // None: only this client's own transition of the file was waited for.
+            let snapshot = match l.take() {
+                None => None,
+                Some(l) => match self.recaller.recall_for(&l, write)? {
+                    Recalled::Gone => None,
+                    Recalled::Snapshot(seq) => Some(seq),
+                },
             };
             match step(self, snapshot)? {
                 Step::Done(v) => return Ok(v),
-                Step::Wait(next) => l = next,
+                Step::Wait(next) => l = Some(next),
+                Step::Busy => {}
             }
         }
         Err(ClientError::Errno(
@@ -1406,6 +1420,8 @@ impl Filesystem for TierFs {
         };
         match self.run("setattr", || self.setattr_now(&asker, ino.0, &args)) {
             Ok(Step::Done(a)) => reply.attr(&self.attr_ttl, &self.fattr(&a)),
+            // (setattr_now never answers Busy)
+            Ok(Step::Busy) => reply.error(Errno::EAGAIN),
             // Another client holds the file's RW-PCC lease: it is given back before the size
             // changes here, waiting on a thread of its own while this one serves others.
             // An interrupt (a signal to the caller) answers EINTR meanwhile.
@@ -1424,6 +1440,7 @@ impl Filesystem for TierFs {
                             Ok(match fs.setattr_now(&asker, ino.0, &args)? {
                                 Step::Done(a) => Step::Done((a, g)),
                                 Step::Wait(l) => Step::Wait(l),
+                                Step::Busy => Step::Busy,
                             })
                         })
                     });
@@ -1648,26 +1665,34 @@ impl Filesystem for TierFs {
             reply.opened(FileHandle(fh), FopenFlags::FOPEN_DIRECT_IO);
             return;
         }
-        match self.run("open", || self.open_step(&reply, ino.0, flags.0, None)) {
-            Ok(Step::Done(o)) => answer_open(reply, Ok(o)),
-            // Another client holds the file's RW-PCC lease: the open waits for the give-back on
-            // a thread of its own, and this one goes on serving others.
-            // An interrupt (a signal to the opener) answers EINTR meanwhile.
-            Ok(Step::Wait(l)) => {
+        let waiting = match self.run("open", || {
+            self.open_step(&reply, ino.0, flags.0, None, false)
+        }) {
+            Ok(Step::Done(o)) => return answer_open(reply, Ok(o)),
+            Ok(Step::Wait(l)) => Some(l),
+            Ok(Step::Busy) => None,
+            Err(e) => return reply.error(ino_errno(&e)),
+        };
+        // Another client holds the file's RW-PCC lease (or this client's cache is writing the
+        // file back or giving it back): the open waits on a thread of its own, and this one
+        // goes on serving others. An interrupt (a signal to the opener) answers EINTR meanwhile.
+        {
+            {
                 let Some(mut p) = self.park(req) else {
                     return reply.error(Errno::EAGAIN);
                 };
                 let Some(held) = p.hold(reply) else { return };
                 p.spawn("open", move |fs| {
                     let r = fs.run("open_recalled", || {
-                        fs.open_after_recall(l, flags.0, |fs, snapshot| {
+                        fs.open_after_recall(waiting, flags.0, |fs, snapshot| {
                             let g = held.0.lock();
                             let Some(reply) = g.as_ref() else {
                                 return Err(interrupted());
                             };
-                            Ok(match fs.open_step(reply, ino.0, flags.0, snapshot)? {
+                            Ok(match fs.open_step(reply, ino.0, flags.0, snapshot, true)? {
                                 Step::Done(o) => Step::Done((o, g)),
                                 Step::Wait(l) => Step::Wait(l),
+                                Step::Busy => Step::Busy,
                             })
                         })
                     });
@@ -1685,7 +1710,6 @@ impl Filesystem for TierFs {
                     }
                 })
             }
-            Err(e) => reply.error(ino_errno(&e)),
         }
     }
 

@@ -88,6 +88,9 @@ pub enum Opened {
     Uncached(Attr),
     /// Another client holds the lease: nothing was recorded; recall it and open again.
     Held(PccLease),
+    /// This client's cache is changing the file's state (a write-back or give-back holds its
+    /// lock) and the caller would not wait: nothing was recorded; open again, waiting.
+    Busy,
 }
 
 /// A cached file to serve an open from.
@@ -753,6 +756,8 @@ impl Pcc {
     /// ([`MetaEngine::pcc_open`]), which also marks this client's lease dirty before a
     /// writable descriptor of the cache file exists. `snapshot`: the number of a read request
     /// another client's lease served with a snapshot ([`crate::lease::Recaller::recall`]).
+    /// Without `block`, a file whose lock another transition holds answers
+    /// [`Opened::Busy`] at once (a FUSE request thread does not wait behind a write-back).
     pub fn open(
         self: &Arc<Self>,
         session: u64,
@@ -760,11 +765,19 @@ impl Pcc {
         name: Option<&[u8]>,
         flags: i32,
         snapshot: Option<u64>,
+        block: bool,
     ) -> Result<Opened> {
         let ino = attr.ino;
         let write = flags & libc::O_ACCMODE != libc::O_RDONLY;
         let slot = self.slot(ino);
-        let _held = slot.op.lock();
+        let _held = if block {
+            slot.op.lock()
+        } else {
+            match slot.op.try_lock() {
+                Some(g) => g,
+                None => return Ok(Opened::Busy),
+            }
+        };
         self.sync(&slot, ino);
         let (attr, own) = match self
             .meta
