@@ -1019,6 +1019,14 @@ impl Pcc {
     /// At the close of a handle served from the cache.
     pub fn on_close(&self, ino: Ino, wrote: bool) -> Result<()> {
         let slot = self.slot(ino);
+        if !wrote {
+            // A reader's close changes only the count (no transition waits for readers), so
+            // it does not wait behind a write-back holding the file's lock.
+            if let Err(e) = slot.st.lock().apply(Event::Close { write: false }) {
+                tracing::warn!(ino, "close of a cached handle not counted: {e}");
+            }
+            return Ok(());
+        }
         let _held = slot.op.lock();
         // Report before this handle stops counting as a writer: a recall waits for writers.
         let reported = if wrote {
@@ -1033,8 +1041,23 @@ impl Pcc {
             self.store.note_size(ino);
         }
         match reported {
-            // The lease went meanwhile (given back on request): nothing left to report.
-            Err(ClientError::Meta(MetaError::NotFound | MetaError::WouldBlock)) => Ok(()),
+            // The lease went while this writer had the file open (it cannot be given back or
+            // broken meanwhile, so an admin's `detach --force-stale` or a lost cache took it):
+            // the writes have nowhere to go. They are kept (the entry is marked dirty, so
+            // validation quarantines it rather than dropping it) and the close says so,
+            // instead of acknowledging writes that are not in the filesystem.
+            Err(ClientError::Meta(MetaError::NotFound | MetaError::WouldBlock)) => {
+                let _ = self.store.update(ino, |e| e.dirty = true);
+                tracing::error!(
+                    ino,
+                    "the RW-PCC lease went while the file was open for writing here: its \
+                     writes are kept aside for quarantine, not in the filesystem"
+                );
+                Err(ClientError::Errno(
+                    "the file's RW-PCC lease was taken away while it was open for writing",
+                    libc::EIO,
+                ))
+            }
             other => other,
         }
     }
