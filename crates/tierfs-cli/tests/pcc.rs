@@ -1659,10 +1659,14 @@ fn rw_size_reported_periodically_while_open() {
     drop(h);
 }
 
-/// A remote open while the owner still has the file open for writing waits for the owner's
-/// close, then reads everything written.
+/// A remote READ-ONLY open while the owner still has the file open for writing is served a
+/// snapshot: the owner writes back its current data without closing and keeps the lease and
+/// its writer, and the reader reads that version, well before the writer's close (issue 12;
+/// this test replaces `remote_open_waits_for_the_owners_writer_to_close`, which pinned that a
+/// reader waited for the close). A remote open for WRITING still waits for the owner's writer
+/// to close, then reads everything written.
 #[test]
-fn remote_open_waits_for_the_owners_writer_to_close() {
+fn remote_read_only_open_gets_a_snapshot_while_the_owner_writes() {
     let _g = serial();
     let (t, _) = pcc_fs(&[("a", &[]), ("b", &[])], 120);
     let (fa, fb) = (t.p(0, "f"), t.p(1, "f"));
@@ -1671,33 +1675,67 @@ fn remote_open_waits_for_the_owners_writer_to_close() {
     let d1 = pattern(3, 0, 2 * MIB);
     let h = OpenOptions::new().write(true).open(&fa).unwrap();
     h.write_all_at(&d1, 0).unwrap();
-    let d2 = pattern(4, 0, MIB);
-    let reader = thread::scope(|sc| {
-        let r = sc.spawn(|| {
+    // Bounded: a reader that waits for the writer's close would never finish while a keeps
+    // the file open; the writer is closed after the wait in any case.
+    let snapshot_read = |what: &str| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let fb = fb.clone();
+        thread::spawn(move || {
             let t0 = Instant::now();
             let got = read_all(&fb);
-            (got, t0.elapsed())
+            let _ = tx.send((got, t0.elapsed()));
         });
-        thread::sleep(Duration::from_secs(2));
-        // more writes while the reader waits, then close
-        h.write_all_at(&d2, 2 * MIB as u64).unwrap();
-        drop(h);
-        r.join().unwrap()
-    });
+        match rx.recv_timeout(Duration::from_secs(20)) {
+            Ok((got, took)) => (
+                got.unwrap_or_else(|e| panic!("{what}: b's read-only open/read: {e}")),
+                took,
+            ),
+            Err(_) => panic!("{what}: b's read-only open waited 20 s while a kept its writer open"),
+        }
+    };
+    let (got, took) = snapshot_read("first snapshot");
+    assert_same_bytes(&got, &d1, 0, &format!("b's snapshot read ({took:?})"));
+    // a goes on writing through the same descriptor; the lease stays a's, still dirty
+    let st = state(&t, &fa);
+    assert_eq!(st.lease_owner.as_deref(), Some("a"), "{}", st.raw);
+    assert!(
+        st.lease_dirty,
+        "the lease stays dirty while a writes: {}",
+        st.raw
+    );
+    let d2 = pattern(4, 0, MIB);
+    h.write_all_at(&d2, 2 * MIB as u64).unwrap();
     let mut want = d1.clone();
     want.extend_from_slice(&d2);
-    let (got, took) = reader;
-    let got = got.unwrap_or_else(|e| panic!("b's open/read while a writes: {e} after {took:?}"));
+    let (got, took) = snapshot_read("second snapshot");
     assert_same_bytes(
         &got,
         &want,
         0,
-        &format!("b's read, which waited for a's close ({took:?})"),
+        &format!("b's second snapshot read ({took:?})"),
     );
+    // A remote open for writing waits for a's writer.
+    let d3 = pattern(5, 0, 1000);
+    let writer = thread::scope(|sc| {
+        let w = sc.spawn(|| {
+            let t0 = Instant::now();
+            let f = OpenOptions::new().write(true).open(&fb);
+            (f, t0.elapsed())
+        });
+        thread::sleep(Duration::from_secs(2));
+        h.write_all_at(&d3, 3 * MIB as u64).unwrap();
+        let open_before_close = w.is_finished();
+        drop(h);
+        (w.join().unwrap(), open_before_close)
+    });
+    let ((f, took), early) = writer;
+    f.unwrap_or_else(|e| panic!("b's open for writing after a's close: {e} ({took:?})"));
     assert!(
-        took >= Duration::from_millis(1500),
-        "b's open did not wait for a's writer to close ({took:?}), yet read everything?"
+        !early && took >= Duration::from_millis(1500),
+        "b's open for writing did not wait for a's writer to close ({took:?})"
     );
+    want.extend_from_slice(&d3);
+    assert_same_bytes(&read_all(&fb).unwrap(), &want, 0, "b after a's close");
 }
 
 /// Recalls never park FUSE request threads (issue 12): nine opens for writing on b of files a
@@ -2220,4 +2258,354 @@ fn rw_attach_refused_while_open_on_another_client() {
     let mut want = pattern(50, 0, MIB).to_vec();
     want[8192..8192 + 4096].copy_from_slice(&mine);
     assert_reads(&fa, &want, "a's cached file holds b's write");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Issue 12: no acknowledged RW-PCC write is lost
+// ---------------------------------------------------------------------------------------------
+
+/// Bytes of one record in the write loops below.
+const REC: usize = 4096;
+
+/// Record `k` of a write loop with `seed`: where it goes and what it holds.
+fn record(seed: u64, k: usize) -> (u64, Vec<u8>) {
+    ((k * REC) as u64, pattern(seed * 100_000 + k as u64, 0, REC))
+}
+
+/// Writes record `k` of `seed` into `p` through a handle of its own (open, write, fsync if
+/// `fsync`, close); Ok when every step succeeded, i.e. the write is acknowledged (by its fsync
+/// or its close).
+fn write_record(p: &Path, seed: u64, k: usize, fsync: bool) -> std::io::Result<()> {
+    write_record_steps(p, seed, k, fsync).map_err(|(_, e)| e)
+}
+
+/// [`write_record`], telling on failure whether the write(2) itself had returned (the bytes
+/// are then in the owner's cache file, which its daemon's kill -9 does not touch).
+fn write_record_steps(
+    p: &Path,
+    seed: u64,
+    k: usize,
+    fsync: bool,
+) -> Result<(), (bool, std::io::Error)> {
+    let (off, data) = record(seed, k);
+    let h = OpenOptions::new()
+        .write(true)
+        .open(p)
+        .map_err(|e| (false, e))?;
+    h.write_all_at(&data, off).map_err(|e| (false, e))?;
+    if fsync {
+        h.sync_all().map_err(|e| (true, e))?;
+    }
+    // close(2) reports what the daemon's release could not do
+    let fd = std::os::fd::IntoRawFd::into_raw_fd(h);
+    if unsafe { libc::close(fd) } != 0 {
+        return Err((true, std::io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+/// Which acknowledged records of `seed` are missing or wrong in `got` (a read of the file).
+fn missing_records(got: &[u8], seed: u64, acked: &[usize]) -> Vec<usize> {
+    acked
+        .iter()
+        .copied()
+        .filter(|&k| {
+            let (off, data) = record(seed, k);
+            got.get(off as usize..off as usize + REC) != Some(&data[..])
+        })
+        .collect()
+}
+
+/// Reads `p` (on a checking client) until it answers (the owner may be down for a moment: an
+/// EHOSTDOWN or ETIMEDOUT is retried) for up to `limit`.
+fn read_eventually(p: &Path, limit: Duration) -> Vec<u8> {
+    let t0 = Instant::now();
+    loop {
+        match read_all(p) {
+            Ok(v) => return v,
+            Err(e) if t0.elapsed() < limit => {
+                let _ = e;
+                thread::sleep(Duration::from_millis(200));
+            }
+            Err(e) => panic!("{}: no read within {limit:?}: {e}", p.display()),
+        }
+    }
+}
+
+/// Client B opens `p` in a loop until `stop`: read-only (reads it), and every third time for
+/// reading and writing without writing (which recalls an RW-PCC lease in full). Errors (an
+/// owner down) are part of the game. Returns how many opens succeeded.
+fn open_loop(p: &Path, stop: &std::sync::atomic::AtomicBool) -> usize {
+    use std::sync::atomic::Ordering;
+    let mut n = 0;
+    let mut i = 0usize;
+    while !stop.load(Ordering::Relaxed) {
+        i += 1;
+        let ok = if i.is_multiple_of(3) {
+            OpenOptions::new().read(true).write(true).open(p).is_ok()
+        } else {
+            read_all(p).is_ok()
+        };
+        n += ok as usize;
+        thread::sleep(Duration::from_millis(30));
+    }
+    n
+}
+
+/// Issue 12, test 1: client A writes records into its RW-PCC file in a loop (each its own
+/// open, write, close; every other one fsynced), client B opens the file in a loop (reads,
+/// and opens for writing that recall the lease), and client C checks that every write
+/// acknowledged before its read is there; A attaches the file again now and then. Then 20
+/// rounds in which A's daemon is killed (kill -9) at a random point of its loop, A remounts
+/// (recovery writes back what the engine says may be dirty) and C finds every acknowledged
+/// record, and also the record whose write(2) returned when the kill cut its fsync or close
+/// short (its bytes are in A's cache file, which a daemon's kill leaves alone). Fails on the code before issue 12: an open for writing handed out a passthrough
+/// descriptor while the lease was clean, so a kill before the next report left a clean lease
+/// over unwritten data (recovery skipped the write-back, B broke the lease, or the give-back
+/// did not write back).
+#[test]
+fn acknowledged_rw_pcc_writes_survive_remote_opens_and_owner_kills() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let _g = serial();
+    let extra: &[(&str, &str)] = &[("writeback_delay_secs", "0")];
+    let (mut t, opts) = pcc_fs(&[("a", extra), ("b", extra), ("c", extra)], 900);
+    let (fa, fb, fc) = (t.p(0, "f"), t.p(1, "f"), t.p(2, "f"));
+    fs::write(&fa, b"").unwrap();
+    pcc(&t, &["attach", "-w", &s(&fa)]).assert_ok();
+
+    // Without kills: A writes, B opens, C checks as it goes.
+    let seed = 1;
+    let stop = AtomicBool::new(false);
+    let mut acked: Vec<usize> = Vec::new();
+    let b_opens = thread::scope(|sc| {
+        let b = sc.spawn(|| open_loop(&fb, &stop));
+        let t0 = Instant::now();
+        let mut k = 0;
+        while t0.elapsed() < Duration::from_secs(8) {
+            if write_record(&fa, seed, k, k % 2 == 0).is_ok() {
+                acked.push(k);
+            }
+            k += 1;
+            if k % 10 == 0 {
+                // A takes the file back into its cache (refused while B has it open).
+                let _ = pcc(&t, &["attach", "-w", &s(&fa)]);
+                let sure = acked.clone();
+                let got = read_eventually(&fc, Duration::from_secs(40));
+                let lost = missing_records(&got, seed, &sure);
+                assert!(
+                    lost.is_empty(),
+                    "C misses acknowledged records {lost:?} of {} (after {k} writes)",
+                    sure.len()
+                );
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        b.join().unwrap()
+    });
+    assert!(
+        acked.len() >= 20,
+        "only {} writes acknowledged",
+        acked.len()
+    );
+    assert!(b_opens > 0, "B never opened the file");
+    let got = read_eventually(&fc, Duration::from_secs(40));
+    let lost = missing_records(&got, seed, &acked);
+    assert!(lost.is_empty(), "C misses acknowledged records {lost:?}");
+
+    // 20 rounds: A's daemon killed at a random point of its write loop.
+    let mut rng = splitmix64(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64,
+    );
+    for round in 0..20u64 {
+        let seed = 10 + round;
+        let name = format!("k{round}");
+        let (ga, gb, gc) = (t.p(0, &name), t.p(1, &name), t.p(2, &name));
+        fs::write(&ga, b"").unwrap();
+        pcc(&t, &["attach", "-w", &s(&ga)]).assert_ok();
+        rng = splitmix64(rng);
+        let kill_after = Duration::from_millis(300 + rng % 2500);
+        let stop = AtomicBool::new(false);
+        let killed = AtomicBool::new(false);
+        let acked = thread::scope(|sc| {
+            let b = sc.spawn(|| open_loop(&gb, &stop));
+            let w = sc.spawn(|| {
+                let mut acked = Vec::new();
+                let mut k = 0;
+                let mut r = seed;
+                while !killed.load(Ordering::Relaxed) {
+                    match write_record_steps(&ga, seed, k, k % 2 == 1) {
+                        Ok(()) => acked.push(k),
+                        Err((written, _)) => {
+                            if written {
+                                // in A's cache file: recovery writes it back (the engine
+                                // knew the file may be dirty from the open on)
+                                acked.push(k);
+                            }
+                            break;
+                        }
+                    }
+                    k += 1;
+                    // Pauses now and then long enough for a background write-back, so that
+                    // the kill finds the file clean as often as dirty.
+                    r = splitmix64(r);
+                    if r % 4 == 0 {
+                        thread::sleep(Duration::from_millis(1100 + r % 600));
+                    }
+                }
+                acked
+            });
+            thread::sleep(kill_after);
+            t.kill9(0);
+            killed.store(true, Ordering::Relaxed);
+            let acked = w.join().unwrap();
+            stop.store(true, Ordering::Relaxed);
+            b.join().unwrap();
+            acked
+        });
+        let o = opts[0].clone();
+        t.remount_with(0, &o);
+        let got = read_eventually(&gc, Duration::from_secs(60));
+        let lost = missing_records(&got, seed, &acked);
+        assert!(
+            lost.is_empty(),
+            "round {round} (kill after {kill_after:?}): C misses acknowledged records {lost:?} of {}",
+            acked.len()
+        );
+    }
+}
+
+/// Records B writes at most in the attach race (A writes past them).
+const B_RECORDS: usize = 5000;
+
+/// Issue 12, test 2: `attach -w` on client A races opens and writes on client B (a client
+/// without a cache): every write B acknowledged (its close returned) is in the file at the
+/// end. Fails on the code before issue 12 (the lease check and the record of B's open were
+/// two transactions: an attach in between did not see the open, and its write-back later
+/// replaced the file's data without B's writes).
+#[test]
+fn rw_attach_racing_opens_on_another_client_loses_no_write() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let _g = serial();
+    let t = cached_and_plain(&[("writeback_delay_secs", "1")], &[], 300);
+    let (fa, fb) = (t.p(0, "f"), t.p(1, "f"));
+    fs::write(&fa, b"").unwrap();
+    after_ttl();
+    let seed = 7;
+    let stop = AtomicBool::new(false);
+    let (acked, attaches) = thread::scope(|sc| {
+        let a = sc.spawn(|| {
+            let mut attached = 0;
+            while !stop.load(Ordering::Relaxed) {
+                if pcc(&t, &["attach", "-w", &s(&fa)]).ok() {
+                    attached += 1;
+                    // write something of A's own beyond B's records, then give it back
+                    if let Ok(h) = OpenOptions::new().write(true).open(&fa) {
+                        let _ = h.write_all_at(b"a", (B_RECORDS * REC) as u64);
+                    }
+                    let _ = pcc(&t, &["detach", &s(&fa)]);
+                }
+            }
+            attached
+        });
+        let mut acked = Vec::new();
+        let t0 = Instant::now();
+        let mut k = 0;
+        while t0.elapsed() < Duration::from_secs(20) && k < B_RECORDS {
+            if write_record(&fb, seed, k, false).is_ok() {
+                acked.push(k);
+            }
+            k += 1;
+            // now and then long enough for B's close to reach the engine (closes go in
+            // 50 ms batches), so that A's attach is not always refused
+            thread::sleep(Duration::from_millis((k % 8 * 15) as u64));
+        }
+        stop.store(true, Ordering::Relaxed);
+        (acked, a.join().unwrap())
+    });
+    assert!(attaches > 0, "A never attached the file");
+    assert!(
+        acked.len() >= 20,
+        "only {} writes acknowledged",
+        acked.len()
+    );
+    let _ = pcc(&t, &["detach", &s(&fa)]);
+    after_ttl();
+    for p in [&fa, &fb] {
+        let got = read_eventually(p, Duration::from_secs(40));
+        let lost = missing_records(&got, seed, &acked);
+        assert!(
+            lost.is_empty(),
+            "{}: acknowledged records {lost:?} of {} lost ({attaches} attaches raced)",
+            p.display(),
+            acked.len()
+        );
+    }
+}
+
+/// Issue 12, test 1 (the owner judged dead while it lives): A's daemon stops answering (SIGSTOP,
+/// longer than the session timeout) while A's application holds a writable passthrough
+/// descriptor of its clean, written-back RW-PCC file and writes through it; B opens the file
+/// meanwhile; A's daemon resumes and the application closes its descriptor (acknowledged).
+/// C then finds that write. Fails on the code before issue 12: the descriptor was handed out
+/// while the lease was clean, so B broke the "dead" owner's clean lease, A's report at close
+/// failed silently, and the write stayed in a cache file validation then dropped.
+#[test]
+fn owner_judged_dead_while_writing_loses_no_acknowledged_write() {
+    let _g = serial();
+    let extra: &[(&str, &str)] = &[("writeback_delay_secs", "0")];
+    let (t, _) = pcc_fs(&[("a", extra), ("b", extra), ("c", extra)], 300);
+    let (fa, fb, fc) = (t.p(0, "f"), t.p(1, "f"), t.p(2, "f"));
+    fs::write(&fa, b"").unwrap();
+    pcc(&t, &["attach", "-w", &s(&fa)]).assert_ok();
+    let seed = 3;
+    write_record(&fa, seed, 0, false).unwrap();
+    let st = wait_written_back(&t, &fa, Duration::from_secs(20));
+    assert!(!st.lease_dirty, "not written back: {}", st.raw);
+    let h = OpenOptions::new().write(true).open(&fa).unwrap();
+    let pid = t.daemon_pid(0);
+    /// Resumes the stopped daemon whatever happens (a failed assertion included).
+    struct Cont(i32);
+    impl Drop for Cont {
+        fn drop(&mut self) {
+            unsafe { libc::kill(self.0, libc::SIGCONT) };
+        }
+    }
+    let cont = Cont(pid);
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    // Through the descriptor A's daemon handed out (passthrough: the stopped daemon does not
+    // see it; should the kernel need the daemon, it completes after the resume).
+    let (off, data) = record(seed, 1);
+    let writer = thread::spawn(move || {
+        h.write_all_at(&data, off)?;
+        Ok::<_, std::io::Error>(h)
+    });
+    // B opens while A's heartbeats stop: past the session timeout (6 s) A looks dead.
+    let b = thread::spawn(move || {
+        let t0 = Instant::now();
+        let r = read_all(&fb);
+        (r.map(|v| v.len()), t0.elapsed())
+    });
+    thread::sleep(Duration::from_secs(9));
+    drop(cont);
+    let (b_read, b_took) = b.join().unwrap();
+    let h = writer.join().unwrap().expect("A's write");
+    // close(2), acknowledged
+    let fd = std::os::fd::IntoRawFd::into_raw_fd(h);
+    assert_eq!(
+        unsafe { libc::close(fd) },
+        0,
+        "A's close: {}",
+        std::io::Error::last_os_error()
+    );
+    // past a validation pass of A's cache (every 5 s)
+    thread::sleep(Duration::from_secs(6));
+    let got = read_eventually(&fc, Duration::from_secs(40));
+    let lost = missing_records(&got, seed, &[0, 1]);
+    assert!(
+        lost.is_empty(),
+        "C misses acknowledged records {lost:?} (B's open while A was stopped: {b_read:?} after {b_took:?})"
+    );
 }

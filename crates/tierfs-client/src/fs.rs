@@ -20,16 +20,16 @@ use parking_lot::{Condvar, Mutex};
 use tierfs_meta::changelog::{Caller, CallerGuard};
 
 use tierfs_meta::{
-    Attr, Ino, Kind, LockRange, LockType, MetaEngine, MetaError, NewNode, PccLease, SetAttr,
-    TimeSet,
+    Attr, Ino, Kind, LockRange, LockType, MetaEngine, MetaError, NewNode, PccLease, PccOpen,
+    SetAttr, TimeSet,
 };
 
 use crate::acl::{self, Acl};
 use crate::data::DataPath;
 use crate::error::{ClientError, Result};
-use crate::lease::{Lease, Recaller};
+use crate::lease::{Lease, Recalled, Recaller};
 use crate::metrics::Metrics;
-use crate::pcc::{Pcc, Served};
+use crate::pcc::{Opened as CacheOpened, Pcc, Served};
 use crate::session::Session;
 
 /// Name of the virtual stats file in the root directory (`tierfs stats MOUNT` reads it).
@@ -92,10 +92,13 @@ const MAX_PARKED: usize = 256;
 const MAX_RECALL_ROUNDS: usize = 8;
 
 /// What a request that may need another client's RW-PCC lease given back got to: done, or
-/// stopped (before changing anything) because that client holds the lease.
+/// stopped (before changing anything) because that client holds the lease, or (an open)
+/// because this client's own cache is changing the file's state (a write-back or give-back
+/// holds the file's lock in [`Pcc`]): either way it waits off the request thread.
 enum Step<T> {
     Done(T),
     Wait(PccLease),
+    Busy,
 }
 
 /// A new handle: its number, open flags and passthrough backing file.
@@ -772,8 +775,14 @@ impl FsInner {
             self.session
                 .watch(sid, self.meta.open_file(sid, attr.ino))?;
         }
+        Ok(self.open_handle(attr, flags, !recorded, sid))
+    }
+
+    /// A new handle on `attr`'s file whose open is counted in the metadata engine already,
+    /// under session `sid`; `seen`: the file existed before this open (not created by it).
+    fn open_handle(&self, attr: &Attr, flags: i32, seen: bool, sid: u64) -> (u64, FopenFlags) {
         let keep = self.data.open(attr);
-        if !keep && !recorded {
+        if !keep && seen {
             // The data changed since this client last saw it: make the kernel drop its cached
             // size too, so reads are not cut at a stale end of file. (Not for a file this open
             // just created: the kernel knows nothing stale of it.)
@@ -797,7 +806,7 @@ impl FsInner {
             caller: tierfs_meta::changelog::current(),
             session: sid,
         });
-        Ok((fh, fl))
+        (fh, fl)
     }
 
     /// A setattr, up to where another client's RW-PCC lease makes it wait ([`Step::Wait`],
@@ -896,6 +905,7 @@ impl FsInner {
             match step(self)? {
                 Step::Done(v) => return Ok(v),
                 Step::Wait(next) => l = next,
+                Step::Busy => {}
             }
         }
         Err(ClientError::Errno(
@@ -905,43 +915,120 @@ impl FsInner {
     }
 
     /// An open up to where another client's RW-PCC lease makes it wait ([`Step::Wait`], nothing
-    /// recorded yet) or done: a new handle.
-    fn open_step(&self, reply: &dyn BackingReply, ino: Ino, flags: i32) -> Result<Step<Opened>> {
+    /// recorded) or done: a new handle. The lease check and the record of the open are one
+    /// engine transaction ([`MetaEngine::pcc_open`], through [`Pcc::open`] with a cache, which
+    /// also marks this client's own lease dirty before a writable descriptor exists), so a
+    /// client that takes the lease afterwards sees the open. `snapshot`: the number of a read
+    /// request the owner served with a snapshot ([`Recalled::Snapshot`]).
+    ///
+    /// `block`: wait for this client's own transition of the file (off the request thread);
+    /// without, such a wait answers [`Step::Busy`].
+    fn open_step(
+        &self,
+        reply: &dyn BackingReply,
+        ino: Ino,
+        flags: i32,
+        snapshot: Option<u64>,
+        block: bool,
+    ) -> Result<Step<Opened>> {
         let a = self.meta.getattr(ino)?;
         if a.kind == Kind::Dir {
             return Err(ClientError::Meta(MetaError::IsDir));
         }
-        // Every client, with a cache or not, has another client's RW-PCC file given back
-        // before it opens it: the data is only in the owner's cache until then.
-        let (a, own) = match self.recaller.look(&a)? {
-            Lease::Held(l) => return Ok(Step::Wait(l)),
-            Lease::Free => (a, None),
-            // The lease was this client's, without its data here, and is released: open what
-            // is there now.
-            Lease::Recalled => (self.meta.getattr(ino)?, None),
-            Lease::Ours(l) => (a, Some(l)),
+        if a.kind != Kind::File {
+            let (fh, fl) = self.open_file(&a, flags, false)?;
+            return Ok(Step::Done((fh, fl, None)));
+        }
+        let write = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        // A close of the file still queued here: the engine never stopped counting it open,
+        // so no other client took its lease since (pcc_acquire refuses a file open
+        // elsewhere): the close and this open cancel out if no lease was there before.
+        let sid = self.session.id();
+        if self.pcc.is_none() && snapshot.is_none() && self.data.cancel_queued_close(ino, sid) {
+            if let Ok(Lease::Free) = self.recaller.look(&a) {
+                let (fh, fl) = self.open_handle(&a, flags, true, sid);
+                return Ok(Step::Done((fh, fl, None)));
+            }
+            self.data
+                .queue_close(ino, tierfs_meta::changelog::current(), sid);
+        }
+        let opened = match &self.pcc {
+            Some(pcc) => {
+                let name = self.names.lock().get(&ino).cloned();
+                let r = pcc.open(sid, &a, name.as_deref(), flags, snapshot, block);
+                if let Err(ClientError::Meta(MetaError::SessionEnded(s))) = &r {
+                    // fenced: a new session for the next request (this one fails, EIO)
+                    let _ = self
+                        .session
+                        .watch::<()>(sid, Err(MetaError::SessionEnded(*s)));
+                }
+                r?
+            }
+            None => {
+                let client = self.recaller.client();
+                match self
+                    .session
+                    .watch(sid, self.meta.pcc_open(sid, ino, client, write, snapshot))?
+                {
+                    PccOpen::Held(l) => CacheOpened::Held(l),
+                    PccOpen::Snapshot { attr, .. } => CacheOpened::Uncached(attr),
+                    PccOpen::Opened { attr, lease: None } => CacheOpened::Uncached(attr),
+                    PccOpen::Opened { lease: Some(l), .. } => {
+                        // Leased to this client name, but this mount has no cache: its data
+                        // is not here (a clean lease is given up, dirty data cannot be read).
+                        if let Err(e) = self.recaller.ours_without_data(&l) {
+                            let _ = self.meta.close_files(sid, &[ino]);
+                            return Err(e);
+                        }
+                        CacheOpened::Uncached(self.meta.getattr(ino)?)
+                    }
+                }
+            }
         };
-        self.open_now(reply, &a, own, flags).map(Step::Done)
+        match opened {
+            CacheOpened::Served(served) => self
+                .open_cached(reply, &a, flags, served, true)
+                .map(Step::Done),
+            CacheOpened::Uncached(attr) => {
+                let (fh, fl) = self.open_handle(&attr, flags, true, sid);
+                Ok(Step::Done((fh, fl, None)))
+            }
+            CacheOpened::Held(l) => Ok(Step::Wait(l)),
+            CacheOpened::Busy => Ok(Step::Busy),
+        }
     }
 
-    /// Opens `a`'s file with its lease settled: `own` is this client's lease (the file is
-    /// then served from this client's cache), None when no other client holds one.
-    /// Registering a passthrough backing file works from any thread.
-    fn open_now(
+    /// After another client's lease `l` stopped an open: waits (blocking; never on a FUSE
+    /// request thread) until it is given back or, for a read-only open, until the owner wrote
+    /// back a snapshot ([`Recaller::recall_for`]), then runs `step` (the open, given the
+    /// snapshot's request number) again, as often as yet another client took the lease in
+    /// between (at most [`MAX_RECALL_ROUNDS`] times).
+    fn open_after_recall<T>(
         &self,
-        reply: &dyn BackingReply,
-        a: &Attr,
-        own: Option<PccLease>,
+        mut l: Option<PccLease>,
         flags: i32,
-    ) -> Result<Opened> {
-        if let Some(pcc) = &self.pcc {
-            let name = self.names.lock().get(&a.ino).cloned();
-            if let Some(served) = pcc.on_open(a, own.as_ref(), name.as_deref(), flags)? {
-                return self.open_cached(reply, a, flags, served, false);
+        step: impl Fn(&FsInner, Option<u64>) -> Result<Step<T>>,
+    ) -> Result<T> {
+        let write = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        for _ in 0..MAX_RECALL_ROUNDS {
+            // None: only this client's own transition of the file was waited for.
+            let snapshot = match l.take() {
+                None => None,
+                Some(l) => match self.recaller.recall_for(&l, write)? {
+                    Recalled::Gone => None,
+                    Recalled::Snapshot(seq) => Some(seq),
+                },
+            };
+            match step(self, snapshot)? {
+                Step::Done(v) => return Ok(v),
+                Step::Wait(next) => l = Some(next),
+                Step::Busy => {}
             }
         }
-        let (fh, fl) = self.open_file(a, flags, false)?;
-        Ok((fh, fl, None))
+        Err(ClientError::Errno(
+            "the file's RW-PCC lease kept moving between other clients",
+            libc::ETIMEDOUT,
+        ))
     }
 
     /// Up to `len` bytes of a file at `off` for copy_file_range (fewer at its end).
@@ -1333,6 +1420,8 @@ impl Filesystem for TierFs {
         };
         match self.run("setattr", || self.setattr_now(&asker, ino.0, &args)) {
             Ok(Step::Done(a)) => reply.attr(&self.attr_ttl, &self.fattr(&a)),
+            // (setattr_now never answers Busy)
+            Ok(Step::Busy) => reply.error(Errno::EAGAIN),
             // Another client holds the file's RW-PCC lease: it is given back before the size
             // changes here, waiting on a thread of its own while this one serves others.
             // An interrupt (a signal to the caller) answers EINTR meanwhile.
@@ -1351,6 +1440,7 @@ impl Filesystem for TierFs {
                             Ok(match fs.setattr_now(&asker, ino.0, &args)? {
                                 Step::Done(a) => Step::Done((a, g)),
                                 Step::Wait(l) => Step::Wait(l),
+                                Step::Busy => Step::Busy,
                             })
                         })
                     });
@@ -1575,26 +1665,34 @@ impl Filesystem for TierFs {
             reply.opened(FileHandle(fh), FopenFlags::FOPEN_DIRECT_IO);
             return;
         }
-        match self.run("open", || self.open_step(&reply, ino.0, flags.0)) {
-            Ok(Step::Done(o)) => answer_open(reply, Ok(o)),
-            // Another client holds the file's RW-PCC lease: the open waits for the give-back on
-            // a thread of its own, and this one goes on serving others.
-            // An interrupt (a signal to the opener) answers EINTR meanwhile.
-            Ok(Step::Wait(l)) => {
+        let waiting = match self.run("open", || {
+            self.open_step(&reply, ino.0, flags.0, None, false)
+        }) {
+            Ok(Step::Done(o)) => return answer_open(reply, Ok(o)),
+            Ok(Step::Wait(l)) => Some(l),
+            Ok(Step::Busy) => None,
+            Err(e) => return reply.error(ino_errno(&e)),
+        };
+        // Another client holds the file's RW-PCC lease (or this client's cache is writing the
+        // file back or giving it back): the open waits on a thread of its own, and this one
+        // goes on serving others. An interrupt (a signal to the opener) answers EINTR meanwhile.
+        {
+            {
                 let Some(mut p) = self.park(req) else {
                     return reply.error(Errno::EAGAIN);
                 };
                 let Some(held) = p.hold(reply) else { return };
                 p.spawn("open", move |fs| {
                     let r = fs.run("open_recalled", || {
-                        fs.after_recall(l, |fs| {
+                        fs.open_after_recall(waiting, flags.0, |fs, snapshot| {
                             let g = held.0.lock();
                             let Some(reply) = g.as_ref() else {
                                 return Err(interrupted());
                             };
-                            Ok(match fs.open_step(reply, ino.0, flags.0)? {
+                            Ok(match fs.open_step(reply, ino.0, flags.0, snapshot, true)? {
                                 Step::Done(o) => Step::Done((o, g)),
                                 Step::Wait(l) => Step::Wait(l),
+                                Step::Busy => Step::Busy,
                             })
                         })
                     });
@@ -1612,7 +1710,6 @@ impl Filesystem for TierFs {
                     }
                 })
             }
-            Err(e) => reply.error(ino_errno(&e)),
         }
     }
 

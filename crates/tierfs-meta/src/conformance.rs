@@ -73,6 +73,15 @@ pub fn run_all(factory: &Factory<'_>) {
         ),
         ("pcc_leases_and_rules", pcc_leases_and_rules),
         (
+            "pcc_open_checks_the_lease_and_records_in_one_step",
+            pcc_open_checks_the_lease_and_records_in_one_step,
+        ),
+        (
+            "pcc_transitions_are_conditional_on_generation_and_dirty",
+            pcc_transitions_are_conditional_on_generation_and_dirty,
+        ),
+        ("pcc_snapshot_recalls", pcc_snapshot_recalls),
+        (
             "rw_lease_refused_while_open_on_another_client",
             rw_lease_refused_while_open_on_another_client,
         ),
@@ -1040,8 +1049,8 @@ fn fsck_queries_and_repairs(e: &dyn MetaEngine) {
         .create(ROOT_INO, b"dirty", &file(), Some(layout()), None)
         .unwrap();
     e.pcc_acquire(clean.ino, "gone").unwrap();
-    e.pcc_acquire(dirty.ino, "gone").unwrap();
-    e.pcc_report(dirty.ino, "gone", true, 0, now_nanos())
+    let dl = e.pcc_acquire(dirty.ino, "gone").unwrap();
+    e.pcc_report(dirty.ino, "gone", dl.generation, true, 0, now_nanos())
         .unwrap();
     // Alive for a long timeout: only the leases of the client without a session show.
     let long = 3_600_000_000_000;
@@ -1334,6 +1343,156 @@ fn rw_lease_refused_while_open_on_another_client(e: &dyn MetaEngine) {
     assert_eq!(e.pcc_acquire(g.ino, "b").unwrap().client, "b");
 }
 
+fn pcc_session(e: &dyn MetaEngine, name: &str) -> u64 {
+    e.register_session(&SessionInfo {
+        id: 0,
+        client_name: name.into(),
+        host: "h".into(),
+        pid: 1,
+        mountpoint: "/mnt".into(),
+        version: "0".into(),
+        started: 0,
+        heartbeat: 0,
+    })
+    .unwrap()
+}
+
+fn pcc_open_checks_the_lease_and_records_in_one_step(e: &dyn MetaEngine) {
+    let (a, b) = (pcc_session(e, "a"), pcc_session(e, "b"));
+    let f = e
+        .create(ROOT_INO, b"po", &file(), Some(layout()), None)
+        .unwrap();
+    // no lease: recorded, so a's attach now sees b's open
+    match e.pcc_open(b, f.ino, "b", true, None).unwrap() {
+        PccOpen::Opened { attr, lease: None } => assert_eq!(attr.ino, f.ino),
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(e.pcc_acquire(f.ino, "a"), Err(MetaError::InUse)));
+    e.close_files(b, &[f.ino]).unwrap();
+    let l = e.pcc_acquire(f.ino, "a").unwrap();
+    assert!(!l.dirty);
+    // the owner's read-only open: recorded, the lease stays clean
+    match e.pcc_open(a, f.ino, "a", false, None).unwrap() {
+        PccOpen::Opened { lease: Some(x), .. } => assert!(!x.dirty),
+        other => panic!("{other:?}"),
+    }
+    assert!(!e.pcc_lease(f.ino).unwrap().unwrap().dirty);
+    // the owner's open for writing: the lease is dirty when the call returns
+    match e.pcc_open(a, f.ino, "a", true, None).unwrap() {
+        PccOpen::Opened { lease: Some(x), .. } => {
+            assert!(x.dirty);
+            assert_eq!(x.generation, l.generation);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(e.pcc_lease(f.ino).unwrap().unwrap().dirty);
+    // another client: nothing recorded, the lease comes back
+    match e.pcc_open(b, f.ino, "b", false, None).unwrap() {
+        PccOpen::Held(x) => assert_eq!(x.client, "a"),
+        other => panic!("{other:?}"),
+    }
+    e.close_files(a, &[f.ino, f.ino]).unwrap();
+    // b's refused open left no row: after the give-back, a may attach again
+    assert!(e.pcc_release(f.ino, "a", l.generation).unwrap());
+    assert!(e.pcc_acquire(f.ino, "a").unwrap().generation > l.generation);
+    // nothing is recorded under an ended session
+    e.unregister_session(b).unwrap();
+    assert!(matches!(
+        e.pcc_open(b, f.ino, "a", false, None),
+        Err(MetaError::SessionEnded(_))
+    ));
+}
+
+fn pcc_transitions_are_conditional_on_generation_and_dirty(e: &dyn MetaEngine) {
+    let a = pcc_session(e, "a");
+    let f = e
+        .create(ROOT_INO, b"pt", &file(), Some(layout()), None)
+        .unwrap();
+    let l = e.pcc_acquire(f.ino, "a").unwrap();
+    // a breaker that saw an older generation breaks nothing
+    assert!(!e.pcc_break(f.ino, "a", l.generation - 1).unwrap());
+    assert!(e.pcc_lease(f.ino).unwrap().is_some());
+    // a dirty lease is never broken (the open for writing made it dirty)
+    e.pcc_open(a, f.ino, "a", true, None).unwrap();
+    assert!(!e.pcc_break(f.ino, "a", l.generation).unwrap());
+    assert!(e.pcc_lease(f.ino).unwrap().unwrap().dirty);
+    // written back (clean): now a breaker with the current generation may break it
+    e.pcc_report(f.ino, "a", l.generation, false, 0, 1).unwrap();
+    e.pcc_request_revoke(f.ino, "b").unwrap();
+    assert!(e.pcc_break(f.ino, "a", l.generation).unwrap());
+    assert!(e.pcc_lease(f.ino).unwrap().is_none());
+    assert!(e.pcc_recalls_for("a").unwrap().is_empty());
+    // the old owner's report and release fail; a new lease of another client stays
+    e.close_files(a, &[f.ino]).unwrap();
+    let l2 = e.pcc_acquire(f.ino, "c").unwrap();
+    assert!(matches!(
+        e.pcc_report(f.ino, "a", l.generation, true, 9, 9),
+        Err(MetaError::WouldBlock)
+    ));
+    assert!(!e.pcc_release(f.ino, "a", l.generation).unwrap());
+    assert!(!e.pcc_release(f.ino, "c", l.generation).unwrap());
+    assert_eq!(e.pcc_lease(f.ino).unwrap().unwrap(), l2);
+}
+
+fn pcc_snapshot_recalls(e: &dyn MetaEngine) {
+    let (a, b) = (pcc_session(e, "a"), pcc_session(e, "b"));
+    let f = e
+        .create(ROOT_INO, b"ps", &file(), Some(layout()), None)
+        .unwrap();
+    let l = e.pcc_acquire(f.ino, "a").unwrap();
+    assert_eq!(l.snapshot, 0);
+    e.pcc_open(a, f.ino, "a", true, None).unwrap();
+    // a read request
+    let s1 = e.pcc_request_recall(f.ino, "b", false).unwrap();
+    assert_eq!(
+        e.pcc_recalls_for("a").unwrap(),
+        vec![PccRecall {
+            ino: f.ino,
+            write: false,
+            seq: s1
+        }]
+    );
+    assert!(matches!(
+        e.pcc_open(b, f.ino, "b", false, Some(s1)).unwrap(),
+        PccOpen::Held(_)
+    ));
+    // a later read request moves the number on
+    let s2 = e.pcc_request_recall(f.ino, "c", false).unwrap();
+    assert!(s2 > s1);
+    // a snapshot that started before s2 serves s1 only
+    assert!(e.pcc_snapshot_served(f.ino, "a", l.generation, s1).unwrap());
+    assert_eq!(e.pcc_lease(f.ino).unwrap().unwrap().snapshot, s1);
+    assert_eq!(e.pcc_recalls_for("a").unwrap()[0].seq, s2);
+    // b's read-only open is recorded against the snapshot; for writing it is not
+    assert!(matches!(
+        e.pcc_open(b, f.ino, "b", true, Some(s1)).unwrap(),
+        PccOpen::Held(_)
+    ));
+    match e.pcc_open(b, f.ino, "b", false, Some(s1)).unwrap() {
+        PccOpen::Snapshot { lease, .. } => assert_eq!(lease.client, "a"),
+        other => panic!("{other:?}"),
+    }
+    // the lease stays a's, and dirty
+    let now = e.pcc_lease(f.ino).unwrap().unwrap();
+    assert_eq!((now.generation, now.dirty), (l.generation, true));
+    // a request for writing stays one when a read request follows
+    let s3 = e.pcc_request_recall(f.ino, "c", true).unwrap();
+    let s4 = e.pcc_request_recall(f.ino, "b", false).unwrap();
+    assert!(s4 > s3);
+    let r = e.pcc_recalls_for("a").unwrap();
+    assert_eq!((r[0].write, r[0].seq), (true, s4));
+    // a snapshot does not serve a request for writing
+    assert!(e.pcc_snapshot_served(f.ino, "a", l.generation, s4).unwrap());
+    assert_eq!(e.pcc_recalls_for("a").unwrap().len(), 1);
+    // a snapshot of another generation changes nothing
+    assert!(!e
+        .pcc_snapshot_served(f.ino, "a", l.generation + 1000, s4 + 1)
+        .unwrap());
+    assert_eq!(e.pcc_lease(f.ino).unwrap().unwrap().snapshot, s4);
+    e.close_files(a, &[f.ino]).unwrap();
+    e.close_files(b, &[f.ino]).unwrap();
+}
+
 fn pcc_leases_and_rules(e: &dyn MetaEngine) {
     let f = e
         .create(ROOT_INO, b"f", &file(), Some(layout()), None)
@@ -1351,10 +1510,12 @@ fn pcc_leases_and_rules(e: &dyn MetaEngine) {
         e.pcc_acquire(f.ino, "b"),
         Err(MetaError::WouldBlock)
     ));
-    let a = e.pcc_report(f.ino, "a", true, 12345, 77).unwrap();
+    let a = e
+        .pcc_report(f.ino, "a", l.generation, true, 12345, 77)
+        .unwrap();
     assert_eq!((a.size, a.mtime), (12345, 77));
     assert!(matches!(
-        e.pcc_report(f.ino, "b", true, 1, 1),
+        e.pcc_report(f.ino, "b", l.generation, true, 1, 1),
         Err(MetaError::WouldBlock)
     ));
     assert!(e.pcc_lease(f.ino).unwrap().unwrap().dirty);
@@ -1362,11 +1523,21 @@ fn pcc_leases_and_rules(e: &dyn MetaEngine) {
     assert_eq!(e.pcc_revokes_for("a").unwrap(), vec![f.ino]);
     assert!(e.pcc_revokes_for("b").unwrap().is_empty());
     assert_eq!(e.pcc_leases_of("a").unwrap().len(), 1);
-    e.pcc_release(f.ino, "a").unwrap();
+    assert!(!e.pcc_release(f.ino, "a", l.generation + 1000).unwrap());
+    assert!(
+        e.pcc_lease(f.ino).unwrap().is_some(),
+        "another generation's release"
+    );
+    assert!(e.pcc_release(f.ino, "a", l.generation).unwrap());
     assert!(e.pcc_lease(f.ino).unwrap().is_none());
     assert!(e.pcc_revokes_for("a").unwrap().is_empty());
     let l2 = e.pcc_acquire(f.ino, "b").unwrap();
     assert!(l2.generation > l.generation);
+    // the old holder's report of the old generation does not touch b's lease
+    assert!(matches!(
+        e.pcc_report(f.ino, "a", l.generation, false, 1, 1),
+        Err(MetaError::WouldBlock)
+    ));
     let d = e.create(ROOT_INO, b"d", &dir(), None, None).unwrap();
     assert!(matches!(
         e.pcc_acquire(d.ino, "a"),

@@ -213,22 +213,70 @@ pub trait Pcc: Send + Sync {
     /// would go on writing to the capacity tier, and the owner's write-back would then lose
     /// those writes); taking it again as the holder returns the held lease.
     fn pcc_acquire(&self, ino: Ino, client: &str) -> Result<PccLease>;
+    /// Opens a file as far as leases go, in ONE transaction: locks the inode, reads its lease
+    /// and either records the open of `session` (with the changelog's OPEN record, as
+    /// [`Sessions::open_file`]) or records nothing and returns the other client's lease
+    /// ([`PccOpen::Held`]). When the lease is `client`'s and the open writes, the lease is
+    /// marked dirty ("may be dirty") in the same transaction, before the caller hands out a
+    /// writable descriptor. A read-only open with `snapshot: Some(seq)` is recorded while
+    /// another client holds the lease if that client served a read request numbered `seq` or
+    /// later with a snapshot ([`PccOpen::Snapshot`]). An [`pcc_acquire`](Pcc::pcc_acquire)
+    /// after this open sees it.
+    fn pcc_open(
+        &self,
+        session: u64,
+        ino: Ino,
+        client: &str,
+        write: bool,
+        snapshot: Option<u64>,
+    ) -> Result<PccOpen>;
     /// The owner reports its cached file: dirty or clean, and its size and mtime, which every
-    /// client then sees.
+    /// client then sees. `WouldBlock` when the lease is not `client`'s at `generation` (given
+    /// back, broken or taken again since), `NotFound` when there is none.
     fn pcc_report(
         &self,
         ino: Ino,
         client: &str,
+        generation: u64,
         dirty: bool,
         size: u64,
         mtime: Nanos,
     ) -> Result<Attr>;
-    /// Gives the lease back (and drops any request to give it back).
-    fn pcc_release(&self, ino: Ino, client: &str) -> Result<()>;
+    /// The owner gives the lease of `generation` back (and any request to give it back goes).
+    /// False when the lease is not that one (nothing changes).
+    fn pcc_release(&self, ino: Ino, client: &str, generation: u64) -> Result<bool>;
+    /// Breaks the lease of an owner judged dead: deleted only if it is still `client`'s at
+    /// `generation` (what the breaker saw) and clean. False when it changed or is dirty.
+    fn pcc_break(&self, ino: Ino, client: &str, generation: u64) -> Result<bool>;
+    /// Asks the owner of a lease to give it back (`write`) or, for a read, to write back a
+    /// snapshot if it has writers ([`Pcc::pcc_snapshot_served`]); one request per file, a
+    /// request for writing stays one. Returns the request's number; a snapshot served at or
+    /// after it shows in [`PccLease::snapshot`].
+    fn pcc_request_recall(&self, ino: Ino, requester: &str, write: bool) -> Result<u64>;
     /// Asks the owner of a lease to give it back.
-    fn pcc_request_revoke(&self, ino: Ino, requester: &str) -> Result<()>;
-    /// Files whose lease `client` holds and someone asked back.
-    fn pcc_revokes_for(&self, client: &str) -> Result<Vec<Ino>>;
+    fn pcc_request_revoke(&self, ino: Ino, requester: &str) -> Result<()> {
+        self.pcc_request_recall(ino, requester, true).map(|_| ())
+    }
+    /// Files whose lease `client` holds and someone asked back (for writing or reading).
+    fn pcc_revokes_for(&self, client: &str) -> Result<Vec<Ino>> {
+        Ok(self
+            .pcc_recalls_for(client)?
+            .into_iter()
+            .map(|r| r.ino)
+            .collect())
+    }
+    /// The requests to `client`'s leases, by file.
+    fn pcc_recalls_for(&self, client: &str) -> Result<Vec<PccRecall>>;
+    /// The owner wrote back a snapshot of its data that started after read request `seq`:
+    /// the lease (if still `client`'s at `generation`) records it, and read requests up to
+    /// `seq` are served. Whether the lease was that one.
+    fn pcc_snapshot_served(
+        &self,
+        ino: Ino,
+        client: &str,
+        generation: u64,
+        seq: u64,
+    ) -> Result<bool>;
     /// Every lease `client` holds (recovery after a restart).
     fn pcc_leases_of(&self, client: &str) -> Result<Vec<PccLease>>;
     fn pcc_rule_add(

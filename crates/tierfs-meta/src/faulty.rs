@@ -290,10 +290,13 @@ impl Pcc for FaultyEngine {
     guarded! {
         fn pcc_lease(&self, ino: Ino) -> Result<Option<PccLease>>;
         fn pcc_acquire(&self, ino: Ino, client: &str) -> Result<PccLease>;
-        fn pcc_report(&self, ino: Ino, client: &str, dirty: bool, size: u64, mtime: Nanos) -> Result<Attr>;
-        fn pcc_release(&self, ino: Ino, client: &str) -> Result<()>;
-        fn pcc_request_revoke(&self, ino: Ino, requester: &str) -> Result<()>;
-        fn pcc_revokes_for(&self, client: &str) -> Result<Vec<Ino>>;
+        fn pcc_open(&self, session: u64, ino: Ino, client: &str, write: bool, snapshot: Option<u64>) -> Result<PccOpen>;
+        fn pcc_report(&self, ino: Ino, client: &str, generation: u64, dirty: bool, size: u64, mtime: Nanos) -> Result<Attr>;
+        fn pcc_release(&self, ino: Ino, client: &str, generation: u64) -> Result<bool>;
+        fn pcc_break(&self, ino: Ino, client: &str, generation: u64) -> Result<bool>;
+        fn pcc_request_recall(&self, ino: Ino, requester: &str, write: bool) -> Result<u64>;
+        fn pcc_recalls_for(&self, client: &str) -> Result<Vec<PccRecall>>;
+        fn pcc_snapshot_served(&self, ino: Ino, client: &str, generation: u64, seq: u64) -> Result<bool>;
         fn pcc_leases_of(&self, client: &str) -> Result<Vec<PccLease>>;
         fn pcc_rule_add(&self, mode: &str, client: Option<&str>, rule: &str, quota: Option<u64>) -> Result<u64>;
         fn pcc_rule_set_quota(&self, id: u64, quota: Option<u64>) -> Result<()>;
