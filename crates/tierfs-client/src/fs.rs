@@ -92,7 +92,9 @@ impl BackingReply for ReplyCreate {
     }
 }
 
-pub struct TierFs {
+/// The filesystem's state, shared (through [`TierFs`]'s `Arc`) with work that runs off the FUSE
+/// request threads, such as an open waiting for another client to give its RW-PCC lease back.
+pub struct FsInner {
     pub meta: Arc<dyn MetaEngine>,
     pub data: Arc<DataPath>,
     pub metrics: Arc<Metrics>,
@@ -124,6 +126,28 @@ pub struct TierFs {
     pub posix_acl: bool,
     /// Who makes each request, for changelog records (uid/gid, job id).
     pub callers: crate::caller::Callers,
+}
+
+/// The FUSE filesystem: a handle on the shared [`FsInner`] (its methods are reached through
+/// `Deref`); off-thread work clones the `Arc`.
+pub struct TierFs {
+    inner: Arc<FsInner>,
+}
+
+impl std::ops::Deref for TierFs {
+    type Target = FsInner;
+    fn deref(&self) -> &FsInner {
+        &self.inner
+    }
+}
+
+/// Setting the filesystem up before it is mounted (the daemon fills in the cache, the notifier,
+/// the caller source): the state is not shared yet then. Once a copy of the `Arc` is held
+/// elsewhere (after mount), mutable access is a programming error and panics.
+impl std::ops::DerefMut for TierFs {
+    fn deref_mut(&mut self) -> &mut FsInner {
+        Arc::get_mut(&mut self.inner).expect("TierFs is configured before it is shared")
+    }
 }
 
 fn to_time(n: i64) -> SystemTime {
@@ -212,7 +236,7 @@ impl TierFs {
         entry_ttl: Duration,
         recaller: Arc<Recaller>,
     ) -> TierFs {
-        TierFs {
+        let inner = FsInner {
             meta,
             data,
             metrics,
@@ -231,9 +255,14 @@ impl TierFs {
             names: Mutex::new(HashMap::new()),
             posix_acl: true,
             callers: crate::caller::Callers::new(crate::caller::JobIdSource::Disabled),
+        };
+        TierFs {
+            inner: Arc::new(inner),
         }
     }
+}
 
+impl FsInner {
     fn fattr(&self, a: &Attr) -> FileAttr {
         let mut size = if a.kind == Kind::File {
             self.data.local_size(a)
@@ -323,7 +352,9 @@ impl TierFs {
         }
         r
     }
+}
 
+impl TierFs {
     /// A new inode of `kind` owned by the caller (setgid-directory inheritance is the
     /// engine's).
     fn new_node(req: &Request, kind: Kind, perm: u32) -> NewNode {
@@ -336,7 +367,9 @@ impl TierFs {
             symlink: None,
         }
     }
+}
 
+impl FsInner {
     /// The mode of a new inode under `parent` and the ACLs it inherits (the kernel's
     /// posix_acl_create): where the directory has a default ACL, the umask is not applied; the
     /// default ACL masked by the mode asked for becomes the inode's access ACL (stored only
