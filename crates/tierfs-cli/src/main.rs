@@ -59,6 +59,16 @@ fn run(cli: Cli) -> Result<(), CliError> {
     }
 }
 
+/// The first argument (a `--meta` URL, `--meta=URL`, or a mount source) that is a database URL
+/// with a password, redacted.
+fn password_on_command_line(args: &[std::ffi::OsString]) -> Option<String> {
+    args.iter().skip(1).find_map(|a| {
+        let a = a.to_str()?;
+        let v = a.strip_prefix("--meta=").unwrap_or(a);
+        tierfs_meta::postgres::has_password(v).then(|| tierfs_meta::postgres::redact(v))
+    })
+}
+
 fn main() {
     // As mount.fuse.tierfs, or `tierfs SOURCE DIR -o ...` from fuse3's mount.fuse: the
     // mount helper.
@@ -66,6 +76,16 @@ fn main() {
     // mount(8) passes a helper's exit status on: 1 for bad usage, 32 for a failed mount.
     let helper = args.get(1).is_some_and(|a| a == "mount-helper");
     let usage_code = if helper { 1 } else { 2 };
+    // A database password on the command line is readable by every user of the machine (ps,
+    // /proc/PID/cmdline), and `tierfs mount` would hand it on to the daemon's command line.
+    if let Some(bad) = password_on_command_line(&args) {
+        eprintln!(
+            "tierfs: {bad}: a database password on the command line is visible to every user \
+             (ps, /proc); remove it from the URL and use PGPASSWORD or ~/.pgpass (or the mount \
+             helper's env_file=)"
+        );
+        std::process::exit(usage_code);
+    }
     let cli = match Cli::try_parse_from(args) {
         Ok(c) => c,
         Err(e) => {

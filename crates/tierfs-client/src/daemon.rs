@@ -277,6 +277,7 @@ pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Resul
         client_name.clone(),
         cfg.cache_dir.is_some(),
         Duration::from_secs(cfg.pcc_recall_timeout_secs),
+        Duration::from_secs(cfg.heartbeat_secs),
         Duration::from_secs(cfg.session_timeout_secs),
     ));
     let pcc = match &cfg.cache_dir {
@@ -321,6 +322,7 @@ pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Resul
     fs.notifier = Arc::clone(&notifier);
     fs.pcc = pcc.clone();
     fs.posix_acl = cfg.posix_acl;
+    fs.pcc_attach = cfg.attach_policy().map_err(DaemonError::Other)?;
     fs.callers = crate::caller::Callers::new(cfg.jobid_source().map_err(DaemonError::Other)?);
     fs.info_json = serde_json::json!({
         // Readable by every user of the machine: never the database password.

@@ -10,10 +10,55 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use tierfs_meta::{Attr, Ino, Kind, MetaEngine, PccLease};
+use tierfs_meta::{Attr, Ino, Kind, MetaEngine, MetaError, PccLease, SessionInfo};
 
 use crate::error::{ClientError, Result};
+use crate::liveness::{self, Liveness};
 use crate::metrics::Metrics;
+
+/// An owner whose heartbeat is this many heartbeat periods old, by the database's clock, is
+/// down as far as its leases go (never later than the session timeout).
+pub const DOWN_AFTER_HEARTBEATS: u32 = 3;
+
+/// How often a waiting recall looks at the owner's session again.
+const OWNER_CHECK_EVERY: Duration = Duration::from_millis(200);
+
+/// What is known of a lease owner's daemon, by the database's view of its session and, for a
+/// daemon of this machine, by its pid.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum OwnerState {
+    /// Its heartbeat is recent.
+    Alive,
+    /// Its heartbeat is late by this many nanoseconds (not yet late enough to be down).
+    Silent(i64),
+    /// Down: its daemon ran here and is gone, or it has been silent for too long (why).
+    Down(String),
+    /// No session of that client name: the owner is not mounted.
+    NoSession,
+}
+
+impl OwnerState {
+    /// Whether the owner cannot give a file back.
+    pub fn is_down(&self) -> bool {
+        matches!(self, OwnerState::Down(_) | OwnerState::NoSession)
+    }
+
+    /// As `tierfs pcc state` prints it.
+    pub fn describe(&self) -> String {
+        match self {
+            OwnerState::Alive => "alive".into(),
+            OwnerState::Silent(ns) => format!("silent for {:.1} s", *ns as f64 / 1e9),
+            OwnerState::Down(why) => format!("down ({why})"),
+            OwnerState::NoSession => "no session".into(),
+        }
+    }
+}
+
+/// The newest session of `client` and the age of its heartbeat in nanoseconds, by the
+/// database's clock.
+fn client_session(meta: &dyn MetaEngine, client: &str) -> Result<Option<(SessionInfo, i64)>> {
+    Ok(meta.client_session(client)?)
+}
 
 /// Files remembered as found without a lease (bounded; cleared when full).
 const UNLEASED_MAX: usize = 100_000;
@@ -47,8 +92,9 @@ pub struct Recaller {
     cached: bool,
     /// How long to wait for an owner to give a file back (`pcc_recall_timeout_secs`).
     recall_timeout: Duration,
-    /// An owner silent this long is down (`session_timeout_secs`).
-    session_timeout: Duration,
+    /// An owner silent this long is down: [`DOWN_AFTER_HEARTBEATS`] heartbeat periods, at most
+    /// the session timeout.
+    down_after: Duration,
     /// Files found without a lease, with their data version at the time. Taking a lease moves
     /// the file's data version in the same transaction ([`MetaEngine::pcc_acquire`]), so while
     /// the version an open reads is still this one, nobody took a lease since: the open needs
@@ -63,6 +109,7 @@ impl Recaller {
         client: String,
         cached: bool,
         recall_timeout: Duration,
+        heartbeat: Duration,
         session_timeout: Duration,
     ) -> Recaller {
         Recaller {
@@ -71,9 +118,14 @@ impl Recaller {
             client,
             cached,
             recall_timeout,
-            session_timeout,
+            down_after: (heartbeat * DOWN_AFTER_HEARTBEATS).min(session_timeout),
             unleased: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// This client's name (leases in it are its own).
+    pub fn client(&self) -> &str {
+        &self.client
     }
 
     /// Before an open of `attr`'s file (read just now): recalls another client's lease, waiting
@@ -144,13 +196,45 @@ impl Recaller {
         }
     }
 
-    /// Waits until another client gives an RW lease back (asking it to, once). A dead owner's
-    /// clean lease is broken; a dead owner's dirty data cannot be read (EHOSTDOWN); an owner
-    /// that does not give the file back within the recall timeout gives ETIMEDOUT.
+    /// The state of `client`'s daemon, by the database's view of its newest session: alive,
+    /// silent (heartbeat late), down (its daemon ran on this machine and is gone, or its
+    /// heartbeat is older than [`DOWN_AFTER_HEARTBEATS`] periods), or no session at all. A
+    /// session whose local daemon is gone is ended here and now (its opens and locks go, as
+    /// when it times out).
+    pub fn owner_state(&self, client: &str) -> Result<OwnerState> {
+        let Some((s, age)) = client_session(self.meta.as_ref(), client)? else {
+            return Ok(OwnerState::NoSession);
+        };
+        if let Liveness::Gone(why) = liveness::state(&s) {
+            match self.meta.unregister_session(s.id) {
+                Ok(()) | Err(MetaError::NotFound) => {}
+                Err(e) => return Err(e.into()),
+            }
+            tracing::warn!("ended session {} of client '{client}' at once: {why}", s.id);
+            return Ok(OwnerState::Down(why));
+        }
+        let down = self.down_after.as_nanos() as i64;
+        if age >= down {
+            return Ok(OwnerState::Down(format!(
+                "no heartbeat for {:.1} s",
+                age as f64 / 1e9
+            )));
+        }
+        // A heartbeat a period and a half late is worth saying.
+        if age > down / DOWN_AFTER_HEARTBEATS as i64 * 3 / 2 {
+            return Ok(OwnerState::Silent(age));
+        }
+        Ok(OwnerState::Alive)
+    }
+
+    /// Waits until another client gives an RW lease back (asking it to, once). A down owner's
+    /// clean lease is broken; a down owner's dirty data cannot be read (EHOSTDOWN, as soon as
+    /// the owner is known down: see [`Recaller::owner_state`]); an owner that does not give
+    /// the file back within the recall timeout gives ETIMEDOUT.
     pub fn recall(&self, lease: &PccLease) -> Result<()> {
         let start = Instant::now();
-        let timeout = self.session_timeout.as_nanos() as i64;
         let mut asked = false;
+        let mut checked: Option<(String, Instant)> = None;
         self.metrics.pcc("recalls", 1);
         loop {
             let Some(l) = self.meta.pcc_lease(lease.ino)? else {
@@ -159,13 +243,34 @@ impl Recaller {
             if l.client == self.client {
                 return Ok(());
             }
-            if !self.meta.client_alive(&l.client, timeout)? {
-                if l.dirty {
-                    return Err(owner_down());
+            let due = match &checked {
+                Some((who, at)) => *who != l.client || at.elapsed() >= OWNER_CHECK_EVERY,
+                None => true,
+            };
+            if due {
+                let st = self.owner_state(&l.client)?;
+                checked = Some((l.client.clone(), Instant::now()));
+                if st.is_down() {
+                    if l.dirty {
+                        tracing::warn!(
+                            ino = l.ino,
+                            owner = %l.client,
+                            "the RW-PCC owner of this file is {} and holds data not yet written \
+                             back: EHOSTDOWN until it comes back (or an admin runs `tierfs pcc \
+                             detach --force-stale`)",
+                            st.describe()
+                        );
+                        return Err(owner_down());
+                    }
+                    tracing::info!(
+                        ino = l.ino,
+                        owner = %l.client,
+                        "breaking the clean RW-PCC lease of a client that is {}",
+                        st.describe()
+                    );
+                    self.meta.pcc_release(l.ino, &l.client)?;
+                    continue;
                 }
-                tracing::info!(ino = l.ino, owner = %l.client, "breaking the clean RW-PCC lease of a dead client");
-                self.meta.pcc_release(l.ino, &l.client)?;
-                return Ok(());
             }
             if !asked {
                 self.meta.pcc_request_revoke(l.ino, &self.client)?;
