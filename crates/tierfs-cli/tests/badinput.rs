@@ -583,3 +583,59 @@ fn mount_refuses_a_target_of_another_filesystem() {
     mount().assert_ok();
     assert!(is_fuse_mounted(&mnt));
 }
+
+/// A database password in a URL on the command line (readable by every user in /proc, and
+/// handed on to the mount daemon's own command line) is refused by every command that takes
+/// `--meta`, and by the mount helper's source, with one line saying to use PGPASSWORD or
+/// ~/.pgpass; the password itself is not echoed. Nothing is tried against the database (the
+/// port here would only refuse), and nothing is mounted.
+#[test]
+fn passwords_on_the_command_line_are_refused() {
+    let t = bare();
+    let mnt = t.root().join("mnt");
+    fs::create_dir_all(&mnt).unwrap();
+    let m = s(&mnt);
+    let url = "postgres://tierfs:s3cretpw@127.0.0.1:1/tierfs";
+    let query = "postgresql://tierfs@127.0.0.1:1/tierfs?password=s3cretpw";
+    let cmds: Vec<Vec<String>> = vec![
+        vec!["mount".into(), "--meta".into(), url.into(), m.clone()],
+        vec!["mount".into(), format!("--meta={url}"), m.clone()],
+        vec!["mount".into(), "--meta".into(), query.into(), m.clone()],
+        vec![
+            "format".into(),
+            "--meta".into(),
+            url.into(),
+            "--target".into(),
+            file_url(&t.root().join("ost0")),
+        ],
+        vec!["df".into(), "--meta".into(), url.into()],
+        vec!["status".into(), "--meta".into(), url.into()],
+        vec![
+            "pcc".into(),
+            "rule".into(),
+            "list".into(),
+            "--meta".into(),
+            url.into(),
+        ],
+        vec!["mount-helper".into(), url.into(), m.clone()],
+    ];
+    for c in &cmds {
+        let out = t.tierfs(c);
+        out.assert_clean_error();
+        let line = out.stderr.trim();
+        assert!(
+            line.contains("PGPASSWORD") && line.contains(".pgpass"),
+            "{c:?}: {}",
+            out.describe()
+        );
+        assert!(
+            !line.contains("s3cretpw"),
+            "{c:?} echoed the password: {line}"
+        );
+        assert_not_mounted(&mnt);
+    }
+    // without a password the same URL is tried (and fails to connect, not for the password)
+    let out = t.tierfs(&["df", "--meta", "postgres://tierfs@127.0.0.1:1/tierfs"]);
+    out.assert_clean_error();
+    assert!(!out.stderr.contains("PGPASSWORD or"), "{}", out.describe());
+}
