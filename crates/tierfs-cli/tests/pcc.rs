@@ -1641,6 +1641,62 @@ fn owner_killed_with_a_dirty_file_reader_gets_ehostdown_at_once_then_the_data() 
     assert_reads(&fa, &data, "a after coming back");
 }
 
+/// The owner's returning daemon writes its dirty file back before it serves anything, and its
+/// session heartbeats meanwhile: a write-back that takes 6 s (a slow capacity tier, by the
+/// test hook) never makes the returning owner look down to other clients (down after 3 s of
+/// silence here), and the reader then gets the data.
+#[test]
+fn returning_owner_writes_back_first_and_heartbeats_meanwhile() {
+    let _g = serial();
+    let extra: &[(&str, &str)] = &[
+        ("writeback_delay_secs", "3600"),
+        ("session_timeout_secs", "30"),
+    ];
+    let (mut t, opts) = pcc_fs(&[("a", extra), ("b", extra)], 150);
+    let (fa, fb) = (t.p(0, "f"), t.p(1, "f"));
+    fs::write(&fa, b"old").unwrap();
+    pcc(&t, &["attach", "-w", &s(&fa)]).assert_ok();
+    let data = pattern(95, 0, MIB + 11);
+    write_at(&fa, 0, &data, true);
+    wait_dirty(&t, &fa);
+    t.kill9(0);
+    // b watches the owner's state while a comes back
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watcher = {
+        let (root, fb, stop) = (t.root().to_path_buf(), s(&fb), stop.clone());
+        thread::spawn(move || {
+            let mut seen = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let out = tierfs_in(&root, &["pcc", "state", &fb], CMD_TIMEOUT);
+                seen.push(out.stdout.trim().to_string());
+                thread::sleep(Duration::from_millis(300));
+            }
+            seen
+        })
+    };
+    t.mount_env = vec![("TIERFS_TEST_WRITEBACK_STALL_MS".into(), "6000".into())];
+    let t0 = Instant::now();
+    t.remount_with(0, &opts[0]);
+    let took = t0.elapsed();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let seen = watcher.join().unwrap();
+    assert!(
+        took >= Duration::from_secs(5),
+        "the mount was ready after {took:?}, before its stalled write-back could have run"
+    );
+    for line in &seen {
+        assert!(
+            !line.contains("no heartbeat"),
+            "the returning owner looked down while it wrote back: {line}"
+        );
+    }
+    // written back before the mount was ready: clean at once
+    let st = state(&t, &fa);
+    assert!(!st.dirty() && !st.lease_dirty, "{}", st.raw);
+    after_ttl();
+    assert_reads(&fb, &data, "b after the owner came back");
+}
+
 /// The owner's state as `tierfs pcc state` prints it (after `owner: `).
 fn owner_state(st: &State) -> Option<&str> {
     st.raw.split(", owner: ").nth(1).map(str::trim)
