@@ -1593,10 +1593,12 @@ fn attach_admission_is_root_only_by_default_and_never_evicts() {
     assert_eq!(state(&t, &m2b).typ, "readonly");
 }
 
-/// The owner of a dirty RW-PCC file is killed: a reader on another client learns it at once (the
-/// owner's daemon ran on this host and its pid is gone), not after the session timeout (30 s
-/// here), and `tierfs pcc state` says the owner is down. Once the owner is mounted again, it
-/// writes the file back before serving anything, and the reader reads the owner's data.
+/// The owner of a dirty RW-PCC file is killed on this host: a reader on another client learns it
+/// at once (the owner's daemon ran on this host and its pid is gone), neither after the session
+/// timeout (60 s here) nor at the reader's next session-reaper pass (every heartbeat: 20 s for
+/// b here, and b's first pass ran when it mounted, a few seconds before the kill), and `tierfs
+/// pcc state` says the owner is down. Once the owner is mounted again, it writes the file back
+/// before serving anything, and the reader reads the owner's data.
 #[test]
 fn owner_killed_with_a_dirty_file_reader_gets_ehostdown_at_once_then_the_data() {
     let _g = serial();
@@ -1605,7 +1607,12 @@ fn owner_killed_with_a_dirty_file_reader_gets_ehostdown_at_once_then_the_data() 
         ("session_timeout_secs", "30"),
         ("pcc_recall_timeout_secs", "60"),
     ];
-    let (mut t, opts) = pcc_fs(&[("a", extra), ("b", extra)], 150);
+    let slow: &[(&str, &str)] = &[
+        ("heartbeat_secs", "20"),
+        ("session_timeout_secs", "60"),
+        ("pcc_recall_timeout_secs", "60"),
+    ];
+    let (mut t, opts) = pcc_fs(&[("a", extra), ("b", slow)], 150);
     let (fa, fb) = (t.p(0, "f"), t.p(1, "f"));
     fs::write(&fa, b"old").unwrap();
     pcc(&t, &["attach", "-w", &s(&fa)]).assert_ok();
@@ -1693,6 +1700,93 @@ fn returning_owner_writes_back_first_and_heartbeats_meanwhile() {
     // written back before the mount was ready: clean at once
     let st = state(&t, &fa);
     assert!(!st.dirty() && !st.lease_dirty, "{}", st.raw);
+    after_ttl();
+    assert_reads(&fb, &data, "b after the owner came back");
+}
+
+/// kill -9 of an owner whose pid this host cannot see (its daemon runs in another pid
+/// namespace, as on another host): only the database's view of its session tells, and a reader
+/// of its dirty file gets EHOSTDOWN within 5 s of the kill (3 heartbeats of 1 s), not after
+/// the session timeout (10 s). Once the owner is mounted again, the reader gets the data.
+#[test]
+fn owner_killed_elsewhere_is_judged_down_by_its_heartbeat_within_5_s() {
+    let _g = serial();
+    let extra: &[(&str, &str)] = &[
+        ("writeback_delay_secs", "3600"),
+        ("session_timeout_secs", "10"),
+        ("pcc_recall_timeout_secs", "60"),
+    ];
+    let mut t = TestFs::with(Opts {
+        clients: 0,
+        timeout: Duration::from_secs(150),
+        ..Opts::default()
+    });
+    // a: `tierfs mount --foreground` as pid 1 of a new pid namespace; unshare passes SIGKILL
+    // on to it when it is killed itself
+    let oa = pcc_opts(&t, "a", "1G", extra);
+    let mnt_a = t.root().join("mnt-a");
+    fs::create_dir_all(&mnt_a).unwrap();
+    let mut args = t.mount_args(&mnt_a, &oa);
+    args.push("--foreground".into());
+    let log = fs::File::create(t.root().join("a-ns.log")).unwrap();
+    let mut ns = std::process::Command::new("unshare")
+        .args(["--pid", "--fork", "--kill-child=SIGKILL", "--", BIN])
+        .args(&args)
+        .stdin(std::process::Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .expect("unshare");
+    assert!(
+        wait_until(Duration::from_secs(20), || is_fuse_mounted(&mnt_a)),
+        "the namespaced daemon did not mount: {}",
+        fs::read_to_string(t.root().join("a-ns.log")).unwrap_or_default()
+    );
+    t.mnts.push(mnt_a);
+    t.mount_with(&pcc_opts(&t, "b", "1G", extra));
+    let (fa, fb) = (t.p(0, "f"), t.p(1, "f"));
+    fs::write(&fa, b"old").unwrap();
+    pcc(&t, &["attach", "-w", &s(&fa)]).assert_ok();
+    let data = pattern(96, 0, MIB + 13);
+    write_at(&fa, 0, &data, true);
+    wait_dirty(&t, &fa);
+    // b cannot see a's daemon: only the heartbeat tells
+    let st = state(&t, &fb);
+    assert_eq!(owner_state(&st), Some("alive"), "{}", st.raw);
+    let t0 = Instant::now();
+    ns.kill().unwrap();
+    let _ = ns.wait();
+    match fs::File::open(&fb) {
+        Ok(_) => panic!("open of a killed owner's dirty file succeeded"),
+        Err(e) => assert_eq!(err_of(&e), libc::EHOSTDOWN, "{e}"),
+    }
+    let took = t0.elapsed();
+    assert!(
+        took < Duration::from_secs(5),
+        "the reader learnt the owner was down only {took:?} after the kill"
+    );
+    let st = state(&t, &fb);
+    assert!(
+        owner_state(&st).is_some_and(|o| o.starts_with("down (no heartbeat for")),
+        "{}",
+        st.raw
+    );
+    // the owner comes back (in this namespace), once its old session is reaped (this host could
+    // not tell it was gone: its client name stays taken until then, as for a crashed client
+    // on another host): the reader gets the data
+    let margs = t.mount_args(t.mnt(0), &oa);
+    let mut last = None;
+    let back = wait_until(Duration::from_secs(40), || {
+        let out = t.tierfs(&margs);
+        let ok = out.ok();
+        last = Some(out);
+        ok
+    });
+    assert!(
+        back,
+        "owner not mounted again: {}",
+        last.map(|o| o.describe()).unwrap_or_default()
+    );
     after_ttl();
     assert_reads(&fb, &data, "b after the owner came back");
 }
