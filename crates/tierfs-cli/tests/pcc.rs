@@ -2118,6 +2118,94 @@ fn remote_open_waits_for_the_owners_writer_to_close() {
     );
 }
 
+/// Recalls never park FUSE request threads (issue 12): nine opens for writing on b of files a
+/// holds RW-cached and keeps open for writing wait for a's writers (a remote writer waits for
+/// the owner's), more opens than b has FUSE threads (8). Meanwhile an unrelated `stat` on b
+/// answers within a second: the waiting opens hold no request thread. (A liveness bound, not a
+/// speed figure: with the opens on the request threads the stat waits until the recalls end.)
+/// When a closes, every open completes with a's data.
+#[test]
+fn remote_opens_waiting_for_recalls_leave_the_mount_answering() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{mpsc, Arc};
+    const N: usize = 9;
+    let _g = serial();
+    let (t, _) = pcc_fs(&[("a", &[]), ("b", &[("fuse_threads", "8")])], 180);
+    fs::write(t.p(0, "unrelated"), b"x").unwrap();
+    let mut writers = Vec::new();
+    for i in 0..N {
+        let fa = t.p(0, &format!("f{i}"));
+        fs::write(&fa, b"").unwrap();
+        pcc(&t, &["attach", "-w", &s(&fa)]).assert_ok();
+        let h = OpenOptions::new().write(true).open(&fa).unwrap();
+        h.write_all_at(&pattern(i as u64, 0, 4096), 0).unwrap();
+        writers.push(h);
+    }
+    for i in 0..N {
+        assert_eq!(state(&t, &t.p(0, &format!("f{i}"))).typ, "readwrite");
+    }
+    after_ttl();
+    let done = Arc::new(AtomicUsize::new(0));
+    let (tx, rx) = mpsc::channel();
+    for i in 0..N {
+        let (fb, done, tx) = (t.p(1, &format!("f{i}")), Arc::clone(&done), tx.clone());
+        // not scoped: on a failure the test's teardown unmounts, which ends these opens
+        thread::spawn(move || {
+            let t0 = Instant::now();
+            let r = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&fb)
+                .and_then(|f| {
+                    let mut v = vec![0u8; 4096];
+                    f.read_exact_at(&mut v, 0)?;
+                    Ok(v)
+                });
+            done.fetch_add(1, Ordering::SeqCst);
+            let _ = tx.send((i, r, t0.elapsed()));
+        });
+    }
+    // The opens reach b's daemon and wait for a's writers.
+    thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        done.load(Ordering::SeqCst),
+        0,
+        "an open on b finished while a still writes the file: nothing waits, the test tests nothing"
+    );
+    let (stx, srx) = mpsc::channel();
+    let unrelated = t.p(1, "unrelated");
+    thread::spawn(move || {
+        let t0 = Instant::now();
+        let r = fs::metadata(&unrelated).map(|m| m.len());
+        let _ = stx.send((r, t0.elapsed()));
+    });
+    match srx.recv_timeout(Duration::from_secs(1)) {
+        Ok((r, took)) => {
+            assert_eq!(r.expect("stat of an unrelated file on b"), 1);
+            assert!(took < Duration::from_secs(1), "stat took {took:?}");
+        }
+        Err(_) => panic!(
+            "an unrelated stat on b did not answer within 1 s while {N} opens wait for recalls \
+             ({} of them done)",
+            done.load(Ordering::SeqCst)
+        ),
+    }
+    assert_eq!(
+        done.load(Ordering::SeqCst),
+        0,
+        "the opens were still waiting when the stat answered"
+    );
+    // a closes: each open completes and reads what a wrote
+    drop(writers);
+    for _ in 0..N {
+        let (i, r, took) = rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("an open on b never completed after a closed");
+        let got = r.unwrap_or_else(|e| panic!("open of f{i} on b: {e} after {took:?}"));
+        assert_same_bytes(&got, &pattern(i as u64, 0, 4096), 0, &format!("f{i} on b"));
+    }
+}
+
 /// "discards copies that are stale or fail verification": an RO copy damaged while the daemon
 /// was down (here: cut short) is not served after the restart.
 #[test]

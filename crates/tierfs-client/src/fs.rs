@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -19,7 +19,8 @@ use parking_lot::Mutex;
 use tierfs_meta::changelog::{Caller, CallerGuard};
 
 use tierfs_meta::{
-    Attr, Ino, Kind, LockRange, LockType, MetaEngine, MetaError, NewNode, SetAttr, TimeSet,
+    Attr, Ino, Kind, LockRange, LockType, MetaEngine, MetaError, NewNode, PccLease, SetAttr,
+    TimeSet,
 };
 
 use crate::acl::{self, Acl};
@@ -77,6 +78,92 @@ struct Inherited {
     default: Option<Vec<u8>>,
 }
 
+/// Most requests (opens, truncates) waiting at once, each on a thread of its own, for another
+/// client to give an RW-PCC lease back; past it such a request fails with EAGAIN at once.
+const MAX_PARKED: usize = 256;
+
+/// How often a parked request waits again when, after one give-back, yet another client has
+/// taken the lease before the request could go on; then it fails with ETIMEDOUT.
+const MAX_RECALL_ROUNDS: usize = 8;
+
+/// What a request that may need another client's RW-PCC lease given back got to: done, or
+/// stopped (before changing anything) because that client holds the lease.
+enum Step<T> {
+    Done(T),
+    Wait(PccLease),
+}
+
+/// A new handle: its number, open flags and passthrough backing file.
+type Opened = (u64, FopenFlags, Option<Arc<BackingId>>);
+
+/// Who makes a request, kept for the part of it that runs off the request thread.
+#[derive(Clone, Copy)]
+struct Asker {
+    uid: u32,
+    gid: u32,
+    pid: u32,
+}
+
+impl Asker {
+    fn of(req: &Request) -> Asker {
+        Asker {
+            uid: req.uid(),
+            gid: req.gid(),
+            pid: req.pid(),
+        }
+    }
+}
+
+/// The changes a setattr asks for.
+#[derive(Clone, Copy)]
+struct SetattrArgs {
+    mode: Option<u32>,
+    uid: Option<u32>,
+    gid: Option<u32>,
+    size: Option<u64>,
+    atime: Option<TimeOrNow>,
+    mtime: Option<TimeOrNow>,
+    ctime: Option<SystemTime>,
+}
+
+/// A place for one request waiting off the FUSE threads (counted against [`MAX_PARKED`] until
+/// dropped).
+struct Parked {
+    fs: Arc<FsInner>,
+}
+
+impl Drop for Parked {
+    fn drop(&mut self) {
+        self.fs.parked.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Parked {
+    /// Runs `job` on a thread of its own, in the caller scope of the request (changelog
+    /// records). Should the thread not start, the job's reply is dropped, which answers EIO.
+    fn spawn(self, what: &'static str, job: impl FnOnce(&FsInner) + Send + 'static) {
+        let caller = tierfs_meta::changelog::current();
+        let r = std::thread::Builder::new()
+            .name(format!("tierfs-{what}-wait"))
+            .spawn(move || {
+                let _caller = caller.enter();
+                job(&self.fs);
+            });
+        if let Err(e) = r {
+            tracing::warn!(what, "cannot start a thread for a waiting request: {e}");
+        }
+    }
+}
+
+/// Answers an open.
+fn answer_open(reply: ReplyOpen, r: Result<Opened>) {
+    match r {
+        Ok((fh, fl, Some(id))) => reply.opened_passthrough(FileHandle(fh), fl, &id),
+        Ok((fh, fl, None)) => reply.opened(FileHandle(fh), fl),
+        Err(e) => reply.error(ino_errno(&e)),
+    }
+}
+
 /// Reply types that can register a passthrough backing file.
 trait BackingReply {
     fn backing(&self, f: &std::fs::File) -> std::io::Result<BackingId>;
@@ -128,6 +215,8 @@ pub struct FsInner {
     pub callers: crate::caller::Callers,
     /// Who may attach, detach, pin and unpin by hand (`pcc_attach`).
     pub pcc_attach: crate::config::AttachPolicy,
+    /// Requests waiting off the FUSE threads for an RW-PCC lease (at most [`MAX_PARKED`]).
+    parked: AtomicUsize,
 }
 
 /// The FUSE filesystem: a handle on the shared [`FsInner`] (its methods are reached through
@@ -208,17 +297,24 @@ fn kill_suid_sgid(perm: u32, in_group: impl FnOnce() -> bool) -> u32 {
 /// Whether the caller of `req` is root or a member of group `gid` (its primary group, or a
 /// supplementary group as /proc lists them; FUSE passes only the primary one).
 fn in_group_or_root(req: &Request, gid: u32) -> bool {
-    if req.uid() == 0 || req.gid() == gid {
-        return true;
+    Asker::of(req).in_group_or_root(gid)
+}
+
+impl Asker {
+    /// [`in_group_or_root`] of this asker.
+    fn in_group_or_root(&self, gid: u32) -> bool {
+        if self.uid == 0 || self.gid == gid {
+            return true;
+        }
+        let Ok(status) = std::fs::read_to_string(format!("/proc/{}/status", self.pid)) else {
+            return false;
+        };
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("Groups:"))
+            .map(|g| g.split_whitespace().any(|x| x.parse() == Ok(gid)))
+            .unwrap_or(false)
     }
-    let Ok(status) = std::fs::read_to_string(format!("/proc/{}/status", req.pid())) else {
-        return false;
-    };
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("Groups:"))
-        .map(|g| g.split_whitespace().any(|x| x.parse() == Ok(gid)))
-        .unwrap_or(false)
 }
 
 fn time_set(t: TimeOrNow) -> TimeSet {
@@ -258,10 +354,28 @@ impl TierFs {
             posix_acl: true,
             callers: crate::caller::Callers::new(crate::caller::JobIdSource::Disabled),
             pcc_attach: crate::config::AttachPolicy::Root,
+            parked: AtomicUsize::new(0),
         };
         TierFs {
             inner: Arc::new(inner),
         }
+    }
+
+    /// A place for a request to wait off the FUSE threads, or None (logged) when
+    /// [`MAX_PARKED`] requests wait already.
+    fn park(&self) -> Option<Parked> {
+        let before = self.parked.fetch_add(1, Ordering::Relaxed);
+        let slot = Parked {
+            fs: Arc::clone(&self.inner),
+        };
+        if before >= MAX_PARKED {
+            tracing::warn!(
+                "{MAX_PARKED} requests already wait for RW-PCC leases on other clients: EAGAIN"
+            );
+            return None;
+        }
+        self.metrics.pcc("requests_parked", 1);
+        Some(slot)
     }
 }
 
@@ -541,6 +655,150 @@ impl FsInner {
             caller: tierfs_meta::changelog::current(),
         });
         Ok((fh, fl))
+    }
+
+    /// A setattr, up to where another client's RW-PCC lease makes it wait ([`Step::Wait`],
+    /// nothing changed yet) or done.
+    fn setattr_now(&self, asker: &Asker, ino: Ino, args: &SetattrArgs) -> Result<Step<Attr>> {
+        let SetattrArgs {
+            mode,
+            uid,
+            gid,
+            size,
+            atime,
+            mtime,
+            ctime,
+        } = *args;
+        let mut size = size;
+        let chmod = mode;
+        let mut mode = mode;
+        // The kernel leaves clearing setuid/setgid to us (FUSE_HANDLE_KILLPRIV_V2), by its
+        // rules (fs/attr.c): a chown of anything but a directory clears them (setuid for
+        // root too), and so does a truncate of a regular file by anyone but root. A chown
+        // to -1, -1 (which changes nothing else) reaches us as a setattr that sets nothing:
+        // it is the only call that sends one.
+        let nothing = mode.is_none()
+            && size.is_none()
+            && atime.is_none()
+            && mtime.is_none()
+            && ctime.is_none();
+        let chown = uid.is_some() || gid.is_some() || nothing;
+        if mode.is_none() && (chown || (size.is_some() && asker.uid != 0)) {
+            let a = self.meta.getattr(ino)?;
+            let applies = if chown {
+                a.kind != Kind::Dir
+            } else {
+                a.kind == Kind::File
+            };
+            if applies {
+                let killed = kill_suid_sgid(a.perm, || asker.in_group_or_root(a.gid));
+                if killed != a.perm {
+                    mode = Some(killed);
+                }
+            }
+        }
+        let local = self
+            .pcc
+            .as_ref()
+            .map(|p| p.local_attr(ino).is_some())
+            .unwrap_or(false);
+        if let (true, Some(pcc)) = (local, &self.pcc) {
+            // RW-cached here: size and times belong to the cache file.
+            pcc.set_local(ino, size, atime.map(time_set), mtime.map(time_set))?;
+            size = None;
+        } else if size.is_some() {
+            // Another client's RW-PCC file is given back before its size changes here (the
+            // caller waits for that off the request thread).
+            match self.recaller.look_ino(ino)? {
+                Lease::Held(l) => return Ok(Step::Wait(l)),
+                // Leased to this client, but not RW-cached here: its data is not here.
+                Lease::Ours(l) => self.recaller.ours_without_data(&l)?,
+                Lease::Free | Lease::Recalled => {}
+            }
+        }
+        if size.is_some() || mtime.is_some() || atime.is_some() {
+            // Buffered writes land first, so the truncate or the times given (tar sets
+            // mtime before close) apply after them and are not overwritten by their commit.
+            self.data.flush(ino)?;
+        }
+        let set = SetAttr {
+            perm: mode.map(|m| m & 0o7777),
+            uid,
+            gid,
+            size,
+            atime: atime.map(time_set),
+            mtime: mtime.map(time_set),
+            ctime: ctime.map(from_time),
+        };
+        let a = self.meta.setattr(ino, &set)?;
+        if let Some(m) = chmod {
+            self.chmod_acl(ino, m)?;
+        }
+        if size.is_some() {
+            self.data.invalidate(ino, Some(&a));
+        }
+        Ok(Step::Done(a))
+    }
+
+    /// After another client's lease `l` was seen: waits (blocking; never on a FUSE request
+    /// thread) until it is given back, then runs `step` again, as often as yet another client
+    /// took the lease in between (at most [`MAX_RECALL_ROUNDS`] times).
+    fn after_recall<T>(
+        &self,
+        mut l: PccLease,
+        step: impl Fn(&FsInner) -> Result<Step<T>>,
+    ) -> Result<T> {
+        for _ in 0..MAX_RECALL_ROUNDS {
+            self.recaller.recall(&l)?;
+            match step(self)? {
+                Step::Done(v) => return Ok(v),
+                Step::Wait(next) => l = next,
+            }
+        }
+        Err(ClientError::Errno(
+            "the file's RW-PCC lease kept moving between other clients",
+            libc::ETIMEDOUT,
+        ))
+    }
+
+    /// An open up to where another client's RW-PCC lease makes it wait ([`Step::Wait`], nothing
+    /// recorded yet) or done: a new handle.
+    fn open_step(&self, reply: &dyn BackingReply, ino: Ino, flags: i32) -> Result<Step<Opened>> {
+        let a = self.meta.getattr(ino)?;
+        if a.kind == Kind::Dir {
+            return Err(ClientError::Meta(MetaError::IsDir));
+        }
+        // Every client, with a cache or not, has another client's RW-PCC file given back
+        // before it opens it: the data is only in the owner's cache until then.
+        let (a, own) = match self.recaller.look(&a)? {
+            Lease::Held(l) => return Ok(Step::Wait(l)),
+            Lease::Free => (a, None),
+            // The lease was this client's, without its data here, and is released: open what
+            // is there now.
+            Lease::Recalled => (self.meta.getattr(ino)?, None),
+            Lease::Ours(l) => (a, Some(l)),
+        };
+        self.open_now(reply, &a, own, flags).map(Step::Done)
+    }
+
+    /// Opens `a`'s file with its lease settled: `own` is this client's lease (the file is
+    /// then served from this client's cache), None when no other client holds one.
+    /// Registering a passthrough backing file works from any thread.
+    fn open_now(
+        &self,
+        reply: &dyn BackingReply,
+        a: &Attr,
+        own: Option<PccLease>,
+        flags: i32,
+    ) -> Result<Opened> {
+        if let Some(pcc) = &self.pcc {
+            let name = self.names.lock().get(&a.ino).cloned();
+            if let Some(served) = pcc.on_open(a, own.as_ref(), name.as_deref(), flags)? {
+                return self.open_cached(reply, a, flags, served, false);
+            }
+        }
+        let (fh, fl) = self.open_file(a, flags, false)?;
+        Ok((fh, fl, None))
     }
 
     /// Up to `len` bytes of a file at `off` for copy_file_range (fewer at its end).
@@ -932,76 +1190,32 @@ impl Filesystem for TierFs {
     ) {
         // changelog records of this request name its caller (crate::caller)
         let _caller = self.scope(req);
-        let r = self.run("setattr", || {
-            let mut size = size;
-            let chmod = mode;
-            let mut mode = mode;
-            // The kernel leaves clearing setuid/setgid to us (FUSE_HANDLE_KILLPRIV_V2), by its
-            // rules (fs/attr.c): a chown of anything but a directory clears them (setuid for
-            // root too), and so does a truncate of a regular file by anyone but root. A chown
-            // to -1, -1 (which changes nothing else) reaches us as a setattr that sets nothing:
-            // it is the only call that sends one.
-            let nothing = mode.is_none()
-                && size.is_none()
-                && atime.is_none()
-                && mtime.is_none()
-                && ctime.is_none();
-            let chown = uid.is_some() || gid.is_some() || nothing;
-            if mode.is_none() && (chown || (size.is_some() && req.uid() != 0)) {
-                let a = self.meta.getattr(ino.0)?;
-                let applies = if chown {
-                    a.kind != Kind::Dir
-                } else {
-                    a.kind == Kind::File
-                };
-                if applies {
-                    let killed = kill_suid_sgid(a.perm, || in_group_or_root(req, a.gid));
-                    if killed != a.perm {
-                        mode = Some(killed);
+        let asker = Asker::of(req);
+        let args = SetattrArgs {
+            mode,
+            uid,
+            gid,
+            size,
+            atime,
+            mtime,
+            ctime,
+        };
+        match self.run("setattr", || self.setattr_now(&asker, ino.0, &args)) {
+            Ok(Step::Done(a)) => reply.attr(&self.attr_ttl, &self.fattr(&a)),
+            // Another client holds the file's RW-PCC lease: it is given back before the size
+            // changes here, waiting on a thread of its own while this one serves others.
+            Ok(Step::Wait(l)) => match self.park() {
+                None => reply.error(Errno::EAGAIN),
+                Some(p) => p.spawn("setattr", move |fs| {
+                    let r = fs.run("setattr_recalled", || {
+                        fs.after_recall(l, |fs| fs.setattr_now(&asker, ino.0, &args))
+                    });
+                    match r {
+                        Ok(a) => reply.attr(&fs.attr_ttl, &fs.fattr(&a)),
+                        Err(e) => reply.error(ino_errno(&e)),
                     }
-                }
-            }
-            let local = self
-                .pcc
-                .as_ref()
-                .map(|p| p.local_attr(ino.0).is_some())
-                .unwrap_or(false);
-            if let (true, Some(pcc)) = (local, &self.pcc) {
-                // RW-cached here: size and times belong to the cache file.
-                pcc.set_local(ino.0, size, atime.map(time_set), mtime.map(time_set))?;
-                size = None;
-            } else if size.is_some() {
-                // Another client's RW-PCC file is given back before its size changes here.
-                if let Lease::Ours(l) = self.recaller.check_ino(ino.0)? {
-                    // Leased to this client, but not RW-cached here: its data is not here.
-                    self.recaller.ours_without_data(&l)?;
-                }
-            }
-            if size.is_some() || mtime.is_some() || atime.is_some() {
-                // Buffered writes land first, so the truncate or the times given (tar sets
-                // mtime before close) apply after them and are not overwritten by their commit.
-                self.data.flush(ino.0)?;
-            }
-            let set = SetAttr {
-                perm: mode.map(|m| m & 0o7777),
-                uid,
-                gid,
-                size,
-                atime: atime.map(time_set),
-                mtime: mtime.map(time_set),
-                ctime: ctime.map(from_time),
-            };
-            let a = self.meta.setattr(ino.0, &set)?;
-            if let Some(m) = chmod {
-                self.chmod_acl(ino.0, m)?;
-            }
-            if size.is_some() {
-                self.data.invalidate(ino.0, Some(&a));
-            }
-            Ok(a)
-        });
-        match r {
-            Ok(a) => reply.attr(&self.attr_ttl, &self.fattr(&a)),
+                }),
+            },
             Err(e) => reply.error(ino_errno(&e)),
         }
     }
@@ -1201,32 +1415,19 @@ impl Filesystem for TierFs {
             reply.opened(FileHandle(fh), FopenFlags::FOPEN_DIRECT_IO);
             return;
         }
-        let r = self.run("open", || {
-            let a = self.meta.getattr(ino.0)?;
-            if a.kind == Kind::Dir {
-                return Err(ClientError::Meta(MetaError::IsDir));
-            }
-            // Every client, with a cache or not, has another client's RW-PCC file given back
-            // before it opens it: the data is only in the owner's cache until then.
-            let (a, own) = match self.recaller.check(&a)? {
-                Lease::Free => (a, None),
-                // The owner wrote the file back: open what is there now.
-                Lease::Recalled => (self.meta.getattr(ino.0)?, None),
-                Lease::Ours(l) => (a, Some(l)),
-            };
-            if let Some(pcc) = &self.pcc {
-                let name = self.names.lock().get(&ino.0).cloned();
-                if let Some(served) = pcc.on_open(&a, own.as_ref(), name.as_deref(), flags.0)? {
-                    let (fh, fl, backing) = self.open_cached(&reply, &a, flags.0, served, false)?;
-                    return Ok((fh, fl, backing));
-                }
-            }
-            let (fh, fl) = self.open_file(&a, flags.0, false)?;
-            Ok((fh, fl, None))
-        });
-        match r {
-            Ok((fh, fl, Some(id))) => reply.opened_passthrough(FileHandle(fh), fl, &id),
-            Ok((fh, fl, None)) => reply.opened(FileHandle(fh), fl),
+        match self.run("open", || self.open_step(&reply, ino.0, flags.0)) {
+            Ok(Step::Done(o)) => answer_open(reply, Ok(o)),
+            // Another client holds the file's RW-PCC lease: the open waits for the give-back on
+            // a thread of its own, and this one goes on serving others.
+            Ok(Step::Wait(l)) => match self.park() {
+                None => reply.error(Errno::EAGAIN),
+                Some(p) => p.spawn("open", move |fs| {
+                    let r = fs.run("open_recalled", || {
+                        fs.after_recall(l, |fs| fs.open_step(&reply, ino.0, flags.0))
+                    });
+                    answer_open(reply, r)
+                }),
+            },
             Err(e) => reply.error(ino_errno(&e)),
         }
     }

@@ -71,7 +71,7 @@ fn owner_down() -> ClientError {
     )
 }
 
-/// What [`Recaller::check`] found.
+/// What [`Recaller::check`] (or, without waiting, [`Recaller::look`]) found.
 #[derive(Debug)]
 pub enum Lease {
     /// No client holds the file: the attributes the check was given are still good.
@@ -81,6 +81,10 @@ pub enum Lease {
     Recalled,
     /// This client holds the lease (only for a client with a cache, which serves the file).
     Ours(PccLease),
+    /// Another client holds the lease: only [`Recaller::look`] and [`Recaller::look_ino`]
+    /// answer this, without waiting; [`Recaller::recall`] (blocking, off the FUSE request
+    /// threads) then waits until the owner gives the file back.
+    Held(PccLease),
 }
 
 /// Recalls RW-PCC leases other clients hold, for this client's opens and truncates.
@@ -132,6 +136,21 @@ impl Recaller {
     /// until it is given back. Costs no metadata query when this client already found the file
     /// without a lease at its current data version, one otherwise.
     pub fn check(&self, attr: &Attr) -> Result<Lease> {
+        let found = self.look(attr)?;
+        self.wait_if_held(found)
+    }
+
+    /// [`Recaller::check`] for a request that has not read the file's attributes (a
+    /// truncate): one lease query.
+    pub fn check_ino(&self, ino: Ino) -> Result<Lease> {
+        let found = self.look_ino(ino)?;
+        self.wait_if_held(found)
+    }
+
+    /// [`Recaller::check`] without waiting: another client's lease comes back as
+    /// [`Lease::Held`] (recall it with [`Recaller::recall`] off the request thread). A lease in
+    /// this client's name without its data here is settled as `check` does (no waiting).
+    pub fn look(&self, attr: &Attr) -> Result<Lease> {
         if attr.kind != Kind::File {
             return Ok(Lease::Free);
         }
@@ -142,11 +161,21 @@ impl Recaller {
         self.settle(attr.ino, lease, Some(attr.data_version))
     }
 
-    /// [`Recaller::check`] for a request that has not read the file's attributes (a
-    /// truncate): one lease query.
-    pub fn check_ino(&self, ino: Ino) -> Result<Lease> {
+    /// [`Recaller::look`] by inode number (one lease query).
+    pub fn look_ino(&self, ino: Ino) -> Result<Lease> {
         let lease = self.meta.pcc_lease(ino)?;
         self.settle(ino, lease, None)
+    }
+
+    /// Waits for another client's lease to be given back; anything else is settled already.
+    fn wait_if_held(&self, found: Lease) -> Result<Lease> {
+        match found {
+            Lease::Held(l) => {
+                self.recall(&l)?;
+                Ok(Lease::Recalled)
+            }
+            settled => Ok(settled),
+        }
     }
 
     fn settle(&self, ino: Ino, lease: Option<PccLease>, version: Option<u64>) -> Result<Lease> {
@@ -168,10 +197,7 @@ impl Recaller {
                 self.ours_without_data(&l)?;
                 Ok(Lease::Recalled)
             }
-            Some(l) => {
-                self.recall(&l)?;
-                Ok(Lease::Recalled)
-            }
+            Some(l) => Ok(Lease::Held(l)),
         }
     }
 
@@ -227,7 +253,8 @@ impl Recaller {
         Ok(OwnerState::Alive)
     }
 
-    /// Waits until another client gives an RW lease back (asking it to, once). A down owner's
+    /// Waits until another client gives an RW lease back (asking it to, once); blocking, for up
+    /// to the recall timeout, so never on a FUSE request thread. A down owner's
     /// clean lease is broken; a down owner's dirty data cannot be read (EHOSTDOWN, as soon as
     /// the owner is known down: see [`Recaller::owner_state`]); an owner that does not give
     /// the file back within the recall timeout gives ETIMEDOUT.

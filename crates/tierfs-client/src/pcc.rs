@@ -47,6 +47,19 @@ pub struct PccConfig {
 /// A stored rule and its parsed form.
 type RuleEntry = (PccRuleRow, Rule);
 
+/// How long the rules read from the metadata engine are used before they are read again.
+const RULES_TTL: Duration = Duration::from_secs(2);
+
+/// The rules as last read from the metadata engine.
+#[derive(Default)]
+struct RulesCache {
+    /// When they were read (None: not yet).
+    at: Option<Instant>,
+    list: Vec<RuleEntry>,
+    /// A thread is reading them again (without holding the lock).
+    refreshing: bool,
+}
+
 pub struct Pcc {
     pub store: CacheStore,
     pub cfg: PccConfig,
@@ -56,8 +69,8 @@ pub struct Pcc {
     /// Recalls of other clients' leases (shared with the clients' uncached opens).
     recaller: Arc<Recaller>,
     pub client: String,
-    /// When the rules were read, and the rules that apply to this client.
-    rules: Mutex<(Option<Instant>, Vec<RuleEntry>)>,
+    /// The rules that apply to this client, as last read (see [`Pcc::rules`]).
+    rules: Mutex<RulesCache>,
     /// Open handles on cached files: (all, writers).
     opens: Mutex<HashMap<Ino, (u32, u32)>>,
     last_report: Mutex<HashMap<Ino, Instant>>,
@@ -96,7 +109,7 @@ impl Pcc {
             metrics,
             recaller,
             client,
-            rules: Mutex::new((None, Vec::new())),
+            rules: Mutex::new(RulesCache::default()),
             opens: Mutex::new(HashMap::new()),
             last_report: Mutex::new(HashMap::new()),
             copying: Mutex::new(Default::default()),
@@ -123,34 +136,46 @@ impl Pcc {
 
     // ------------------------------------------------------------------ rules
 
-    /// The rules that apply to this client, refreshed from the metadata engine every 2 s.
+    /// The rules that apply to this client, read again from the metadata engine when older
+    /// than [`RULES_TTL`]. The query runs without the lock: one caller reads them again while
+    /// the others (opens) go on with the rules read last; until the first read succeeds, every
+    /// caller reads them. A failed read keeps the old rules (and is tried again next time).
     fn rules(&self) -> Vec<RuleEntry> {
-        let mut g = self.rules.lock();
-        let stale =
-            g.0.map(|t| t.elapsed() > Duration::from_secs(2))
-                .unwrap_or(true);
-        if stale {
-            if let Ok(rows) = self.meta.pcc_rules() {
-                g.1 = rows
-                    .into_iter()
-                    .filter(|r| {
-                        r.client
-                            .as_deref()
-                            .map(|c| c == self.client)
-                            .unwrap_or(true)
-                    })
-                    .filter_map(|r| match Rule::parse(&r.rule) {
-                        Ok(rule) => Some((r, rule)),
-                        Err(e) => {
-                            tracing::warn!(id = r.id, "stored PCC rule does not parse: {e}");
-                            None
-                        }
-                    })
-                    .collect();
-                g.0 = Some(Instant::now());
+        {
+            let mut g = self.rules.lock();
+            let stale = g.at.map(|t| t.elapsed() > RULES_TTL).unwrap_or(true);
+            if !stale || (g.refreshing && g.at.is_some()) {
+                return g.list.clone();
             }
+            g.refreshing = true;
         }
-        g.1.clone()
+        let read = self.meta.pcc_rules().map(|rows| {
+            rows.into_iter()
+                .filter(|r| {
+                    r.client
+                        .as_deref()
+                        .map(|c| c == self.client)
+                        .unwrap_or(true)
+                })
+                .filter_map(|r| match Rule::parse(&r.rule) {
+                    Ok(rule) => Some((r, rule)),
+                    Err(e) => {
+                        tracing::warn!(id = r.id, "stored PCC rule does not parse: {e}");
+                        None
+                    }
+                })
+                .collect::<Vec<_>>()
+        });
+        let mut g = self.rules.lock();
+        g.refreshing = false;
+        match read {
+            Ok(list) => {
+                g.list = list;
+                g.at = Some(Instant::now());
+            }
+            Err(e) => tracing::debug!("reading the PCC rules failed, keeping the old ones: {e}"),
+        }
+        g.list.clone()
     }
 
     /// The first rule of `mode` (in id order) that matches a file.
