@@ -65,7 +65,9 @@ fn password_on_command_line(args: &[std::ffi::OsString]) -> Option<String> {
     args.iter().skip(1).find_map(|a| {
         let a = a.to_str()?;
         let v = a.strip_prefix("--meta=").unwrap_or(a);
-        tierfs_meta::postgres::has_password(v).then(|| tierfs_meta::postgres::redact(v))
+        let database = v.starts_with("postgres://") || v.starts_with("postgresql://");
+        (database && tierfs_meta::postgres::has_password(v))
+            .then(|| tierfs_meta::postgres::redact(v))
     })
 }
 
@@ -139,5 +141,55 @@ fn main() {
             _ => 1,
         };
         std::process::exit(code);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::password_on_command_line;
+
+    fn args(v: &[&str]) -> Vec<std::ffi::OsString> {
+        v.iter().map(|s| s.into()).collect()
+    }
+
+    #[test]
+    fn database_passwords_on_the_command_line_are_found_and_redacted() {
+        let found = password_on_command_line(&args(&[
+            "tierfs",
+            "mount",
+            "--meta",
+            "postgres://u:pw1@h/db",
+            "/mnt",
+        ]))
+        .unwrap();
+        assert!(!found.contains("pw1"), "{found}");
+        assert!(
+            password_on_command_line(&args(&["tierfs", "df", "--meta=postgresql://u:x@h/db"]))
+                .is_some()
+        );
+        assert!(password_on_command_line(&args(&[
+            "tierfs",
+            "status",
+            "--meta",
+            "postgres://u@h/db?password=x"
+        ]))
+        .is_some());
+        // the mount helper's source
+        assert!(
+            password_on_command_line(&args(&["tierfs", "postgres://u:x@h/db", "/mnt"])).is_some()
+        );
+        // no password, or not a database URL: nothing to refuse here
+        assert!(
+            password_on_command_line(&args(&["tierfs", "df", "--meta", "postgres://u@h/db"]))
+                .is_none()
+        );
+        assert!(
+            password_on_command_line(&args(&["tierfs", "df", "--meta", "sqlite:///x.db"]))
+                .is_none()
+        );
+        assert!(
+            password_on_command_line(&args(&["tierfs", "format", "--target", "file:///x"]))
+                .is_none()
+        );
     }
 }
