@@ -2077,10 +2077,14 @@ fn rw_size_reported_periodically_while_open() {
     drop(h);
 }
 
-/// A remote open while the owner still has the file open for writing waits for the owner's
-/// close, then reads everything written.
+/// A remote READ-ONLY open while the owner still has the file open for writing is served a
+/// snapshot: the owner writes back its current data without closing and keeps the lease and
+/// its writer, and the reader reads that version, well before the writer's close (issue 12;
+/// this test replaces `remote_open_waits_for_the_owners_writer_to_close`, which pinned that a
+/// reader waited for the close). A remote open for WRITING still waits for the owner's writer
+/// to close, then reads everything written.
 #[test]
-fn remote_open_waits_for_the_owners_writer_to_close() {
+fn remote_read_only_open_gets_a_snapshot_while_the_owner_writes() {
     let _g = serial();
     let (t, _) = pcc_fs(&[("a", &[]), ("b", &[])], 120);
     let (fa, fb) = (t.p(0, "f"), t.p(1, "f"));
@@ -2089,33 +2093,67 @@ fn remote_open_waits_for_the_owners_writer_to_close() {
     let d1 = pattern(3, 0, 2 * MIB);
     let h = OpenOptions::new().write(true).open(&fa).unwrap();
     h.write_all_at(&d1, 0).unwrap();
-    let d2 = pattern(4, 0, MIB);
-    let reader = thread::scope(|sc| {
-        let r = sc.spawn(|| {
+    // Bounded: a reader that waits for the writer's close would never finish while a keeps
+    // the file open; the writer is closed after the wait in any case.
+    let snapshot_read = |what: &str| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let fb = fb.clone();
+        thread::spawn(move || {
             let t0 = Instant::now();
             let got = read_all(&fb);
-            (got, t0.elapsed())
+            let _ = tx.send((got, t0.elapsed()));
         });
-        thread::sleep(Duration::from_secs(2));
-        // more writes while the reader waits, then close
-        h.write_all_at(&d2, 2 * MIB as u64).unwrap();
-        drop(h);
-        r.join().unwrap()
-    });
+        match rx.recv_timeout(Duration::from_secs(20)) {
+            Ok((got, took)) => (
+                got.unwrap_or_else(|e| panic!("{what}: b's read-only open/read: {e}")),
+                took,
+            ),
+            Err(_) => panic!("{what}: b's read-only open waited 20 s while a kept its writer open"),
+        }
+    };
+    let (got, took) = snapshot_read("first snapshot");
+    assert_same_bytes(&got, &d1, 0, &format!("b's snapshot read ({took:?})"));
+    // a goes on writing through the same descriptor; the lease stays a's, still dirty
+    let st = state(&t, &fa);
+    assert_eq!(st.lease_owner.as_deref(), Some("a"), "{}", st.raw);
+    assert!(
+        st.lease_dirty,
+        "the lease stays dirty while a writes: {}",
+        st.raw
+    );
+    let d2 = pattern(4, 0, MIB);
+    h.write_all_at(&d2, 2 * MIB as u64).unwrap();
     let mut want = d1.clone();
     want.extend_from_slice(&d2);
-    let (got, took) = reader;
-    let got = got.unwrap_or_else(|e| panic!("b's open/read while a writes: {e} after {took:?}"));
+    let (got, took) = snapshot_read("second snapshot");
     assert_same_bytes(
         &got,
         &want,
         0,
-        &format!("b's read, which waited for a's close ({took:?})"),
+        &format!("b's second snapshot read ({took:?})"),
     );
+    // A remote open for writing waits for a's writer.
+    let d3 = pattern(5, 0, 1000);
+    let writer = thread::scope(|sc| {
+        let w = sc.spawn(|| {
+            let t0 = Instant::now();
+            let f = OpenOptions::new().write(true).open(&fb);
+            (f, t0.elapsed())
+        });
+        thread::sleep(Duration::from_secs(2));
+        h.write_all_at(&d3, 3 * MIB as u64).unwrap();
+        let open_before_close = w.is_finished();
+        drop(h);
+        (w.join().unwrap(), open_before_close)
+    });
+    let ((f, took), early) = writer;
+    f.unwrap_or_else(|e| panic!("b's open for writing after a's close: {e} ({took:?})"));
     assert!(
-        took >= Duration::from_millis(1500),
-        "b's open did not wait for a's writer to close ({took:?}), yet read everything?"
+        !early && took >= Duration::from_millis(1500),
+        "b's open for writing did not wait for a's writer to close ({took:?})"
     );
+    want.extend_from_slice(&d3);
+    assert_same_bytes(&read_all(&fb).unwrap(), &want, 0, "b after a's close");
 }
 
 /// Recalls never park FUSE request threads (issue 12): nine opens for writing on b of files a

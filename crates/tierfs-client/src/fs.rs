@@ -19,16 +19,16 @@ use parking_lot::Mutex;
 use tierfs_meta::changelog::{Caller, CallerGuard};
 
 use tierfs_meta::{
-    Attr, Ino, Kind, LockRange, LockType, MetaEngine, MetaError, NewNode, PccLease, SetAttr,
-    TimeSet,
+    Attr, Ino, Kind, LockRange, LockType, MetaEngine, MetaError, NewNode, PccLease, PccOpen,
+    SetAttr, TimeSet,
 };
 
 use crate::acl::{self, Acl};
 use crate::data::DataPath;
 use crate::error::{ClientError, Result};
-use crate::lease::{Lease, Recaller};
+use crate::lease::{Lease, Recalled, Recaller};
 use crate::metrics::Metrics;
-use crate::pcc::{Pcc, Served};
+use crate::pcc::{Opened as CacheOpened, Pcc, Served};
 
 /// Name of the virtual stats file in the root directory (`tierfs stats MOUNT` reads it).
 pub const STATS_NAME: &str = ".tierfs-stats";
@@ -630,8 +630,14 @@ impl FsInner {
         if !recorded && !self.data.cancel_queued_close(attr.ino) {
             self.meta.open_file(self.session, attr.ino)?;
         }
+        Ok(self.open_handle(attr, flags, !recorded))
+    }
+
+    /// A new handle on `attr`'s file whose open is counted in the metadata engine already;
+    /// `seen`: the file existed before this open (not created by it).
+    fn open_handle(&self, attr: &Attr, flags: i32, seen: bool) -> (u64, FopenFlags) {
         let keep = self.data.open(attr);
-        if !keep && !recorded {
+        if !keep && seen {
             // The data changed since this client last saw it: make the kernel drop its cached
             // size too, so reads are not cut at a stale end of file. (Not for a file this open
             // just created: the kernel knows nothing stale of it.)
@@ -654,7 +660,7 @@ impl FsInner {
             cache: None,
             caller: tierfs_meta::changelog::current(),
         });
-        Ok((fh, fl))
+        (fh, fl)
     }
 
     /// A setattr, up to where another client's RW-PCC lease makes it wait ([`Step::Wait`],
@@ -762,43 +768,102 @@ impl FsInner {
     }
 
     /// An open up to where another client's RW-PCC lease makes it wait ([`Step::Wait`], nothing
-    /// recorded yet) or done: a new handle.
-    fn open_step(&self, reply: &dyn BackingReply, ino: Ino, flags: i32) -> Result<Step<Opened>> {
+    /// recorded) or done: a new handle. The lease check and the record of the open are one
+    /// engine transaction ([`MetaEngine::pcc_open`], through [`Pcc::open`] with a cache, which
+    /// also marks this client's own lease dirty before a writable descriptor exists), so a
+    /// client that takes the lease afterwards sees the open. `snapshot`: the number of a read
+    /// request the owner served with a snapshot ([`Recalled::Snapshot`]).
+    fn open_step(
+        &self,
+        reply: &dyn BackingReply,
+        ino: Ino,
+        flags: i32,
+        snapshot: Option<u64>,
+    ) -> Result<Step<Opened>> {
         let a = self.meta.getattr(ino)?;
         if a.kind == Kind::Dir {
             return Err(ClientError::Meta(MetaError::IsDir));
         }
-        // Every client, with a cache or not, has another client's RW-PCC file given back
-        // before it opens it: the data is only in the owner's cache until then.
-        let (a, own) = match self.recaller.look(&a)? {
-            Lease::Held(l) => return Ok(Step::Wait(l)),
-            Lease::Free => (a, None),
-            // The lease was this client's, without its data here, and is released: open what
-            // is there now.
-            Lease::Recalled => (self.meta.getattr(ino)?, None),
-            Lease::Ours(l) => (a, Some(l)),
+        if a.kind != Kind::File {
+            let (fh, fl) = self.open_file(&a, flags, false)?;
+            return Ok(Step::Done((fh, fl, None)));
+        }
+        let write = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        // A close of the file still queued here: the engine never stopped counting it open,
+        // so no other client took its lease since (pcc_acquire refuses a file open
+        // elsewhere): the close and this open cancel out if no lease was there before.
+        if self.pcc.is_none() && snapshot.is_none() && self.data.cancel_queued_close(ino) {
+            if let Ok(Lease::Free) = self.recaller.look(&a) {
+                let (fh, fl) = self.open_handle(&a, flags, true);
+                return Ok(Step::Done((fh, fl, None)));
+            }
+            self.data
+                .queue_close(ino, tierfs_meta::changelog::current());
+        }
+        let opened = match &self.pcc {
+            Some(pcc) => {
+                let name = self.names.lock().get(&ino).cloned();
+                pcc.open(self.session, &a, name.as_deref(), flags, snapshot)?
+            }
+            None => {
+                let client = self.recaller.client();
+                match self
+                    .meta
+                    .pcc_open(self.session, ino, client, write, snapshot)?
+                {
+                    PccOpen::Held(l) => CacheOpened::Held(l),
+                    PccOpen::Snapshot { attr, .. } => CacheOpened::Uncached(attr),
+                    PccOpen::Opened { attr, lease: None } => CacheOpened::Uncached(attr),
+                    PccOpen::Opened { lease: Some(l), .. } => {
+                        // Leased to this client name, but this mount has no cache: its data
+                        // is not here (a clean lease is given up, dirty data cannot be read).
+                        if let Err(e) = self.recaller.ours_without_data(&l) {
+                            let _ = self.meta.close_files(self.session, &[ino]);
+                            return Err(e);
+                        }
+                        CacheOpened::Uncached(self.meta.getattr(ino)?)
+                    }
+                }
+            }
         };
-        self.open_now(reply, &a, own, flags).map(Step::Done)
+        match opened {
+            CacheOpened::Served(served) => self
+                .open_cached(reply, &a, flags, served, true)
+                .map(Step::Done),
+            CacheOpened::Uncached(attr) => {
+                let (fh, fl) = self.open_handle(&attr, flags, true);
+                Ok(Step::Done((fh, fl, None)))
+            }
+            CacheOpened::Held(l) => Ok(Step::Wait(l)),
+        }
     }
 
-    /// Opens `a`'s file with its lease settled: `own` is this client's lease (the file is
-    /// then served from this client's cache), None when no other client holds one.
-    /// Registering a passthrough backing file works from any thread.
-    fn open_now(
+    /// After another client's lease `l` stopped an open: waits (blocking; never on a FUSE
+    /// request thread) until it is given back or, for a read-only open, until the owner wrote
+    /// back a snapshot ([`Recaller::recall_for`]), then opens again, as often as yet another
+    /// client took the lease in between (at most [`MAX_RECALL_ROUNDS`] times).
+    fn open_after_recall(
         &self,
+        mut l: PccLease,
         reply: &dyn BackingReply,
-        a: &Attr,
-        own: Option<PccLease>,
+        ino: Ino,
         flags: i32,
     ) -> Result<Opened> {
-        if let Some(pcc) = &self.pcc {
-            let name = self.names.lock().get(&a.ino).cloned();
-            if let Some(served) = pcc.on_open(a, own.as_ref(), name.as_deref(), flags)? {
-                return self.open_cached(reply, a, flags, served, false);
+        let write = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        for _ in 0..MAX_RECALL_ROUNDS {
+            let snapshot = match self.recaller.recall_for(&l, write)? {
+                Recalled::Gone => None,
+                Recalled::Snapshot(seq) => Some(seq),
+            };
+            match self.open_step(reply, ino, flags, snapshot)? {
+                Step::Done(v) => return Ok(v),
+                Step::Wait(next) => l = next,
             }
         }
-        let (fh, fl) = self.open_file(a, flags, false)?;
-        Ok((fh, fl, None))
+        Err(ClientError::Errno(
+            "the file's RW-PCC lease kept moving between other clients",
+            libc::ETIMEDOUT,
+        ))
     }
 
     /// Up to `len` bytes of a file at `off` for copy_file_range (fewer at its end).
@@ -960,7 +1025,13 @@ impl FsInner {
                 libc::EBUSY,
             ));
         }
-        self.meta.pcc_release(ino, &l.client)?;
+        // Only the generation judged here: a lease taken again since is left alone.
+        if !self.meta.pcc_release(ino, &l.client, l.generation)? {
+            return Err(ClientError::Errno(
+                "the file's RW-PCC lease changed meanwhile: look at its state again",
+                libc::EAGAIN,
+            ));
+        }
         if l.dirty {
             tracing::error!(
                 ino,
@@ -1415,7 +1486,7 @@ impl Filesystem for TierFs {
             reply.opened(FileHandle(fh), FopenFlags::FOPEN_DIRECT_IO);
             return;
         }
-        match self.run("open", || self.open_step(&reply, ino.0, flags.0)) {
+        match self.run("open", || self.open_step(&reply, ino.0, flags.0, None)) {
             Ok(Step::Done(o)) => answer_open(reply, Ok(o)),
             // Another client holds the file's RW-PCC lease: the open waits for the give-back on
             // a thread of its own, and this one goes on serving others.
@@ -1423,7 +1494,7 @@ impl Filesystem for TierFs {
                 None => reply.error(Errno::EAGAIN),
                 Some(p) => p.spawn("open", move |fs| {
                     let r = fs.run("open_recalled", || {
-                        fs.after_recall(l, |fs| fs.open_step(&reply, ino.0, flags.0))
+                        fs.open_after_recall(l, &reply, ino.0, flags.0)
                     });
                     answer_open(reply, r)
                 }),

@@ -87,6 +87,15 @@ pub enum Lease {
     Held(PccLease),
 }
 
+/// How a recall ended ([`Recaller::recall_for`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recalled {
+    /// The lease is gone (given back or broken): open again.
+    Gone,
+    /// The owner wrote back a snapshot for read request number `.0` and keeps the lease.
+    Snapshot(u64),
+}
+
 /// Recalls RW-PCC leases other clients hold, for this client's opens and truncates.
 pub struct Recaller {
     meta: Arc<dyn MetaEngine>,
@@ -206,7 +215,8 @@ impl Recaller {
     /// lease): a clean lease is released; dirty data cannot be read.
     pub fn ours_without_data(&self, l: &PccLease) -> Result<()> {
         if !l.dirty {
-            self.meta.pcc_release(l.ino, &self.client)?;
+            // Only that clean lease (a new one, or a dirty one, stays).
+            self.meta.pcc_break(l.ino, &self.client, l.generation)?;
             return Ok(());
         }
         if self.cached {
@@ -259,16 +269,24 @@ impl Recaller {
     /// the owner is known down: see [`Recaller::owner_state`]); an owner that does not give
     /// the file back within the recall timeout gives ETIMEDOUT.
     pub fn recall(&self, lease: &PccLease) -> Result<()> {
+        self.recall_for(lease, true).map(|_| ())
+    }
+
+    /// [`Recaller::recall`] for an open: `write` false (a read-only open) asks only for a
+    /// snapshot when the owner has writers ([`MetaEngine::pcc_request_recall`]) and returns
+    /// the request's number once the owner served it ([`Recalled::Snapshot`]: open with it,
+    /// [`MetaEngine::pcc_open`]); an owner without writers gives the file back.
+    pub fn recall_for(&self, lease: &PccLease, write: bool) -> Result<Recalled> {
         let start = Instant::now();
-        let mut asked = false;
+        let mut asked: Option<u64> = None;
         let mut checked: Option<(String, Instant)> = None;
         self.metrics.pcc("recalls", 1);
         loop {
             let Some(l) = self.meta.pcc_lease(lease.ino)? else {
-                return Ok(());
+                return Ok(Recalled::Gone);
             };
             if l.client == self.client {
-                return Ok(());
+                return Ok(Recalled::Gone);
             }
             let due = match &checked {
                 Some((who, at)) => *who != l.client || at.elapsed() >= OWNER_CHECK_EVERY,
@@ -295,13 +313,19 @@ impl Recaller {
                         "breaking the clean RW-PCC lease of a client that is {}",
                         st.describe()
                     );
-                    self.meta.pcc_release(l.ino, &l.client)?;
+                    // Only the clean lease of the generation seen: one taken again or made
+                    // dirty since stays, and is looked at again (at once).
+                    if self.meta.pcc_break(l.ino, &l.client, l.generation)? {
+                        return Ok(Recalled::Gone);
+                    }
+                    checked = None;
                     continue;
                 }
             }
-            if !asked {
-                self.meta.pcc_request_revoke(l.ino, &self.client)?;
-                asked = true;
+            match asked {
+                Some(seq) if !write && l.snapshot >= seq => return Ok(Recalled::Snapshot(seq)),
+                Some(_) => {}
+                None => asked = Some(self.meta.pcc_request_recall(l.ino, &self.client, write)?),
             }
             if start.elapsed() > self.recall_timeout {
                 return Err(ClientError::Errno(

@@ -26,6 +26,7 @@ pub mod lease;
 pub mod liveness;
 pub mod metrics;
 pub mod pcc;
+pub mod pcc_state;
 pub mod recall;
 pub mod workers;
 

@@ -12,7 +12,8 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 
 use tierfs_meta::{
-    now_nanos, Attr, Channel, Ino, Kind, Listener, MetaEngine, MetaError, PccLease, PccRuleRow,
+    now_nanos, Attr, Channel, Ino, Kind, Listener, MetaEngine, MetaError, PccLease, PccOpen,
+    PccRuleRow,
 };
 use tierfs_pcc::rules::{FileFacts, Rule};
 use tierfs_pcc::store::{CacheStore, Entry, Eviction, Mode};
@@ -21,6 +22,7 @@ use crate::data::DataPath;
 use crate::error::{ClientError, Result};
 use crate::lease::{Lease, Recaller};
 use crate::metrics::Metrics;
+use crate::pcc_state::{Event, FileState, Phase, Slot};
 use crate::recall::{Pass, RecallWork};
 
 /// How long an RW attach waits for another client's open of the file to go away (its close
@@ -71,16 +73,21 @@ pub struct Pcc {
     pub client: String,
     /// The rules that apply to this client, as last read (see [`Pcc::rules`]).
     rules: Mutex<RulesCache>,
-    /// Open handles on cached files: (all, writers).
-    opens: Mutex<HashMap<Ino, (u32, u32)>>,
-    last_report: Mutex<HashMap<Ino, Instant>>,
-    copying: Mutex<std::collections::HashSet<Ino>>,
+    /// Each file's state machine and the lock of its transitions (see [`crate::pcc_state`]).
+    slots: Mutex<HashMap<Ino, Arc<Slot>>>,
     last_validate: Mutex<Option<Instant>>,
     /// The highest inode whose RO copy the last validation pass looked at.
     validate_cursor: Mutex<Ino>,
-    transitions: Mutex<HashMap<Ino, Arc<parking_lot::ReentrantMutex<()>>>>,
-    /// RO copies verified (or made) since this daemon started.
-    checked: Mutex<std::collections::HashSet<Ino>>,
+}
+
+/// What [`Pcc::open`] did.
+pub enum Opened {
+    /// Served from the cache; the open is recorded.
+    Served(Served),
+    /// To be served from the capacity tier with these attributes; the open is recorded.
+    Uncached(Attr),
+    /// Another client holds the lease: nothing was recorded; recall it and open again.
+    Held(PccLease),
 }
 
 /// A cached file to serve an open from.
@@ -110,24 +117,58 @@ impl Pcc {
             recaller,
             client,
             rules: Mutex::new(RulesCache::default()),
-            opens: Mutex::new(HashMap::new()),
-            last_report: Mutex::new(HashMap::new()),
-            copying: Mutex::new(Default::default()),
+            slots: Mutex::new(HashMap::new()),
             last_validate: Mutex::new(None),
             validate_cursor: Mutex::new(0),
-            checked: Mutex::new(Default::default()),
-            transitions: Mutex::new(HashMap::new()),
         })
     }
 
-    /// The lock that orders state changes of one cached file (attach, write-back, give-back,
-    /// detach, validation); re-entrant, as a give-back writes back.
-    fn ino_lock(&self, ino: Ino) -> Arc<parking_lot::ReentrantMutex<()>> {
-        let mut g = self.transitions.lock();
+    /// The slot of a file: its state machine and the lock every transition of it holds.
+    fn slot(&self, ino: Ino) -> Arc<Slot> {
+        let mut g = self.slots.lock();
         if g.len() > 4096 {
-            g.retain(|_, l| Arc::strong_count(l) > 1);
+            // Slots nobody holds and no handle counts: their state is the store's again.
+            g.retain(|_, s| Arc::strong_count(s) > 1 || s.st.lock().opens > 0);
         }
-        Arc::clone(g.entry(ino).or_default())
+        if let Some(s) = g.get(&ino) {
+            return Arc::clone(s);
+        }
+        let s = Arc::new(Slot::default());
+        *s.st.lock() = FileState::from_store(self.store.get(ino).as_ref());
+        g.insert(ino, Arc::clone(&s));
+        s
+    }
+
+    /// The state of a file, if it has a slot (no slot: no handle, nothing under way).
+    fn peek(&self, ino: Ino) -> Option<FileState> {
+        self.slots.lock().get(&ino).map(|s| s.st.lock().clone())
+    }
+
+    /// With the slot's lock held: a settled phase follows the store (the persistent truth),
+    /// keeping the counts.
+    fn sync(&self, slot: &Slot, ino: Ino) {
+        let mut st = slot.st.lock();
+        if matches!(st.phase, Phase::Uncached | Phase::Ro | Phase::Rw { .. }) {
+            let want = FileState::from_store(self.store.get(ino).as_ref()).phase;
+            let same = matches!(
+                (st.phase, want),
+                (Phase::Uncached, Phase::Uncached)
+                    | (Phase::Ro, Phase::Ro)
+                    | (Phase::Rw { .. }, Phase::Rw { .. })
+            );
+            if !same {
+                st.phase = want;
+                st.verified = false;
+            }
+        }
+    }
+
+    /// Moves a file's state machine (its slot's lock held); an illegal move is refused.
+    fn step(&self, slot: &Slot, ino: Ino, ev: Event) -> Result<()> {
+        slot.st.lock().apply(ev).map_err(|e| {
+            tracing::debug!(ino, "{e}");
+            ClientError::Errno("the cached file is busy changing state", libc::EBUSY)
+        })
     }
 
     fn cache_err(e: tierfs_pcc::store::CacheError) -> ClientError {
@@ -198,21 +239,17 @@ impl Pcc {
     // ------------------------------------------------------------------ bookkeeping
 
     pub fn busy(&self, ino: Ino) -> bool {
-        self.opens
-            .lock()
-            .get(&ino)
-            .map(|(n, _)| *n > 0)
-            .unwrap_or(false)
+        self.peek(ino).map(|s| s.opens > 0).unwrap_or(false)
     }
 
     /// Measures again the files open for writing here (they grow through writes the daemon
     /// does not see), so that the cache's use counts them as they are now.
     fn measure_writing(&self) {
         let writing: Vec<Ino> = self
-            .opens
+            .slots
             .lock()
             .iter()
-            .filter(|(_, (_, w))| *w > 0)
+            .filter(|(_, s)| s.st.lock().writers > 0)
             .map(|(i, _)| *i)
             .collect();
         for ino in writing {
@@ -240,16 +277,7 @@ impl Pcc {
     }
 
     fn writers(&self, ino: Ino) -> u32 {
-        self.opens.lock().get(&ino).map(|(_, w)| *w).unwrap_or(0)
-    }
-
-    fn opened(&self, ino: Ino, write: bool) {
-        let mut g = self.opens.lock();
-        let e = g.entry(ino).or_insert((0, 0));
-        e.0 += 1;
-        if write {
-            e.1 += 1;
-        }
+        self.peek(ino).map(|s| s.writers).unwrap_or(0)
     }
 
     /// Whether `ino` is cached RW by this client: its size and mtime are the cache file's.
@@ -351,8 +379,8 @@ impl Pcc {
     fn evict(&self, e: &Entry) -> Result<()> {
         // Never wait for a file another thread is changing (two attaches evicting each other's
         // file would deadlock): skip it this time.
-        let lock = self.ino_lock(e.ino);
-        let Some(_held) = lock.try_lock() else {
+        let slot = self.slot(e.ino);
+        let Some(_held) = slot.op.try_lock() else {
             return Ok(());
         };
         if e.mode == Mode::Rw {
@@ -411,7 +439,7 @@ impl Pcc {
     /// Whether a read-only copy is intact: its length and CRC-32 are what was copied. Checked
     /// once per copy after the daemon starts (a copy may have been damaged while it was down).
     fn verified(&self, e: &Entry) -> bool {
-        if self.checked.lock().contains(&e.ino) {
+        if self.peek(e.ino).map(|s| s.verified).unwrap_or(false) {
             return true;
         }
         let ok = match (e.crc, self.checksum(e.ino)) {
@@ -419,7 +447,7 @@ impl Pcc {
             _ => false,
         };
         if ok {
-            self.checked.lock().insert(e.ino);
+            self.slot(e.ino).st.lock().verified = true;
         } else {
             tracing::warn!(
                 ino = e.ino,
@@ -457,8 +485,9 @@ impl Pcc {
 
     /// RO-PCC attach: a read-only copy tied to the file's current data version.
     pub fn attach_ro(&self, attr: &Attr, rule: Option<u64>) -> Result<()> {
-        let lock = self.ino_lock(attr.ino);
-        let _held = lock.lock();
+        let slot = self.slot(attr.ino);
+        let _held = slot.op.lock();
+        self.sync(&slot, attr.ino);
         if attr.kind != Kind::File {
             return Err(ClientError::Errno(
                 "only regular files can be cached",
@@ -475,11 +504,27 @@ impl Pcc {
         }
         let attr = self.meta.getattr(attr.ino)?;
         self.room_for(rule, attr.size)?;
+        self.step(&slot, attr.ino, Event::CopyStart)?;
+        let copied = self.copy_ro(&attr, rule);
+        if copied.is_err() {
+            self.store.remove(attr.ino);
+        }
+        let ev = match copied {
+            Ok(()) => Event::CopyDone,
+            Err(_) => Event::CopyFailed,
+        };
+        self.step(&slot, attr.ino, ev)?;
+        copied?;
+        self.metrics.pcc("attaches_ro", 1);
+        Ok(())
+    }
+
+    /// The copy of an RO attach: the data, checked against the data version afterwards.
+    fn copy_ro(&self, attr: &Attr, rule: Option<u64>) -> Result<()> {
         let crc = self.copy_in(attr.ino, attr.size)?;
         let now = self.meta.getattr(attr.ino)?;
         if now.data_version != attr.data_version {
             // Changed while copying: the copy may be torn.
-            self.store.remove(attr.ino);
             return Err(ClientError::Errno(
                 "the file changed while it was copied",
                 libc::EAGAIN,
@@ -488,16 +533,14 @@ impl Pcc {
         let mut e = self.new_entry(attr.ino, Mode::Ro, attr.data_version, 0, rule);
         e.size = attr.size;
         e.crc = Some(crc);
-        self.store.put(e).map_err(Self::cache_err)?;
-        self.checked.lock().insert(attr.ino);
-        self.metrics.pcc("attaches_ro", 1);
-        Ok(())
+        self.store.put(e).map_err(Self::cache_err)
     }
 
     /// RW-PCC attach: take the lease and move the file's data into the cache.
     pub fn attach_rw(&self, attr: &Attr, rule: Option<u64>) -> Result<Entry> {
-        let lock = self.ino_lock(attr.ino);
-        let _held = lock.lock();
+        let slot = self.slot(attr.ino);
+        let _held = slot.op.lock();
+        self.sync(&slot, attr.ino);
         if attr.kind != Kind::File {
             return Err(ClientError::Errno(
                 "only regular files can be cached",
@@ -548,8 +591,11 @@ impl Pcc {
         let attr = self.meta.getattr(attr.ino)?;
         if !reuse {
             if let Err(e) = self.copy_in(attr.ino, attr.size) {
-                let _ = self.meta.pcc_release(attr.ino, &self.client);
+                let _ = self
+                    .meta
+                    .pcc_release(attr.ino, &self.client, lease.generation);
                 self.store.remove(attr.ino);
+                let _ = self.step(&slot, attr.ino, Event::Dropped);
                 return Err(e);
             }
         }
@@ -561,51 +607,126 @@ impl Pcc {
             rule,
         );
         self.store.put(e.clone()).map_err(Self::cache_err)?;
+        self.step(&slot, attr.ino, Event::Attached)?;
         self.data.invalidate(attr.ino, Some(&attr));
         self.metrics.pcc("attaches_rw", 1);
         Ok(e)
     }
 
-    /// Writes an RW-cached file back to the capacity tier (the lease stays).
+    /// Writes an RW-cached file back to the capacity tier (the lease stays). With writers
+    /// left it is a snapshot: the file stays dirty.
     pub fn write_back(&self, ino: Ino) -> Result<()> {
-        let lock = self.ino_lock(ino);
-        let _held = lock.lock();
+        let slot = self.slot(ino);
+        let _held = slot.op.lock();
+        self.sync(&slot, ino);
         let Some(e) = self.store.get(ino) else {
             return Ok(());
         };
         if e.mode != Mode::Rw {
             return Ok(());
         }
+        self.step(&slot, ino, Event::WriteBackStart)?;
+        let r = self.write_back_data(&slot, &e);
+        let ev = match &r {
+            Ok(clean) => Event::WriteBackDone { clean: *clean },
+            Err(_) => Event::WriteBackFailed,
+        };
+        self.step(&slot, ino, ev)?;
+        r.map(|_| ())
+    }
+
+    /// The data of a write-back (slot lock held): the cache file to the capacity tier, then
+    /// the report, clean only when no writer is left. Whether it was clean.
+    fn write_back_data(&self, slot: &Slot, e: &Entry) -> Result<bool> {
+        let ino = e.ino;
+        let clean = slot.st.lock().writers == 0;
         let f = self.store.open_data(ino, false).map_err(Self::cache_err)?;
         let (size, mtime) = self.local_attr(ino).unwrap_or((0, now_nanos()));
         test_writeback_stall();
         let attr = self.data.write_back(ino, &f, size, mtime)?;
         self.meta
-            .pcc_report(ino, &self.client, false, size, mtime)?;
+            .pcc_report(ino, &self.client, e.generation, !clean, size, mtime)?;
         self.store
             .update(ino, |en| {
-                en.dirty = false;
+                en.dirty = !clean;
                 en.version = attr.data_version;
             })
             .map_err(Self::cache_err)?;
         self.metrics.pcc("writebacks", 1);
         self.metrics.pcc("bytes_written_back", size);
+        Ok(clean)
+    }
+
+    /// Serves a read request numbered `seq` while this client has writers of the file: a
+    /// snapshot of its current data goes to the capacity tier, the lease and the writers
+    /// stay ([`MetaEngine::pcc_snapshot_served`]). The snapshot starts after the request was
+    /// read, so it holds every write acknowledged before the reader asked.
+    pub fn snapshot(&self, ino: Ino, seq: u64) -> Result<()> {
+        let slot = self.slot(ino);
+        let _held = slot.op.lock();
+        self.sync(&slot, ino);
+        let Some(e) = self.store.get(ino).filter(|e| e.mode == Mode::Rw) else {
+            return Ok(());
+        };
+        self.write_back(ino)?;
+        self.meta
+            .pcc_snapshot_served(ino, &self.client, e.generation, seq)?;
+        self.metrics.pcc("snapshots", 1);
         Ok(())
     }
 
     /// Gives an RW lease back: write back if dirty, release, keep a read-only copy if asked.
+    /// Refused (EBUSY) while this client has writers of the file.
     pub fn give_back(&self, ino: Ino, keep: bool) -> Result<()> {
-        let lock = self.ino_lock(ino);
-        let _held = lock.lock();
+        let slot = self.slot(ino);
+        let _held = slot.op.lock();
+        self.sync(&slot, ino);
         let Some(e) = self.store.get(ino) else {
-            let _ = self.meta.pcc_release(ino, &self.client);
+            // A lease in this client's name without data here: released only if clean.
+            if let Some(l) = self.meta.pcc_lease(ino)? {
+                if l.client == self.client && !l.dirty {
+                    self.meta.pcc_release(ino, &self.client, l.generation)?;
+                }
+            }
             return Ok(());
         };
         if e.mode == Mode::Rw {
-            if e.dirty || self.meta.pcc_lease(ino)?.map(|l| l.dirty).unwrap_or(false) {
-                self.write_back(ino)?;
-            }
-            self.meta.pcc_release(ino, &self.client)?;
+            self.step(&slot, ino, Event::GiveBackStart)?;
+            let r = self.give_back_rw(&slot, &e, keep);
+            let ev = match &r {
+                Ok(()) => Event::GivenBack { keep },
+                Err(_) => Event::GiveBackFailed,
+            };
+            self.step(&slot, ino, ev)?;
+            return r;
+        }
+        if !keep {
+            self.store.remove(ino);
+            self.step(&slot, ino, Event::Dropped)?;
+        }
+        Ok(())
+    }
+
+    fn give_back_rw(&self, slot: &Slot, e: &Entry, keep: bool) -> Result<()> {
+        let ino = e.ino;
+        let lease = self.meta.pcc_lease(ino)?;
+        let Some(ours) = lease
+            .as_ref()
+            .filter(|l| l.client == self.client && l.generation == e.generation)
+        else {
+            // Not ours any more (broken while this client looked dead): nothing to write
+            // back to, and dirty data is kept aside.
+            self.drop_lost_rw(e, "the RW-PCC lease of a dirty cached file was lost");
+            return Ok(());
+        };
+        if e.dirty || ours.dirty {
+            self.write_back_data(slot, e)?;
+        }
+        if !self.meta.pcc_release(ino, &self.client, e.generation)? {
+            return Err(ClientError::Errno(
+                "the RW-PCC lease changed during its give-back",
+                libc::EAGAIN,
+            ));
         }
         if keep {
             let a = self.meta.getattr(ino)?;
@@ -619,7 +740,6 @@ impl Pcc {
                     en.crc = Some(crc);
                 })
                 .map_err(Self::cache_err)?;
-            self.checked.lock().insert(ino);
             self.data.invalidate(ino, Some(&a));
         } else {
             self.store.remove(ino);
@@ -629,108 +749,136 @@ impl Pcc {
 
     /// Detaches a file from this client's cache.
     pub fn detach(&self, ino: Ino, keep: bool) -> Result<()> {
-        let lock = self.ino_lock(ino);
-        let _held = lock.lock();
-        match self.store.get(ino) {
-            Some(e) if e.mode == Mode::Rw => self.give_back(ino, keep),
-            Some(_) if !keep => {
-                self.store.remove(ino);
-                Ok(())
-            }
-            Some(_) => Ok(()),
-            None => {
-                // Not here: a lease of ours without data (cache lost) is released if clean.
-                if let Some(l) = self.meta.pcc_lease(ino)? {
-                    if l.client == self.client && !l.dirty {
-                        self.meta.pcc_release(ino, &self.client)?;
-                    }
-                }
-                Ok(())
-            }
-        }
+        // Not here: a lease of ours without data (cache lost) is released if clean (give_back).
+        self.give_back(ino, keep)
     }
 
     // ------------------------------------------------------------------ open / create / close
 
-    /// At open: a cached file to serve, if any. Another client's RW lease was recalled before
-    /// (see [`Recaller::check`]), `attr` read after that; `own` is this client's lease of the
-    /// file, if it holds one.
-    pub fn on_open(
+    /// An open of `attr`'s file by `session`, as far as this cache goes, under the file's
+    /// slot lock: the lease check and the record of the open are one engine transaction
+    /// ([`MetaEngine::pcc_open`]), which also marks this client's lease dirty before a
+    /// writable descriptor of the cache file exists. `snapshot`: the number of a read request
+    /// another client's lease served with a snapshot ([`crate::lease::Recaller::recall`]).
+    pub fn open(
         self: &Arc<Self>,
+        session: u64,
+        attr: &Attr,
+        name: Option<&[u8]>,
+        flags: i32,
+        snapshot: Option<u64>,
+    ) -> Result<Opened> {
+        let ino = attr.ino;
+        let write = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        let slot = self.slot(ino);
+        let _held = slot.op.lock();
+        self.sync(&slot, ino);
+        let (attr, own) = match self
+            .meta
+            .pcc_open(session, ino, &self.client, write, snapshot)?
+        {
+            PccOpen::Held(l) => return Ok(Opened::Held(l)),
+            PccOpen::Snapshot { attr, .. } => {
+                // Another client's snapshot, read from the capacity tier.
+                self.metrics.pcc("misses", 1);
+                return Ok(Opened::Uncached(attr));
+            }
+            PccOpen::Opened { attr, lease } => (attr, lease),
+        };
+        match self.serve(&slot, &attr, own.as_ref(), name, write) {
+            Ok(o) => Ok(o),
+            Err(e) => {
+                // The open was recorded: take it back.
+                let _ = self.meta.close_files(session, &[ino]);
+                Err(e)
+            }
+        }
+    }
+
+    /// The serving part of [`Pcc::open`] (slot lock held, open recorded).
+    fn serve(
+        self: &Arc<Self>,
+        slot: &Slot,
         attr: &Attr,
         own: Option<&PccLease>,
         name: Option<&[u8]>,
-        flags: i32,
-    ) -> Result<Option<Served>> {
+        write: bool,
+    ) -> Result<Opened> {
         let ino = attr.ino;
-        let write = flags & libc::O_ACCMODE != libc::O_RDONLY;
         if let Some(l) = own {
             return match self.store.get(ino) {
-                Some(e) if e.mode == Mode::Rw => {
+                Some(e) if e.mode == Mode::Rw && e.generation == l.generation => {
                     let f = self.store.open_data(ino, true).map_err(Self::cache_err)?;
+                    self.step(slot, ino, Event::Open { write })?;
                     self.store.touch(ino, |en| en.last_access = now_nanos());
-                    self.opened(ino, write);
                     self.metrics.pcc("hits", 1);
-                    Ok(Some(Served {
+                    Ok(Opened::Served(Served {
                         file: Arc::new(f),
                         rw: true,
                     }))
                 }
                 // The lease survived but the cached data did not: given up if clean, EIO if
                 // dirty.
-                _ => self.recaller.ours_without_data(l).map(|()| None),
+                _ => {
+                    self.recaller.ours_without_data(l)?;
+                    Ok(Opened::Uncached(self.meta.getattr(ino)?))
+                }
             };
         }
         if let Some(e) = self.store.get(ino) {
             if e.mode == Mode::Ro {
                 if !write && e.complete && e.version == attr.data_version && !self.verified(&e) {
                     self.store.remove(ino);
+                    self.step(slot, ino, Event::Dropped)?;
                 } else if !write && e.complete && e.version == attr.data_version {
                     let f = self.store.open_data(ino, false).map_err(Self::cache_err)?;
+                    self.step(slot, ino, Event::Open { write: false })?;
                     self.store.touch(ino, |en| en.last_access = now_nanos());
-                    self.opened(ino, false);
                     self.metrics.pcc("hits", 1);
-                    return Ok(Some(Served {
+                    return Ok(Opened::Served(Served {
                         file: Arc::new(f),
                         rw: false,
                     }));
-                }
-                if e.version != attr.data_version || write {
+                } else if e.version != attr.data_version || write {
                     // Stale, or about to be: drop the copy.
                     self.store.remove(ino);
+                    self.step(slot, ino, Event::Dropped)?;
                 }
             }
         }
         self.metrics.pcc("misses", 1);
+        let uncached = Opened::Uncached(attr.clone());
         if write {
-            return Ok(None);
+            return Ok(uncached);
         }
-        let Some(name) = name else { return Ok(None) };
+        let Some(name) = name else {
+            return Ok(uncached);
+        };
         let Some(rule) = self.matching_rule("ro", attr, name) else {
-            return Ok(None);
+            return Ok(uncached);
         };
         if attr.size > self.cfg.background_copy {
             self.spawn_background_copy(attr.clone(), rule);
-            return Ok(None);
+            return Ok(uncached);
         }
         match self.attach_ro(attr, Some(rule)) {
             Ok(()) => {
                 let f = self.store.open_data(ino, false).map_err(Self::cache_err)?;
-                self.opened(ino, false);
-                Ok(Some(Served {
+                self.step(slot, ino, Event::Open { write: false })?;
+                Ok(Opened::Served(Served {
                     file: Arc::new(f),
                     rw: false,
                 }))
             }
             Err(e) => {
                 tracing::debug!(ino, "RO attach by rule failed, reading uncached: {e}");
-                Ok(None)
+                Ok(uncached)
             }
         }
     }
 
     fn spawn_background_copy(self: &Arc<Self>, attr: Attr, rule: u64) {
-        if !self.copying.lock().insert(attr.ino) {
+        if self.peek(attr.ino).map(|s| s.phase) == Some(Phase::CopyingRo) {
             return;
         }
         // Runs on a thread of its own; reads meanwhile go to the capacity tier.
@@ -739,7 +887,6 @@ impl Pcc {
             if let Err(e) = me.attach_ro(&attr, Some(rule)) {
                 tracing::debug!(ino = attr.ino, "background RO copy failed: {e}");
             }
-            me.copying.lock().remove(&attr.ino);
         });
     }
 
@@ -749,14 +896,20 @@ impl Pcc {
         let Some(rule) = self.matching_rule("rw", attr, name) else {
             return Ok(None);
         };
+        let slot = self.slot(attr.ino);
+        let _held = slot.op.lock();
         match self.attach_rw(attr, Some(rule)) {
             Ok(_) => {
+                if write {
+                    // "May be dirty" in the engine before the writable descriptor exists.
+                    self.report(attr.ino, true)?;
+                }
                 let f = self
                     .store
                     .open_data(attr.ino, true)
                     .map_err(Self::cache_err)?;
                 // Counted as a writer exactly when the handle is one (see on_close).
-                self.opened(attr.ino, write);
+                self.step(&slot, attr.ino, Event::Open { write })?;
                 self.metrics.pcc("hits", 1);
                 Ok(Some(Served {
                     file: Arc::new(f),
@@ -775,19 +928,26 @@ impl Pcc {
 
     /// Reports an RW-cached file's size and mtime to the metadata engine (others see them).
     pub fn report(&self, ino: Ino, dirty: bool) -> Result<Option<Attr>> {
+        let slot = self.slot(ino);
+        let _held = slot.op.lock();
+        let Some(e) = self.store.get(ino).filter(|e| e.mode == Mode::Rw) else {
+            return Ok(None);
+        };
         let Some((size, mtime)) = self.local_attr(ino) else {
             return Ok(None);
         };
         let a = self
             .meta
-            .pcc_report(ino, &self.client, dirty, size, mtime)?;
+            .pcc_report(ino, &self.client, e.generation, dirty, size, mtime)?;
         if dirty {
             let _ = self.store.update(ino, |e| {
                 e.dirty = true;
                 e.last_write = now_nanos();
             });
+            self.sync(&slot, ino);
+            let _ = self.step(&slot, ino, Event::Written);
         }
-        self.last_report.lock().insert(ino, Instant::now());
+        slot.st.lock().last_report = Some(Instant::now());
         Ok(Some(a))
     }
 
@@ -852,23 +1012,16 @@ impl Pcc {
 
     /// At the close of a handle served from the cache.
     pub fn on_close(&self, ino: Ino, wrote: bool) -> Result<()> {
+        let slot = self.slot(ino);
+        let _held = slot.op.lock();
         // Report before this handle stops counting as a writer: a recall waits for writers.
         let reported = if wrote {
             self.report(ino, true).map(|_| ())
         } else {
             Ok(())
         };
-        {
-            let mut g = self.opens.lock();
-            if let Some(e) = g.get_mut(&ino) {
-                e.0 = e.0.saturating_sub(1);
-                if wrote {
-                    e.1 = e.1.saturating_sub(1);
-                }
-                if e.0 == 0 {
-                    g.remove(&ino);
-                }
-            }
+        if let Err(e) = self.step(&slot, ino, Event::Close { write: wrote }) {
+            tracing::warn!(ino, "close of a cached handle not counted: {e}");
         }
         if wrote {
             self.store.note_size(ino);
@@ -882,6 +1035,8 @@ impl Pcc {
 
     /// fsync of a cached file: the cache file and its description are durable.
     pub fn on_fsync(&self, ino: Ino, file: &File) -> Result<()> {
+        let slot = self.slot(ino);
+        let _held = slot.op.lock();
         file.sync_all()
             .map_err(|e| ClientError::Failed(format!("cache fsync: {e}"), libc::EIO))?;
         if self
@@ -905,10 +1060,22 @@ impl Pcc {
     /// later pass. An error: the requests could not be read.
     pub fn handle_recalls(&self) -> tierfs_meta::Result<Pass> {
         let mut pass = Pass::default();
-        for ino in self.meta.pcc_revokes_for(&self.client)? {
+        for r in self.meta.pcc_recalls_for(&self.client)? {
+            let ino = r.ino;
+            let slot = self.slot(ino);
+            let _held = slot.op.lock();
             if self.writers(ino) > 0 {
-                // Writers bypass the daemon (passthrough): wait for their close.
-                pass.waiting += 1;
+                if r.write {
+                    // Writers bypass the daemon (passthrough): wait for their close; two
+                    // writers on two tiers would lose updates.
+                    pass.waiting += 1;
+                    continue;
+                }
+                // A reader: a snapshot of the data as it is now, the writers go on.
+                match self.snapshot(ino, r.seq) {
+                    Ok(()) => pass.given_back += 1,
+                    Err(e) => tracing::warn!(ino, "a snapshot write-back failed: {e}"),
+                }
                 continue;
             }
             match self.give_back(ino, true) {
@@ -928,13 +1095,17 @@ impl Pcc {
                 continue;
             }
             let due = self
-                .last_report
-                .lock()
-                .get(&e.ino)
+                .peek(e.ino)
+                .and_then(|s| s.last_report)
                 .map(|t| t.elapsed() > Duration::from_secs(1))
                 .unwrap_or(true);
             if due {
-                let _ = self.report(e.ino, true);
+                // Not behind a write-back or give-back of the file: next time.
+                let slot = self.slot(e.ino);
+                let held = slot.op.try_lock();
+                if held.is_some() {
+                    let _ = self.report(e.ino, true);
+                }
             }
         }
     }
@@ -1054,14 +1225,19 @@ impl Pcc {
     fn validate_entry(&self, ino: Ino) {
         // Not while an attach, write-back or give-back of the file runs: look again with the
         // file's transition lock held.
-        let lock = self.ino_lock(ino);
-        let _held = lock.lock();
+        let slot = self.slot(ino);
+        let _held = slot.op.lock();
+        self.sync(&slot, ino);
+        if slot.st.lock().opens > 0 {
+            return;
+        }
         let Some(e) = self.store.get(ino) else {
             return;
         };
         match self.meta.getattr(e.ino) {
             Err(MetaError::NotFound) => {
                 self.store.remove(e.ino);
+                let _ = self.step(&slot, ino, Event::Dropped);
                 return;
             }
             Err(_) => return,
@@ -1078,13 +1254,18 @@ impl Pcc {
     /// Drops an RW entry whose lease is no longer this client's: a clean one goes, a dirty one
     /// (the only copy of its writes) is quarantined and reported with `why`.
     fn drop_lost_rw(&self, e: &Entry, why: &str) {
-        if e.dirty {
+        let slot = self.slot(e.ino);
+        let _held = slot.op.lock();
+        let dirty = e.dirty || matches!(slot.st.lock().phase, Phase::Rw { dirty: true });
+        if dirty {
             let q = self.store.quarantine(e.ino);
             tracing::error!(ino = e.ino, "{why}: quarantined at {}", q.display());
             self.metrics.pcc("quarantined", 1);
         } else {
             self.store.remove(e.ino);
         }
+        // (In a give-back, the give-back's end settles the state; the store is the truth.)
+        let _ = slot.st.lock().apply(Event::Dropped);
     }
 
     /// After a restart: keep what is still valid, write back dirty RW data this client still
@@ -1162,7 +1343,8 @@ impl Pcc {
     pub fn state(&self, ino: Ino) -> Result<String> {
         let lease = self.meta.pcc_lease(ino)?;
         let e = self.store.get(ino);
-        let (all, writers) = self.opens.lock().get(&ino).copied().unwrap_or((0, 0));
+        let st = self.peek(ino).unwrap_or_default();
+        let (all, writers) = (st.opens, st.writers);
         let typ = match (&e, &lease) {
             (Some(en), _) if en.mode == Mode::Rw => "readwrite",
             (Some(_), _) => "readonly",
@@ -1180,6 +1362,8 @@ impl Pcc {
             "lease_owner": lease.as_ref().map(|l| l.client.clone()),
             "lease_generation": lease.as_ref().map(|l| l.generation),
             "lease_dirty": lease.as_ref().map(|l| l.dirty),
+            "lease_snapshot": lease.as_ref().map(|l| l.snapshot),
+            "phase": format!("{:?}", st.phase),
             "client": self.client,
         });
         Ok(v.to_string())

@@ -58,6 +58,10 @@ pub fn run_all(factory: &Factory<'_>) {
             client_session_is_the_newest_with_its_heartbeat_age,
         ),
         ("worker_reports", worker_reports),
+        (
+            "nothing_is_recorded_under_an_ended_session",
+            nothing_is_recorded_under_an_ended_session,
+        ),
         ("fsck_queries_and_repairs", fsck_queries_and_repairs),
         ("locks", locks),
         ("stripe_defaults_and_projects", stripe_defaults_and_projects),
@@ -68,6 +72,15 @@ pub fn run_all(factory: &Factory<'_>) {
             shared_objects_freed_with_last_slice,
         ),
         ("pcc_leases_and_rules", pcc_leases_and_rules),
+        (
+            "pcc_open_checks_the_lease_and_records_in_one_step",
+            pcc_open_checks_the_lease_and_records_in_one_step,
+        ),
+        (
+            "pcc_transitions_are_conditional_on_generation_and_dirty",
+            pcc_transitions_are_conditional_on_generation_and_dirty,
+        ),
+        ("pcc_snapshot_recalls", pcc_snapshot_recalls),
         (
             "rw_lease_refused_while_open_on_another_client",
             rw_lease_refused_while_open_on_another_client,
@@ -470,15 +483,38 @@ fn slices_and_commit_order(e: &dyn MetaEngine) {
     assert_eq!(k.size, 4096);
 }
 
+/// Sessions registered for a check that records opens or locks (recorded only under a live
+/// session): `[0, first, second, ...]`, so that `s[k]` stands for the k-th.
+fn live_sessions(e: &dyn MetaEngine, n: usize) -> Vec<u64> {
+    let mut v = vec![0];
+    for k in 1..=n {
+        v.push(
+            e.register_session(&SessionInfo {
+                id: 0,
+                client_name: format!("client{k}"),
+                host: "h".into(),
+                pid: k as u32,
+                mountpoint: "/mnt".into(),
+                version: "0".into(),
+                started: 0,
+                heartbeat: 0,
+            })
+            .unwrap(),
+        );
+    }
+    v
+}
+
 /// Objects a file drops while some client keeps it open wait in the trash for the grace, not
 /// for the last close (a file that is never closed would keep them all).
 fn trash_of_a_file_kept_open_goes_after_a_grace(e: &dyn MetaEngine) {
+    let s = live_sessions(e, 1);
     let f = e
         .create(ROOT_INO, b"kept", &file(), Some(layout()), None)
         .unwrap();
     e.commit_slices(f.ino, &[obj_slice(0, 0, 10, 7)], 10, 1)
         .unwrap();
-    e.open_file(1, f.ino).unwrap();
+    e.open_file(s[1], f.ino).unwrap();
     let to_zero = SetAttr {
         size: Some(0),
         ..Default::default()
@@ -495,7 +531,7 @@ fn trash_of_a_file_kept_open_goes_after_a_grace(e: &dyn MetaEngine) {
         vec![7],
         "past the grace it goes, though the file is still open"
     );
-    e.close_files(1, &[f.ino]).unwrap();
+    e.close_files(s[1], &[f.ino]).unwrap();
     assert_eq!(
         e.trash(10, OPEN_TRASH_GRACE).unwrap().len(),
         1,
@@ -506,15 +542,16 @@ fn trash_of_a_file_kept_open_goes_after_a_grace(e: &dyn MetaEngine) {
 }
 
 fn open_unlinked_file_survives(e: &dyn MetaEngine) {
+    let s = live_sessions(e, 2);
     let f = e
         .create(ROOT_INO, b"f", &file(), Some(layout()), None)
         .unwrap();
     e.commit_slices(f.ino, &[obj_slice(0, 0, 10, 7)], 10, 1)
         .unwrap();
-    e.open_file(1, f.ino).unwrap();
-    e.open_file(2, f.ino).unwrap();
+    e.open_file(s[1], f.ino).unwrap();
+    e.open_file(s[2], f.ino).unwrap();
     // Session 2 opens it twice: one close leaves it open there.
-    e.open_file(2, f.ino).unwrap();
+    e.open_file(s[2], f.ino).unwrap();
     e.unlink(ROOT_INO, b"f").unwrap();
     assert!(e.lookup(ROOT_INO, b"f").is_err());
     assert_eq!(
@@ -523,11 +560,11 @@ fn open_unlinked_file_survives(e: &dyn MetaEngine) {
         "data stays while open"
     );
     assert!(e.trash(10, OPEN_TRASH_GRACE).unwrap().is_empty());
-    e.close_files(1, &[f.ino]).unwrap();
+    e.close_files(s[1], &[f.ino]).unwrap();
     assert!(e.getattr(f.ino).is_ok(), "client 2 still has it open");
-    e.close_files(2, &[f.ino]).unwrap();
+    e.close_files(s[2], &[f.ino]).unwrap();
     assert!(e.getattr(f.ino).is_ok(), "client 2 still has it open once");
-    e.close_files(2, &[f.ino]).unwrap();
+    e.close_files(s[2], &[f.ino]).unwrap();
     assert!(matches!(e.getattr(f.ino), Err(MetaError::NotFound)));
     let t = e.trash(10, OPEN_TRASH_GRACE).unwrap();
     assert_eq!(t.len(), 1);
@@ -538,6 +575,7 @@ fn open_unlinked_file_survives(e: &dyn MetaEngine) {
 }
 
 fn replaced_file_stays_openable_for_its_grace(e: &dyn MetaEngine) {
+    let s = live_sessions(e, 2);
     let write = |name: &[u8], obj: u64| {
         let f = e
             .create(ROOT_INO, name, &file(), Some(layout()), None)
@@ -562,20 +600,20 @@ fn replaced_file_stays_openable_for_its_grace(e: &dyn MetaEngine) {
     );
     // purging now (grace not over) leaves it alone
     assert_eq!(e.purge_orphans(now_nanos() - 3_600_000_000_000).unwrap(), 0);
-    e.open_file(1, old.ino).unwrap();
+    e.open_file(s[1], old.ino).unwrap();
     assert_eq!(e.read_chunk(old.ino, 0).unwrap().len(), 1);
     // while open, even past its grace, it stays; its last close leaves it to the rest of its
     // grace (another reader may have looked the name up just before the rename too)
     assert_eq!(e.purge_orphans(now_nanos() + 1).unwrap(), 0);
     assert!(e.getattr(old.ino).is_ok());
-    e.close_files(1, &[old.ino]).unwrap();
+    e.close_files(s[1], &[old.ino]).unwrap();
     assert!(
         e.getattr(old.ino).is_ok(),
         "closed within its grace: still there"
     );
-    e.open_file(2, old.ino)
+    e.open_file(s[2], old.ino)
         .expect("a second reader within the grace");
-    e.close_files(2, &[old.ino]).unwrap();
+    e.close_files(s[2], &[old.ino]).unwrap();
     assert_eq!(e.purge_orphans(now_nanos() - 3_600_000_000_000).unwrap(), 0);
     assert_eq!(e.purge_orphans(now_nanos() + 1).unwrap(), 1);
     assert!(matches!(e.getattr(old.ino), Err(MetaError::NotFound)));
@@ -586,17 +624,17 @@ fn replaced_file_stays_openable_for_its_grace(e: &dyn MetaEngine) {
     // replaced while its writer's close is still on the way (closes go in batches): it gets
     // the grace all the same, and is purged after it once closed
     let cur = e.lookup(ROOT_INO, b"live").unwrap();
-    e.open_file(1, cur.ino).unwrap();
+    e.open_file(s[1], cur.ino).unwrap();
     let next = write(b"tmp1", 10);
     e.rename(ROOT_INO, b"tmp1", ROOT_INO, b"live", 0).unwrap();
-    e.close_files(1, &[cur.ino]).unwrap();
+    e.close_files(s[1], &[cur.ino]).unwrap();
     assert!(
         e.getattr(cur.ino).is_ok(),
         "the writer's close did not end the grace"
     );
-    e.open_file(2, cur.ino)
+    e.open_file(s[2], cur.ino)
         .expect("a reader that looked the name up before the rename");
-    e.close_files(2, &[cur.ino]).unwrap();
+    e.close_files(s[2], &[cur.ino]).unwrap();
     assert_eq!(e.purge_orphans(now_nanos() + 1).unwrap(), 1);
     assert!(matches!(e.getattr(cur.ino), Err(MetaError::NotFound)));
     let t = e.trash(10, OPEN_TRASH_GRACE).unwrap();
@@ -611,7 +649,10 @@ fn replaced_file_stays_openable_for_its_grace(e: &dyn MetaEngine) {
     assert!(e.pcc_lease(new.ino).unwrap().is_none());
     assert_eq!(e.purge_orphans(now_nanos() + 1).unwrap(), 1);
     assert!(matches!(e.getattr(new.ino), Err(MetaError::NotFound)));
-    assert!(matches!(e.open_file(1, new.ino), Err(MetaError::NotFound)));
+    assert!(matches!(
+        e.open_file(s[1], new.ino),
+        Err(MetaError::NotFound)
+    ));
     let t = e.trash(10, OPEN_TRASH_GRACE).unwrap();
     assert_eq!(t.iter().map(|x| x.obj).collect::<Vec<_>>(), [10]);
     assert_eq!(e.lookup(ROOT_INO, b"live").unwrap().ino, newer.ino);
@@ -756,6 +797,110 @@ fn client_session_is_the_newest_with_its_heartbeat_age(e: &dyn MetaEngine) {
     assert!(e.client_session("c").unwrap().is_none());
     assert_eq!(e.client_session("d").unwrap().unwrap().0.id, other);
     e.unregister_session(other).unwrap();
+}
+
+/// Once a session has ended (reaped or evicted), nothing more is recorded under it: opens,
+/// creates opened at once, closes, locks and data commits of its buffered writes fail with
+/// `SessionEnded` (EIO) and leave no trace; the commit's new objects go to the trash. Ending a
+/// session while another thread records opens under it leaves no open of it behind.
+fn nothing_is_recorded_under_an_ended_session(e: &dyn MetaEngine) {
+    let s = live_sessions(e, 2);
+    let (gone, live) = (s[1], s[2]);
+    let f = e
+        .create(ROOT_INO, b"f", &file(), Some(layout()), Some(gone))
+        .unwrap();
+    let lock = |session| LockRange {
+        session,
+        owner: 1,
+        flock: false,
+        typ: LockType::Write,
+        start: 0,
+        end: 10,
+        pid: 1,
+    };
+    e.set_lock(f.ino, &lock(gone)).unwrap();
+    e.unregister_session(gone).unwrap();
+    let ended = |r: Result<(), MetaError>, what: &str| {
+        let err = r.expect_err(what);
+        assert!(
+            matches!(err, MetaError::SessionEnded(id) if id == gone),
+            "{what}: {err}"
+        );
+        assert_eq!(err.errno(), libc::EIO);
+    };
+    ended(e.open_file(gone, f.ino), "open");
+    ended(e.close_files(gone, &[f.ino]), "close");
+    ended(e.set_lock(f.ino, &lock(gone)), "lock");
+    ended(
+        e.create(ROOT_INO, b"g", &file(), Some(layout()), Some(gone))
+            .map(|_| ()),
+        "create opened",
+    );
+    assert!(matches!(e.lookup(ROOT_INO, b"g"), Err(MetaError::NotFound)));
+    let before = e.getattr(f.ino).unwrap();
+    ended(
+        e.commit_slices_for(gone, f.ino, &[obj_slice(0, 0, 10, 41)], 10, 1)
+            .map(|_| ()),
+        "commit",
+    );
+    let after = e.getattr(f.ino).unwrap();
+    assert_eq!(
+        (after.size, after.data_version),
+        (before.size, before.data_version)
+    );
+    assert!(e.read_chunk(f.ino, 0).unwrap().is_empty());
+    let trash: Vec<u64> = e
+        .trash(10, std::time::Duration::ZERO)
+        .unwrap()
+        .iter()
+        .map(|t| t.obj)
+        .collect();
+    assert_eq!(trash, vec![41], "the refused commit's object is garbage");
+    // a live session records all of it
+    e.open_file(live, f.ino).unwrap();
+    e.set_lock(f.ino, &lock(live)).unwrap();
+    let a = e
+        .commit_slices_for(live, f.ino, &[obj_slice(0, 0, 10, 42)], 10, 1)
+        .unwrap();
+    assert_eq!(a.size, 10);
+    e.close_files(live, &[f.ino]).unwrap();
+    // nothing of the ended session is left behind
+    let hour = 3_600_000_000_000;
+    assert!(e.meta_issues(hour).unwrap().is_empty());
+
+    // Opens racing the end of their session: each lands before it (and goes with it) or
+    // fails; none is left behind under the ended session.
+    for round in 0..5 {
+        let racer = live_sessions(e, 1)[1];
+        let files: Vec<Ino> = (0..20)
+            .map(|i| {
+                e.create(
+                    ROOT_INO,
+                    format!("r{round}-{i}").as_bytes(),
+                    &file(),
+                    None,
+                    None,
+                )
+                .unwrap()
+                .ino
+            })
+            .collect();
+        std::thread::scope(|sc| {
+            let opener = sc.spawn(|| {
+                for ino in &files {
+                    if let Err(err) = e.open_file(racer, *ino) {
+                        assert!(matches!(err, MetaError::SessionEnded(_)), "{err}");
+                        break;
+                    }
+                }
+            });
+            std::thread::sleep(std::time::Duration::from_millis(round * 2));
+            e.unregister_session(racer).unwrap();
+            opener.join().unwrap();
+        });
+        let issues = e.meta_issues(hour).unwrap();
+        assert!(issues.is_empty(), "round {round}: {issues:?}");
+    }
 }
 
 /// Worker reports: replaced per session in order, listed only for live sessions, refused for
@@ -904,8 +1049,8 @@ fn fsck_queries_and_repairs(e: &dyn MetaEngine) {
         .create(ROOT_INO, b"dirty", &file(), Some(layout()), None)
         .unwrap();
     e.pcc_acquire(clean.ino, "gone").unwrap();
-    e.pcc_acquire(dirty.ino, "gone").unwrap();
-    e.pcc_report(dirty.ino, "gone", true, 0, now_nanos())
+    let dl = e.pcc_acquire(dirty.ino, "gone").unwrap();
+    e.pcc_report(dirty.ino, "gone", dl.generation, true, 0, now_nanos())
         .unwrap();
     // Alive for a long timeout: only the leases of the client without a session show.
     let long = 3_600_000_000_000;
@@ -965,6 +1110,7 @@ fn fsck_queries_and_repairs(e: &dyn MetaEngine) {
 }
 
 fn locks(e: &dyn MetaEngine) {
+    let s = live_sessions(e, 4);
     let f = e.create(ROOT_INO, b"f", &file(), None, None).unwrap();
     let w = |session, owner, start, end| LockRange {
         session,
@@ -975,22 +1121,22 @@ fn locks(e: &dyn MetaEngine) {
         end,
         pid: 1,
     };
-    e.set_lock(f.ino, &w(1, 1, 0, 99)).unwrap();
+    e.set_lock(f.ino, &w(s[1], 1, 0, 99)).unwrap();
     assert!(matches!(
-        e.set_lock(f.ino, &w(2, 1, 50, 60)),
+        e.set_lock(f.ino, &w(s[2], 1, 50, 60)),
         Err(MetaError::WouldBlock)
     ));
-    e.set_lock(f.ino, &w(2, 1, 100, 200)).unwrap();
-    let conflict = e.test_lock(f.ino, &w(3, 1, 90, 110)).unwrap().unwrap();
-    assert_eq!(conflict.session, 1);
+    e.set_lock(f.ino, &w(s[2], 1, 100, 200)).unwrap();
+    let conflict = e.test_lock(f.ino, &w(s[3], 1, 90, 110)).unwrap().unwrap();
+    assert_eq!(conflict.session, s[1]);
     let unlock = LockRange {
         typ: LockType::Unlock,
-        ..w(1, 1, 0, 99)
+        ..w(s[1], 1, 0, 99)
     };
     e.set_lock(f.ino, &unlock).unwrap();
-    e.set_lock(f.ino, &w(3, 1, 0, 99)).unwrap();
-    e.release_locks(f.ino, 3, 1, false).unwrap();
-    assert!(e.test_lock(f.ino, &w(4, 1, 0, 99)).unwrap().is_none());
+    e.set_lock(f.ino, &w(s[3], 1, 0, 99)).unwrap();
+    e.release_locks(f.ino, s[3], 1, false).unwrap();
+    assert!(e.test_lock(f.ino, &w(s[4], 1, 0, 99)).unwrap().is_none());
     let fl = |session, typ| LockRange {
         session,
         owner: 9,
@@ -1000,10 +1146,10 @@ fn locks(e: &dyn MetaEngine) {
         end: u64::MAX,
         pid: 1,
     };
-    e.set_lock(f.ino, &fl(1, LockType::Read)).unwrap();
-    e.set_lock(f.ino, &fl(2, LockType::Read)).unwrap();
+    e.set_lock(f.ino, &fl(s[1], LockType::Read)).unwrap();
+    e.set_lock(f.ino, &fl(s[2], LockType::Read)).unwrap();
     assert!(matches!(
-        e.set_lock(f.ino, &fl(3, LockType::Write)),
+        e.set_lock(f.ino, &fl(s[3], LockType::Write)),
         Err(MetaError::WouldBlock)
     ));
 }
@@ -1197,6 +1343,156 @@ fn rw_lease_refused_while_open_on_another_client(e: &dyn MetaEngine) {
     assert_eq!(e.pcc_acquire(g.ino, "b").unwrap().client, "b");
 }
 
+fn pcc_session(e: &dyn MetaEngine, name: &str) -> u64 {
+    e.register_session(&SessionInfo {
+        id: 0,
+        client_name: name.into(),
+        host: "h".into(),
+        pid: 1,
+        mountpoint: "/mnt".into(),
+        version: "0".into(),
+        started: 0,
+        heartbeat: 0,
+    })
+    .unwrap()
+}
+
+fn pcc_open_checks_the_lease_and_records_in_one_step(e: &dyn MetaEngine) {
+    let (a, b) = (pcc_session(e, "a"), pcc_session(e, "b"));
+    let f = e
+        .create(ROOT_INO, b"po", &file(), Some(layout()), None)
+        .unwrap();
+    // no lease: recorded, so a's attach now sees b's open
+    match e.pcc_open(b, f.ino, "b", true, None).unwrap() {
+        PccOpen::Opened { attr, lease: None } => assert_eq!(attr.ino, f.ino),
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(e.pcc_acquire(f.ino, "a"), Err(MetaError::InUse)));
+    e.close_files(b, &[f.ino]).unwrap();
+    let l = e.pcc_acquire(f.ino, "a").unwrap();
+    assert!(!l.dirty);
+    // the owner's read-only open: recorded, the lease stays clean
+    match e.pcc_open(a, f.ino, "a", false, None).unwrap() {
+        PccOpen::Opened { lease: Some(x), .. } => assert!(!x.dirty),
+        other => panic!("{other:?}"),
+    }
+    assert!(!e.pcc_lease(f.ino).unwrap().unwrap().dirty);
+    // the owner's open for writing: the lease is dirty when the call returns
+    match e.pcc_open(a, f.ino, "a", true, None).unwrap() {
+        PccOpen::Opened { lease: Some(x), .. } => {
+            assert!(x.dirty);
+            assert_eq!(x.generation, l.generation);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(e.pcc_lease(f.ino).unwrap().unwrap().dirty);
+    // another client: nothing recorded, the lease comes back
+    match e.pcc_open(b, f.ino, "b", false, None).unwrap() {
+        PccOpen::Held(x) => assert_eq!(x.client, "a"),
+        other => panic!("{other:?}"),
+    }
+    e.close_files(a, &[f.ino, f.ino]).unwrap();
+    // b's refused open left no row: after the give-back, a may attach again
+    assert!(e.pcc_release(f.ino, "a", l.generation).unwrap());
+    assert!(e.pcc_acquire(f.ino, "a").unwrap().generation > l.generation);
+    // nothing is recorded under an ended session
+    e.unregister_session(b).unwrap();
+    assert!(matches!(
+        e.pcc_open(b, f.ino, "a", false, None),
+        Err(MetaError::SessionEnded(_))
+    ));
+}
+
+fn pcc_transitions_are_conditional_on_generation_and_dirty(e: &dyn MetaEngine) {
+    let a = pcc_session(e, "a");
+    let f = e
+        .create(ROOT_INO, b"pt", &file(), Some(layout()), None)
+        .unwrap();
+    let l = e.pcc_acquire(f.ino, "a").unwrap();
+    // a breaker that saw an older generation breaks nothing
+    assert!(!e.pcc_break(f.ino, "a", l.generation - 1).unwrap());
+    assert!(e.pcc_lease(f.ino).unwrap().is_some());
+    // a dirty lease is never broken (the open for writing made it dirty)
+    e.pcc_open(a, f.ino, "a", true, None).unwrap();
+    assert!(!e.pcc_break(f.ino, "a", l.generation).unwrap());
+    assert!(e.pcc_lease(f.ino).unwrap().unwrap().dirty);
+    // written back (clean): now a breaker with the current generation may break it
+    e.pcc_report(f.ino, "a", l.generation, false, 0, 1).unwrap();
+    e.pcc_request_revoke(f.ino, "b").unwrap();
+    assert!(e.pcc_break(f.ino, "a", l.generation).unwrap());
+    assert!(e.pcc_lease(f.ino).unwrap().is_none());
+    assert!(e.pcc_recalls_for("a").unwrap().is_empty());
+    // the old owner's report and release fail; a new lease of another client stays
+    e.close_files(a, &[f.ino]).unwrap();
+    let l2 = e.pcc_acquire(f.ino, "c").unwrap();
+    assert!(matches!(
+        e.pcc_report(f.ino, "a", l.generation, true, 9, 9),
+        Err(MetaError::WouldBlock)
+    ));
+    assert!(!e.pcc_release(f.ino, "a", l.generation).unwrap());
+    assert!(!e.pcc_release(f.ino, "c", l.generation).unwrap());
+    assert_eq!(e.pcc_lease(f.ino).unwrap().unwrap(), l2);
+}
+
+fn pcc_snapshot_recalls(e: &dyn MetaEngine) {
+    let (a, b) = (pcc_session(e, "a"), pcc_session(e, "b"));
+    let f = e
+        .create(ROOT_INO, b"ps", &file(), Some(layout()), None)
+        .unwrap();
+    let l = e.pcc_acquire(f.ino, "a").unwrap();
+    assert_eq!(l.snapshot, 0);
+    e.pcc_open(a, f.ino, "a", true, None).unwrap();
+    // a read request
+    let s1 = e.pcc_request_recall(f.ino, "b", false).unwrap();
+    assert_eq!(
+        e.pcc_recalls_for("a").unwrap(),
+        vec![PccRecall {
+            ino: f.ino,
+            write: false,
+            seq: s1
+        }]
+    );
+    assert!(matches!(
+        e.pcc_open(b, f.ino, "b", false, Some(s1)).unwrap(),
+        PccOpen::Held(_)
+    ));
+    // a later read request moves the number on
+    let s2 = e.pcc_request_recall(f.ino, "c", false).unwrap();
+    assert!(s2 > s1);
+    // a snapshot that started before s2 serves s1 only
+    assert!(e.pcc_snapshot_served(f.ino, "a", l.generation, s1).unwrap());
+    assert_eq!(e.pcc_lease(f.ino).unwrap().unwrap().snapshot, s1);
+    assert_eq!(e.pcc_recalls_for("a").unwrap()[0].seq, s2);
+    // b's read-only open is recorded against the snapshot; for writing it is not
+    assert!(matches!(
+        e.pcc_open(b, f.ino, "b", true, Some(s1)).unwrap(),
+        PccOpen::Held(_)
+    ));
+    match e.pcc_open(b, f.ino, "b", false, Some(s1)).unwrap() {
+        PccOpen::Snapshot { lease, .. } => assert_eq!(lease.client, "a"),
+        other => panic!("{other:?}"),
+    }
+    // the lease stays a's, and dirty
+    let now = e.pcc_lease(f.ino).unwrap().unwrap();
+    assert_eq!((now.generation, now.dirty), (l.generation, true));
+    // a request for writing stays one when a read request follows
+    let s3 = e.pcc_request_recall(f.ino, "c", true).unwrap();
+    let s4 = e.pcc_request_recall(f.ino, "b", false).unwrap();
+    assert!(s4 > s3);
+    let r = e.pcc_recalls_for("a").unwrap();
+    assert_eq!((r[0].write, r[0].seq), (true, s4));
+    // a snapshot does not serve a request for writing
+    assert!(e.pcc_snapshot_served(f.ino, "a", l.generation, s4).unwrap());
+    assert_eq!(e.pcc_recalls_for("a").unwrap().len(), 1);
+    // a snapshot of another generation changes nothing
+    assert!(!e
+        .pcc_snapshot_served(f.ino, "a", l.generation + 1000, s4 + 1)
+        .unwrap());
+    assert_eq!(e.pcc_lease(f.ino).unwrap().unwrap().snapshot, s4);
+    e.close_files(a, &[f.ino]).unwrap();
+    e.close_files(b, &[f.ino]).unwrap();
+}
+
 fn pcc_leases_and_rules(e: &dyn MetaEngine) {
     let f = e
         .create(ROOT_INO, b"f", &file(), Some(layout()), None)
@@ -1214,10 +1510,12 @@ fn pcc_leases_and_rules(e: &dyn MetaEngine) {
         e.pcc_acquire(f.ino, "b"),
         Err(MetaError::WouldBlock)
     ));
-    let a = e.pcc_report(f.ino, "a", true, 12345, 77).unwrap();
+    let a = e
+        .pcc_report(f.ino, "a", l.generation, true, 12345, 77)
+        .unwrap();
     assert_eq!((a.size, a.mtime), (12345, 77));
     assert!(matches!(
-        e.pcc_report(f.ino, "b", true, 1, 1),
+        e.pcc_report(f.ino, "b", l.generation, true, 1, 1),
         Err(MetaError::WouldBlock)
     ));
     assert!(e.pcc_lease(f.ino).unwrap().unwrap().dirty);
@@ -1225,11 +1523,21 @@ fn pcc_leases_and_rules(e: &dyn MetaEngine) {
     assert_eq!(e.pcc_revokes_for("a").unwrap(), vec![f.ino]);
     assert!(e.pcc_revokes_for("b").unwrap().is_empty());
     assert_eq!(e.pcc_leases_of("a").unwrap().len(), 1);
-    e.pcc_release(f.ino, "a").unwrap();
+    assert!(!e.pcc_release(f.ino, "a", l.generation + 1000).unwrap());
+    assert!(
+        e.pcc_lease(f.ino).unwrap().is_some(),
+        "another generation's release"
+    );
+    assert!(e.pcc_release(f.ino, "a", l.generation).unwrap());
     assert!(e.pcc_lease(f.ino).unwrap().is_none());
     assert!(e.pcc_revokes_for("a").unwrap().is_empty());
     let l2 = e.pcc_acquire(f.ino, "b").unwrap();
     assert!(l2.generation > l.generation);
+    // the old holder's report of the old generation does not touch b's lease
+    assert!(matches!(
+        e.pcc_report(f.ino, "a", l.generation, false, 1, 1),
+        Err(MetaError::WouldBlock)
+    ));
     let d = e.create(ROOT_INO, b"d", &dir(), None, None).unwrap();
     assert!(matches!(
         e.pcc_acquire(d.ino, "a"),

@@ -136,6 +136,18 @@ pub trait FileData: Send + Sync {
     /// bumps the data version and mtime/ctime. Returns the new attributes.
     fn commit_slices(&self, ino: Ino, slices: &[Slice], new_end: u64, mtime: Nanos)
         -> Result<Attr>;
+    /// [`FileData::commit_slices`] of writes buffered by a client under `session`, in one
+    /// transaction with the check that the session still exists: once it was reaped or
+    /// evicted, [`MetaError::SessionEnded`] and the new objects go to the trash (its uploads
+    /// may already count as garbage, see `tierfs gc`, so they are never referenced).
+    fn commit_slices_for(
+        &self,
+        session: u64,
+        ino: Ino,
+        slices: &[Slice],
+        new_end: u64,
+        mtime: Nanos,
+    ) -> Result<Attr>;
     /// Reserves space: extends the size to `off+len` unless `keep_size`. With `zero`, the range
     /// reads as zeros afterwards (FALLOC_FL_PUNCH_HOLE with `keep_size`, FALLOC_FL_ZERO_RANGE
     /// with or without): zero slices cover the part inside the old size, and the size grows
@@ -172,6 +184,9 @@ pub trait Sessions: Send + Sync {
     /// Removes sessions whose heartbeat is older than `timeout_ns`, with their open files and
     /// locks; returns how many went.
     fn reap_sessions(&self, timeout_ns: i64) -> Result<usize>;
+    /// Records an open of `ino` by `session`; [`MetaError::SessionEnded`] once the session has
+    /// ended (as for every write recorded under a session: creates with `open_by`, closes,
+    /// locks, [`FileData::commit_slices_for`]).
     fn open_file(&self, session: u64, ino: Ino) -> Result<()>;
     /// Drops one open of each of `inos` by `session` (one transaction); a file with no names
     /// left is deleted at its last close on every client.
@@ -183,6 +198,10 @@ pub trait Sessions: Send + Sync {
     /// `clock_timestamp()`; SQLite: this host's clock, the database is embedded), so the
     /// caller's own clock plays no part. Never negative.
     fn client_session(&self, client: &str) -> Result<Option<(SessionInfo, i64)>>;
+    /// The database's clock, in nanoseconds since the epoch (what heartbeats are stamped
+    /// with): for comparing with a session's `heartbeat` or `started` without trusting the
+    /// caller's clock.
+    fn db_now(&self) -> Result<Nanos>;
 }
 
 /// The persistent client cache: RW-PCC leases and attach rules.
@@ -194,22 +213,70 @@ pub trait Pcc: Send + Sync {
     /// would go on writing to the capacity tier, and the owner's write-back would then lose
     /// those writes); taking it again as the holder returns the held lease.
     fn pcc_acquire(&self, ino: Ino, client: &str) -> Result<PccLease>;
+    /// Opens a file as far as leases go, in ONE transaction: locks the inode, reads its lease
+    /// and either records the open of `session` (with the changelog's OPEN record, as
+    /// [`Sessions::open_file`]) or records nothing and returns the other client's lease
+    /// ([`PccOpen::Held`]). When the lease is `client`'s and the open writes, the lease is
+    /// marked dirty ("may be dirty") in the same transaction, before the caller hands out a
+    /// writable descriptor. A read-only open with `snapshot: Some(seq)` is recorded while
+    /// another client holds the lease if that client served a read request numbered `seq` or
+    /// later with a snapshot ([`PccOpen::Snapshot`]). An [`pcc_acquire`](Pcc::pcc_acquire)
+    /// after this open sees it.
+    fn pcc_open(
+        &self,
+        session: u64,
+        ino: Ino,
+        client: &str,
+        write: bool,
+        snapshot: Option<u64>,
+    ) -> Result<PccOpen>;
     /// The owner reports its cached file: dirty or clean, and its size and mtime, which every
-    /// client then sees.
+    /// client then sees. `WouldBlock` when the lease is not `client`'s at `generation` (given
+    /// back, broken or taken again since), `NotFound` when there is none.
     fn pcc_report(
         &self,
         ino: Ino,
         client: &str,
+        generation: u64,
         dirty: bool,
         size: u64,
         mtime: Nanos,
     ) -> Result<Attr>;
-    /// Gives the lease back (and drops any request to give it back).
-    fn pcc_release(&self, ino: Ino, client: &str) -> Result<()>;
+    /// The owner gives the lease of `generation` back (and any request to give it back goes).
+    /// False when the lease is not that one (nothing changes).
+    fn pcc_release(&self, ino: Ino, client: &str, generation: u64) -> Result<bool>;
+    /// Breaks the lease of an owner judged dead: deleted only if it is still `client`'s at
+    /// `generation` (what the breaker saw) and clean. False when it changed or is dirty.
+    fn pcc_break(&self, ino: Ino, client: &str, generation: u64) -> Result<bool>;
+    /// Asks the owner of a lease to give it back (`write`) or, for a read, to write back a
+    /// snapshot if it has writers ([`Pcc::pcc_snapshot_served`]); one request per file, a
+    /// request for writing stays one. Returns the request's number; a snapshot served at or
+    /// after it shows in [`PccLease::snapshot`].
+    fn pcc_request_recall(&self, ino: Ino, requester: &str, write: bool) -> Result<u64>;
     /// Asks the owner of a lease to give it back.
-    fn pcc_request_revoke(&self, ino: Ino, requester: &str) -> Result<()>;
-    /// Files whose lease `client` holds and someone asked back.
-    fn pcc_revokes_for(&self, client: &str) -> Result<Vec<Ino>>;
+    fn pcc_request_revoke(&self, ino: Ino, requester: &str) -> Result<()> {
+        self.pcc_request_recall(ino, requester, true).map(|_| ())
+    }
+    /// Files whose lease `client` holds and someone asked back (for writing or reading).
+    fn pcc_revokes_for(&self, client: &str) -> Result<Vec<Ino>> {
+        Ok(self
+            .pcc_recalls_for(client)?
+            .into_iter()
+            .map(|r| r.ino)
+            .collect())
+    }
+    /// The requests to `client`'s leases, by file.
+    fn pcc_recalls_for(&self, client: &str) -> Result<Vec<PccRecall>>;
+    /// The owner wrote back a snapshot of its data that started after read request `seq`:
+    /// the lease (if still `client`'s at `generation`) records it, and read requests up to
+    /// `seq` are served. Whether the lease was that one.
+    fn pcc_snapshot_served(
+        &self,
+        ino: Ino,
+        client: &str,
+        generation: u64,
+        seq: u64,
+    ) -> Result<bool>;
     /// Every lease `client` holds (recovery after a restart).
     fn pcc_leases_of(&self, client: &str) -> Result<Vec<PccLease>>;
     fn pcc_rule_add(

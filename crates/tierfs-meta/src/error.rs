@@ -36,6 +36,12 @@ pub enum MetaError {
     /// A live session already uses this client name (its description).
     #[error("client name {0}")]
     ClientNameInUse(String),
+    /// The session has ended (reaped after missing its heartbeats, or evicted by an
+    /// administrator): its opens and locks are gone, and nothing more is recorded under it.
+    /// The client fences itself and registers a new session; handles opened under the old
+    /// one fail with EIO (as Lustre's after an eviction).
+    #[error("session {0} has ended (reaped or evicted): this client was fenced")]
+    SessionEnded(u64),
     #[error("filesystem is not formatted: {0}")]
     NotFormatted(String),
     #[error("filesystem is already formatted as '{0}' (use --force to format again)")]
@@ -80,7 +86,8 @@ impl MetaError {
             | MetaError::BadUrl(_)
             | MetaError::SchemaTooNew { .. }
             | MetaError::Db(_)
-            | MetaError::Unavailable(_) => libc::EIO,
+            | MetaError::Unavailable(_)
+            | MetaError::SessionEnded(_) => libc::EIO,
             MetaError::Changelog(e) => e.errno(),
         }
     }

@@ -246,6 +246,7 @@ impl FileData for FaultyEngine {
         fn alloc_object_ids(&self, n: u64) -> Result<u64>;
         fn read_chunk(&self, ino: Ino, chunk: u64) -> Result<Vec<Slice>>;
         fn commit_slices(&self, ino: Ino, slices: &[Slice], new_end: u64, mtime: Nanos) -> Result<Attr>;
+        fn commit_slices_for(&self, session: u64, ino: Ino, slices: &[Slice], new_end: u64, mtime: Nanos) -> Result<Attr>;
         fn fallocate(&self, ino: Ino, off: u64, len: u64, keep_size: bool, zero: bool) -> Result<Attr>;
         fn replace_chunk(&self, ino: Ino, chunk: u64, upto: u64, merged: &[Slice]) -> Result<bool>;
         fn rewrite_data(&self, ino: Ino, slices: &[Slice], size: u64, mtime: Nanos) -> Result<Attr>;
@@ -266,6 +267,7 @@ impl Sessions for FaultyEngine {
         fn close_files(&self, session: u64, inos: &[Ino]) -> Result<()>;
         fn client_alive(&self, client: &str, timeout_ns: i64) -> Result<bool>;
         fn client_session(&self, client: &str) -> Result<Option<(SessionInfo, i64)>>;
+        fn db_now(&self) -> Result<Nanos>;
     }
 }
 
@@ -273,10 +275,13 @@ impl Pcc for FaultyEngine {
     guarded! {
         fn pcc_lease(&self, ino: Ino) -> Result<Option<PccLease>>;
         fn pcc_acquire(&self, ino: Ino, client: &str) -> Result<PccLease>;
-        fn pcc_report(&self, ino: Ino, client: &str, dirty: bool, size: u64, mtime: Nanos) -> Result<Attr>;
-        fn pcc_release(&self, ino: Ino, client: &str) -> Result<()>;
-        fn pcc_request_revoke(&self, ino: Ino, requester: &str) -> Result<()>;
-        fn pcc_revokes_for(&self, client: &str) -> Result<Vec<Ino>>;
+        fn pcc_open(&self, session: u64, ino: Ino, client: &str, write: bool, snapshot: Option<u64>) -> Result<PccOpen>;
+        fn pcc_report(&self, ino: Ino, client: &str, generation: u64, dirty: bool, size: u64, mtime: Nanos) -> Result<Attr>;
+        fn pcc_release(&self, ino: Ino, client: &str, generation: u64) -> Result<bool>;
+        fn pcc_break(&self, ino: Ino, client: &str, generation: u64) -> Result<bool>;
+        fn pcc_request_recall(&self, ino: Ino, requester: &str, write: bool) -> Result<u64>;
+        fn pcc_recalls_for(&self, client: &str) -> Result<Vec<PccRecall>>;
+        fn pcc_snapshot_served(&self, ino: Ino, client: &str, generation: u64, seq: u64) -> Result<bool>;
         fn pcc_leases_of(&self, client: &str) -> Result<Vec<PccLease>>;
         fn pcc_rule_add(&self, mode: &str, client: Option<&str>, rule: &str, quota: Option<u64>) -> Result<u64>;
         fn pcc_rule_set_quota(&self, id: u64, quota: Option<u64>) -> Result<()>;

@@ -356,9 +356,40 @@ pub struct PccLease {
     pub client: String,
     /// Bumped at every attach (Lustre's layout generation).
     pub generation: u64,
-    /// The cache holds data the capacity tier does not have yet.
+    /// The cache may hold data the capacity tier does not have yet: set by the owner's open
+    /// for writing in the same transaction as the open ([`crate::Pcc::pcc_open`]), before any
+    /// writable descriptor exists; cleared by a write-back with no writer left.
     pub dirty: bool,
     pub acquired: Nanos,
+    /// The newest read request ([`PccRecall::seq`]) the owner served with a snapshot: a
+    /// write-back of its current data while it keeps the lease and its writers.
+    pub snapshot: u64,
+}
+
+/// What [`crate::Pcc::pcc_open`] did, in one transaction.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PccOpen {
+    /// The open is recorded. `lease`: the caller's own lease (dirty when it opened for
+    /// writing), or `None` when no client holds the file.
+    Opened { attr: Attr, lease: Option<PccLease> },
+    /// A read-only open recorded while another client holds the lease: that client wrote
+    /// back a snapshot at or after the caller's read request, which the open reads from the
+    /// capacity tier.
+    Snapshot { attr: Attr, lease: PccLease },
+    /// Another client holds the lease: nothing was recorded.
+    Held(PccLease),
+}
+
+/// A request to a lease owner ([`crate::Pcc::pcc_request_recall`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PccRecall {
+    pub ino: Ino,
+    /// For an open for writing (or a truncate): give the lease back once no writer is left.
+    /// Otherwise (a read): a snapshot write-back will do while writers remain.
+    pub write: bool,
+    /// The request's number (from the `pcc_generation` counter); a snapshot serves every
+    /// request up to the one it read before it started.
+    pub seq: u64,
 }
 
 /// A stored PCC attach rule.

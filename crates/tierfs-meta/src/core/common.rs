@@ -292,11 +292,18 @@ pub fn drop_link(tx: &mut dyn Tx, ino: Ino, now: Nanos) -> Result<Option<i64>> {
 
 /// Counts one more open of `ino` by `session`.
 pub fn record_open(tx: &mut dyn Tx, session: u64, ino: Ino) -> Result<()> {
-    tx.exec(
-        "INSERT INTO open_files (session, ino, count) VALUES ($1, $2, 1) \
+    // Only under a session that still exists (one statement: the check is a primary-key
+    // lookup inside the insert); on PostgreSQL the caller holds the session's row first
+    // (`session::hold_session`), so a concurrent reap cannot interleave.
+    let n = tx.exec(
+        "INSERT INTO open_files (session, ino, count) SELECT $1, $2, 1 \
+         WHERE EXISTS (SELECT 1 FROM sessions WHERE id = $1) \
          ON CONFLICT (ino, session) DO UPDATE SET count = open_files.count + 1",
         vals![session, ino],
     )?;
+    if n == 0 {
+        return Err(MetaError::SessionEnded(session));
+    }
     Ok(())
 }
 

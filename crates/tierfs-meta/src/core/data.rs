@@ -105,30 +105,18 @@ impl<D: Driver> FileData for SqlMeta<D> {
         new_end: u64,
         mtime: Nanos,
     ) -> Result<Attr> {
-        static UPDATE: AttrUpdate = AttrUpdate::new(
-            "UPDATE inodes SET size = GREATEST(size, $2), mtime = $3, ctime = $3, \
-             data_version = data_version + 1, allocated = GREATEST(0, allocated + $4) \
-             WHERE ino = $1",
-        );
-        self.d.write_commit(|tx| {
-            if let Err(e) = lock1(tx, ino) {
-                if matches!(e, MetaError::NotFound) {
-                    // The file went away while its data was uploading: the objects are
-                    // garbage (committed, unlike the error).
-                    trash_new_objects(tx, ino, slices)?;
-                    return Ok(Err(MetaError::NotFound));
-                }
-                return Err(e);
-            }
-            let delta = add_slices(tx, ino, slices)?;
-            let a = UPDATE.run(tx, ino, vals![ino, new_end, mtime, delta])?;
-            account_objects(tx, &objects_of(slices))?;
-            // changelog: MTIME (data written: size, mtime and data version changed). Last,
-            // after every row lock: on PostgreSQL the record holds the changelog's order lock
-            // until commit (core::changelog).
-            changelog::record(tx, &Rec::new(RecordType::Mtime, ino))?;
-            Ok(Ok(a))
-        })?
+        self.commit(None, ino, slices, new_end, mtime)
+    }
+
+    fn commit_slices_for(
+        &self,
+        session: u64,
+        ino: Ino,
+        slices: &[Slice],
+        new_end: u64,
+        mtime: Nanos,
+    ) -> Result<Attr> {
+        self.commit(Some(session), ino, slices, new_end, mtime)
     }
 
     fn fallocate(&self, ino: Ino, off: u64, len: u64, keep_size: bool, zero: bool) -> Result<Attr> {
@@ -291,5 +279,53 @@ impl<D: Driver> FileData for SqlMeta<D> {
             }
             Ok(())
         })
+    }
+}
+
+impl<D: Driver> SqlMeta<D> {
+    /// [`FileData::commit_slices`], under `session` when given ([`FileData::commit_slices_for`]).
+    fn commit(
+        &self,
+        session: Option<u64>,
+        ino: Ino,
+        slices: &[Slice],
+        new_end: u64,
+        mtime: Nanos,
+    ) -> Result<Attr> {
+        static UPDATE: AttrUpdate = AttrUpdate::new(
+            "UPDATE inodes SET size = GREATEST(size, $2), mtime = $3, ctime = $3, \
+             data_version = data_version + 1, allocated = GREATEST(0, allocated + $4) \
+             WHERE ino = $1",
+        );
+        self.d.write_commit(|tx| {
+            if let Some(s) = session {
+                // Writes buffered under a session that ended are never recorded: its uploads
+                // may count as garbage already.
+                if let Err(e) = super::session::hold_session(tx, s) {
+                    if matches!(e, MetaError::SessionEnded(_)) {
+                        trash_new_objects(tx, ino, slices)?;
+                        return Ok(Err(e));
+                    }
+                    return Err(e);
+                }
+            }
+            if let Err(e) = lock1(tx, ino) {
+                if matches!(e, MetaError::NotFound) {
+                    // The file went away while its data was uploading: the objects are
+                    // garbage (committed, unlike the error).
+                    trash_new_objects(tx, ino, slices)?;
+                    return Ok(Err(MetaError::NotFound));
+                }
+                return Err(e);
+            }
+            let delta = add_slices(tx, ino, slices)?;
+            let a = UPDATE.run(tx, ino, vals![ino, new_end, mtime, delta])?;
+            account_objects(tx, &objects_of(slices))?;
+            // changelog: MTIME (data written: size, mtime and data version changed). Last,
+            // after every row lock: on PostgreSQL the record holds the changelog's order lock
+            // until commit (core::changelog).
+            changelog::record(tx, &Rec::new(RecordType::Mtime, ino))?;
+            Ok(Ok(a))
+        })?
     }
 }

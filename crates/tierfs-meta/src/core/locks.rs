@@ -60,6 +60,8 @@ fn locks_of(tx: &mut dyn Tx, ino: Ino) -> Result<Vec<LockRange>> {
 impl<D: Driver> Locks for SqlMeta<D> {
     fn set_lock(&self, ino: Ino, lock: &LockRange) -> Result<()> {
         self.d.write(|tx| {
+            // Never a lock under a session that ended (its locks went with it); its row first.
+            super::session::hold_session(tx, lock.session)?;
             // PostgreSQL: the inode row guards its locks (see `data`'s module doc).
             lock_rows(tx, &[ino])?;
             let held = locks_of(tx, ino)?;

@@ -313,6 +313,11 @@ impl<D: Driver> Namespace for SqlMeta<D> {
     ) -> Result<Attr> {
         check_name(name)?;
         self.d.write(|tx| {
+            // Opened at once: only under a live session (PostgreSQL: its row held first; the
+            // fused insert below records the open. SQLite: `record_open` checks).
+            if let (Some(s), true) = (open_by, tx.dialect().is_postgres()) {
+                super::session::hold_session(tx, s)?;
+            }
             let (p, p_inherit, taken) = lock_parent_for_create(tx, parent, name)?;
             is_dir(&p)?;
             if p.nlink == 0 {

@@ -2,7 +2,7 @@
 //! give a lease back, and attach rules with their quotas.
 
 use super::common::AttrUpdate;
-use super::common::{lock1, lock_rows};
+use super::common::{lock1, lock_rows, record_open};
 use super::SqlMeta;
 use crate::engine::Pcc;
 use crate::error::{MetaError, Result};
@@ -18,16 +18,29 @@ fn lease_from_row(r: &Row) -> Result<PccLease> {
         generation: r.u64(2)?,
         dirty: r.bool(3)?,
         acquired: r.i64(4)?,
+        snapshot: r.u64(5)?,
     })
 }
 
+/// Columns [`lease_from_row`] reads, in order.
+const LEASE_COLS: &str = "ino, client, generation, dirty, acquired, snapshot";
+
 fn lease_of(tx: &mut dyn Tx, ino: Ino) -> Result<Option<PccLease>> {
     tx.query_opt(
-        "SELECT ino, client, generation, dirty, acquired FROM pcc_leases WHERE ino = $1",
+        &format!("SELECT {LEASE_COLS} FROM pcc_leases WHERE ino = $1"),
         vals![ino],
     )?
     .map(|r| lease_from_row(&r))
     .transpose()
+}
+
+/// The next number of the `pcc_generation` counter (generations and recall numbers share it:
+/// both only need to grow). Take it after the inode's row lock (the lock order).
+fn next_seq(tx: &mut dyn Tx) -> Result<u64> {
+    Ok(tx.int(
+        "UPDATE counters SET value = value + 1 WHERE name = 'pcc_generation' RETURNING value",
+        vals![],
+    )? as u64)
 }
 
 impl<D: Driver> Pcc for SqlMeta<D> {
@@ -62,17 +75,68 @@ impl<D: Driver> Pcc for SqlMeta<D> {
                 "UPDATE inodes SET data_version = data_version + 1 WHERE ino = $1",
                 vals![ino],
             )?;
-            let generation = tx.int(
-                "UPDATE counters SET value = value + 1 WHERE name = 'pcc_generation' \
-                 RETURNING value",
-                vals![],
-            )?;
+            let generation = next_seq(tx)?;
             let r = tx.one(
-                "INSERT INTO pcc_leases (ino, client, generation, dirty, acquired) \
-                 VALUES ($1, $2, $3, 0, $4) RETURNING ino, client, generation, dirty, acquired",
+                &format!(
+                    "INSERT INTO pcc_leases (ino, client, generation, dirty, acquired, snapshot) \
+                     VALUES ($1, $2, $3, 0, $4, 0) RETURNING {LEASE_COLS}"
+                ),
                 vals![ino, client, generation, now_nanos()],
             )?;
             lease_from_row(&r)
+        })
+    }
+
+    fn pcc_open(
+        &self,
+        session: u64,
+        ino: Ino,
+        client: &str,
+        write: bool,
+        snapshot: Option<u64>,
+    ) -> Result<PccOpen> {
+        self.d.write(|tx| {
+            // The session's row before the inode's (the order `end_sessions` takes them in);
+            // SQLite: `record_open` checks the session in its insert.
+            if tx.dialect().is_postgres() {
+                super::session::hold_session(tx, session)?;
+            }
+            // The inode's row lock orders this open against pcc_acquire, which looks for
+            // other clients' opens under it (PostgreSQL; SQLite writes one at a time).
+            let attr = lock1(tx, ino)?;
+            let lease = lease_of(tx, ino)?;
+            let out = match lease {
+                Some(mut l) if l.client == client => {
+                    if write && !l.dirty {
+                        // "May be dirty" before the caller hands out a writable descriptor:
+                        // a restart after a kill -9 then writes the file back.
+                        tx.exec("UPDATE pcc_leases SET dirty = 1 WHERE ino = $1", vals![ino])?;
+                        l.dirty = true;
+                    }
+                    PccOpen::Opened {
+                        attr: attr.clone(),
+                        lease: Some(l),
+                    }
+                }
+                Some(l) => match snapshot {
+                    Some(seq) if !write && l.snapshot >= seq => PccOpen::Snapshot {
+                        attr: attr.clone(),
+                        lease: l,
+                    },
+                    _ => return Ok(PccOpen::Held(l)),
+                },
+                None => PccOpen::Opened {
+                    attr: attr.clone(),
+                    lease: None,
+                },
+            };
+            record_open(tx, session, ino)?;
+            // changelog: OPEN
+            super::changelog::record(
+                tx,
+                &super::changelog::Rec::new(crate::changelog::RecordType::Open, ino),
+            )?;
+            Ok(out)
         })
     }
 
@@ -80,6 +144,7 @@ impl<D: Driver> Pcc for SqlMeta<D> {
         &self,
         ino: Ino,
         client: &str,
+        generation: u64,
         dirty: bool,
         size: u64,
         mtime: Nanos,
@@ -90,7 +155,8 @@ impl<D: Driver> Pcc for SqlMeta<D> {
         self.d.write(|tx| {
             lock_rows(tx, &[ino])?;
             let l = lease_of(tx, ino)?.ok_or(MetaError::NotFound)?;
-            if l.client != client {
+            if l.client != client || l.generation != generation {
+                // Not this holder's lease any more (given back, broken, taken again).
                 return Err(MetaError::WouldBlock);
             }
             tx.exec(
@@ -107,23 +173,48 @@ impl<D: Driver> Pcc for SqlMeta<D> {
         })
     }
 
-    fn pcc_release(&self, ino: Ino, client: &str) -> Result<()> {
+    fn pcc_release(&self, ino: Ino, client: &str, generation: u64) -> Result<bool> {
         self.d.write(|tx| {
-            tx.exec(
-                "DELETE FROM pcc_leases WHERE ino = $1 AND client = $2",
-                vals![ino, client],
+            lock_rows(tx, &[ino])?;
+            let n = tx.exec(
+                "DELETE FROM pcc_leases WHERE ino = $1 AND client = $2 AND generation = $3",
+                vals![ino, client, generation],
             )?;
-            tx.exec("DELETE FROM pcc_revokes WHERE ino = $1", vals![ino])?;
-            Ok(())
+            if n > 0 {
+                tx.exec("DELETE FROM pcc_revokes WHERE ino = $1", vals![ino])?;
+            }
+            Ok(n > 0)
         })
     }
 
-    fn pcc_request_revoke(&self, ino: Ino, requester: &str) -> Result<()> {
+    fn pcc_break(&self, ino: Ino, client: &str, generation: u64) -> Result<bool> {
         self.d.write(|tx| {
+            lock_rows(tx, &[ino])?;
+            let n = tx.exec(
+                "DELETE FROM pcc_leases \
+                 WHERE ino = $1 AND client = $2 AND generation = $3 AND dirty = 0",
+                vals![ino, client, generation],
+            )?;
+            if n > 0 {
+                tx.exec("DELETE FROM pcc_revokes WHERE ino = $1", vals![ino])?;
+            }
+            Ok(n > 0)
+        })
+    }
+
+    fn pcc_request_recall(&self, ino: Ino, requester: &str, write: bool) -> Result<u64> {
+        self.d.write(|tx| {
+            lock_rows(tx, &[ino])?;
+            let seq = next_seq(tx)?;
+            // One request per file: a later one moves the number on (a snapshot must start
+            // after it), and a request for writing stays one.
             tx.exec(
-                "INSERT INTO pcc_revokes (ino, requester, requested) VALUES ($1, $2, $3) \
-                 ON CONFLICT (ino) DO NOTHING",
-                vals![ino, requester, now_nanos()],
+                "INSERT INTO pcc_revokes (ino, requester, requested, for_write, seq) \
+                 VALUES ($1, $2, $3, $4, $5) \
+                 ON CONFLICT (ino) DO UPDATE SET seq = excluded.seq, \
+                 for_write = CASE WHEN excluded.for_write = 1 THEN 1 \
+                 ELSE pcc_revokes.for_write END",
+                vals![ino, requester, now_nanos(), write as i64, seq],
             )?;
             if tx.dialect().is_postgres() {
                 // Tell the holder now (delivered at commit; payload "<ino> <holder>", which
@@ -136,7 +227,52 @@ impl<D: Driver> Pcc for SqlMeta<D> {
                     tx.notify(REVOKE_CHANNEL, &payload)?;
                 }
             }
-            Ok(())
+            Ok(seq)
+        })
+    }
+
+    fn pcc_recalls_for(&self, client: &str) -> Result<Vec<PccRecall>> {
+        self.d.read(|tx| {
+            let mut v = Vec::new();
+            tx.query_each(
+                "SELECT r.ino, r.for_write, r.seq FROM pcc_revokes r \
+                 JOIN pcc_leases l ON l.ino = r.ino WHERE l.client = $1 ORDER BY r.ino",
+                vals![client],
+                &mut |r| {
+                    v.push(PccRecall {
+                        ino: r.u64(0)?,
+                        write: r.bool(1)?,
+                        seq: r.u64(2)?,
+                    });
+                    Ok(())
+                },
+            )?;
+            Ok(v)
+        })
+    }
+
+    fn pcc_snapshot_served(
+        &self,
+        ino: Ino,
+        client: &str,
+        generation: u64,
+        seq: u64,
+    ) -> Result<bool> {
+        self.d.write(|tx| {
+            lock_rows(tx, &[ino])?;
+            let n = tx.exec(
+                "UPDATE pcc_leases SET snapshot = CASE WHEN snapshot > $4 THEN snapshot \
+                 ELSE $4 END WHERE ino = $1 AND client = $2 AND generation = $3",
+                vals![ino, client, generation, seq],
+            )?;
+            if n > 0 {
+                // Served: a read request up to `seq` (a newer one waits for the next snapshot).
+                tx.exec(
+                    "DELETE FROM pcc_revokes WHERE ino = $1 AND for_write = 0 AND seq <= $2",
+                    vals![ino, seq],
+                )?;
+            }
+            Ok(n > 0)
         })
     }
 
@@ -160,8 +296,7 @@ impl<D: Driver> Pcc for SqlMeta<D> {
         self.d.read(|tx| {
             let mut v = Vec::new();
             tx.query_each(
-                "SELECT ino, client, generation, dirty, acquired FROM pcc_leases \
-                 WHERE client = $1 ORDER BY ino",
+                &format!("SELECT {LEASE_COLS} FROM pcc_leases WHERE client = $1 ORDER BY ino"),
                 vals![client],
                 &mut |r| {
                     v.push(lease_from_row(&r)?);

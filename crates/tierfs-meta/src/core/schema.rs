@@ -32,7 +32,7 @@ use crate::vals;
 pub type Ddl = &'static [&'static str];
 
 /// Schema version this build writes and understands.
-pub const SCHEMA_VERSION: i64 = 6;
+pub const SCHEMA_VERSION: i64 = 7;
 
 /// One migration step.
 pub struct Migration {
@@ -77,6 +77,23 @@ pub const MIGRATIONS: &[Migration] = &[
         parts: V6,
         after: None,
     },
+    Migration {
+        version: 7,
+        parts: V7,
+        after: None,
+    },
+];
+
+/// Version 7: RW-PCC recalls say whether they are for writing (give the lease back) or for
+/// reading (a snapshot write-back will do while the owner keeps writing), and carry a number;
+/// a lease records the newest read request a snapshot served. Requests from before v7 are
+/// for writing.
+pub const V7: &[Ddl] = &[PCC_SNAPSHOTS];
+
+const PCC_SNAPSHOTS: Ddl = &[
+    "ALTER TABLE pcc_revokes ADD COLUMN for_write INT NOT NULL DEFAULT 1",
+    "ALTER TABLE pcc_revokes ADD COLUMN seq INT NOT NULL DEFAULT 0",
+    "ALTER TABLE pcc_leases ADD COLUMN snapshot INT NOT NULL DEFAULT 0",
 ];
 
 const _: () = assert!(MIGRATIONS.len() as i64 == SCHEMA_VERSION);

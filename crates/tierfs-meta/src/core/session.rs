@@ -27,11 +27,39 @@ pub(crate) fn session_from_row(r: &Row) -> Result<SessionInfo> {
     })
 }
 
+/// Fails with [`MetaError::SessionEnded`] unless `session` exists. Every write recorded under a
+/// session (an open, a lock, a data commit of its buffered writes) calls this in its
+/// transaction, so nothing is recorded under a session that was reaped or evicted. On
+/// PostgreSQL the session's row is held (`FOR KEY SHARE`, which a heartbeat's update does not
+/// wait for) until commit, before any inode row: [`end_sessions`] takes the row `FOR UPDATE`
+/// first and so waits for the transaction, then (at READ COMMITTED) sees what it recorded.
+/// SQLite: one primary-key lookup (one writer at a time: nothing interleaves).
+pub(crate) fn hold_session(tx: &mut dyn Tx, session: u64) -> Result<()> {
+    let sql = if tx.dialect().is_postgres() {
+        "SELECT 1 FROM sessions WHERE id = $1 FOR KEY SHARE"
+    } else {
+        "SELECT 1 FROM sessions WHERE id = $1"
+    };
+    match tx.query_opt(sql, vals![session])? {
+        Some(_) => Ok(()),
+        None => Err(MetaError::SessionEnded(session)),
+    }
+}
+
 /// Removes sessions with their open files (purging unlinked files they were the last to
-/// hold) and locks. On PostgreSQL the inodes they had open are locked first, in order.
+/// hold) and locks. On PostgreSQL the sessions' rows are locked first (waiting for the
+/// transactions that hold them to record an open or lock, see [`hold_session`]), then the
+/// inodes they had open, in order; the caller runs at READ COMMITTED (its first statement), so
+/// that the open files and locks read after the row locks include those just committed.
 pub(crate) fn end_sessions(tx: &mut dyn Tx, sessions: &[u64]) -> Result<()> {
     if sessions.is_empty() {
         return Ok(());
+    }
+    if tx.dialect().is_postgres() {
+        tx.query(
+            "SELECT id FROM sessions WHERE id = ANY($1) ORDER BY id FOR UPDATE",
+            vals![sessions],
+        )?;
     }
     let mut inos = Vec::new();
     tx.query_each(
@@ -123,7 +151,8 @@ impl<D: Driver> Sessions for SqlMeta<D> {
     }
 
     fn heartbeat(&self, session: u64) -> Result<()> {
-        self.d.write(|tx| {
+        // Its own connection on PostgreSQL: never behind the I/O's transactions.
+        self.d.write_priority(|tx| {
             // The database's clock (see [`db_now`]), in the one statement on PostgreSQL.
             let n = if tx.dialect().is_postgres() {
                 tx.exec(
@@ -145,7 +174,16 @@ impl<D: Driver> Sessions for SqlMeta<D> {
     }
 
     fn unregister_session(&self, session: u64) -> Result<()> {
-        self.d.write(|tx| end_sessions(tx, &[session]))
+        self.d.write(|tx| {
+            if tx.dialect().is_postgres() {
+                tx.batch("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")?;
+            }
+            end_sessions(tx, &[session])
+        })
+    }
+
+    fn db_now(&self) -> Result<Nanos> {
+        self.d.read(db_now)
     }
 
     fn sessions(&self) -> Result<Vec<SessionInfo>> {
@@ -166,10 +204,21 @@ impl<D: Driver> Sessions for SqlMeta<D> {
 
     fn reap_sessions(&self, timeout_ns: i64) -> Result<usize> {
         self.d.write(|tx| {
+            // PostgreSQL: READ COMMITTED (see `end_sessions`); the dead rows are locked as they
+            // are found, and a heartbeat that lands meanwhile takes its session out of the
+            // list (the condition is checked again on the row's newest version).
+            let pg = tx.dialect().is_postgres();
+            if pg {
+                tx.batch("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")?;
+            }
             let limit = db_now(tx)? - timeout_ns;
             let mut dead = Vec::new();
             tx.query_each(
-                "SELECT id FROM sessions WHERE heartbeat < $1 ORDER BY id",
+                if pg {
+                    "SELECT id FROM sessions WHERE heartbeat < $1 ORDER BY id FOR UPDATE"
+                } else {
+                    "SELECT id FROM sessions WHERE heartbeat < $1 ORDER BY id"
+                },
                 vals![limit],
                 &mut |r| {
                     dead.push(r.u64(0)?);
@@ -183,6 +232,11 @@ impl<D: Driver> Sessions for SqlMeta<D> {
 
     fn open_file(&self, session: u64, ino: Ino) -> Result<()> {
         self.d.write(|tx| {
+            // The session's row before the inode's (the order `end_sessions` takes them in);
+            // SQLite: `record_open` checks the session in its insert.
+            if tx.dialect().is_postgres() {
+                hold_session(tx, session)?;
+            }
             lock1(tx, ino)?;
             record_open(tx, session, ino)?;
             // changelog: OPEN
@@ -196,6 +250,8 @@ impl<D: Driver> Sessions for SqlMeta<D> {
             return Ok(());
         }
         self.d.write(|tx| {
+            // An ended session's opens went with it: nothing to count down.
+            hold_session(tx, session)?;
             lock_rows(tx, inos)?;
             for ino in inos {
                 let ino = *ino;

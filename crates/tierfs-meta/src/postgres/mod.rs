@@ -35,7 +35,10 @@
 //! connects anew, so the engine recovers by itself when the database comes back. While it is
 //! away calls fail with [`MetaError::Unavailable`] (EIO) after the connect timeout. A pooled
 //! connection found dead when its transaction begins (the database restarted since its last
-//! use) is replaced at once, without an error, since nothing was sent on it.
+//! use) is replaced at once, without an error, since nothing was sent on it. The session's
+//! heartbeat has one connection of its own beside the pool ([`Driver::write_priority`],
+//! connected at first use and again after it broke): a pool exhausted by long transactions or
+//! busy with I/O does not delay it, so a busy client is not taken for dead.
 //!
 //! **Durability.** A commit returns once PostgreSQL has flushed its WAL (with the server's
 //! default `synchronous_commit = on`), so [`MetaEngine::sync`] has nothing left to do, and
@@ -245,6 +248,9 @@ pub fn redact(s: &str) -> String {
 pub struct PgEngine {
     url: PgUrl,
     pool: Pool,
+    /// One connection for [`Driver::write_priority`] (the heartbeat) alone: never behind the
+    /// pool's other users. Connected when first used, again after it broke.
+    priority: Pool,
     dialect: Dialect,
 }
 
@@ -271,6 +277,7 @@ impl PgEngine {
         let url = PgUrl::parse(url)?;
         let cfg = url.config()?;
         Ok(PgEngine {
+            priority: Pool::new(cfg.clone(), 1, Duration::from_secs(30)),
             pool: Pool::new(cfg, POOL_MAX, Duration::from_secs(30)),
             url,
             dialect: Dialect::new(DialectKind::Postgres),
@@ -358,13 +365,22 @@ impl PgEngine {
     /// such as trashing the objects of a file that went away, is kept).
     fn write_commit<T>(
         &self,
+        f: impl FnMut(&mut PgConn) -> Result<Result<T>>,
+    ) -> Result<Result<T>> {
+        self.write_commit_on(&self.pool, f)
+    }
+
+    /// [`PgEngine::write_commit`] on a connection of `pool`.
+    fn write_commit_on<T>(
+        &self,
+        pool: &Pool,
         mut f: impl FnMut(&mut PgConn) -> Result<Result<T>>,
     ) -> Result<Result<T>> {
         let mut attempt = 0u32;
         let mut stale = 0u32;
         let started = Instant::now();
         loop {
-            let (mut c, reused) = self.pool.get()?;
+            let (mut c, reused) = pool.get()?;
             let r = (|| {
                 if let Err(e) = c.batch("BEGIN ISOLATION LEVEL REPEATABLE READ") {
                     return Err(if reused && matches!(e, MetaError::Unavailable(_)) {
@@ -458,6 +474,7 @@ impl PgEngine {
     /// Closes the idle pooled connections (the next calls connect anew).
     pub fn reset_connections(&self) {
         self.pool.clear();
+        self.priority.clear();
     }
 }
 
@@ -557,6 +574,12 @@ impl Driver for PgEngine {
 
     fn read<T>(&self, mut f: impl FnMut(&mut dyn Tx) -> Result<T>) -> Result<T> {
         PgEngine::read(self, |c| f(&mut PgTx::new(c, &self.dialect)))
+    }
+
+    fn write_priority<T>(&self, mut f: impl FnMut(&mut dyn Tx) -> Result<T>) -> Result<T> {
+        self.write_commit_on(&self.priority, |c| {
+            f(&mut PgTx::new(c, &self.dialect)).map(Ok)
+        })?
     }
 
     fn exclusive<T>(&self, f: impl FnMut(&mut dyn Tx) -> Result<T>) -> Result<T> {

@@ -271,6 +271,50 @@ fn all_checks(server: &Server) {
     concurrent_creates_renames_and_commits(server);
     revoke_notifications(server);
     lost_connections_recover(server);
+    heartbeat_has_a_connection_of_its_own(server);
+}
+
+/// A pool taken whole by long transactions does not delay the heartbeat: it has a connection
+/// of its own, and answers while every pooled connection is still busy.
+fn heartbeat_has_a_connection_of_its_own(server: &Server) {
+    use crate::engine::Sessions;
+    use crate::sql::Driver;
+    use crate::vals;
+    let db = server.fresh_db();
+    let e = PgMeta::format(&db.url, &params()).unwrap();
+    let s = e
+        .register_session(&SessionInfo {
+            id: 0,
+            client_name: "busy".into(),
+            host: "h".into(),
+            pid: 1,
+            mountpoint: "/mnt".into(),
+            version: "0".into(),
+            started: 0,
+            heartbeat: 0,
+        })
+        .unwrap();
+    let finished = AtomicU32::new(0);
+    std::thread::scope(|sc| {
+        for _ in 0..POOL_MAX {
+            sc.spawn(|| {
+                Driver::write(e.driver(), |tx| tx.exec("SELECT pg_sleep(4)", vals![])).unwrap();
+                finished.fetch_add(1, Ordering::SeqCst);
+            });
+        }
+        // every pooled connection is in a transaction by now
+        std::thread::sleep(Duration::from_millis(1500));
+        e.heartbeat(s).unwrap();
+        assert_eq!(
+            finished.load(Ordering::SeqCst),
+            0,
+            "the heartbeat waited for the pool's long transactions"
+        );
+        // and a second one, on the same connection
+        e.heartbeat(s).unwrap();
+        assert_eq!(finished.load(Ordering::SeqCst), 0);
+    });
+    e.unregister_session(s).unwrap();
 }
 
 /// The SQL layer's PostgreSQL transaction sends each value as the type its parameter has and
@@ -368,14 +412,15 @@ fn a_v5_filesystem_upgrades_and_keeps_every_file(server: &Server) {
     assert!(e.lookup(ROOT_INO, b"dir").is_ok());
 }
 
-/// Drops the tables of schema versions past 5 (part of turning a database back into v4 or v1).
+/// Drops the tables and columns of schema versions past 5 (part of turning a database back
+/// into v4 or v1; a v1 database has no PCC tables, whose later columns then go with them).
 fn drop_tables_after_v5(admin: &mut postgres::Client) {
     for t in crate::core::schema::tables_added_after(5) {
         admin.batch_execute(&format!("DROP TABLE {t}")).unwrap();
     }
     for (t, c) in crate::core::schema::columns_added_after(5) {
         admin
-            .batch_execute(&format!("ALTER TABLE {t} DROP COLUMN {c}"))
+            .batch_execute(&format!("ALTER TABLE IF EXISTS {t} DROP COLUMN {c}"))
             .unwrap();
     }
 }

@@ -527,6 +527,13 @@ pub trait Driver: Send + Sync + 'static {
     fn write<T>(&self, mut f: impl FnMut(&mut dyn Tx) -> Result<T>) -> Result<T> {
         self.write_commit(|tx| f(tx).map(Ok))?
     }
+    /// Like [`Driver::write`], for the session's heartbeat: on a connection of its own that no
+    /// other work uses (PostgreSQL), so that a pool held by long transactions or a burst of
+    /// I/O never delays it past the session timeout. SQLite: [`Driver::write`] (embedded: no
+    /// pool to wait for; one writer at a time, each transaction short).
+    fn write_priority<T>(&self, f: impl FnMut(&mut dyn Tx) -> Result<T>) -> Result<T> {
+        self.write(f)
+    }
     /// Runs `f` in one transaction that excludes every other `exclusive` one of any client of
     /// the database (schema migrations and formatting): SQLite's write lock; PostgreSQL's
     /// advisory lock, taken before the transaction reads anything. Not retried.

@@ -1,0 +1,303 @@
+//! The state of one file in this client's persistent cache, as one explicit state machine
+//! ([`FileState`], moved by [`Event`]s), kept in a per-inode [`Slot`] whose lock
+//! ([`Slot::op`]) every transition holds: open, close, attach, write-back, snapshot,
+//! give-back, detach, eviction and validation of the file run one at a time.
+//!
+//! The phases ([`Phase`]):
+//!
+//! ```text
+//!  Uncached ──CopyStart──▶ CopyingRo ──CopyDone──▶ Ro ──Attached──▶ Rw{clean}
+//!     │  ▲                    │ CopyFailed          ▲                 │ Open{write} / Written
+//!     │  └────────────────────┘                     │ GivenBack{keep} ▼
+//!     └──────────────Attached─────────────────▶ Rw{clean|dirty} ◀──▶ WritingBack
+//!                                                   │ GiveBackStart (no writer)
+//!                                                   ▼
+//!                                               GivingBack ──GivenBack──▶ Ro / Uncached
+//! ```
+//!
+//! Open handles served from the cache are counted in every phase (a reader's handle may
+//! outlive a give-back); writers only in `Rw` (a give-back waits for them). The phase is
+//! derived from the cache's store when a slot is made ([`FileState::from_store`]), so the
+//! store stays the persistent truth and a slot can be forgotten once nothing refers to it.
+
+use std::fmt;
+use std::time::Instant;
+
+use parking_lot::{Mutex, ReentrantMutex};
+
+use tierfs_pcc::store::{Entry, Mode};
+
+/// Where a file stands in this client's cache.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Phase {
+    /// Not in the cache.
+    #[default]
+    Uncached,
+    /// A read-only copy is being made (reads meanwhile go to the capacity tier).
+    CopyingRo,
+    /// A read-only copy of one data version.
+    Ro,
+    /// This client holds the RW-PCC lease and serves the file; `dirty`: the cache may hold
+    /// data the capacity tier lacks (the engine's lease says so too, from the open for
+    /// writing on).
+    Rw { dirty: bool },
+    /// An RW file being written back (whole, or a snapshot while writers remain); the lease
+    /// stays.
+    WritingBack,
+    /// An RW file being given back: no writer is left and none may come.
+    GivingBack,
+}
+
+/// What happens to a file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// A read-only copy starts (a stale one is replaced).
+    CopyStart,
+    CopyDone,
+    CopyFailed,
+    /// The lease was taken and the data is in the cache.
+    Attached,
+    /// A handle served from the cache (a writer only of an RW file).
+    Open {
+        write: bool,
+    },
+    /// A handle served from the cache closes.
+    Close {
+        write: bool,
+    },
+    /// The file changed (a report of a write, a truncate, fallocate).
+    Written,
+    WriteBackStart,
+    /// `clean`: no writer wrote meanwhile (a snapshot with writers left stays dirty).
+    WriteBackDone {
+        clean: bool,
+    },
+    WriteBackFailed,
+    GiveBackStart,
+    /// `keep`: a read-only copy stays.
+    GivenBack {
+        keep: bool,
+    },
+    GiveBackFailed,
+    /// The file left the cache (evicted, stale, deleted, quarantined, lease lost).
+    Dropped,
+}
+
+/// A transition the state machine does not allow (a bug, or a caller that should wait).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Illegal {
+    pub from: Phase,
+    pub event: Event,
+}
+
+impl fmt::Display for Illegal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "cache state {:?} does not allow {:?}",
+            self.from, self.event
+        )
+    }
+}
+
+/// The state of one file on this client.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FileState {
+    pub phase: Phase,
+    /// Handles served from the cache.
+    pub opens: u32,
+    /// Of those, writers (they write through passthrough, past the daemon).
+    pub writers: u32,
+    /// When the file's size was last reported to the engine.
+    pub last_report: Option<Instant>,
+    /// The read-only copy was verified (or made) since this daemon started.
+    pub verified: bool,
+}
+
+impl FileState {
+    /// The state of a file as the cache's store has it (no handle open yet).
+    pub fn from_store(e: Option<&Entry>) -> FileState {
+        let phase = match e {
+            None => Phase::Uncached,
+            Some(e) if e.mode == Mode::Ro => Phase::Ro,
+            Some(e) => Phase::Rw { dirty: e.dirty },
+        };
+        FileState {
+            phase,
+            ..FileState::default()
+        }
+    }
+
+    /// Applies `event`, or leaves the state as it is and says why not.
+    pub fn apply(&mut self, event: Event) -> Result<(), Illegal> {
+        use Event as E;
+        use Phase as P;
+        let illegal = Illegal {
+            from: self.phase,
+            event,
+        };
+        let next = match (self.phase, event) {
+            (P::Uncached | P::Ro, E::CopyStart) => P::CopyingRo,
+            (P::CopyingRo, E::CopyDone) => {
+                self.verified = true;
+                P::Ro
+            }
+            (P::CopyingRo, E::CopyFailed) => P::Uncached,
+            (P::Uncached | P::Ro, E::Attached) => P::Rw { dirty: false },
+            (P::Rw { dirty }, E::Attached) => P::Rw { dirty },
+            (P::Ro, E::Open { write: false }) => P::Ro,
+            (P::Rw { dirty }, E::Open { write }) => P::Rw {
+                dirty: dirty || write,
+            },
+            (_, E::Close { write }) => {
+                if self.opens == 0 || (write && self.writers == 0) {
+                    return Err(illegal);
+                }
+                self.opens -= 1;
+                if write {
+                    self.writers -= 1;
+                }
+                return Ok(());
+            }
+            (P::Rw { .. }, E::Written) => P::Rw { dirty: true },
+            (P::Rw { .. }, E::WriteBackStart) => P::WritingBack,
+            (P::WritingBack, E::WriteBackDone { clean }) => P::Rw {
+                dirty: !clean || self.writers > 0,
+            },
+            (P::WritingBack, E::WriteBackFailed) => P::Rw { dirty: true },
+            (P::Rw { .. }, E::GiveBackStart) if self.writers == 0 => P::GivingBack,
+            (P::GivingBack, E::GivenBack { keep }) => {
+                if keep {
+                    self.verified = true;
+                    P::Ro
+                } else {
+                    P::Uncached
+                }
+            }
+            (P::GivingBack, E::GiveBackFailed) => P::Rw { dirty: true },
+            (P::Uncached | P::Ro | P::Rw { .. } | P::CopyingRo, E::Dropped) => {
+                self.verified = false;
+                P::Uncached
+            }
+            _ => return Err(illegal),
+        };
+        if let E::Open { write } = event {
+            self.opens += 1;
+            if write {
+                self.writers += 1;
+            }
+        }
+        self.phase = next;
+        Ok(())
+    }
+}
+
+/// One file's slot: the lock every transition of the file holds, and its state.
+#[derive(Default)]
+pub struct Slot {
+    /// Held across each transition, including its metadata transactions and copies;
+    /// re-entrant (a give-back writes back, an eviction gives back).
+    pub op: ReentrantMutex<()>,
+    /// The state; changed only with `op` held, read without it (counters, `tierfs pcc state`).
+    pub st: Mutex<FileState>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use Event as E;
+    use Phase as P;
+
+    fn at(phase: Phase) -> FileState {
+        FileState {
+            phase,
+            ..FileState::default()
+        }
+    }
+
+    #[test]
+    fn ro_copy_lifecycle() {
+        let mut s = at(P::Uncached);
+        s.apply(E::CopyStart).unwrap();
+        assert_eq!(s.phase, P::CopyingRo);
+        // no handle is served from a copy being made
+        assert!(s.apply(E::Open { write: false }).is_err());
+        s.apply(E::CopyDone).unwrap();
+        assert_eq!(s.phase, P::Ro);
+        assert!(s.verified);
+        s.apply(E::Open { write: false }).unwrap();
+        // a read-only copy never serves a writer
+        assert_eq!(
+            s.apply(E::Open { write: true }),
+            Err(Illegal {
+                from: P::Ro,
+                event: E::Open { write: true }
+            })
+        );
+        assert_eq!((s.opens, s.writers), (1, 0));
+        s.apply(E::Close { write: false }).unwrap();
+        s.apply(E::Dropped).unwrap();
+        assert_eq!(s, at(P::Uncached));
+        let mut f = at(P::Uncached);
+        f.apply(E::CopyStart).unwrap();
+        f.apply(E::CopyFailed).unwrap();
+        assert_eq!(f.phase, P::Uncached);
+    }
+
+    #[test]
+    fn a_writer_makes_the_file_dirty_and_blocks_a_give_back() {
+        let mut s = at(P::Ro);
+        s.apply(E::Attached).unwrap();
+        assert_eq!(s.phase, P::Rw { dirty: false });
+        s.apply(E::Open { write: false }).unwrap();
+        assert_eq!(s.phase, P::Rw { dirty: false });
+        s.apply(E::Open { write: true }).unwrap();
+        assert_eq!(s.phase, P::Rw { dirty: true });
+        // a give-back waits for the writer
+        assert!(s.apply(E::GiveBackStart).is_err());
+        assert_eq!(s.phase, P::Rw { dirty: true });
+        // a snapshot while the writer stays: still dirty afterwards
+        s.apply(E::WriteBackStart).unwrap();
+        assert!(
+            s.apply(E::Open { write: true }).is_err(),
+            "no open mid-write-back"
+        );
+        s.apply(E::WriteBackDone { clean: true }).unwrap();
+        assert_eq!(s.phase, P::Rw { dirty: true });
+        s.apply(E::Close { write: true }).unwrap();
+        s.apply(E::WriteBackStart).unwrap();
+        s.apply(E::WriteBackDone { clean: true }).unwrap();
+        assert_eq!(s.phase, P::Rw { dirty: false });
+        // the reader's handle does not hold a give-back up, and outlives it
+        s.apply(E::GiveBackStart).unwrap();
+        assert!(s.apply(E::Written).is_err());
+        s.apply(E::GivenBack { keep: true }).unwrap();
+        assert_eq!((s.phase, s.opens), (P::Ro, 1));
+        s.apply(E::Close { write: false }).unwrap();
+        assert_eq!((s.opens, s.writers), (0, 0));
+    }
+
+    #[test]
+    fn failures_leave_the_file_dirty_and_counts_never_underflow() {
+        let mut s = at(P::Rw { dirty: false });
+        s.apply(E::WriteBackStart).unwrap();
+        s.apply(E::WriteBackFailed).unwrap();
+        assert_eq!(s.phase, P::Rw { dirty: true });
+        s.apply(E::GiveBackStart).unwrap();
+        s.apply(E::GiveBackFailed).unwrap();
+        assert_eq!(s.phase, P::Rw { dirty: true });
+        assert!(s.apply(E::Close { write: false }).is_err());
+        s.apply(E::Open { write: false }).unwrap();
+        assert!(s.apply(E::Close { write: true }).is_err());
+        assert_eq!((s.opens, s.writers), (1, 0));
+        // a file being given back is not dropped under it
+        let mut g = at(P::GivingBack);
+        assert!(g.apply(E::Dropped).is_err());
+        assert!(g.apply(E::Attached).is_err());
+    }
+
+    #[test]
+    fn from_store_follows_the_entry() {
+        assert_eq!(FileState::from_store(None).phase, P::Uncached);
+    }
+}
