@@ -639,3 +639,45 @@ fn passwords_on_the_command_line_are_refused() {
     out.assert_clean_error();
     assert!(!out.stderr.contains("PGPASSWORD or"), "{}", out.describe());
 }
+
+/// The daemon's log file is opened without following a symbolic link planted at its path (in
+/// /tmp, anyone can plant one) and is refused when another user owns it: `tierfs mount` fails
+/// with one line and mounts nothing, and the link's target is untouched.
+#[test]
+fn planted_log_symlink_or_another_users_log_is_refused() {
+    let t = formatted();
+    let mnt = t.root().join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    let victim = t.root().join("victim");
+    fs::write(&victim, b"precious\n").unwrap();
+    let link = t.root().join("planted.log");
+    std::os::unix::fs::symlink(&victim, &link).unwrap();
+    let out = t.tierfs(&[
+        "mount",
+        "--meta",
+        &t.meta_url(),
+        &s(&mnt),
+        "--log-file",
+        &s(&link),
+    ]);
+    out.assert_clean_error();
+    assert!(out.stderr.contains("symbolic link"), "{}", out.describe());
+    assert_not_mounted(&mnt);
+    assert_eq!(fs::read(&victim).unwrap(), b"precious\n");
+    // a log another user made (root could be made to append to a file that user reads)
+    let theirs = t.root().join("theirs.log");
+    fs::write(&theirs, b"").unwrap();
+    std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+    let out = t.tierfs(&[
+        "mount",
+        "--meta",
+        &t.meta_url(),
+        &s(&mnt),
+        "--log-file",
+        &s(&theirs),
+    ]);
+    out.assert_clean_error();
+    assert!(out.stderr.contains("another user"), "{}", out.describe());
+    assert_not_mounted(&mnt);
+    assert_eq!(fs::metadata(&theirs).unwrap().len(), 0);
+}
