@@ -113,6 +113,9 @@ pub struct Recaller {
     /// the version an open reads is still this one, nobody took a lease since: the open needs
     /// no lease query.
     unleased: Mutex<HashMap<Ino, u64>>,
+    /// When each file's EHOSTDOWN was last logged (once a minute per file: a program that
+    /// retries must not flood the log).
+    down_logged: Mutex<HashMap<Ino, Instant>>,
 }
 
 impl Recaller {
@@ -133,6 +136,7 @@ impl Recaller {
             recall_timeout,
             down_after: (heartbeat * DOWN_AFTER_HEARTBEATS).min(session_timeout),
             unleased: Mutex::new(HashMap::new()),
+            down_logged: Mutex::new(HashMap::new()),
         }
     }
 
@@ -297,14 +301,16 @@ impl Recaller {
                 checked = Some((l.client.clone(), Instant::now()));
                 if st.is_down() {
                     if l.dirty {
-                        tracing::warn!(
-                            ino = l.ino,
-                            owner = %l.client,
-                            "the RW-PCC owner of this file is {} and holds data not yet written \
-                             back: EHOSTDOWN until it comes back (or an admin runs `tierfs pcc \
-                             detach --force-stale`)",
-                            st.describe()
-                        );
+                        if self.log_down(l.ino) {
+                            tracing::warn!(
+                                ino = l.ino,
+                                owner = %l.client,
+                                "the RW-PCC owner of this file is {} and holds data not yet \
+                                 written back: EHOSTDOWN until it comes back (or an admin runs \
+                                 `tierfs pcc detach --force-stale`)",
+                                st.describe()
+                            );
+                        }
                         return Err(owner_down());
                     }
                     tracing::info!(
@@ -337,8 +343,135 @@ impl Recaller {
         }
     }
 
+    /// Whether a down owner's EHOSTDOWN for `ino` is to be logged now (once a minute per file).
+    fn log_down(&self, ino: Ino) -> bool {
+        let mut g = self.down_logged.lock();
+        if g.len() >= 10_000 {
+            g.retain(|_, t| t.elapsed() < Duration::from_secs(60));
+        }
+        match g.get(&ino) {
+            Some(t) if t.elapsed() < Duration::from_secs(60) => false,
+            _ => {
+                g.insert(ino, Instant::now());
+                true
+            }
+        }
+    }
+
     /// The kernel forgot the inode: so may we.
     pub fn forget(&self, ino: Ino) {
         self.unleased.lock().remove(&ino);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tierfs_meta::sqlite::SqliteMeta;
+    use tierfs_meta::{FormatParams, HOST_ID_SEP};
+
+    fn engine(dir: &std::path::Path) -> Arc<dyn MetaEngine> {
+        let p = FormatParams {
+            name: "t".into(),
+            targets: vec![("file:///tmp/tierfs-lease-test-ost".into(), 0)],
+            stripe_count: 1,
+            stripe_size: 1 << 20,
+            inline_threshold: 0,
+            force: false,
+        };
+        Arc::new(SqliteMeta::format(&dir.join("meta.db"), &p).unwrap())
+    }
+
+    fn session(name: &str, host: String, pid: u32) -> SessionInfo {
+        SessionInfo {
+            id: 0,
+            client_name: name.into(),
+            host,
+            pid,
+            mountpoint: "/m".into(),
+            version: "0".into(),
+            started: 0,
+            heartbeat: 0,
+        }
+    }
+
+    fn recaller(meta: &Arc<dyn MetaEngine>, heartbeat: Duration) -> Recaller {
+        Recaller::new(
+            Arc::clone(meta),
+            Arc::new(Metrics::new()),
+            "me".into(),
+            false,
+            Duration::from_secs(60),
+            heartbeat,
+            Duration::from_secs(30),
+        )
+    }
+
+    #[test]
+    fn owner_state_by_session_pid_and_heartbeat_age() {
+        let dir = tempfile::tempdir().unwrap();
+        let meta = engine(dir.path());
+        let r = recaller(&meta, Duration::from_secs(1));
+        // no session at all
+        assert_eq!(r.owner_state("nobody").unwrap(), OwnerState::NoSession);
+        assert!(OwnerState::NoSession.is_down());
+        // this very process: alive while it heartbeats, silent, then down by its age alone
+        // (silent past 1.5 periods of 1 s, down at 3)
+        let me = crate::liveness::host_field("h");
+        let id = meta
+            .register_session(&session("alive", me, std::process::id()))
+            .unwrap();
+        assert_eq!(r.owner_state("alive").unwrap(), OwnerState::Alive);
+        std::thread::sleep(Duration::from_millis(2000));
+        let st = r.owner_state("alive").unwrap();
+        assert!(matches!(st, OwnerState::Silent(_)), "{st:?}");
+        assert!(!st.is_down());
+        assert!(
+            st.describe().starts_with("silent for "),
+            "{}",
+            st.describe()
+        );
+        std::thread::sleep(Duration::from_millis(1200));
+        let st = r.owner_state("alive").unwrap();
+        assert!(st.is_down(), "{st:?}");
+        assert!(
+            st.describe().starts_with("down (no heartbeat for"),
+            "{}",
+            st.describe()
+        );
+        meta.heartbeat(id).unwrap();
+        assert_eq!(r.owner_state("alive").unwrap(), OwnerState::Alive);
+        // a daemon of this machine that is gone: down at once, and its session ends
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        let mine = crate::liveness::this_process();
+        let (boot_ns, _) = mine.rsplit_once(':').unwrap();
+        child.wait().unwrap();
+        let host = format!("h{HOST_ID_SEP}{boot_ns}:1");
+        meta.register_session(&session("gone", host, pid)).unwrap();
+        let st = r.owner_state("gone").unwrap();
+        assert!(
+            matches!(&st, OwnerState::Down(why) if why.contains("pid")),
+            "{st:?}"
+        );
+        assert!(
+            !meta
+                .sessions()
+                .unwrap()
+                .iter()
+                .any(|s| s.client_name == "gone"),
+            "the gone daemon's session was not ended"
+        );
+        assert_eq!(r.owner_state("gone").unwrap(), OwnerState::NoSession);
+    }
+
+    #[test]
+    fn a_down_owners_ehostdown_is_logged_once_a_minute_per_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let meta = engine(dir.path());
+        let r = recaller(&meta, Duration::from_secs(2));
+        assert!(r.log_down(7));
+        assert!(!r.log_down(7));
+        assert!(r.log_down(8));
     }
 }
