@@ -973,7 +973,8 @@ impl FsInner {
         self.pcc_state(pcc, ino)
     }
 
-    /// `tierfs pcc state`: this client's cache state of the file, the lease, and the lease owner's state by the database's view of its session.
+    /// `tierfs pcc state`: this client's cache state of the file, the lease, and the state of
+    /// the lease's owner by the database's view of its session ([`Recaller::owner_state`]).
     fn pcc_state(&self, pcc: &Pcc, ino: Ino) -> Result<Vec<u8>> {
         let mut v: serde_json::Value = serde_json::from_str(&pcc.state(ino)?)
             .map_err(|e| ClientError::Failed(e.to_string(), libc::EIO))?;
