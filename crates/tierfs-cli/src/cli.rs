@@ -98,7 +98,7 @@ pub struct UpArgs {
 #[derive(Debug, Args)]
 pub struct FormatArgs {
     /// Metadata database URL, e.g. sqlite:///srv/tfs/meta.db or postgres://tierfs@db1/tierfs
-    /// (the password from PGPASSWORD).
+    /// (the password from PGPASSWORD or ~/.pgpass; one in the URL is refused).
     #[arg(long)]
     pub meta: String,
     /// Storage target URL (repeat for several), e.g. file:///srv/ost0,
@@ -136,7 +136,9 @@ pub struct FormatArgs {
 
 #[derive(Debug, Args)]
 pub struct MountArgs {
-    /// Metadata database URL, e.g. sqlite:///srv/tfs/meta.db
+    /// Metadata database URL, e.g. sqlite:///srv/tfs/meta.db or postgres://tierfs@db1/tierfs
+    /// (a password in the URL is refused: use PGPASSWORD or ~/.pgpass, which the daemon
+    /// inherits or reads).
     #[arg(long)]
     pub meta: String,
     /// Where to mount.
@@ -157,7 +159,9 @@ pub struct MountArgs {
     /// Serve Prometheus metrics on this address, e.g. 127.0.0.1:9567.
     #[arg(long)]
     pub metrics: Option<String>,
-    /// Where the background daemon logs (default: /tmp/tierfs-<client>.log).
+    /// Where the background daemon logs (default: /tmp/tierfs-<client>.log). Created mode
+    /// 0600; a symbolic link at that path is not followed and a file of another user is
+    /// refused.
     #[arg(long)]
     pub log_file: Option<PathBuf>,
     /// Persistent client cache directory on a local disk (enables PCC on this client).

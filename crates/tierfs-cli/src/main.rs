@@ -61,6 +61,18 @@ fn run(cli: Cli) -> Result<(), CliError> {
     }
 }
 
+/// The first argument (a `--meta` URL, `--meta=URL`, or a mount source) that is a database URL
+/// with a password, redacted.
+fn password_on_command_line(args: &[std::ffi::OsString]) -> Option<String> {
+    args.iter().skip(1).find_map(|a| {
+        let a = a.to_str()?;
+        let v = a.strip_prefix("--meta=").unwrap_or(a);
+        let database = v.starts_with("postgres://") || v.starts_with("postgresql://");
+        (database && tierfs_meta::postgres::has_password(v))
+            .then(|| tierfs_meta::postgres::redact(v))
+    })
+}
+
 fn main() {
     // As mount.fuse.tierfs, or `tierfs SOURCE DIR -o ...` from fuse3's mount.fuse: the
     // mount helper.
@@ -68,6 +80,16 @@ fn main() {
     // mount(8) passes a helper's exit status on: 1 for bad usage, 32 for a failed mount.
     let helper = args.get(1).is_some_and(|a| a == "mount-helper");
     let usage_code = if helper { 1 } else { 2 };
+    // A database password on the command line is readable by every user of the machine (ps,
+    // /proc/PID/cmdline), and `tierfs mount` would hand it on to the daemon's command line.
+    if let Some(bad) = password_on_command_line(&args) {
+        eprintln!(
+            "tierfs: {bad}: a database password on the command line is visible to every user \
+             (ps, /proc); remove it from the URL and use PGPASSWORD or ~/.pgpass (or the mount \
+             helper's env_file=)"
+        );
+        std::process::exit(usage_code);
+    }
     let cli = match Cli::try_parse_from(args) {
         Ok(c) => c,
         Err(e) => {
@@ -121,5 +143,55 @@ fn main() {
             _ => 1,
         };
         std::process::exit(code);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::password_on_command_line;
+
+    fn args(v: &[&str]) -> Vec<std::ffi::OsString> {
+        v.iter().map(|s| s.into()).collect()
+    }
+
+    #[test]
+    fn database_passwords_on_the_command_line_are_found_and_redacted() {
+        let found = password_on_command_line(&args(&[
+            "tierfs",
+            "mount",
+            "--meta",
+            "postgres://u:pw1@h/db",
+            "/mnt",
+        ]))
+        .unwrap();
+        assert!(!found.contains("pw1"), "{found}");
+        assert!(
+            password_on_command_line(&args(&["tierfs", "df", "--meta=postgresql://u:x@h/db"]))
+                .is_some()
+        );
+        assert!(password_on_command_line(&args(&[
+            "tierfs",
+            "status",
+            "--meta",
+            "postgres://u@h/db?password=x"
+        ]))
+        .is_some());
+        // the mount helper's source
+        assert!(
+            password_on_command_line(&args(&["tierfs", "postgres://u:x@h/db", "/mnt"])).is_some()
+        );
+        // no password, or not a database URL: nothing to refuse here
+        assert!(
+            password_on_command_line(&args(&["tierfs", "df", "--meta", "postgres://u@h/db"]))
+                .is_none()
+        );
+        assert!(
+            password_on_command_line(&args(&["tierfs", "df", "--meta", "sqlite:///x.db"]))
+                .is_none()
+        );
+        assert!(
+            password_on_command_line(&args(&["tierfs", "format", "--target", "file:///x"]))
+                .is_none()
+        );
     }
 }

@@ -54,6 +54,51 @@ pub(crate) fn load_config(a: &MountArgs) -> Result<ClientConfig> {
     Ok(cfg)
 }
 
+/// Opens (creating, mode 0600) the daemon's log file for appending, safely in a directory other
+/// users can write to such as /tmp: a symbolic link planted at the path is not followed
+/// (O_NOFOLLOW), the descriptor does not leak into other programs (O_CLOEXEC), and a file that
+/// is not a regular file or belongs to another user is refused, so root's daemon cannot be
+/// made to write elsewhere or into a file another user controls.
+pub fn open_log(path: &Path) -> Result<std::fs::File> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| {
+            if e.raw_os_error() == Some(libc::ELOOP) {
+                CliError::Other(format!(
+                    "{}: the log file is a symbolic link; refusing to follow it (use --log-file)",
+                    path.display()
+                ))
+            } else {
+                CliError::Io(path.display().to_string(), e)
+            }
+        })?;
+    let md = f
+        .metadata()
+        .map_err(|e| CliError::Io(path.display().to_string(), e))?;
+    if !md.file_type().is_file() {
+        return Err(CliError::Other(format!(
+            "{}: the log file is not a regular file",
+            path.display()
+        )));
+    }
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if md.uid() != me {
+        return Err(CliError::Other(format!(
+            "{}: the log file belongs to another user (uid {}); refusing to write to it (use \
+             --log-file)",
+            path.display(),
+            md.uid()
+        )));
+    }
+    Ok(f)
+}
+
 pub fn mount(a: MountArgs, log_level: &str) -> Result<()> {
     let cfg = load_config(&a)?;
     MetaUrl::parse(&a.meta)?;
@@ -101,11 +146,7 @@ pub fn mount(a: MountArgs, log_level: &str) -> Result<()> {
         .log_file
         .clone()
         .unwrap_or_else(|| PathBuf::from(format!("/tmp/tierfs-{client}.log")));
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&log_file)
-        .map_err(|e| CliError::Io(log_file.display().to_string(), e))?;
+    let log = open_log(&log_file)?;
     let exe = std::env::current_exe().map_err(|e| CliError::Io("tierfs binary".into(), e))?;
     let mut cmd = Command::new(exe);
     cmd.arg("--log-level")
@@ -285,4 +326,65 @@ pub fn up(a: UpArgs, log_level: &str) -> Result<()> {
     println!("  tierfs mount --meta {meta} /mnt/b --client-name b   # a second client");
     println!("  tierfs umount {m}");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::open_log;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+    #[test]
+    fn log_file_is_private_and_never_a_planted_link_or_another_users_file() {
+        let dir = tempfile::tempdir().unwrap();
+        // a new log: a regular file of this user, mode 0600
+        let new = dir.path().join("new.log");
+        drop(open_log(&new).unwrap());
+        let md = std::fs::metadata(&new).unwrap();
+        assert_eq!(md.permissions().mode() & 0o777, 0o600);
+        // SAFETY: geteuid has no preconditions.
+        assert_eq!(md.uid(), unsafe { libc::geteuid() });
+        // an existing log of this user is appended to
+        std::fs::write(&new, b"before\n").unwrap();
+        {
+            use std::io::Write;
+            let mut f = open_log(&new).unwrap();
+            f.write_all(b"after\n").unwrap();
+        }
+        assert_eq!(std::fs::read(&new).unwrap(), b"before\nafter\n");
+        // a symbolic link planted at the path: refused, its target untouched
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, b"precious").unwrap();
+        let link = dir.path().join("planted.log");
+        std::os::unix::fs::symlink(&victim, &link).unwrap();
+        let e = open_log(&link).unwrap_err().to_string();
+        assert!(e.contains("symbolic link"), "{e}");
+        assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+        // a dangling link is not followed to create its target either
+        let dangling = dir.path().join("dangling.log");
+        let nowhere = dir.path().join("created-through-link");
+        std::os::unix::fs::symlink(&nowhere, &dangling).unwrap();
+        assert!(open_log(&dangling).is_err());
+        assert!(!nowhere.exists(), "the link's target was created");
+        // the descriptor is close-on-exec
+        {
+            use std::os::fd::AsRawFd;
+            let f = open_log(&new).unwrap();
+            // SAFETY: F_GETFD on an open descriptor.
+            let fl = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_GETFD) };
+            assert!(fl & libc::FD_CLOEXEC != 0, "O_CLOEXEC missing");
+        }
+        // not a regular file
+        let sub = dir.path().join("dir.log");
+        std::fs::create_dir(&sub).unwrap();
+        assert!(open_log(&sub).is_err());
+        // a file of another user (root can chown): refused
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            let theirs = dir.path().join("theirs.log");
+            std::fs::write(&theirs, b"").unwrap();
+            std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+            let e = open_log(&theirs).unwrap_err().to_string();
+            assert!(e.contains("another user"), "{e}");
+        }
+    }
 }

@@ -30,12 +30,22 @@ pub enum PccCmd {
     /// Detach files: RW-PCC files are written back to the capacity tier first.
     Detach {
         /// Keep a read-only copy in the cache.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "force_stale")]
         keep: bool,
+        /// Root only, from any client: drop the RW-PCC lease of an owner that is DOWN (its
+        /// daemon gone, or silent past a few heartbeats: see `tierfs pcc state`) even though
+        /// it holds writes not yet written back. Those writes are LOST: the file reads as the
+        /// capacity tier has it (its size stays as the owner last reported it). Logged by the
+        /// mount; refused while the owner is alive. The owner, when it comes back, quarantines
+        /// its cached copy instead of writing it back.
+        #[arg(long)]
+        force_stale: bool,
         #[arg(required = true)]
         paths: Vec<PathBuf>,
     },
-    /// Cache state of files: type (readwrite, readonly, none), cache file, opens, flags, lease.
+    /// Cache state of files: type (readwrite, readonly, none), cache file, opens, flags, the
+    /// RW-PCC lease and the state of its owner by the database's view of its session (alive,
+    /// silent for N s, down (why), no session).
     State {
         #[arg(required = true)]
         paths: Vec<PathBuf>,
@@ -121,10 +131,16 @@ fn errno_text(path: &Path, e: std::io::Error) -> CliError {
             "this mount has no persistent cache (mount with --cache-dir)".to_string()
         }
         Some(libc::EBUSY) => {
-            "another client holds the file's RW-PCC lease, or has the file open".to_string()
+            "another client holds the file's RW-PCC lease (and is alive), or has the file open"
+                .to_string()
         }
         Some(libc::ENOSPC) => "the cache is full".to_string(),
-        Some(libc::EACCES) | Some(libc::EPERM) => "permission denied".to_string(),
+        Some(libc::EACCES) => "permission denied".to_string(),
+        Some(libc::EPERM) => {
+            "not permitted: attach, detach, pin and unpin by hand are for the users the mount's \
+             pcc_attach setting admits (root only by default), --force-stale for root"
+                .to_string()
+        }
         Some(libc::EHOSTDOWN) => {
             "the file's RW-PCC owner is down with data not yet written back".to_string()
         }
@@ -216,8 +232,12 @@ fn print_state(path: &Path, v: &serde_json::Value) {
         ),
         None => String::new(),
     };
+    let owner = match v.get("owner_state").and_then(|x| x.as_str()) {
+        Some(st) => format!(", owner: {st}"),
+        None => String::new(),
+    };
     println!(
-        "file: {}, type: {}, cache_file: {}, open_count: {}, flags: {}{}",
+        "file: {}, type: {}, cache_file: {}, open_count: {}, flags: {}{}{}",
         path.display(),
         s("type"),
         v.get("cache_file").and_then(|x| x.as_str()).unwrap_or("-"),
@@ -227,7 +247,8 @@ fn print_state(path: &Path, v: &serde_json::Value) {
         } else {
             flags.join(",")
         },
-        lease
+        lease,
+        owner
     );
 }
 
@@ -267,8 +288,19 @@ pub fn run(cmd: PccCmd) -> Result<()> {
                 get(p, "attach.ro").map(|_| ())
             }
         }),
-        PccCmd::Detach { keep, paths } => each(&paths, &|p| {
-            get(p, if keep { "detach.keep" } else { "detach" }).map(|_| ())
+        PccCmd::Detach {
+            keep,
+            force_stale,
+            paths,
+        } => each(&paths, &|p| {
+            let cmd = if force_stale {
+                "detach.force-stale"
+            } else if keep {
+                "detach.keep"
+            } else {
+                "detach"
+            };
+            get(p, cmd).map(|_| ())
         }),
         PccCmd::State { paths } => each(&paths, &|p| get(p, "state").map(|v| print_state(p, &v))),
         PccCmd::Pin { paths } => each(&paths, &|p| get(p, "pin").map(|_| ())),

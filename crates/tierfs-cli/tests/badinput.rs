@@ -583,3 +583,101 @@ fn mount_refuses_a_target_of_another_filesystem() {
     mount().assert_ok();
     assert!(is_fuse_mounted(&mnt));
 }
+
+/// A database password in a URL on the command line (readable by every user in /proc, and
+/// handed on to the mount daemon's own command line) is refused by every command that takes
+/// `--meta`, and by the mount helper's source, with one line saying to use PGPASSWORD or
+/// ~/.pgpass; the password itself is not echoed. Nothing is tried against the database (the
+/// port here would only refuse), and nothing is mounted.
+#[test]
+fn passwords_on_the_command_line_are_refused() {
+    let t = bare();
+    let mnt = t.root().join("mnt");
+    fs::create_dir_all(&mnt).unwrap();
+    let m = s(&mnt);
+    let url = "postgres://tierfs:s3cretpw@127.0.0.1:1/tierfs";
+    let query = "postgresql://tierfs@127.0.0.1:1/tierfs?password=s3cretpw";
+    let cmds: Vec<Vec<String>> = vec![
+        vec!["mount".into(), "--meta".into(), url.into(), m.clone()],
+        vec!["mount".into(), format!("--meta={url}"), m.clone()],
+        vec!["mount".into(), "--meta".into(), query.into(), m.clone()],
+        vec![
+            "format".into(),
+            "--meta".into(),
+            url.into(),
+            "--target".into(),
+            file_url(&t.root().join("ost0")),
+        ],
+        vec!["df".into(), "--meta".into(), url.into()],
+        vec!["status".into(), "--meta".into(), url.into()],
+        vec![
+            "pcc".into(),
+            "rule".into(),
+            "list".into(),
+            "--meta".into(),
+            url.into(),
+        ],
+        vec!["mount-helper".into(), url.into(), m.clone()],
+    ];
+    for c in &cmds {
+        let out = t.tierfs(c);
+        out.assert_clean_error();
+        let line = out.stderr.trim();
+        assert!(
+            line.contains("PGPASSWORD") && line.contains(".pgpass"),
+            "{c:?}: {}",
+            out.describe()
+        );
+        assert!(
+            !line.contains("s3cretpw"),
+            "{c:?} echoed the password: {line}"
+        );
+        assert_not_mounted(&mnt);
+    }
+    // without a password the same URL is tried (and fails to connect, not for the password)
+    let out = t.tierfs(&["df", "--meta", "postgres://tierfs@127.0.0.1:1/tierfs"]);
+    out.assert_clean_error();
+    assert!(!out.stderr.contains("PGPASSWORD or"), "{}", out.describe());
+}
+
+/// The daemon's log file is opened without following a symbolic link planted at its path (in
+/// /tmp, anyone can plant one) and is refused when another user owns it: `tierfs mount` fails
+/// with one line and mounts nothing, and the link's target is untouched.
+#[test]
+fn planted_log_symlink_or_another_users_log_is_refused() {
+    let t = formatted();
+    let mnt = t.root().join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    let victim = t.root().join("victim");
+    fs::write(&victim, b"precious\n").unwrap();
+    let link = t.root().join("planted.log");
+    std::os::unix::fs::symlink(&victim, &link).unwrap();
+    let out = t.tierfs(&[
+        "mount",
+        "--meta",
+        &t.meta_url(),
+        &s(&mnt),
+        "--log-file",
+        &s(&link),
+    ]);
+    out.assert_clean_error();
+    assert!(out.stderr.contains("symbolic link"), "{}", out.describe());
+    assert_not_mounted(&mnt);
+    assert_eq!(fs::read(&victim).unwrap(), b"precious\n");
+    // a log another user made (root could be made to append to a file that user reads)
+    let theirs = t.root().join("theirs.log");
+    fs::write(&theirs, b"").unwrap();
+    std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+    let out = t.tierfs(&[
+        "mount",
+        "--meta",
+        &t.meta_url(),
+        &s(&mnt),
+        "--log-file",
+        &s(&theirs),
+    ]);
+    out.assert_clean_error();
+    assert!(out.stderr.contains("another user"), "{}", out.describe());
+    assert_not_mounted(&mnt);
+    assert_eq!(fs::metadata(&theirs).unwrap().len(), 0);
+}

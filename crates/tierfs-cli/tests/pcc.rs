@@ -1456,7 +1456,9 @@ fn cache_directory_and_files_are_private() {
 #[test]
 fn attach_needs_read_or_write_permission() {
     let _g = serial();
-    let (t, _) = pcc_fs(&[("a", &[])], 120);
+    // Users may attach by hand only where the mount lets them (pcc_attach; root only by
+    // default: see `attach_admission_is_root_only_by_default_and_never_evicts`).
+    let (t, _) = pcc_fs(&[("a", &[("pcc_attach", "\"access\"")])], 120);
     let secret = t.p(0, "secret");
     let public = t.p(0, "public");
     let mine = t.p(0, "mine");
@@ -1496,6 +1498,425 @@ fn attach_needs_read_or_write_permission() {
         state(&t, &secret).typ,
         "readonly",
         "detached by a user without access"
+    );
+}
+
+/// `pcc_attach` (Lustre's pcc_mode): by default only root attaches, detaches and pins by hand;
+/// "owner" lets a file's owner do it too; whatever the mode, the kernel's access check stays
+/// (see `attach_needs_read_or_write_permission`), and a user's attach never evicts other files:
+/// it must fit in the free room below the high watermark.
+#[test]
+fn attach_admission_is_root_only_by_default_and_never_evicts() {
+    let _g = serial();
+    let mut t = TestFs::with(Opts {
+        clients: 0,
+        timeout: Duration::from_secs(150),
+        ..Opts::default()
+    });
+    // a: the default (root only); b: owners too, with a 3 MiB cache
+    let oa = pcc_opts(&t, "a", "1G", &[]);
+    t.mount_with(&oa);
+    let ob = pcc_opts(&t, "b", "3M", &[("pcc_attach", "\"owner\"")]);
+    t.mount_with(&ob);
+    let user = |args: &[String]| {
+        let mut v = vec!["pcc".to_string()];
+        v.extend(args.iter().cloned());
+        tierfs_as(t.root(), &v, CMD_TIMEOUT, Some((UID, GID)))
+    };
+    let public = t.p(0, "public");
+    let mine = t.p(0, "mine");
+    let mine2 = t.p(0, "mine2");
+    let big = t.p(0, "big");
+    for (p, len) in [
+        (&public, 50_000),
+        (&mine, 50_000),
+        (&mine2, MIB),
+        (&big, 2 * MIB),
+    ] {
+        fs::write(p, pattern(102, 0, len)).unwrap();
+        fs::set_permissions(p, fs::Permissions::from_mode(0o644)).unwrap();
+    }
+    for p in [&mine, &mine2] {
+        std::os::unix::fs::chown(p, Some(UID), Some(GID)).unwrap();
+    }
+    after_ttl();
+    // a, root only: the user may read and write their own file, yet attaches nothing
+    for (args, p) in [
+        (vec!["attach".to_string(), "-r".into()], &public),
+        (vec!["attach".to_string(), "-r".into()], &mine),
+        (vec!["attach".to_string(), "-w".into()], &mine),
+    ] {
+        let mut a = args.clone();
+        a.push(s(p));
+        let out = user(&a);
+        assert_file_error(&out, p, "pcc_attach");
+        assert_eq!(state(&t, p).typ, "none", "{args:?} {}", p.display());
+    }
+    // root attaches; the user may neither pin nor detach it
+    pcc(&t, &["attach", "-r", &s(&mine)]).assert_ok();
+    for cmd in ["pin", "detach"] {
+        let out = user(&[cmd.to_string(), s(&mine)]);
+        assert_file_error(&out, &mine, "pcc_attach");
+    }
+    let st = state(&t, &mine);
+    assert_eq!(st.typ, "readonly", "{}", st.raw);
+    assert!(
+        !st.pinned(),
+        "pinned by a user pcc_attach refuses: {}",
+        st.raw
+    );
+    // b, owners too: the user's own file yes, root's file no
+    let (pb, mb, m2b, bigb) = (
+        t.p(1, "public"),
+        t.p(1, "mine"),
+        t.p(1, "mine2"),
+        t.p(1, "big"),
+    );
+    let out = user(&["attach".into(), "-r".into(), s(&pb)]);
+    assert_file_error(&out, &pb, "pcc_attach");
+    user(&["attach".into(), "-r".into(), s(&mb)]).assert_ok();
+    user(&["pin".into(), s(&mb)]).assert_ok();
+    assert!(state(&t, &mb).pinned());
+    // root fills b's cache (3 MiB, high watermark 90 %) with a 2 MiB file
+    pcc(&t, &["attach", "-r", &s(&bigb)]).assert_ok();
+    // the user's 1 MiB attach would need an eviction: refused, and root's file stays
+    let out = user(&["attach".into(), "-r".into(), s(&m2b)]);
+    assert_file_error(&out, &m2b, "the cache is full");
+    assert_eq!(state(&t, &m2b).typ, "none");
+    assert_eq!(
+        state(&t, &bigb).typ,
+        "readonly",
+        "a user's attach evicted root's file"
+    );
+    // root may (it evicts to make room)
+    pcc(&t, &["attach", "-r", &s(&m2b)]).assert_ok();
+    assert_eq!(state(&t, &m2b).typ, "readonly");
+}
+
+/// The owner of a dirty RW-PCC file is killed on this host: a reader on another client learns it
+/// at once (the owner's daemon ran on this host and its pid is gone), neither after the session
+/// timeout (60 s here) nor at the reader's next session-reaper pass (every heartbeat: 20 s for
+/// b here, and b's first pass ran when it mounted, a few seconds before the kill), and `tierfs
+/// pcc state` says the owner is down. Once the owner is mounted again, it writes the file back
+/// before serving anything, and the reader reads the owner's data.
+#[test]
+fn owner_killed_with_a_dirty_file_reader_gets_ehostdown_at_once_then_the_data() {
+    let _g = serial();
+    let extra: &[(&str, &str)] = &[
+        ("writeback_delay_secs", "3600"),
+        ("session_timeout_secs", "30"),
+        ("pcc_recall_timeout_secs", "60"),
+    ];
+    let slow: &[(&str, &str)] = &[
+        ("heartbeat_secs", "20"),
+        ("session_timeout_secs", "60"),
+        ("pcc_recall_timeout_secs", "60"),
+    ];
+    let (mut t, opts) = pcc_fs(&[("a", extra), ("b", slow)], 150);
+    let (fa, fb) = (t.p(0, "f"), t.p(1, "f"));
+    fs::write(&fa, b"old").unwrap();
+    pcc(&t, &["attach", "-w", &s(&fa)]).assert_ok();
+    let data = pattern(91, 0, MIB + 5);
+    write_at(&fa, 0, &data, true);
+    wait_dirty(&t, &fa);
+    let st = state(&t, &fb);
+    assert_eq!(owner_state(&st), Some("alive"), "{}", st.raw);
+    t.kill9(0);
+    let t0 = Instant::now();
+    match fs::File::open(&fb) {
+        Ok(_) => panic!("open of a killed owner's dirty file succeeded"),
+        Err(e) => assert_eq!(err_of(&e), libc::EHOSTDOWN, "{e}"),
+    }
+    let took = t0.elapsed();
+    eprintln!("EHOSTDOWN after {took:?}");
+    assert!(
+        took < Duration::from_secs(5),
+        "the reader learnt the owner was down only after {took:?}"
+    );
+    let st = state(&t, &fb);
+    assert_eq!(st.lease_owner.as_deref(), Some("a"), "{}", st.raw);
+    assert!(st.lease_dirty, "{}", st.raw);
+    let os = owner_state(&st).unwrap_or("");
+    assert!(
+        os.starts_with("down") || os == "no session",
+        "state of a killed owner: {}",
+        st.raw
+    );
+    // the owner comes back: written back first, then the reader gets the data
+    t.remount_with(0, &opts[0]);
+    after_ttl();
+    assert_reads(&fb, &data, "b after the owner came back");
+    assert_reads(&fa, &data, "a after coming back");
+}
+
+/// The owner's returning daemon writes its dirty file back before it serves anything, and its
+/// session heartbeats meanwhile: a write-back that takes 6 s (a slow capacity tier, by the
+/// test hook) never makes the returning owner look down to other clients (down after 3 s of
+/// silence here), and the reader then gets the data.
+#[test]
+fn returning_owner_writes_back_first_and_heartbeats_meanwhile() {
+    let _g = serial();
+    let extra: &[(&str, &str)] = &[
+        ("writeback_delay_secs", "3600"),
+        ("session_timeout_secs", "30"),
+    ];
+    let (mut t, opts) = pcc_fs(&[("a", extra), ("b", extra)], 150);
+    let (fa, fb) = (t.p(0, "f"), t.p(1, "f"));
+    fs::write(&fa, b"old").unwrap();
+    pcc(&t, &["attach", "-w", &s(&fa)]).assert_ok();
+    let data = pattern(95, 0, MIB + 11);
+    write_at(&fa, 0, &data, true);
+    wait_dirty(&t, &fa);
+    t.kill9(0);
+    // b watches the owner's state while a comes back
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watcher = {
+        let (root, fb, stop) = (t.root().to_path_buf(), s(&fb), stop.clone());
+        thread::spawn(move || {
+            let mut seen = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let out = tierfs_in(&root, &["pcc", "state", &fb], CMD_TIMEOUT);
+                seen.push(out.stdout.trim().to_string());
+                thread::sleep(Duration::from_millis(300));
+            }
+            seen
+        })
+    };
+    t.mount_env = vec![("TIERFS_TEST_WRITEBACK_STALL_MS".into(), "6000".into())];
+    let t0 = Instant::now();
+    t.remount_with(0, &opts[0]);
+    let took = t0.elapsed();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let seen = watcher.join().unwrap();
+    assert!(
+        took >= Duration::from_secs(5),
+        "the mount was ready after {took:?}, before its stalled write-back could have run"
+    );
+    for line in &seen {
+        assert!(
+            !line.contains("no heartbeat"),
+            "the returning owner looked down while it wrote back: {line}"
+        );
+    }
+    // written back before the mount was ready: clean at once
+    let st = state(&t, &fa);
+    assert!(!st.dirty() && !st.lease_dirty, "{}", st.raw);
+    after_ttl();
+    assert_reads(&fb, &data, "b after the owner came back");
+}
+
+/// kill -9 of an owner whose pid this host cannot see (its daemon runs in another pid
+/// namespace, as on another host): only the database's view of its session tells, and a reader
+/// of its dirty file gets EHOSTDOWN within 5 s of the kill (3 heartbeats of 1 s), not after
+/// the session timeout (10 s). Once the owner is mounted again, the reader gets the data.
+#[test]
+fn owner_killed_elsewhere_is_judged_down_by_its_heartbeat_within_5_s() {
+    let _g = serial();
+    let extra: &[(&str, &str)] = &[
+        ("writeback_delay_secs", "3600"),
+        ("session_timeout_secs", "10"),
+        ("pcc_recall_timeout_secs", "60"),
+    ];
+    let mut t = TestFs::with(Opts {
+        clients: 0,
+        timeout: Duration::from_secs(150),
+        ..Opts::default()
+    });
+    // a: `tierfs mount --foreground` as pid 1 of a new pid namespace; unshare passes SIGKILL
+    // on to it when it is killed itself
+    let oa = pcc_opts(&t, "a", "1G", extra);
+    let mnt_a = t.root().join("mnt-a");
+    fs::create_dir_all(&mnt_a).unwrap();
+    let mut args = t.mount_args(&mnt_a, &oa);
+    args.push("--foreground".into());
+    let log = fs::File::create(t.root().join("a-ns.log")).unwrap();
+    let mut ns = std::process::Command::new("unshare")
+        .args(["--pid", "--fork", "--kill-child=SIGKILL", "--", BIN])
+        .args(&args)
+        .stdin(std::process::Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .expect("unshare");
+    assert!(
+        wait_until(Duration::from_secs(20), || is_fuse_mounted(&mnt_a)),
+        "the namespaced daemon did not mount: {}",
+        fs::read_to_string(t.root().join("a-ns.log")).unwrap_or_default()
+    );
+    t.mnts.push(mnt_a);
+    t.mount_with(&pcc_opts(&t, "b", "1G", extra));
+    let (fa, fb) = (t.p(0, "f"), t.p(1, "f"));
+    fs::write(&fa, b"old").unwrap();
+    pcc(&t, &["attach", "-w", &s(&fa)]).assert_ok();
+    let data = pattern(96, 0, MIB + 13);
+    write_at(&fa, 0, &data, true);
+    wait_dirty(&t, &fa);
+    // b cannot see a's daemon: only the heartbeat tells
+    let st = state(&t, &fb);
+    assert_eq!(owner_state(&st), Some("alive"), "{}", st.raw);
+    let t0 = Instant::now();
+    ns.kill().unwrap();
+    let _ = ns.wait();
+    match fs::File::open(&fb) {
+        Ok(_) => panic!("open of a killed owner's dirty file succeeded"),
+        Err(e) => assert_eq!(err_of(&e), libc::EHOSTDOWN, "{e}"),
+    }
+    let took = t0.elapsed();
+    eprintln!("EHOSTDOWN after {took:?}");
+    assert!(
+        took < Duration::from_secs(5),
+        "the reader learnt the owner was down only {took:?} after the kill"
+    );
+    let st = state(&t, &fb);
+    assert!(
+        owner_state(&st).is_some_and(|o| o.starts_with("down (no heartbeat for")),
+        "{}",
+        st.raw
+    );
+    // the owner comes back (in this namespace), once its old session is reaped (this host could
+    // not tell it was gone: its client name stays taken until then, as for a crashed client
+    // on another host): the reader gets the data
+    let margs = t.mount_args(t.mnt(0), &oa);
+    let mut last = None;
+    let back = wait_until(Duration::from_secs(40), || {
+        let out = t.tierfs(&margs);
+        let ok = out.ok();
+        last = Some(out);
+        ok
+    });
+    assert!(
+        back,
+        "owner not mounted again: {}",
+        last.map(|o| o.describe()).unwrap_or_default()
+    );
+    after_ttl();
+    assert_reads(&fb, &data, "b after the owner came back");
+}
+
+/// The owner's state as `tierfs pcc state` prints it (after `owner: `).
+fn owner_state(st: &State) -> Option<&str> {
+    st.raw.split(", owner: ").nth(1).map(str::trim)
+}
+
+/// Sends SIGCONT to a stopped daemon when dropped (a failing test must not leave it stopped).
+struct Continue(i32);
+
+impl Drop for Continue {
+    fn drop(&mut self) {
+        unsafe { libc::kill(self.0, libc::SIGCONT) };
+    }
+}
+
+/// An owner whose process still exists but whose heartbeat stopped (SIGSTOP: what this host
+/// sees of a hung or cut-off remote host) is judged down within a few heartbeat periods (1 s
+/// here), by the database's view of its session, not after the session timeout (30 s): a
+/// reader of its dirty file gets EHOSTDOWN. When it runs again, it gives the file back.
+#[test]
+fn owner_whose_heartbeat_stops_is_judged_down_within_a_few_heartbeats() {
+    let _g = serial();
+    let extra: &[(&str, &str)] = &[
+        ("writeback_delay_secs", "3600"),
+        ("session_timeout_secs", "30"),
+        ("pcc_recall_timeout_secs", "60"),
+    ];
+    let (t, _) = pcc_fs(&[("a", extra), ("b", extra)], 150);
+    let (fa, fb) = (t.p(0, "f"), t.p(1, "f"));
+    fs::write(&fa, b"old").unwrap();
+    pcc(&t, &["attach", "-w", &s(&fa)]).assert_ok();
+    let data = pattern(92, 0, MIB + 7);
+    write_at(&fa, 0, &data, true);
+    wait_dirty(&t, &fa);
+    let pid = t.daemon_pid(0);
+    let cont = Continue(pid);
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    let t0 = Instant::now();
+    match fs::File::open(&fb) {
+        Ok(_) => panic!("open of a silent owner's dirty file succeeded"),
+        Err(e) => assert_eq!(err_of(&e), libc::EHOSTDOWN, "{e}"),
+    }
+    let took = t0.elapsed();
+    eprintln!("EHOSTDOWN after {took:?}");
+    // 3 heartbeat periods of 1 s, plus the last heartbeat's age and scheduling slack
+    assert!(
+        took < Duration::from_secs(8),
+        "the reader learnt the owner was down only after {took:?}"
+    );
+    let st = state(&t, &fb);
+    let os = owner_state(&st).unwrap_or("");
+    assert!(
+        os.starts_with("down (no heartbeat for"),
+        "state of a silent owner: {}",
+        st.raw
+    );
+    // it runs again: alive, and it gives the file back to the reader
+    drop(cont);
+    let (st, ok) = wait_state(&t, &fb, Duration::from_secs(10), |s| {
+        owner_state(s) == Some("alive")
+    });
+    assert!(ok, "owner not alive again: {}", st.raw);
+    assert_reads(&fb, &data, "b after the owner ran again");
+}
+
+/// `tierfs pcc detach --force-stale`: root only, refused while the owner is alive; on a down
+/// owner's dirty file it drops the lease (its unsynced writes are lost: the file reads as the
+/// capacity tier has it), and the owner, back, quarantines its copy instead of writing it over
+/// the file.
+#[test]
+fn force_stale_detach_drops_a_down_owners_lease_and_the_owner_quarantines() {
+    let _g = serial();
+    let extra: &[(&str, &str)] = &[
+        ("writeback_delay_secs", "3600"),
+        ("session_timeout_secs", "30"),
+    ];
+    let (mut t, opts) = pcc_fs(&[("a", extra), ("b", extra)], 150);
+    let (fa, fb) = (t.p(0, "f"), t.p(1, "f"));
+    let old = pattern(93, 0, 200_000);
+    fs::write(&fa, &old).unwrap();
+    fs::set_permissions(&fa, fs::Permissions::from_mode(0o666)).unwrap();
+    pcc(&t, &["attach", "-w", &s(&fa)]).assert_ok();
+    let new = pattern(94, 0, 200_000);
+    write_at(&fa, 0, &new, true);
+    wait_dirty(&t, &fa);
+    // alive owner: refused
+    let out = pcc(&t, &["detach", "--force-stale", &s(&fb)]);
+    assert_file_error(&out, &fb, "alive");
+    assert!(state(&t, &fb).lease_dirty);
+    t.kill9(0);
+    // not root: refused
+    let out = tierfs_as(
+        t.root(),
+        &[
+            "pcc".to_string(),
+            "detach".into(),
+            "--force-stale".into(),
+            s(&fb),
+        ],
+        CMD_TIMEOUT,
+        Some((UID, GID)),
+    );
+    assert_file_error(&out, &fb, "not permitted");
+    assert_errno(fs::File::open(&fb).map(|_| ()), libc::EHOSTDOWN, "before");
+    // root: the lease goes, the unsynced writes with it
+    pcc(&t, &["detach", "--force-stale", &s(&fb)]).assert_ok();
+    let st = state(&t, &fb);
+    assert_eq!(st.lease_owner, None, "{}", st.raw);
+    assert_reads(&fb, &old, "b after the forced detach");
+    let log = fs::read_to_string(t.log_path("b")).unwrap_or_default();
+    assert!(
+        log.contains("FORCED DETACH") && log.contains("LOST"),
+        "the forced detach is not in b's log"
+    );
+    // the owner comes back: its dirty copy is quarantined, not written over the file
+    t.remount_with(0, &opts[0]);
+    after_ttl();
+    assert_eq!(state(&t, &fa).typ, "none");
+    assert_reads(&fa, &old, "a after coming back");
+    assert_reads(&fb, &old, "b after a came back");
+    assert!(
+        fs::read_to_string(t.log_path("a"))
+            .unwrap_or_default()
+            .contains("quarantined"),
+        "a's log does not say it quarantined its copy"
     );
 }
 

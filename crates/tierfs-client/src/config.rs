@@ -28,6 +28,12 @@
 //! writeback_delay_secs = 30    # dirty RW-PCC files are written back this long after last close
 //! pcc_passthrough = true       # serve cached files by kernel FUSE passthrough
 //! pcc_recall_timeout_secs = 60 # how long an open waits for another client to give a file back
+//! pcc_attach = "root"          # who may attach, detach, pin and unpin files by hand (`tierfs
+//!                              # pcc attach ...`), as Lustre's pcc_mode: "root" (only root, the
+//!                              # default, as Lustre), "owner" (root and the file's owner), or
+//!                              # "access" (anyone who may read the file; RW needs write access).
+//!                              # A non-root attach never evicts: it must fit in the cache below
+//!                              # its high watermark.
 //! # changelog (docs/changelog.md)
 //! jobid_var = "disable"        # job id of each change: "disable", "procname_uid", or the
 //!                              # environment variable of the writer that holds it ("SLURM_JOB_ID")
@@ -62,7 +68,43 @@ pub struct ClientConfig {
     pub writeback_delay_secs: u64,
     pub pcc_passthrough: bool,
     pub pcc_recall_timeout_secs: u64,
+    pub pcc_attach: String,
     pub jobid_var: String,
+}
+
+/// Who may attach, detach, pin and unpin files by hand (`pcc_attach`). Root always may; the
+/// kernel has already checked the caller's access to the file (read, or write for RW).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttachPolicy {
+    /// Only root (the default, as Lustre's default pcc_mode).
+    Root,
+    /// Root and the file's owner.
+    Owner,
+    /// Anyone with the access the command needs.
+    Access,
+}
+
+impl AttachPolicy {
+    pub fn parse(s: &str) -> Result<AttachPolicy, String> {
+        match s {
+            "root" => Ok(AttachPolicy::Root),
+            "owner" => Ok(AttachPolicy::Owner),
+            "access" => Ok(AttachPolicy::Access),
+            other => Err(format!(
+                "pcc_attach '{other}' (expected root, owner or access)"
+            )),
+        }
+    }
+
+    /// Whether `uid` may attach, detach, pin or unpin a file owned by `file_uid` by hand.
+    pub fn admits(self, uid: u32, file_uid: u32) -> bool {
+        uid == 0
+            || match self {
+                AttachPolicy::Root => false,
+                AttachPolicy::Owner => uid == file_uid,
+                AttachPolicy::Access => true,
+            }
+    }
 }
 
 impl Default for ClientConfig {
@@ -92,6 +134,7 @@ impl Default for ClientConfig {
             writeback_delay_secs: 30,
             pcc_passthrough: true,
             pcc_recall_timeout_secs: 60,
+            pcc_attach: "root".into(),
             jobid_var: "disable".into(),
         }
     }
@@ -147,8 +190,14 @@ impl ClientConfig {
             return Err("cache watermarks must satisfy 0 < low < high <= 1".into());
         }
         self.eviction()?;
+        self.attach_policy()?;
         self.jobid_source()?;
         Ok(())
+    }
+
+    /// Who may attach files by hand (`pcc_attach`).
+    pub fn attach_policy(&self) -> Result<AttachPolicy, String> {
+        AttachPolicy::parse(&self.pcc_attach)
     }
 
     /// Where changelog records' job ids come from (`jobid_var`).
@@ -222,6 +271,21 @@ mod tests {
         assert_eq!(c.buffer_limit_mb, 32);
         let e = ClientConfig::from_toml("buffer_limit_mb = 0").unwrap_err();
         assert!(e.contains("buffer_limit_mb"), "{e}");
+    }
+
+    #[test]
+    fn pcc_attach_defaults_to_root_only_and_is_checked() {
+        let c = ClientConfig::default();
+        assert_eq!(c.attach_policy(), Ok(AttachPolicy::Root));
+        assert!(AttachPolicy::Root.admits(0, 1000));
+        assert!(!AttachPolicy::Root.admits(1000, 1000));
+        let c = ClientConfig::from_toml("pcc_attach = \"owner\"").unwrap();
+        assert_eq!(c.attach_policy(), Ok(AttachPolicy::Owner));
+        assert!(AttachPolicy::Owner.admits(1000, 1000));
+        assert!(!AttachPolicy::Owner.admits(1000, 1001));
+        assert!(AttachPolicy::Access.admits(1000, 1001));
+        let e = ClientConfig::from_toml("pcc_attach = \"everyone\"").unwrap_err();
+        assert!(e.contains("pcc_attach"), "{e}");
     }
 
     #[test]

@@ -205,6 +205,28 @@ pub fn check_targets(
     Ok(())
 }
 
+/// Runs `f` while `session` heartbeats every `period` (before the heartbeat worker runs).
+fn beating<T>(meta: &dyn MetaEngine, session: u64, period: Duration, f: impl FnOnce() -> T) -> T {
+    let done = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut last = std::time::Instant::now();
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(50));
+                if last.elapsed() >= period {
+                    if let Err(e) = meta.heartbeat(session) {
+                        tracing::warn!("heartbeat during cache recovery failed: {e}");
+                    }
+                    last = std::time::Instant::now();
+                }
+            }
+        });
+        let r = f();
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        r
+    })
+}
+
 /// Mounts and serves until unmounted. `ready` is called once the mount is up (or failed).
 pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Result<(), DaemonError> {
     let sigs = block_signals();
@@ -281,6 +303,7 @@ pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Resul
         client_name.clone(),
         cfg.cache_dir.is_some(),
         Duration::from_secs(cfg.pcc_recall_timeout_secs),
+        Duration::from_secs(cfg.heartbeat_secs),
         Duration::from_secs(cfg.session_timeout_secs),
     ));
     let pcc = match &cfg.cache_dir {
@@ -307,7 +330,15 @@ pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Resul
             .map_err(|e| DaemonError::Other(format!("persistent client cache: {e}")))?;
             let p = Arc::new(p);
             // Find the cache again: keep what is valid, write back what this client owns.
-            p.recover();
+            // This runs before the mount serves anything or any worker starts (so nothing can
+            // drop dirty data first), with the session heartbeating meanwhile: a long
+            // write-back must not make this returning owner look down to other clients.
+            beating(
+                meta.as_ref(),
+                session,
+                Duration::from_secs(cfg.heartbeat_secs),
+                || p.recover(),
+            );
             Some(p)
         }
         None => None,
@@ -325,6 +356,7 @@ pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Resul
     fs.notifier = Arc::clone(&notifier);
     fs.pcc = pcc.clone();
     fs.posix_acl = cfg.posix_acl;
+    fs.pcc_attach = cfg.attach_policy().map_err(DaemonError::Other)?;
     fs.callers = crate::caller::Callers::new(cfg.jobid_source().map_err(DaemonError::Other)?);
     fs.info_json = serde_json::json!({
         // Readable by every user of the machine: never the database password.

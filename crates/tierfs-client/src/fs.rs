@@ -351,6 +351,8 @@ pub struct FsInner {
     pub posix_acl: bool,
     /// Who makes each request, for changelog records (uid/gid, job id).
     pub callers: crate::caller::Callers,
+    /// Who may attach, detach, pin and unpin by hand (`pcc_attach`).
+    pub pcc_attach: crate::config::AttachPolicy,
     /// Requests waiting off the FUSE threads for an RW-PCC lease (at most [`MAX_PARKED`]).
     parked: AtomicUsize,
     /// Blocked lock requests waiting on threads of their own.
@@ -491,6 +493,7 @@ impl TierFs {
             names: Mutex::new(HashMap::new()),
             posix_acl: true,
             callers: crate::caller::Callers::new(crate::caller::JobIdSource::Disabled),
+            pcc_attach: crate::config::AttachPolicy::Root,
             parked: AtomicUsize::new(0),
             lock_waits: Mutex::new(LockWaits::default()),
         };
@@ -1063,24 +1066,70 @@ impl FsInner {
 
     /// `tierfs pcc ...` commands, which reach the daemon as extended attributes of the file
     /// (`user.tierfs.pcc.<command>`), so the kernel applies the file's permissions: getting one
-    /// needs read access (state, attach.ro, detach, pin, unpin), setting one needs write access
-    /// (attach with value rw or ro, detach with value keep). Returns the file's state as JSON.
-    fn pcc_command(&self, ino: Ino, cmd: &[u8], value: &[u8]) -> Result<Vec<u8>> {
+    /// needs read access (state, attach.ro, detach, pin, unpin, detach.force-stale), setting one
+    /// needs write access (attach with value rw or ro, detach with value keep). On top of that,
+    /// attach, detach, pin and unpin by hand are admitted by `pcc_attach` (root only by
+    /// default), and a non-root attach never evicts; `detach.force-stale` is root's only.
+    /// `uid` is the caller's. Returns the file's state as JSON.
+    fn pcc_command(&self, ino: Ino, cmd: &[u8], value: &[u8], uid: u32) -> Result<Vec<u8>> {
+        if cmd == b"detach.force-stale" {
+            // Also from a client without a cache: any client can drop a down owner's lease.
+            self.force_stale_detach(ino, uid)?;
+            if self.pcc.is_none() {
+                return Ok(b"{}".to_vec());
+            }
+        }
         let Some(pcc) = &self.pcc else {
             return Err(ClientError::Errno(
                 "this client has no persistent cache (mount with --cache-dir)",
                 libc::EOPNOTSUPP,
             ));
         };
+        if cmd == b"state" || cmd == b"detach.force-stale" {
+            return self.pcc_state(pcc, ino);
+        }
+        let known = matches!(
+            (cmd, value),
+            (b"attach.ro", _)
+                | (b"attach", b"ro")
+                | (b"attach", b"rw")
+                | (b"attach.rw", _)
+                | (b"detach", _)
+                | (b"detach.keep", _)
+                | (b"pin", _)
+                | (b"unpin", _)
+        );
+        if !known {
+            return Err(ClientError::Meta(MetaError::NoAttr));
+        }
+        let a = self.meta.getattr(ino)?;
+        if !self.pcc_attach.admits(uid, a.uid) {
+            tracing::info!(
+                ino,
+                uid,
+                "refused `tierfs pcc {}` by a user pcc_attach does not admit ({:?})",
+                String::from_utf8_lossy(cmd),
+                self.pcc_attach
+            );
+            return Err(ClientError::Errno(
+                "pcc_attach does not let this user attach, detach or pin files by hand",
+                libc::EPERM,
+            ));
+        }
+        let attach = cmd.starts_with(b"attach");
+        if attach && uid != 0 && !pcc.fits_without_eviction(a.size) {
+            // A user's attach by hand takes only free room: it never evicts other files.
+            return Err(ClientError::Errno(
+                "the cache has no free room for a file attached by a non-root user",
+                libc::ENOSPC,
+            ));
+        }
         match (cmd, value) {
-            (b"state", _) => {}
             (b"attach.ro", _) | (b"attach", b"ro") => {
-                let a = self.meta.getattr(ino)?;
                 self.data.flush(ino)?;
                 pcc.attach_ro(&a, None)?;
             }
             (b"attach", b"rw") | (b"attach.rw", _) => {
-                let a = self.meta.getattr(ino)?;
                 pcc.attach_rw(&a, None)?;
             }
             (b"detach", b"keep") | (b"detach.keep", _) => pcc.detach(ino, true)?,
@@ -1089,7 +1138,92 @@ impl FsInner {
             (b"unpin", _) => pcc.pin(ino, false)?,
             _ => return Err(ClientError::Meta(MetaError::NoAttr)),
         }
-        Ok(pcc.state(ino)?.into_bytes())
+        self.pcc_state(pcc, ino)
+    }
+
+    /// `tierfs pcc state`: this client's cache state of the file, the lease, and the state of
+    /// the lease's owner by the database's view of its session ([`Recaller::owner_state`]).
+    fn pcc_state(&self, pcc: &Pcc, ino: Ino) -> Result<Vec<u8>> {
+        let mut v: serde_json::Value = serde_json::from_str(&pcc.state(ino)?)
+            .map_err(|e| ClientError::Failed(e.to_string(), libc::EIO))?;
+        let owner = v
+            .get("lease_owner")
+            .and_then(|o| o.as_str())
+            .map(str::to_string);
+        if let Some(owner) = owner {
+            let st = if owner == self.recaller.client() {
+                "alive".to_string()
+            } else {
+                self.recaller.owner_state(&owner)?.describe()
+            };
+            v["owner_state"] = serde_json::Value::String(st);
+        }
+        Ok(v.to_string().into_bytes())
+    }
+
+    /// `tierfs pcc detach --force-stale`: drops the RW-PCC lease of a DOWN owner even when it
+    /// holds unsynced writes, which are lost (the owner quarantines its copy when it comes
+    /// back). Root only; refused while the owner is alive (or silent, not yet down), and for a
+    /// lease of this very client (an ordinary detach writes it back).
+    fn force_stale_detach(&self, ino: Ino, uid: u32) -> Result<()> {
+        if uid != 0 {
+            return Err(ClientError::Errno(
+                "only root may drop a down owner's lease",
+                libc::EPERM,
+            ));
+        }
+        let Some(l) = self.meta.pcc_lease(ino)? else {
+            return Ok(());
+        };
+        if l.client == self.recaller.client() {
+            return Err(ClientError::Errno(
+                "this client holds the lease: detach it without --force-stale",
+                libc::EBUSY,
+            ));
+        }
+        let st = self.recaller.owner_state(&l.client)?;
+        if !st.is_down() {
+            tracing::warn!(
+                ino,
+                owner = %l.client,
+                "refused to force-detach the RW-PCC lease of a client that is {}",
+                st.describe()
+            );
+            return Err(ClientError::Errno(
+                "the lease's owner is alive: it can give the file back",
+                libc::EBUSY,
+            ));
+        }
+        // Only the generation judged here: a lease taken again since is left alone.
+        if !self.meta.pcc_release(ino, &l.client, l.generation)? {
+            return Err(ClientError::Errno(
+                "the file's RW-PCC lease changed meanwhile: look at its state again",
+                libc::EAGAIN,
+            ));
+        }
+        if l.dirty {
+            tracing::error!(
+                ino,
+                owner = %l.client,
+                generation = l.generation,
+                "FORCED DETACH by root: the RW-PCC lease of client '{}' ({}) was dropped with \
+                 data not yet written back; those writes are LOST, the file now reads as the \
+                 capacity tier has it; the owner will quarantine its copy when it comes back",
+                l.client,
+                st.describe()
+            );
+        } else {
+            tracing::warn!(
+                ino,
+                owner = %l.client,
+                generation = l.generation,
+                "forced detach by root of the clean RW-PCC lease of client '{}' ({})",
+                l.client,
+                st.describe()
+            );
+        }
+        self.data.invalidate(ino, None);
+        Ok(())
     }
 
     fn remember_name(&self, a: &Attr, name: &OsStr) {
@@ -2165,7 +2299,7 @@ impl Filesystem for TierFs {
         match self.run("setxattr", || {
             if let Some(cmd) = name.as_bytes().strip_prefix(PCC_XATTR) {
                 // The kernel let this through only to a writer of the file.
-                return self.pcc_command(ino.0, cmd, value).map(|_| ());
+                return self.pcc_command(ino.0, cmd, value, req.uid()).map(|_| ());
             }
             let n = name.as_bytes();
             if n == acl::ACCESS || n == acl::DEFAULT {
@@ -2178,7 +2312,7 @@ impl Filesystem for TierFs {
         }
     }
 
-    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+    fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         if is_virtual(ino.0) {
             // The virtual files have no attributes; the kernel asks for their ACL before a
             // non-owner's read (FUSE_POSIX_ACL), which must find none, not a missing inode.
@@ -2188,7 +2322,7 @@ impl Filesystem for TierFs {
         match self.run("getxattr", || {
             if let Some(cmd) = name.as_bytes().strip_prefix(PCC_XATTR) {
                 // The kernel let this through only to a reader of the file.
-                return self.pcc_command(ino.0, cmd, b"");
+                return self.pcc_command(ino.0, cmd, b"", req.uid());
             }
             Ok(self.meta.getxattr(ino.0, name.as_bytes())?)
         }) {

@@ -53,9 +53,23 @@ fn stat_of(pid: &str) -> Option<(char, u64)> {
     Some((state, start))
 }
 
+/// Whether this process's /proc shows the pids of its own pid namespace. Not so in a pid
+/// namespace that did not mount a /proc of its own (`unshare --pid` without `--mount-proc`):
+/// there `/proc/<pid>` is another process than pid `<pid>` of this namespace, so /proc can
+/// tell nothing about a pid (a daemon would take its own session, pid 1 there, for a dead one).
+fn proc_is_ours() -> bool {
+    std::fs::read_link("/proc/self")
+        .ok()
+        .and_then(|p| p.to_str()?.parse::<u32>().ok())
+        == Some(std::process::id())
+}
+
 /// This process's identity: `<boot id>:<pid namespace>:<start time>` (empty if /proc cannot
 /// tell).
 pub fn this_process() -> String {
+    if !proc_is_ours() {
+        return String::new();
+    }
     match (boot_id(), pid_namespace("self"), stat_of("self")) {
         (Some(b), Some(n), Some((_, t))) => format!("{b}:{n}:{t}"),
         _ => String::new(),
@@ -84,7 +98,10 @@ pub fn state(s: &SessionInfo) -> Liveness {
     let Ok(start) = start.parse::<u64>() else {
         return Liveness::Unknown;
     };
-    if boot_id().as_deref() != Some(boot) || pid_namespace("self").as_deref() != Some(ns) {
+    if boot_id().as_deref() != Some(boot)
+        || pid_namespace("self").as_deref() != Some(ns)
+        || !proc_is_ours()
+    {
         return Liveness::Unknown;
     }
     match stat_of(&s.pid.to_string()) {

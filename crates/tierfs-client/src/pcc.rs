@@ -266,6 +266,13 @@ impl Pcc {
         self.store.used()
     }
 
+    /// Whether a file of `size` bytes fits in the cache below its high watermark without
+    /// evicting anything (a non-root user's attach by hand: `pcc_attach`).
+    pub fn fits_without_eviction(&self, size: u64) -> bool {
+        let high = (self.cfg.capacity as f64 * self.cfg.high_watermark) as u64;
+        self.used().saturating_add(size) <= high
+    }
+
     /// Bytes and files the files attached by `rule` use now.
     fn used_by_rule(&self, rule: u64) -> (u64, usize) {
         self.measure_writing();

@@ -215,6 +215,15 @@ pub fn without_password(s: &str) -> String {
     }
 }
 
+/// Whether the URL `s` carries a password (after the user name, or as a `password=` query
+/// parameter): such a URL must never be on a command line, where every user can read it.
+pub fn has_password(s: &str) -> bool {
+    match url::Url::parse(s) {
+        Ok(u) => u.password().is_some() || u.query_pairs().any(|(k, _)| k == "password"),
+        Err(_) => false,
+    }
+}
+
 /// `s` with any password replaced by `***`.
 pub fn redact(s: &str) -> String {
     if let Ok(mut u) = url::Url::parse(s) {
@@ -597,6 +606,16 @@ mod tests;
 
 #[cfg(test)]
 mod url_tests {
+    #[test]
+    fn urls_with_passwords_are_recognized() {
+        assert!(super::has_password("postgres://u:secret@h:5/db"));
+        assert!(super::has_password("postgresql://u@h/db?password=secret"));
+        assert!(!super::has_password("postgres://u@h:5/db"));
+        assert!(!super::has_password("postgres://u@h/db?sslmode=disable"));
+        assert!(!super::has_password("sqlite:///x.db"));
+        assert!(!super::has_password("/some/path"));
+    }
+
     #[test]
     fn passwords_never_leave_in_shared_places() {
         assert_eq!(
