@@ -335,7 +335,7 @@ pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Resul
             // write-back must not make this returning owner look down to other clients.
             beating(
                 meta.as_ref(),
-                session,
+                session.id(),
                 Duration::from_secs(cfg.heartbeat_secs),
                 || p.recover(),
             );
