@@ -3030,3 +3030,62 @@ fn owner_judged_dead_while_writing_loses_no_acknowledged_write() {
         "C misses acknowledged records {lost:?} (B's open while A was stopped: {b_read:?} after {b_took:?})"
     );
 }
+
+/// The per-inode lock of the owner's cache (issue 12) does not park FUSE request threads: while
+/// a slow write-back of a file holds that file's lock (the debug hook
+/// `TIERFS_TEST_WRITEBACK_STALL_MS` stalls it 6 s), ten opens of the file on the owner wait off
+/// the request threads (8 of them), an unrelated `stat` answers meanwhile, and the opens
+/// succeed once the write-back is done.
+#[test]
+fn opens_behind_a_local_write_back_do_not_park_fuse_threads() {
+    let _g = serial();
+    let mut t = TestFs::with(Opts {
+        clients: 0,
+        timeout: Duration::from_secs(120),
+        ..Opts::default()
+    });
+    t.mount_env = vec![("TIERFS_TEST_WRITEBACK_STALL_MS".into(), "6000".into())];
+    let o = pcc_opts(&t, "a", "1G", &[("writeback_delay_secs", "0")]);
+    t.mount_with(&o);
+    let (f, other) = (t.p(0, "f"), t.p(0, "other"));
+    fs::write(&other, b"x").unwrap();
+    fs::write(&f, b"").unwrap();
+    pcc(&t, &["attach", "-w", &s(&f)]).assert_ok();
+    write_at(&f, 0, &pattern(9, 0, MIB), false);
+    // the background write-back starts (and stalls) once the writer closed: the daemon's
+    // state of the file (its JSON, as `tierfs pcc state` reads it) names the phase
+    let phase = || {
+        let mut buf = vec![0u8; 8192];
+        let n = unsafe {
+            libc::getxattr(
+                cstr(&f).as_ptr(),
+                c"user.tierfs.pcc.state".as_ptr(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+            )
+        };
+        buf.truncate(n.max(0) as usize);
+        String::from_utf8_lossy(&buf).into_owned()
+    };
+    let ok = wait_until(Duration::from_secs(20), || {
+        phase().contains("\"phase\":\"WritingBack\"")
+    });
+    assert!(ok, "no write-back under way: {}", phase());
+    thread::scope(|sc| {
+        let opens: Vec<_> = (0..10)
+            .map(|_| sc.spawn(|| OpenOptions::new().read(true).open(&f).map(|_| ())))
+            .collect();
+        thread::sleep(Duration::from_millis(500));
+        let t0 = Instant::now();
+        let st = stat(&other);
+        let took = t0.elapsed();
+        assert!(st.is_ok(), "stat of another file: {st:?}");
+        assert!(
+            took < Duration::from_secs(1),
+            "a stat waited {took:?} behind opens parked on a write-back"
+        );
+        for o in opens {
+            o.join().unwrap().expect("open after the write-back");
+        }
+    });
+}
