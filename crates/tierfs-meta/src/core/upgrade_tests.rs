@@ -282,6 +282,20 @@ pub fn load_v5_pg(url: &str) {
 #[test]
 #[ignore]
 fn make_v5_fixtures() {
+    write_fixtures(5);
+}
+
+/// The v7 fixtures (`v7.sqlite`, `v7.pg.sql`), written by the build at schema v7 (commit
+/// de045df, before HSM's v8) as [`make_v5_fixtures`] wrote v5's.
+#[test]
+#[ignore]
+fn make_v7_fixtures() {
+    write_fixtures(7);
+}
+
+/// Writes `v{version}.sqlite` and `v{version}.pg.sql` with [`populate`]; refuses to run
+/// unless the build's schema is `version`.
+fn write_fixtures(version: i64) {
     let out = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/core/testdata");
     std::fs::create_dir_all(&out).unwrap();
     let dir = tempfile::tempdir().unwrap();
@@ -289,8 +303,8 @@ fn make_v5_fixtures() {
     let e = crate::sqlite::SqliteMeta::format(&path, &crate::conformance::params()).unwrap();
     assert_eq!(
         e.info().unwrap().schema_version,
-        5,
-        "fixtures are made at v5 only"
+        version,
+        "fixtures are made at v{version} only"
     );
     populate(&e);
     drop(e);
@@ -300,9 +314,9 @@ fn make_v5_fixtures() {
             .unwrap();
         c.execute_batch("VACUUM").unwrap();
     }
-    std::fs::copy(&path, out.join("v5.sqlite")).unwrap();
+    std::fs::copy(&path, out.join(format!("v{version}.sqlite"))).unwrap();
     let url = std::env::var("TIERFS_PG_URL").expect("TIERFS_PG_URL");
-    let db = format!("tierfs_v5_fixture_{}", std::process::id());
+    let db = format!("tierfs_v{version}_fixture_{}", std::process::id());
     let mut admin = postgres::Client::connect(&url, postgres::NoTls).unwrap();
     admin
         .batch_execute(&format!("CREATE DATABASE {db}"))
@@ -327,6 +341,6 @@ fn make_v5_fixtures() {
         "{}",
         String::from_utf8_lossy(&dump.stderr)
     );
-    std::fs::write(out.join("v5.pg.sql"), dump.stdout).unwrap();
+    std::fs::write(out.join(format!("v{version}.pg.sql")), dump.stdout).unwrap();
     admin.batch_execute(&format!("DROP DATABASE {db}")).unwrap();
 }
