@@ -25,7 +25,7 @@ const BATCH: usize = 1000;
 #[command(
     args_conflicts_with_subcommands = true,
     after_help = "Record types: CREAT MKDIR HLINK SLINK MKNOD UNLNK RMDIR RENME RNMTO OPEN CLOSE \
-LYOUT TRUNC SATTR XATTR MTIME CTIME.\n\
+LYOUT TRUNC SATTR XATTR HSM MTIME CTIME.\n\
 Each text line: INDEX NNTYPE TIME 0xFLAGS t=INODE p=PARENT u=UID:GID c=CLIENT j=JOBID NAME \
 [sp=SOURCE_PARENT SOURCE_NAME], times in UTC; in names a backslash is \\\\ and whitespace, \
 control characters and bytes that are not UTF-8 are \\xNN. --json: one object per line, \
@@ -464,7 +464,7 @@ mod tests {
     #[test]
     fn every_type_is_in_the_help() {
         let help = "CREAT MKDIR HLINK SLINK MKNOD UNLNK RMDIR RENME RNMTO OPEN CLOSE LYOUT TRUNC \
-                    SATTR XATTR MTIME CTIME";
+                    SATTR XATTR HSM MTIME CTIME";
         let names: Vec<&str> = RecordType::ALL.iter().map(|t| t.name()).collect();
         assert_eq!(names.join(" "), help);
         let mut cli = <crate::cli::Cli as clap::CommandFactory>::command();

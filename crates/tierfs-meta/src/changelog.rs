@@ -92,6 +92,9 @@ record_types! {
     Sattr = 14, "SATTR", true;
     /// An extended attribute set or removed (name: the attribute's name).
     Xattr = 15, "XATTR", true;
+    /// An HSM event (Lustre's CL_HSM): the event, an error code and the dirty flag are in
+    /// the record's flags ([`crate::hsm::changelog_flags`], [`crate::hsm::HsmEvent`]).
+    Hsm = 16, "HSM", true;
     /// The modification time changed: data written, or `utimes` setting mtime.
     Mtime = 17, "MTIME", true;
     /// Only the change time moved (e.g. `utimes` setting atime and ctime).
@@ -134,7 +137,7 @@ impl FromStr for RecordType {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error(
     "unknown changelog record type {0:?} (known: CREAT MKDIR HLINK SLINK MKNOD UNLNK RMDIR \
-     RENME RNMTO OPEN CLOSE LYOUT TRUNC SATTR XATTR MTIME CTIME, or ALL, DEFAULT)"
+     RENME RNMTO OPEN CLOSE LYOUT TRUNC SATTR XATTR HSM MTIME CTIME, or ALL, DEFAULT)"
 )]
 pub struct MaskError(pub String);
 
@@ -493,7 +496,9 @@ mod tests {
         assert_eq!(RecordType::Creat as u8, 1);
         assert_eq!(RecordType::Close as u8, 11);
         assert_eq!(RecordType::Ctime as u8, 18);
-        assert_eq!(RecordType::from_num(16), None);
+        assert_eq!(RecordType::Hsm as u8, 16, "Lustre's CL_HSM");
+        assert_eq!(RecordType::from_num(16), Some(RecordType::Hsm));
+        assert_eq!(RecordType::from_num(19), None);
         assert!("creat".parse::<RecordType>().is_ok());
         assert!("CREATE".parse::<RecordType>().is_err());
     }

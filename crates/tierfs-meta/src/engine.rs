@@ -1,5 +1,6 @@
 //! What the client needs from the metadata database, as one trait per domain: [`Namespace`],
-//! [`FileData`], [`Sessions`], [`Pcc`], [`Locks`], [`Admin`], [`Changelog`] and [`Workers`].
+//! [`FileData`], [`Sessions`], [`Pcc`], [`Locks`], [`Admin`], [`Changelog`], [`Workers`] and
+//! [`Hsm`].
 //! [`MetaEngine`] is all of them at once (a blanket impl), which is what the client holds
 //! (`Arc<dyn MetaEngine>`); a test can implement the domains with a mock or a
 //! failure-injecting engine.
@@ -18,6 +19,10 @@ use std::time::Duration;
 
 use crate::changelog::{ChangelogRecord, ChangelogStatus, IdleDeregistration, Mask};
 use crate::error::{MetaError, Result};
+use crate::hsm::{
+    Archive, HsmAgent, HsmAgentInfo, HsmDone, HsmImport, HsmListFilter, HsmOutcome, HsmRequest,
+    HsmSettings, HsmState, HsmTask, Progress, RequestState,
+};
 use crate::types::*;
 
 /// How long a file whose last name a rename replaced stays openable by inode. A client that
@@ -394,13 +399,151 @@ pub trait Workers: Send + Sync {
     fn worker_reports(&self) -> Result<Vec<WorkerReport>>;
 }
 
+/// Hierarchical storage management (docs/hsm.md): the archive tier. Lustre's model: each file
+/// has HSM flags ([`crate::hsm::HsmFlags`], in [`Attr::hsm`]) and at most one archive copy; a
+/// coordinator queue of requests (ARCHIVE, RESTORE, REMOVE) that copytool agents take, report
+/// progress on and complete; release drops an archived, clean file's capacity-tier objects.
+///
+/// Every method is one transaction. Every time (request ages, timeouts, backoff, agent
+/// heartbeats) is the DATABASE's clock ([`Sessions::db_now`]), never the caller's. Refusals
+/// are [`MetaError::Hsm`] with a [`crate::hsm::HsmError`] (one line each, its own errno).
+/// Each state change writes a changelog HSM record ([`crate::changelog::RecordType::Hsm`],
+/// the event in its flags as Lustre's, [`crate::hsm::changelog_flags`]) in its transaction.
+///
+/// **Writes of archived files.** The write paths ([`FileData::commit_slices`], its session
+/// form, [`FileData::fallocate`], [`FileData::rewrite_data`], a truncating
+/// [`Namespace::setattr`], [`Pcc::pcc_report`] of a dirty cache) set DIRTY on an archived file
+/// in the same statement that updates the inode, so a file with no HSM state costs nothing
+/// more; a RELEASED file refuses them ([`crate::hsm::HsmError::Released`]: the client restores
+/// it first).
+pub trait Hsm: Send + Sync {
+    // ---- archives and settings
+
+    /// Registers archive backend `id` (1..=65535) at `url`. `ArchiveExists` when the id is taken.
+    fn hsm_archive_add(&self, id: u32, url: &str) -> Result<()>;
+    /// Forgets archive `id`: `UnknownArchive`, or `ArchiveInUse` while some file has a copy
+    /// in it or a request is active on it.
+    fn hsm_archive_del(&self, id: u32) -> Result<()>;
+    /// The registered archives, by id.
+    fn hsm_archives(&self) -> Result<Vec<Archive>>;
+    /// The coordinator's settings (defaults where none was set).
+    fn hsm_settings(&self) -> Result<HsmSettings>;
+    /// Replaces the coordinator's settings (`BadSetting` for a zero cap, timeout or attempt count,
+    /// `UnknownArchive` for a default archive that is not registered).
+    fn hsm_set_settings(&self, s: &HsmSettings) -> Result<()>;
+
+    // ---- per-file state
+
+    /// A file's flags, archive id and copy (flags 0 and no copy for a file never touched by
+    /// HSM). `NotFound` when it does not exist.
+    fn hsm_state(&self, ino: Ino) -> Result<HsmState>;
+    /// `tierfs hsm set|clear`: sets then clears flags among
+    /// [`crate::hsm::HsmFlags::USER_SETTABLE`] (`NotSettable` otherwise); any flag set also
+    /// sets EXISTS. A changelog HSM record (event STATE) when the flags changed.
+    fn hsm_set_flags(&self, ino: Ino, set: u32, clear: u32) -> Result<HsmState>;
+    /// Releases an archived, clean file: its slices go (objects to the trash, as a truncate's),
+    /// allocated becomes 0, RELEASED is set; size, times and data version are kept. Refused:
+    /// not a file (`NotAFile`), not archived (`ReleaseNotArchived`), dirty or changed since
+    /// the copy (`ReleaseDirty`), norelease (`ReleaseNoRelease`), open on some client or
+    /// under an RW-PCC lease (`ReleaseOpen`), an active request on it (`Busy`). Releasing a
+    /// released file returns its attributes and changes nothing.
+    fn hsm_release(&self, ino: Ino) -> Result<Attr>;
+    /// Creates each item as a released, archived file of archive `archive_id` whose copy is at
+    /// its key (size, mtime, mode from the item), without data: `tierfs hsm import`. One
+    /// transaction for the batch; a name that exists fails the batch (`Exists`).
+    fn hsm_import(&self, archive_id: u32, items: &[HsmImport]) -> Result<Vec<Attr>>;
+
+    // ---- the queue
+
+    /// Queues `action` on `ino` in archive `archive_id` (None: the file's archive, else the
+    /// default archive, see [`HsmSettings::default_archive`]). Deduplicated: while a request
+    /// of the same action on the file is active, that one is returned (several openers of a
+    /// released file share one restore). `None` when there is nothing to do (RESTORE of a file
+    /// that is not released). Refusals: `UnknownArchive`, `OtherArchive`, `NotAFile`,
+    /// `NoArchiveFlag` (ARCHIVE), `Released` (ARCHIVE of a released file), `Lost` and
+    /// `NoCopy` (RESTORE), `NoCopy` and `Busy` (REMOVE while another action is active).
+    fn hsm_request(
+        &self,
+        ino: Ino,
+        action: crate::hsm::HsmAction,
+        archive_id: Option<u32>,
+    ) -> Result<Option<HsmRequest>>;
+    /// Cancels every active request of `ino` at once, waiting or started (the mover of a
+    /// started one learns it at its next [`Hsm::hsm_progress`] and stops); returns how many.
+    /// `NothingToCancel` when there was none.
+    fn hsm_cancel(&self, ino: Ino) -> Result<u64>;
+    /// Cancels one request; `UnknownRequest`, `NothingToCancel` when it is already final.
+    fn hsm_cancel_request(&self, id: u64) -> Result<HsmRequest>;
+    /// One request (`UnknownRequest` once purged): what a waiting opener polls.
+    fn hsm_get_request(&self, id: u64) -> Result<HsmRequest>;
+    /// `tierfs hsm action`: the file's active request, else its latest final one (its error
+    /// says why a restore failed), else None.
+    fn hsm_action(&self, ino: Ino) -> Result<Option<HsmRequest>>;
+    /// `tierfs hsm list`: requests by state (started, then waiting in take order, then final
+    /// ones newest first).
+    fn hsm_list(&self, filter: &HsmListFilter) -> Result<Vec<HsmRequest>>;
+
+    // ---- agents
+
+    /// Registers a copytool agent (heartbeat now); returns its id. `UnknownArchive` when it
+    /// names an archive that is not registered.
+    fn hsm_agent_register(&self, info: &HsmAgentInfo) -> Result<u64>;
+    /// Stamps the agent's heartbeat; `UnknownAgent` once it was unregistered or dropped.
+    fn hsm_agent_heartbeat(&self, agent: u64) -> Result<()>;
+    /// Unregisters an agent; the requests it held go back to waiting at once (the attempt is
+    /// not counted). Returns how many.
+    fn hsm_agent_unregister(&self, agent: u64) -> Result<u64>;
+    /// Registered agents, by id.
+    fn hsm_agents(&self) -> Result<Vec<HsmAgent>>;
+    /// Gives `agent` up to `max` waiting requests of the archives it serves, marked started
+    /// (an attempt counted, `started`/`updated` now): highest priority first (restores before
+    /// archives), then oldest; none whose `next_try` is to come; within the per-agent cap
+    /// (min of the agent's own and [`HsmSettings::max_per_agent`], counting what it holds)
+    /// and the per-archive cap ([`HsmSettings::max_per_archive`], all agents). Several agents
+    /// take concurrently without taking one request twice or passing a cap (PostgreSQL: takers
+    /// serialise on an advisory lock, rows picked `FOR UPDATE SKIP LOCKED`; SQLite: one
+    /// writer). Also stamps the agent's heartbeat. `UnknownAgent` for an unknown agent.
+    fn hsm_take(&self, agent: u64, max: usize) -> Result<Vec<HsmTask>>;
+    /// A mover's progress on a started request (also the heartbeat of that request and of its
+    /// agent): [`Progress::Stop`] when it should stop at once (canceled, requeued after a
+    /// timeout and no longer this agent's, or the file went).
+    fn hsm_progress(&self, agent: u64, request: u64, bytes_moved: u64) -> Result<Progress>;
+    /// A restore mover commits restored data: `slices` (of objects it wrote under the file's
+    /// layout) are added to the released file without changing its size, times, data version
+    /// or flags, and count in `allocated`; readers may read the restored prefix meanwhile.
+    /// [`Progress::Stop`] (nothing committed, the objects go to the trash) when the request is
+    /// no longer this agent's started RESTORE.
+    fn hsm_restore_slices(&self, agent: u64, request: u64, slices: &[Slice]) -> Result<Progress>;
+    /// A mover finished a request; the state change and the request's success are one
+    /// transaction. ARCHIVE: when the file's data version is still `done.data_version` (and no
+    /// RW-PCC lease holds dirty data) the copy is recorded (ARCHIVED and EXISTS set, DIRTY
+    /// cleared, the archive id, key, size, checksum), else [`HsmOutcome::Stale`] (the copy is
+    /// not recorded; a file archived before stays DIRTY). RESTORE: RELEASED is cleared (the
+    /// data was committed by [`Hsm::hsm_restore_slices`]). REMOVE: ARCHIVED and the copy go
+    /// (a file whose inode is gone: nothing more). [`HsmOutcome::Canceled`] when the request
+    /// is no longer this agent's started request (nothing changes).
+    fn hsm_complete(&self, agent: u64, request: u64, done: &HsmDone) -> Result<HsmOutcome>;
+    /// A mover failed a request: with `retry` and attempts left, it waits again with backoff
+    /// ([`HsmSettings::retry_backoff_ns`]); otherwise (or after [`HsmSettings::max_attempts`])
+    /// it fails for good with `error` (a RESTORE's waiting openers get EIO, and
+    /// `tierfs hsm action` shows `error`). Returns the request's new state (`Canceled` when it
+    /// was not this agent's any more: nothing changed).
+    fn hsm_fail(&self, agent: u64, request: u64, error: &str, retry: bool) -> Result<RequestState>;
+    /// The coordinator's housekeeping, run by agents (and clients) now and then: started
+    /// requests with no report for [`HsmSettings::request_timeout_ns`] go back to waiting
+    /// (counted as a failed attempt, with backoff; failed once attempts are used up); agents
+    /// silent as long are dropped; final requests older than [`HsmSettings::keep_done_ns`]
+    /// are purged. Returns (requeued, agents dropped, purged).
+    fn hsm_housekeep(&self) -> Result<(u64, u64, u64)>;
+}
+
 /// Every domain of the metadata engine at once: what the client holds.
 pub trait MetaEngine:
-    Namespace + FileData + Sessions + Pcc + Locks + Admin + Changelog + Workers
+    Namespace + FileData + Sessions + Pcc + Locks + Admin + Changelog + Workers + Hsm
 {
 }
 
 impl<T> MetaEngine for T where
-    T: Namespace + FileData + Sessions + Pcc + Locks + Admin + Changelog + Workers + ?Sized
+    T: Namespace + FileData + Sessions + Pcc + Locks + Admin + Changelog + Workers + Hsm + ?Sized
 {
 }

@@ -61,6 +61,9 @@ pub enum MetaError {
     /// Bad input to a changelog operation (unknown reader, clear past the end, ...).
     #[error("{0}")]
     Changelog(#[from] crate::changelog::ChangelogError),
+    /// A refusal of, or bad input to, an HSM operation.
+    #[error("{0}")]
+    Hsm(#[from] crate::hsm::HsmError),
 }
 
 impl MetaError {
@@ -89,6 +92,7 @@ impl MetaError {
             | MetaError::Unavailable(_)
             | MetaError::SessionEnded(_) => libc::EIO,
             MetaError::Changelog(e) => e.errno(),
+            MetaError::Hsm(e) => e.errno(),
         }
     }
 }

@@ -25,6 +25,7 @@ use parking_lot::Mutex;
 use crate::changelog::{ChangelogRecord, ChangelogStatus, IdleDeregistration, Mask};
 use crate::engine::*;
 use crate::error::{MetaError, Result};
+use crate::hsm::*;
 use crate::types::*;
 
 /// How an injected call fails.
@@ -345,6 +346,36 @@ impl Workers for FaultyEngine {
     guarded! {
         fn report_workers(&self, session: u64, reports: &[WorkerReport]) -> Result<()>;
         fn worker_reports(&self) -> Result<Vec<WorkerReport>>;
+    }
+}
+
+impl Hsm for FaultyEngine {
+    guarded! {
+        fn hsm_archive_add(&self, id: u32, url: &str) -> Result<()>;
+        fn hsm_archive_del(&self, id: u32) -> Result<()>;
+        fn hsm_archives(&self) -> Result<Vec<Archive>>;
+        fn hsm_settings(&self) -> Result<HsmSettings>;
+        fn hsm_set_settings(&self, s: &HsmSettings) -> Result<()>;
+        fn hsm_state(&self, ino: Ino) -> Result<HsmState>;
+        fn hsm_set_flags(&self, ino: Ino, set: u32, clear: u32) -> Result<HsmState>;
+        fn hsm_release(&self, ino: Ino) -> Result<Attr>;
+        fn hsm_import(&self, archive_id: u32, items: &[HsmImport]) -> Result<Vec<Attr>>;
+        fn hsm_request(&self, ino: Ino, action: HsmAction, archive_id: Option<u32>) -> Result<Option<HsmRequest>>;
+        fn hsm_cancel(&self, ino: Ino) -> Result<u64>;
+        fn hsm_cancel_request(&self, id: u64) -> Result<HsmRequest>;
+        fn hsm_get_request(&self, id: u64) -> Result<HsmRequest>;
+        fn hsm_action(&self, ino: Ino) -> Result<Option<HsmRequest>>;
+        fn hsm_list(&self, filter: &HsmListFilter) -> Result<Vec<HsmRequest>>;
+        fn hsm_agent_register(&self, info: &HsmAgentInfo) -> Result<u64>;
+        fn hsm_agent_heartbeat(&self, agent: u64) -> Result<()>;
+        fn hsm_agent_unregister(&self, agent: u64) -> Result<u64>;
+        fn hsm_agents(&self) -> Result<Vec<HsmAgent>>;
+        fn hsm_take(&self, agent: u64, max: usize) -> Result<Vec<HsmTask>>;
+        fn hsm_progress(&self, agent: u64, request: u64, bytes_moved: u64) -> Result<Progress>;
+        fn hsm_restore_slices(&self, agent: u64, request: u64, slices: &[Slice]) -> Result<Progress>;
+        fn hsm_complete(&self, agent: u64, request: u64, done: &HsmDone) -> Result<HsmOutcome>;
+        fn hsm_fail(&self, agent: u64, request: u64, error: &str, retry: bool) -> Result<RequestState>;
+        fn hsm_housekeep(&self) -> Result<(u64, u64, u64)>;
     }
 }
 

@@ -2,7 +2,7 @@
 //! filesystem, kept in an existing database (the Lustre MDS/MDT role).
 //!
 //! - [`engine`]: the domain traits (namespace, file data, sessions, PCC, locks, admin,
-//!   changelog, workers) and [`engine::MetaEngine`], all of them at once; one transaction per
+//!   changelog, workers, HSM) and [`engine::MetaEngine`], all of them at once; one transaction per
 //!   method.
 //! - [`core::SqlMeta`]: the one implementation of them, over the SQL layer [`sql`].
 //! - [`sqlite::SqliteEngine`]: the embedded default's driver (SQLite in WAL mode);
@@ -16,6 +16,7 @@ pub mod core;
 pub mod engine;
 pub mod error;
 pub mod faulty;
+pub mod hsm;
 pub mod locks;
 pub mod postgres;
 pub mod sql;
@@ -24,7 +25,7 @@ pub mod types;
 pub mod url;
 
 pub use engine::{
-    Admin, Changelog, Channel, FileData, Listener, Locks, MetaEngine, Namespace, Notice, Pcc,
+    Admin, Changelog, Channel, FileData, Hsm, Listener, Locks, MetaEngine, Namespace, Notice, Pcc,
     Sessions, Workers, OPEN_TRASH_GRACE, ORPHAN_GRACE,
 };
 pub use error::{MetaError, Result};

@@ -123,6 +123,9 @@ pub struct Attr {
     /// Files: bytes that hold data (see [`allocated_bytes`]); st_blocks is this in 512-byte
     /// units. Holes, punched ranges and truncated tails do not count.
     pub allocated: u64,
+    /// Files: HSM flags (0 for a file HSM never touched; a RELEASED file's data is in the
+    /// archive only, an open or read restores it). See [`crate::hsm`].
+    pub hsm: crate::hsm::HsmFlags,
 }
 
 /// A time to set in `setattr`.
@@ -431,6 +434,8 @@ pub const DUMP_TABLES: &[&str] = &[
     "trash",
     "pcc_leases",
     "pcc_rules",
+    "hsm_archives",
+    "hsm_files",
 ];
 
 /// One reference to a storage object in the metadata (for `tierfs fsck` and `tierfs gc`): a

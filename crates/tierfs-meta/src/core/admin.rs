@@ -613,7 +613,7 @@ mod tests {
         // CREATE TABLE, then the columns later versions added, in table order.
         let inodes = names("inodes");
         assert_eq!(inodes.first().map(String::as_str), Some("ino"));
-        assert_eq!(inodes.last().map(String::as_str), Some("allocated"));
+        assert_eq!(inodes.last().map(String::as_str), Some("hsm"));
         assert!(inodes.contains(&"symlink".to_string()));
         assert_eq!(names("pcc_rules").last().map(String::as_str), Some("quota"));
         // Table constraints are not columns; quoted names lose their quotes.

@@ -15,13 +15,13 @@ pub const MAX_LINKS: i64 = 65000;
 pub const ATTR_COLS: &str =
     "ino, kind, perm, uid, gid, nlink, size, rdev, atime, mtime, ctime, crtime, \
      projid, data_version, stripe_size, stripe_targets, def_stripe_count, def_stripe_size, parent, \
-     allocated";
+     allocated, hsm";
 
 /// [`ATTR_COLS`] qualified by the alias `i` (`i.ino, i.kind, ...`), for joins.
 pub const ATTR_COLS_I: &str =
     "i.ino, i.kind, i.perm, i.uid, i.gid, i.nlink, i.size, i.rdev, i.atime, i.mtime, i.ctime, \
      i.crtime, i.projid, i.data_version, i.stripe_size, i.stripe_targets, i.def_stripe_count, \
-     i.def_stripe_size, i.parent, i.allocated";
+     i.def_stripe_size, i.parent, i.allocated, i.hsm";
 
 /// An [`Attr`] from a row whose first columns are [`ATTR_COLS`].
 pub fn attr_from_row(r: &Row) -> Result<Attr> {
@@ -57,6 +57,7 @@ pub fn attr_from_row(r: &Row) -> Result<Attr> {
         },
         parent: r.u64(18)?,
         allocated: r.i64(19)?.max(0) as u64,
+        hsm: crate::hsm::HsmFlags(r.u32(20)?),
     })
 }
 
@@ -64,7 +65,7 @@ pub fn attr_from_row(r: &Row) -> Result<Attr> {
 pub fn get_attr(tx: &mut dyn Tx, ino: Ino) -> Result<Attr> {
     const SQL: &str = "SELECT ino, kind, perm, uid, gid, nlink, size, rdev, atime, mtime, ctime, \
         crtime, projid, data_version, stripe_size, stripe_targets, def_stripe_count, \
-        def_stripe_size, parent, allocated FROM inodes WHERE ino = $1";
+        def_stripe_size, parent, allocated, hsm FROM inodes WHERE ino = $1";
     attr_from_row(&tx.one(SQL, vals![ino])?)
 }
 
@@ -395,9 +396,19 @@ pub fn purge_inode(tx: &mut dyn Tx, ino: Ino) -> Result<()> {
         "DELETE FROM locks WHERE ino = $1",
         "DELETE FROM pcc_leases WHERE ino = $1",
         "DELETE FROM pcc_revokes WHERE ino = $1",
-        "DELETE FROM inodes WHERE ino = $1",
     ] {
         tx.exec(sql, vals![ino])?;
+    }
+    // The inode's HSM flags come back with its deletion: a file with HSM state has more to
+    // forget (no statement more for the others).
+    let hsm = tx.query_opt(
+        "DELETE FROM inodes WHERE ino = $1 RETURNING hsm",
+        vals![ino],
+    )?;
+    if let Some(r) = hsm {
+        if r.i64(0)? != 0 {
+            super::hsm::forget_file(tx, ino)?;
+        }
     }
     Ok(())
 }
@@ -421,6 +432,7 @@ fn pg_purge_sql(if_unheld: bool) -> &'static str {
             } else {
                 ("WITH ", "")
             };
+            let hsm = super::hsm::pg_forget_ctes(cond);
             format!(
                 "{head}s AS (DELETE FROM slices WHERE ino = $1{cond} \
                      RETURNING target, obj, obj_size), \
@@ -431,7 +443,8 @@ fn pg_purge_sql(if_unheld: bool) -> &'static str {
                  x AS (DELETE FROM xattrs WHERE ino = $1{cond}), \
                  l AS (DELETE FROM locks WHERE ino = $1{cond}), \
                  p AS (DELETE FROM pcc_leases WHERE ino = $1{cond}), \
-                 r AS (DELETE FROM pcc_revokes WHERE ino = $1{cond}) \
+                 r AS (DELETE FROM pcc_revokes WHERE ino = $1{cond}), \
+                 {hsm} \
                  DELETE FROM inodes WHERE ino = $1{cond}"
             )
         };
@@ -718,7 +731,7 @@ mod tests {
             .split(", ")
             .map(|c| c.trim().trim_start_matches("i.").to_string())
             .collect();
-        assert_eq!(plain.len(), 20);
+        assert_eq!(plain.len(), 21);
         assert_eq!(plain, joined);
     }
 }

@@ -16,12 +16,13 @@ use super::SqlMeta;
 use crate::changelog::RecordType;
 use crate::engine::FileData;
 use crate::error::{MetaError, Result};
+use crate::hsm::{changelog_flags, HsmError, HsmEvent};
 use crate::sql::{Driver, Tx};
 use crate::types::*;
 use crate::vals;
 
 /// The distinct objects (target, obj, size) that `slices` bring.
-fn objects_of(slices: &[Slice]) -> Vec<(u32, u64, u64)> {
+pub(crate) fn objects_of(slices: &[Slice]) -> Vec<(u32, u64, u64)> {
     let mut v: Vec<(u32, u64, u64)> = slices
         .iter()
         .filter_map(|s| match s.data {
@@ -41,7 +42,7 @@ fn objects_of(slices: &[Slice]) -> Vec<(u32, u64, u64)> {
 
 /// Counts new objects against their targets: one update per target, in ascending target
 /// order (the lock order after inode rows).
-fn account_objects(tx: &mut dyn Tx, objs: &[(u32, u64, u64)]) -> Result<()> {
+pub(crate) fn account_objects(tx: &mut dyn Tx, objs: &[(u32, u64, u64)]) -> Result<()> {
     let mut per: BTreeMap<u32, (u64, u64)> = BTreeMap::new();
     for (target, _obj, size) in objs {
         let e = per.entry(*target).or_default();
@@ -59,7 +60,7 @@ fn account_objects(tx: &mut dyn Tx, objs: &[(u32, u64, u64)]) -> Result<()> {
 
 /// Objects that no slice will ever reference (a commit to a file that went away, a compaction
 /// that lost its race): counted against their targets and put in the trash at once.
-fn trash_new_objects(tx: &mut dyn Tx, ino: Ino, slices: &[Slice]) -> Result<()> {
+pub(crate) fn trash_new_objects(tx: &mut dyn Tx, ino: Ino, slices: &[Slice]) -> Result<()> {
     let objs = objects_of(slices);
     account_objects(tx, &objs)?;
     for (target, obj, size) in objs {
@@ -71,7 +72,23 @@ fn trash_new_objects(tx: &mut dyn Tx, ino: Ino, slices: &[Slice]) -> Result<()> 
     Ok(())
 }
 
-/// `SELECT`/`RETURNING` list of the inode columns, for updates that return the new attributes.
+/// The changelog HSM record (event STATE, flag dirty) of a write to `old` that made it dirty:
+/// an archived file that was clean. None otherwise (no statement).
+pub(crate) fn dirtied(old: &Attr) -> Option<Rec<'static>> {
+    (old.hsm.archived() && !old.hsm.dirty()).then(|| {
+        Rec::new(RecordType::Hsm, old.ino).flags(changelog_flags(HsmEvent::State, 0, true))
+    })
+}
+
+/// Writes a write's changelog record `typ`, with [`dirtied`]'s when the write made an
+/// archived file dirty: one statement in the usual case, as before HSM.
+pub(crate) fn record_write(tx: &mut dyn Tx, old: &Attr, typ: RecordType) -> Result<()> {
+    match dirtied(old) {
+        None => changelog::record(tx, &Rec::new(typ, old.ino)).map(|_| ()),
+        Some(d) => changelog::record_all(tx, &[Rec::new(typ, old.ino), d]),
+    }
+}
+
 impl<D: Driver> FileData for SqlMeta<D> {
     fn alloc_object_ids(&self, n: u64) -> Result<u64> {
         self.d.write(|tx| {
@@ -125,6 +142,9 @@ impl<D: Driver> FileData for SqlMeta<D> {
             if a.kind != Kind::File {
                 return Err(MetaError::Invalid("fallocate on a non-regular file".into()));
             }
+            if a.hsm.released() {
+                return Err(HsmError::Released.into());
+            }
             let now = now_nanos();
             if zero {
                 let end = (off + len).min(a.size);
@@ -140,21 +160,28 @@ impl<D: Driver> FileData for SqlMeta<D> {
                     a.size.max(off + len)
                 };
                 tx.exec(
-                    "UPDATE inodes SET size = $3, mtime = $2, ctime = $2, \
-                     data_version = data_version + 1, allocated = GREATEST(0, allocated + $4) \
-                     WHERE ino = $1",
+                    concat!(
+                        "UPDATE inodes SET size = $3, mtime = $2, ctime = $2, \
+                         data_version = data_version + 1, allocated = GREATEST(0, allocated + $4), ",
+                        crate::hsm_dirty_sql!(),
+                        " WHERE ino = $1"
+                    ),
                     vals![ino, now, size, delta],
                 )?;
-                // changelog: MTIME (a range now reads as zeros; the size may have grown)
-                changelog::record(tx, &Rec::new(RecordType::Mtime, ino))?;
+                // changelog: MTIME (a range now reads as zeros; the size may have grown), and
+                // HSM when that made an archived file dirty
+                record_write(tx, &a, RecordType::Mtime)?;
             } else if !keep_size && off + len > a.size {
                 tx.exec(
-                    "UPDATE inodes SET size = $2, ctime = $3, data_version = data_version + 1 \
-                     WHERE ino = $1",
+                    concat!(
+                        "UPDATE inodes SET size = $2, ctime = $3, data_version = data_version + 1, ",
+                        crate::hsm_dirty_sql!(),
+                        " WHERE ino = $1"
+                    ),
                     vals![ino, off + len, now],
                 )?;
-                // changelog: CTIME (the size grew: space reserved)
-                changelog::record(tx, &Rec::new(RecordType::Ctime, ino))?;
+                // changelog: CTIME (the size grew: space reserved), HSM as above
+                record_write(tx, &a, RecordType::Ctime)?;
             }
             get_attr(tx, ino)
         })
@@ -200,10 +227,12 @@ impl<D: Driver> FileData for SqlMeta<D> {
     }
 
     fn rewrite_data(&self, ino: Ino, slices: &[Slice], size: u64, mtime: Nanos) -> Result<Attr> {
-        static UPDATE: AttrUpdate = AttrUpdate::new(
+        static UPDATE: AttrUpdate = AttrUpdate::new(concat!(
             "UPDATE inodes SET size = $2, mtime = $3, ctime = $4, \
-             data_version = data_version + 1, allocated = $5 WHERE ino = $1",
-        );
+             data_version = data_version + 1, allocated = $5, ",
+            crate::hsm_dirty_sql!(),
+            " WHERE ino = $1"
+        ));
         // The file holds exactly `slices` afterwards: its allocated bytes follow from them.
         let mut per = ChunkRows::new();
         for s in slices {
@@ -214,17 +243,24 @@ impl<D: Driver> FileData for SqlMeta<D> {
         let allocated: u64 = per.values().map(|v| allocated_bytes(v)).sum();
         self.d.write(|tx| {
             let old = lock1(tx, ino)?;
+            if old.hsm.released() {
+                // The client restores a released file before writing it.
+                return Err(HsmError::Released.into());
+            }
             trash_slices(tx, ino, "TRUE", &[])?;
             insert_slices(tx, ino, slices)?;
             let a = UPDATE.run(tx, ino, vals![ino, size, mtime, now_nanos(), allocated])?;
             account_objects(tx, &objects_of(slices))?;
             // changelog: MTIME (all data replaced by the RW-PCC write-back; TRUNC as well when
             // the size shrank). Last, after every row lock.
-            let mut recs = Vec::with_capacity(2);
+            let mut recs = Vec::with_capacity(3);
             if size < old.size {
                 recs.push(Rec::new(RecordType::Trunc, ino));
             }
             recs.push(Rec::new(RecordType::Mtime, ino));
+            if let Some(r) = dirtied(&old) {
+                recs.push(r);
+            }
             changelog::record_all(tx, &recs)?;
             Ok(a)
         })
@@ -294,11 +330,12 @@ impl<D: Driver> SqlMeta<D> {
         new_end: u64,
         mtime: Nanos,
     ) -> Result<Attr> {
-        static UPDATE: AttrUpdate = AttrUpdate::new(
+        static UPDATE: AttrUpdate = AttrUpdate::new(concat!(
             "UPDATE inodes SET size = GREATEST(size, $2), mtime = $3, ctime = $3, \
-             data_version = data_version + 1, allocated = GREATEST(0, allocated + $4) \
-             WHERE ino = $1",
-        );
+             data_version = data_version + 1, allocated = GREATEST(0, allocated + $4), ",
+            crate::hsm_dirty_sql!(),
+            " WHERE ino = $1"
+        ));
         self.d.write_commit(|tx| {
             if let Some(s) = session {
                 // Writes buffered under a session that ended are never recorded: its uploads
@@ -311,22 +348,28 @@ impl<D: Driver> SqlMeta<D> {
                     return Err(e);
                 }
             }
-            if let Err(e) = lock1(tx, ino) {
-                if matches!(e, MetaError::NotFound) {
+            let old = match lock1(tx, ino) {
+                Ok(a) => a,
+                Err(MetaError::NotFound) => {
                     // The file went away while its data was uploading: the objects are
                     // garbage (committed, unlike the error).
                     trash_new_objects(tx, ino, slices)?;
                     return Ok(Err(MetaError::NotFound));
                 }
-                return Err(e);
+                Err(e) => return Err(e),
+            };
+            if old.hsm.released() {
+                // Its data is in the archive only: the client restores before writing.
+                trash_new_objects(tx, ino, slices)?;
+                return Ok(Err(HsmError::Released.into()));
             }
             let delta = add_slices(tx, ino, slices)?;
             let a = UPDATE.run(tx, ino, vals![ino, new_end, mtime, delta])?;
             account_objects(tx, &objects_of(slices))?;
-            // changelog: MTIME (data written: size, mtime and data version changed). Last,
-            // after every row lock: on PostgreSQL the record holds the changelog's order lock
-            // until commit (core::changelog).
-            changelog::record(tx, &Rec::new(RecordType::Mtime, ino))?;
+            // changelog: MTIME (data written: size, mtime and data version changed), and HSM
+            // when that made an archived file dirty. Last, after every row lock: on PostgreSQL
+            // the record holds the changelog's order lock until commit (core::changelog).
+            record_write(tx, &old, RecordType::Mtime)?;
             Ok(Ok(a))
         })?
     }

@@ -9,6 +9,7 @@ pub mod admin;
 pub mod changelog;
 pub mod common;
 pub mod data;
+pub mod hsm;
 pub mod locks;
 pub mod namespace;
 pub mod pcc;

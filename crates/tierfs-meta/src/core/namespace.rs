@@ -177,6 +177,97 @@ fn delete_dir_inode(tx: &mut dyn Tx, ino: Ino) -> Result<()> {
     Ok(())
 }
 
+/// [`Namespace::create`] in the caller's transaction (`name` already checked): also what
+/// `tierfs hsm import` creates its files with (`core::hsm`).
+pub(crate) fn create_in(
+    tx: &mut dyn Tx,
+    parent: Ino,
+    name: &[u8],
+    node: &NewNode,
+    layout: Option<Layout>,
+    open_by: Option<u64>,
+) -> Result<Attr> {
+    // Opened at once: only under a live session (PostgreSQL: its row held first; the
+    // fused insert below records the open. SQLite: `record_open` checks).
+    if let (Some(s), true) = (open_by, tx.dialect().is_postgres()) {
+        super::session::hold_session(tx, s)?;
+    }
+    let (p, p_inherit, taken) = lock_parent_for_create(tx, parent, name)?;
+    is_dir(&p)?;
+    if p.nlink == 0 {
+        return Err(MetaError::NotFound);
+    }
+    if taken {
+        return Err(MetaError::Exists);
+    }
+    let now = now_nanos();
+    let mut perm = node.perm & 0o7777;
+    let mut gid = node.gid;
+    if p.perm & libc::S_ISGID != 0 {
+        gid = p.gid;
+        if node.kind == Kind::Dir {
+            perm |= libc::S_ISGID;
+        }
+    }
+    let (projid, projinherit) = if p_inherit {
+        (p.projid, node.kind == Kind::Dir)
+    } else {
+        (0, false)
+    };
+    let nlink: i64 = if node.kind == Kind::Dir { 2 } else { 1 };
+    let size = node.symlink.as_ref().map(|s| s.len()).unwrap_or(0) as i64;
+    let (ss, st) = match (&layout, node.kind) {
+        (Some(l), Kind::File) => (l.stripe_size as i64, l.encode_targets()),
+        _ => (0, String::new()),
+    };
+    let parent_links: i64 = if node.kind == Kind::Dir { 1 } else { 0 };
+    let mut params: Vec<Value> = vec![
+        (node.kind as i64).into(),
+        perm.into(),
+        node.uid.into(),
+        gid.into(),
+        nlink.into(),
+        size.into(),
+        node.rdev.into(),
+        now.into(),
+        projid.into(),
+        (projinherit as i64).into(),
+        ss.into(),
+        st.into(),
+        parent.into(),
+        node.symlink.as_deref().into(),
+    ];
+    let a = if tx.dialect().is_postgres() {
+        params.extend([name.into(), parent_links.into(), open_by.into()]);
+        attr_from_row(&tx.one(insert_inode_fused_sql(), &params)?)?
+    } else {
+        let ino = tx.insert_id(INSERT_INODE, &params, "ino")? as Ino;
+        tx.exec(
+            "INSERT INTO dentries (parent, name, ino, kind) VALUES ($1, $2, $3, $4)",
+            vals![parent, name, ino, node.kind as i64],
+        )?;
+        touch_dir(tx, parent, now, parent_links)?;
+        if let Some(session) = open_by {
+            record_open(tx, session, ino)?;
+        }
+        get_attr(tx, ino)?
+    };
+    // changelog: CREAT (file), MKDIR (dir), SLINK (symlink), MKNOD (other kinds)
+    let typ = match node.kind {
+        Kind::File => RecordType::Creat,
+        Kind::Dir => RecordType::Mkdir,
+        Kind::Symlink => RecordType::Slink,
+        _ => RecordType::Mknod,
+    };
+    let made = Rec::new(typ, a.ino).at(parent, name);
+    if open_by.is_some() {
+        changelog::record_all(tx, &[made, Rec::new(RecordType::Open, a.ino)])?;
+    } else {
+        changelog::record(tx, &made)?;
+    }
+    Ok(a)
+}
+
 impl<D: Driver> Namespace for SqlMeta<D> {
     fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Attr> {
         if name.len() > NAME_MAX {
@@ -200,6 +291,8 @@ impl<D: Driver> Namespace for SqlMeta<D> {
     fn setattr(&self, ino: Ino, set: &SetAttr) -> Result<Attr> {
         self.d.write(|tx| {
             let mut a = lock1(tx, ino)?;
+            // The HSM record a truncate of a clean archived file writes (no statement else).
+            let dirtied = super::data::dirtied(&a);
             let now = now_nanos();
             let mut changed = false;
             if let Some(size) = set.size {
@@ -209,7 +302,14 @@ impl<D: Driver> Namespace for SqlMeta<D> {
                 if a.kind != Kind::File {
                     return Err(MetaError::Invalid("truncate of a special file".into()));
                 }
+                if a.hsm.released() && size != a.size {
+                    // Its data is in the archive only: the client restores it first.
+                    return Err(crate::hsm::HsmError::Released.into());
+                }
                 truncate(tx, &a, size)?;
+                if a.hsm.archived() {
+                    a.hsm.0 |= crate::hsm::HsmFlags::DIRTY;
+                }
                 a.size = size;
                 a.data_version += 1;
                 a.mtime = now;
@@ -242,7 +342,7 @@ impl<D: Driver> Namespace for SqlMeta<D> {
             }
             tx.exec(
                 "UPDATE inodes SET perm = $2, uid = $3, gid = $4, size = $5, atime = $6, \
-                 mtime = $7, ctime = $8, data_version = $9 WHERE ino = $1",
+                 mtime = $7, ctime = $8, data_version = $9, hsm = $10 WHERE ino = $1",
                 vals![
                     ino,
                     a.perm,
@@ -252,16 +352,19 @@ impl<D: Driver> Namespace for SqlMeta<D> {
                     a.atime,
                     a.mtime,
                     a.ctime,
-                    a.data_version
+                    a.data_version,
+                    a.hsm.0
                 ],
             )?;
             // changelog: TRUNC (set.size), SATTR (perm, uid, gid, atime), MTIME (set.mtime),
             // CTIME (set.ctime alone). Lustre's precedence: TRUNC for a size change and SATTR
             // for mode/owner/group (both when both), else MTIME when mtime was set, else CTIME
             // when only atime or ctime moved.
-            let mut recs = Vec::with_capacity(2);
+            let mut recs = Vec::with_capacity(3);
             if set.size.is_some() {
                 recs.push(Rec::new(RecordType::Trunc, ino));
+                // HSM (STATE, dirty) when the truncate made an archived file dirty
+                recs.extend(dirtied);
             }
             if set.perm.is_some() || set.uid.is_some() || set.gid.is_some() {
                 recs.push(Rec::new(RecordType::Sattr, ino));
@@ -286,87 +389,8 @@ impl<D: Driver> Namespace for SqlMeta<D> {
         open_by: Option<u64>,
     ) -> Result<Attr> {
         check_name(name)?;
-        self.d.write(|tx| {
-            // Opened at once: only under a live session (PostgreSQL: its row held first; the
-            // fused insert below records the open. SQLite: `record_open` checks).
-            if let (Some(s), true) = (open_by, tx.dialect().is_postgres()) {
-                super::session::hold_session(tx, s)?;
-            }
-            let (p, p_inherit, taken) = lock_parent_for_create(tx, parent, name)?;
-            is_dir(&p)?;
-            if p.nlink == 0 {
-                return Err(MetaError::NotFound);
-            }
-            if taken {
-                return Err(MetaError::Exists);
-            }
-            let now = now_nanos();
-            let mut perm = node.perm & 0o7777;
-            let mut gid = node.gid;
-            if p.perm & libc::S_ISGID != 0 {
-                gid = p.gid;
-                if node.kind == Kind::Dir {
-                    perm |= libc::S_ISGID;
-                }
-            }
-            let (projid, projinherit) = if p_inherit {
-                (p.projid, node.kind == Kind::Dir)
-            } else {
-                (0, false)
-            };
-            let nlink: i64 = if node.kind == Kind::Dir { 2 } else { 1 };
-            let size = node.symlink.as_ref().map(|s| s.len()).unwrap_or(0) as i64;
-            let (ss, st) = match (&layout, node.kind) {
-                (Some(l), Kind::File) => (l.stripe_size as i64, l.encode_targets()),
-                _ => (0, String::new()),
-            };
-            let parent_links: i64 = if node.kind == Kind::Dir { 1 } else { 0 };
-            let mut params: Vec<Value> = vec![
-                (node.kind as i64).into(),
-                perm.into(),
-                node.uid.into(),
-                gid.into(),
-                nlink.into(),
-                size.into(),
-                node.rdev.into(),
-                now.into(),
-                projid.into(),
-                (projinherit as i64).into(),
-                ss.into(),
-                st.into(),
-                parent.into(),
-                node.symlink.as_deref().into(),
-            ];
-            let a = if tx.dialect().is_postgres() {
-                params.extend([name.into(), parent_links.into(), open_by.into()]);
-                attr_from_row(&tx.one(insert_inode_fused_sql(), &params)?)?
-            } else {
-                let ino = tx.insert_id(INSERT_INODE, &params, "ino")? as Ino;
-                tx.exec(
-                    "INSERT INTO dentries (parent, name, ino, kind) VALUES ($1, $2, $3, $4)",
-                    vals![parent, name, ino, node.kind as i64],
-                )?;
-                touch_dir(tx, parent, now, parent_links)?;
-                if let Some(session) = open_by {
-                    record_open(tx, session, ino)?;
-                }
-                get_attr(tx, ino)?
-            };
-            // changelog: CREAT (file), MKDIR (dir), SLINK (symlink), MKNOD (other kinds)
-            let typ = match node.kind {
-                Kind::File => RecordType::Creat,
-                Kind::Dir => RecordType::Mkdir,
-                Kind::Symlink => RecordType::Slink,
-                _ => RecordType::Mknod,
-            };
-            let made = Rec::new(typ, a.ino).at(parent, name);
-            if open_by.is_some() {
-                changelog::record_all(tx, &[made, Rec::new(RecordType::Open, a.ino)])?;
-            } else {
-                changelog::record(tx, &made)?;
-            }
-            Ok(a)
-        })
+        self.d
+            .write(|tx| create_in(tx, parent, name, node, layout.clone(), open_by))
     }
 
     fn link(&self, ino: Ino, new_parent: Ino, new_name: &[u8]) -> Result<Attr> {

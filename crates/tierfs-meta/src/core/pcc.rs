@@ -149,8 +149,10 @@ impl<D: Driver> Pcc for SqlMeta<D> {
         size: u64,
         mtime: Nanos,
     ) -> Result<Attr> {
+        // A dirty cache of an archived file makes it dirty (HSM), in the same statement.
         static UPDATE: AttrUpdate = AttrUpdate::new(
-            "UPDATE inodes SET size = $2, mtime = $3, ctime = GREATEST(ctime, $3) WHERE ino = $1",
+            "UPDATE inodes SET size = $2, mtime = $3, ctime = GREATEST(ctime, $3), \
+             hsm = CASE WHEN $4 <> 0 AND hsm & 8 <> 0 THEN hsm | 2 ELSE hsm END WHERE ino = $1",
         );
         self.d.write(|tx| {
             lock_rows(tx, &[ino])?;
@@ -163,7 +165,7 @@ impl<D: Driver> Pcc for SqlMeta<D> {
                 "UPDATE pcc_leases SET dirty = $2 WHERE ino = $1",
                 vals![ino, dirty as i64],
             )?;
-            let a = UPDATE.run(tx, ino, vals![ino, size, mtime])?;
+            let a = UPDATE.run(tx, ino, vals![ino, size, mtime, dirty as i64])?;
             // changelog: MTIME (the lease owner's cached copy: size and mtime)
             super::changelog::record(
                 tx,

@@ -32,7 +32,7 @@ use crate::vals;
 pub type Ddl = &'static [&'static str];
 
 /// Schema version this build writes and understands.
-pub const SCHEMA_VERSION: i64 = 7;
+pub const SCHEMA_VERSION: i64 = 8;
 
 /// One migration step.
 pub struct Migration {
@@ -82,7 +82,19 @@ pub const MIGRATIONS: &[Migration] = &[
         parts: V7,
         after: None,
     },
+    Migration {
+        version: 8,
+        parts: V8,
+        after: None,
+    },
 ];
+
+/// Version 8: HSM (docs/hsm.md). Each file's HSM flags in `inodes.hsm` (0 for every existing
+/// file: none has HSM state), and the tables of archives, archive copies, the coordinator's
+/// queue and its agents ([`crate::core::hsm::SCHEMA`]).
+pub const V8: &[Ddl] = &[HSM_FLAGS, crate::core::hsm::SCHEMA];
+
+const HSM_FLAGS: Ddl = &["ALTER TABLE inodes ADD COLUMN hsm INT NOT NULL DEFAULT 0"];
 
 /// Version 7: RW-PCC recalls say whether they are for writing (give the lease back) or for
 /// reading (a snapshot write-back will do while the owner keeps writing), and carry a number;
