@@ -5,6 +5,7 @@
 use std::any::Any;
 
 mod changelog;
+mod hsm;
 
 use crate::engine::{MetaEngine, OPEN_TRASH_GRACE};
 use crate::error::MetaError;
@@ -110,6 +111,35 @@ pub fn run_all(factory: &Factory<'_>) {
             "a_commit_of_many_slices_keeps_their_order",
             a_commit_of_many_slices_keeps_their_order,
         ),
+        ("hsm_archives_and_settings", hsm::hsm_archives_and_settings),
+        (
+            "hsm_archive_release_restore",
+            hsm::hsm_archive_release_restore,
+        ),
+        ("hsm_dirty_after_write", hsm::hsm_dirty_after_write),
+        ("hsm_release_refusals", hsm::hsm_release_refusals),
+        (
+            "hsm_archive_of_a_changed_file_is_stale",
+            hsm::hsm_archive_of_a_changed_file_is_stale,
+        ),
+        (
+            "hsm_queue_priorities_and_caps",
+            hsm::hsm_queue_priorities_and_caps,
+        ),
+        ("hsm_cancel_acts_at_once", hsm::hsm_cancel_acts_at_once),
+        (
+            "hsm_timeouts_requeue_and_retries",
+            hsm::hsm_timeouts_requeue_and_retries,
+        ),
+        (
+            "hsm_unlink_of_archived_files",
+            hsm::hsm_unlink_of_archived_files,
+        ),
+        (
+            "hsm_import_makes_released_files",
+            hsm::hsm_import_makes_released_files,
+        ),
+        ("hsm_changelog_records", hsm::hsm_changelog_records),
     ];
     for (name, check) in checks {
         let (_guard, engine) = factory();

@@ -506,7 +506,9 @@ pub trait Hsm: Send + Sync {
     fn hsm_take(&self, agent: u64, max: usize) -> Result<Vec<HsmTask>>;
     /// A mover's progress on a started request (also the heartbeat of that request and of its
     /// agent): [`Progress::Stop`] when it should stop at once (canceled, requeued after a
-    /// timeout and no longer this agent's, or the file went).
+    /// timeout and no longer this agent's, or the file went). `UnknownAgent` once the agent
+    /// was dropped for silence ([`Hsm::hsm_housekeep`]): it stops everything and registers
+    /// again (the same for every call naming an agent).
     fn hsm_progress(&self, agent: u64, request: u64, bytes_moved: u64) -> Result<Progress>;
     /// A restore mover commits restored data: `slices` (of objects it wrote under the file's
     /// layout) are added to the released file without changing its size, times, data version

@@ -17,7 +17,8 @@ use crate::types::{Ino, Layout, Nanos};
 pub struct HsmFlags(pub u32);
 
 impl HsmFlags {
-    /// The file has (or had) an archive copy or HSM state set by hand.
+    /// The file has HSM state: an action was requested on it, it has (or had) an archive
+    /// copy, or flags were set by hand.
     pub const EXISTS: u32 = 0x1;
     /// The file changed since its archive copy was made (a write, truncate, fallocate or
     /// RW-PCC write-back of an archived file sets it in the same transaction).

@@ -714,6 +714,10 @@ impl<D: Driver> Hsm for SqlMeta<D> {
                     key.as_deref()
                 ],
             )?;
+            if !f.has(HsmFlags::EXISTS) {
+                // The file has HSM state from now on (its purge then forgets its requests).
+                set_flags(tx, ino, f.0 | HsmFlags::EXISTS)?;
+            }
             Ok(Some(req_from_row(&r)?))
         })
     }
