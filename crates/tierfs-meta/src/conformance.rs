@@ -140,6 +140,10 @@ pub fn run_all(factory: &Factory<'_>) {
             hsm::hsm_import_makes_released_files,
         ),
         ("hsm_changelog_records", hsm::hsm_changelog_records),
+        (
+            "hsm_concurrent_takers_respect_caps",
+            hsm::hsm_concurrent_takers_respect_caps,
+        ),
     ];
     for (name, check) in checks {
         let (_guard, engine) = factory();

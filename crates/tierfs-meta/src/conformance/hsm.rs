@@ -983,3 +983,77 @@ pub fn hsm_changelog_records(e: &dyn MetaEngine) {
         ]
     );
 }
+
+/// Agents taking at the same time never take one request twice, nor pass the archive's cap.
+pub fn hsm_concurrent_takers_respect_caps(e: &dyn MetaEngine) {
+    use std::collections::HashSet;
+    use std::sync::{Barrier, Mutex};
+    e.hsm_archive_add(1, "file:///a1").unwrap();
+    settings(e, |s| {
+        s.max_per_archive = 7;
+        s.max_per_agent = 4;
+    });
+    let mut ids = HashSet::new();
+    for i in 0..30 {
+        let f = file_with_data(e, format!("f{i}").as_bytes(), 10);
+        ids.insert(
+            e.hsm_request(f.ino, HsmAction::Archive, None)
+                .unwrap()
+                .unwrap()
+                .id,
+        );
+    }
+    const AGENTS: usize = 6;
+    let agents: Vec<u64> = (0..AGENTS).map(|_| agent(e, &[1], 0)).collect();
+    let barrier = Barrier::new(AGENTS);
+    let first: Mutex<Vec<u64>> = Mutex::new(Vec::new());
+    let done: Mutex<Vec<u64>> = Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for ag in &agents {
+            let (barrier, first, done) = (&barrier, &first, &done);
+            s.spawn(move || {
+                barrier.wait();
+                let mut round = 0;
+                loop {
+                    let tasks = e.hsm_take(*ag, 10).unwrap();
+                    if round == 0 {
+                        first
+                            .lock()
+                            .unwrap()
+                            .extend(tasks.iter().map(|t| t.request.id));
+                        // Everyone took before anyone completes.
+                        barrier.wait();
+                    }
+                    round += 1;
+                    if tasks.is_empty() {
+                        if e.hsm_list(&HsmListFilter::default()).unwrap().is_empty() {
+                            break;
+                        }
+                        std::thread::sleep(Duration::from_millis(2));
+                        continue;
+                    }
+                    for t in tasks {
+                        let d = HsmDone {
+                            key: "k".into(),
+                            data_version: t.data_version,
+                            size: t.size,
+                            checksum: "c".into(),
+                            bytes_moved: t.size,
+                        };
+                        assert_eq!(
+                            e.hsm_complete(*ag, t.request.id, &d).unwrap(),
+                            HsmOutcome::Done
+                        );
+                        done.lock().unwrap().push(t.request.id);
+                    }
+                }
+            });
+        }
+    });
+    let first = first.into_inner().unwrap();
+    assert_eq!(first.len(), 7, "the archive's cap, all agents together");
+    assert_eq!(first.iter().collect::<HashSet<_>>().len(), 7);
+    let done = done.into_inner().unwrap();
+    assert_eq!(done.len(), 30, "each request completed once");
+    assert_eq!(done.into_iter().collect::<HashSet<_>>(), ids);
+}

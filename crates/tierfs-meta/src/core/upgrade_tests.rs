@@ -260,10 +260,80 @@ fn a_v5_sqlite_filesystem_upgrades_and_keeps_every_file() {
     assert!(e.lookup(ROOT_INO, b"dir").is_ok());
 }
 
+/// After [`verify`] of an upgraded filesystem: its files have no HSM state, and HSM works on
+/// them (a file from before the upgrade archives and releases, keeping its size).
+pub fn verify_hsm(e: &dyn MetaEngine) {
+    let d = e.lookup(ROOT_INO, b"dir").unwrap();
+    let t = e.lookup(d.ino, b"trunc").unwrap();
+    assert_eq!(t.hsm, crate::hsm::HsmFlags(0));
+    assert_eq!(e.lookup(ROOT_INO, b"inline").unwrap().hsm.0, 0);
+    assert!(e.hsm_archives().unwrap().is_empty());
+    assert!(e.hsm_list(&Default::default()).unwrap().is_empty());
+    e.hsm_archive_add(1, "file:///archive").unwrap();
+    let r = e
+        .hsm_request(t.ino, crate::hsm::HsmAction::Archive, None)
+        .unwrap()
+        .unwrap();
+    let agent = e
+        .hsm_agent_register(&crate::hsm::HsmAgentInfo {
+            name: "upgrade".into(),
+            archives: vec![1],
+            ..Default::default()
+        })
+        .unwrap();
+    let task = e.hsm_take(agent, 1).unwrap().pop().unwrap();
+    assert_eq!(task.request.id, r.id);
+    let done = crate::hsm::HsmDone {
+        key: "trunc".into(),
+        data_version: task.data_version,
+        size: task.size,
+        checksum: "c".into(),
+        bytes_moved: task.size,
+    };
+    assert_eq!(
+        e.hsm_complete(agent, r.id, &done).unwrap(),
+        crate::hsm::HsmOutcome::Done
+    );
+    let a = e.hsm_release(t.ino).unwrap();
+    assert!(a.hsm.released());
+    assert_eq!((a.size, a.allocated), (100, 0));
+}
+
+#[test]
+fn a_v7_sqlite_filesystem_upgrades_and_keeps_every_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.db");
+    std::fs::write(&path, include_bytes!("testdata/v7.sqlite")).unwrap();
+    {
+        let c = rusqlite::Connection::open(&path).unwrap();
+        let v: i64 = c
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .unwrap();
+        assert_eq!(v, 7, "the fixture is a v7 filesystem");
+    }
+    let e = crate::sqlite::SqliteMeta::open(&path).unwrap();
+    assert_eq!(
+        e.info().unwrap().schema_version,
+        crate::core::schema::SCHEMA_VERSION
+    );
+    verify(&e);
+    verify_hsm(&e);
+}
+
+/// Loads the PostgreSQL v7 fixture (see [`load_v5_pg`]).
+pub fn load_v7_pg(url: &str) {
+    load_pg(url, include_str!("testdata/v7.pg.sql"), 7);
+}
+
 /// Loads the PostgreSQL fixture into the empty database at `url` (pg_dump's psql
 /// meta-commands, `\restrict`, are left out; everything else is plain SQL).
 pub fn load_v5_pg(url: &str) {
-    let sql: String = include_str!("testdata/v5.pg.sql")
+    load_pg(url, include_str!("testdata/v5.pg.sql"), 5);
+}
+
+/// Loads a pg_dump fixture of schema `version` into the empty database at `url`.
+fn load_pg(url: &str, dump: &str, version: i64) {
+    let sql: String = dump
         .lines()
         .filter(|l| !l.starts_with('\\'))
         .collect::<Vec<_>>()
@@ -274,7 +344,7 @@ pub fn load_v5_pg(url: &str) {
         .query_one("SELECT version FROM public.schema_version", &[])
         .unwrap()
         .get(0);
-    assert_eq!(v, 5, "the fixture is a v5 filesystem");
+    assert_eq!(v, version, "the fixture is a v{version} filesystem");
 }
 
 /// Writes the fixtures with the build's engines: run only at schema v5 (see the module doc).

@@ -267,6 +267,7 @@ fn all_checks(server: &Server) {
     eprintln!("fault injection on PostgreSQL: {:?}", t.elapsed());
     schema_and_format(server);
     a_v5_filesystem_upgrades_and_keeps_every_file(server);
+    a_v7_filesystem_upgrades_and_keeps_every_file(server);
     dump_from_sqlite_loads_into_postgres_and_back(server);
     concurrent_creates_renames_and_commits(server);
     revoke_notifications(server);
@@ -410,6 +411,17 @@ fn a_v5_filesystem_upgrades_and_keeps_every_file(server: &Server) {
     // Opening again (already upgraded) works.
     let e = PgMeta::open(&db.url).unwrap();
     assert!(e.lookup(ROOT_INO, b"dir").is_ok());
+}
+
+/// A v7 filesystem (the schema before HSM) opens, upgrades to v8 and keeps every file; HSM
+/// works on its files.
+fn a_v7_filesystem_upgrades_and_keeps_every_file(server: &Server) {
+    let db = server.fresh_db();
+    crate::core::upgrade_tests::load_v7_pg(&db.url);
+    let e = PgMeta::open(&db.url).unwrap();
+    assert_eq!(e.info().unwrap().schema_version, SCHEMA_VERSION);
+    crate::core::upgrade_tests::verify(&e);
+    crate::core::upgrade_tests::verify_hsm(&e);
 }
 
 /// Drops the tables and columns of schema versions past 5 (part of turning a database back
