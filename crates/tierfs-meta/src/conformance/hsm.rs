@@ -371,7 +371,8 @@ pub fn hsm_dirty_after_write(e: &dyn MetaEngine) {
     e.hsm_archive_add(1, "file:///a1").unwrap();
     let ag = agent(e, &[1], 8);
     let plain = file_with_data(e, b"plain", 100);
-    let ops: Vec<(&str, Box<dyn Fn(Ino)>)> = vec![
+    type Op<'a> = (&'a str, Box<dyn Fn(Ino) + 'a>);
+    let ops: Vec<Op> = vec![
         (
             "commit",
             Box::new(|ino| {

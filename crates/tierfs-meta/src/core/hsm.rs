@@ -1329,7 +1329,7 @@ mod tests {
         };
         // [create+open, commit under the session, close, getattr, truncate, fallocate,
         // write-back, unlink]
-        let mut life = |name: &[u8], archived: bool| -> [u64; 8] {
+        let life = |name: &[u8], archived: bool| -> [u64; 8] {
             let mut g = 0;
             let create = cost(&mut || {
                 g = e
