@@ -216,7 +216,8 @@ pub trait Pcc: Send + Sync {
     /// moves so read-only copies elsewhere are dropped). `WouldBlock` while another client
     /// holds it; `InUse` while a session of another client has the file open (its handles
     /// would go on writing to the capacity tier, and the owner's write-back would then lose
-    /// those writes); taking it again as the holder returns the held lease.
+    /// those writes); taking it again as the holder returns the held lease. A released HSM file
+    /// is refused (`HsmError::Released`): it is restored first.
     fn pcc_acquire(&self, ino: Ino, client: &str) -> Result<PccLease>;
     /// Opens a file as far as leases go, in ONE transaction: locks the inode, reads its lease
     /// and either records the open of `session` (with the changelog's OPEN record, as
@@ -504,8 +505,9 @@ pub trait Hsm: Send + Sync {
     /// serialise on an advisory lock, rows picked `FOR UPDATE SKIP LOCKED`; SQLite: one
     /// writer). Also stamps the agent's heartbeat. `UnknownAgent` for an unknown agent.
     fn hsm_take(&self, agent: u64, max: usize) -> Result<Vec<HsmTask>>;
-    /// A mover's progress on a started request (also the heartbeat of that request and of its
-    /// agent): [`Progress::Stop`] when it should stop at once (canceled, requeued after a
+    /// A mover's progress on a started request (the heartbeat of that request, judged by
+    /// [`Hsm::hsm_housekeep`]; an agent holding requests is never dropped, and one that holds
+    /// none heartbeats with [`Hsm::hsm_agent_heartbeat`] or [`Hsm::hsm_take`]): [`Progress::Stop`] when it should stop at once (canceled, requeued after a
     /// timeout and no longer this agent's, or the file went). `UnknownAgent` once the agent
     /// was dropped for silence ([`Hsm::hsm_housekeep`]): it stops everything and registers
     /// again (the same for every call naming an agent).

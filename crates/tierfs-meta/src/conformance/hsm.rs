@@ -283,6 +283,7 @@ pub fn hsm_archive_release_restore(e: &dyn MetaEngine) {
         hsm_err(e.rewrite_data(f.ino, &[], 0, 5)),
         HsmError::Released
     );
+    assert_eq!(hsm_err(e.pcc_acquire(f.ino, "c1")), HsmError::Released);
     assert_eq!(e.getattr(f.ino).unwrap(), a);
     assert_eq!(
         hsm_err(e.hsm_request(f.ino, HsmAction::Archive, None)),

@@ -316,6 +316,19 @@ fn pick_archive(tx: &mut dyn Tx, file_archive: Option<u32>, asked: Option<u32>) 
     }
 }
 
+/// Fails with `UnknownAgent` unless `agent` is registered: a plain read, so that the
+/// reports of one agent's movers (each its own transaction) do not contend for its row.
+fn check_agent(tx: &mut dyn Tx, agent: u64) -> Result<()> {
+    if tx.exists(
+        "SELECT EXISTS (SELECT 1 FROM hsm_agents WHERE id = $1)",
+        vals![agent],
+    )? {
+        Ok(())
+    } else {
+        Err(HsmError::UnknownAgent(agent).into())
+    }
+}
+
 /// Takes the agent's row (its archives and own cap), stamping its heartbeat; `UnknownAgent`.
 fn touch_agent(tx: &mut dyn Tx, agent: u64, now: Nanos) -> Result<(Vec<u32>, u32)> {
     let r = tx
@@ -1015,7 +1028,7 @@ impl<D: Driver> Hsm for SqlMeta<D> {
     fn hsm_progress(&self, agent: u64, request: u64, bytes_moved: u64) -> Result<Progress> {
         self.d.write(|tx| {
             let now = now(tx)?;
-            touch_agent(tx, agent, now)?;
+            check_agent(tx, agent)?;
             let n = tx.exec(
                 "UPDATE hsm_requests SET bytes_moved = $3, updated = $4 \
                  WHERE id = $1 AND agent = $2 AND state = 1",
@@ -1032,7 +1045,7 @@ impl<D: Driver> Hsm for SqlMeta<D> {
     fn hsm_restore_slices(&self, agent: u64, request: u64, slices: &[Slice]) -> Result<Progress> {
         self.d.write(|tx| {
             let now = now(tx)?;
-            touch_agent(tx, agent, now)?;
+            check_agent(tx, agent)?;
             let Some(r) = get_request(tx, request).ok() else {
                 return Err(HsmError::UnknownRequest(request).into());
             };
@@ -1069,7 +1082,7 @@ impl<D: Driver> Hsm for SqlMeta<D> {
                 Err(e) => return Err(e),
             };
             let now = now(tx)?;
-            touch_agent(tx, agent, now)?;
+            check_agent(tx, agent)?;
             let Some(r) = held_request(tx, agent, request)? else {
                 return Ok(HsmOutcome::Canceled);
             };
@@ -1154,7 +1167,7 @@ impl<D: Driver> Hsm for SqlMeta<D> {
                 Err(e) => return Err(e),
             }
             let now = now(tx)?;
-            touch_agent(tx, agent, now)?;
+            check_agent(tx, agent)?;
             let Some(r) = held_request(tx, agent, request)? else {
                 return Ok(RequestState::Canceled);
             };

@@ -56,6 +56,10 @@ impl<D: Driver> Pcc for SqlMeta<D> {
                     "only regular files can be cached".into(),
                 ));
             }
+            if a.hsm.released() {
+                // Its data is in the archive only: the client restores it before caching it.
+                return Err(crate::hsm::HsmError::Released.into());
+            }
             if let Some(l) = lease_of(tx, ino)? {
                 if l.client == client {
                     return Ok(l);
