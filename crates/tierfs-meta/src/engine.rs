@@ -41,8 +41,8 @@ pub const ORPHAN_GRACE: Duration = Duration::from_secs(10);
 /// (`DataPath::read`); the grace only makes that rare.
 pub const OPEN_TRASH_GRACE: Duration = Duration::from_secs(60);
 
-/// A kind of event an engine can push to the clients that listen for it. More will come (HSM
-/// requests to a copytool); a listener names the ones it wants.
+/// A kind of event an engine can push to the clients that listen for it; a listener names the
+/// ones it wants.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Channel {
@@ -51,6 +51,8 @@ pub enum Channel {
     PccRevoke,
     /// New changelog records were committed (any client's; `tierfs changelog --follow`).
     Changelog,
+    /// HSM requests for copytool agents: new work queued, requests canceled ([`Hsm`]).
+    Hsm,
 }
 
 /// One event received by a [`Listener`].
@@ -61,6 +63,10 @@ pub enum Notice {
     PccRevoke(Ino),
     /// Changelog records were committed since the last notice.
     Changelog,
+    /// An HSM request of this archive can be taken now (queued, or given back by an agent).
+    HsmWork(u32),
+    /// This HSM request was canceled: its mover stops now instead of at its next report.
+    HsmCancel(u64),
 }
 
 /// A live subscription to some [`Channel`]s, from [`MetaEngine::listen`].

@@ -137,6 +137,50 @@ fn req_from_row(r: &Row) -> Result<HsmRequest> {
     })
 }
 
+/// The NOTIFY channel of [`crate::engine::Channel::Hsm`] (PostgreSQL). Payloads: `w <archive>`
+/// (work to take), `c <request>` (canceled).
+pub const NOTIFY_CHANNEL: &str = "tierfs_hsm";
+
+/// The notice of a payload on [`NOTIFY_CHANNEL`].
+pub(crate) fn parse_notice(payload: &str) -> Option<crate::engine::Notice> {
+    use crate::engine::Notice;
+    let (kind, n) = payload.split_once(' ')?;
+    match kind {
+        "w" => n.parse().ok().map(Notice::HsmWork),
+        "c" => n.parse().ok().map(Notice::HsmCancel),
+        _ => None,
+    }
+}
+
+/// Announces `payload` to the agents that listen (PostgreSQL, delivered at commit; SQLite has
+/// no notifications: its agents poll).
+fn notify(tx: &mut dyn Tx, payload: &str) -> Result<()> {
+    if tx.dialect().is_postgres() {
+        tx.exec("SELECT pg_notify('tierfs_hsm', $1)", vals![payload])?;
+    }
+    Ok(())
+}
+
+/// Cancels the active requests `where_sql` selects (`$1`, `$2` = now), announcing each.
+fn cancel_where(tx: &mut dyn Tx, where_sql: &str, key: i64, now: Nanos) -> Result<u64> {
+    let mut ids = Vec::new();
+    tx.query_each(
+        &format!(
+            "UPDATE hsm_requests SET state = 4, updated = $2 \
+             WHERE {where_sql} AND state IN (0, 1) RETURNING id"
+        ),
+        vals![key, now],
+        &mut |r| {
+            ids.push(r.i64(0)?);
+            Ok(())
+        },
+    )?;
+    for id in &ids {
+        notify(tx, &format!("c {id}"))?;
+    }
+    Ok(ids.len() as u64)
+}
+
 fn now(tx: &mut dyn Tx) -> Result<Nanos> {
     super::session::db_now(tx)
 }
@@ -731,6 +775,7 @@ impl<D: Driver> Hsm for SqlMeta<D> {
                 // The file has HSM state from now on (its purge then forgets its requests).
                 set_flags(tx, ino, f.0 | HsmFlags::EXISTS)?;
             }
+            notify(tx, &format!("w {archive}"))?;
             Ok(Some(req_from_row(&r)?))
         })
     }
@@ -742,11 +787,7 @@ impl<D: Driver> Hsm for SqlMeta<D> {
                 Err(e) => return Err(e),
             }
             let now = now(tx)?;
-            let n = tx.exec(
-                "UPDATE hsm_requests SET state = 4, updated = $2 \
-                 WHERE ino = $1 AND state IN (0, 1)",
-                vals![ino, now],
-            )?;
+            let n = cancel_where(tx, "ino = $1", ino as i64, now)?;
             if n == 0 {
                 return Err(HsmError::NothingToCancel.into());
             }
@@ -763,10 +804,7 @@ impl<D: Driver> Hsm for SqlMeta<D> {
                 Err(e) => return Err(e),
             }
             let now = now(tx)?;
-            let n = tx.exec(
-                "UPDATE hsm_requests SET state = 4, updated = $2 WHERE id = $1 AND state IN (0, 1)",
-                vals![id, now],
-            )?;
+            let n = cancel_where(tx, "id = $1", id as i64, now)?;
             if n == 0 {
                 return Err(HsmError::NothingToCancel.into());
             }
@@ -869,14 +907,26 @@ impl<D: Driver> Hsm for SqlMeta<D> {
         self.d.write(|tx| {
             let now = now(tx)?;
             // Its requests wait again, the attempt not counted (it gave them back).
-            let n = tx.exec(
+            let mut archives = Vec::new();
+            tx.query_each(
                 "UPDATE hsm_requests SET state = 0, agent = NULL, updated = $2, next_try = $2, \
                  bytes_moved = 0, attempts = GREATEST(attempts - 1, 0) \
-                 WHERE agent = $1 AND state = 1",
+                 WHERE agent = $1 AND state = 1 RETURNING archive_id",
                 vals![agent, now],
+                &mut |r| {
+                    archives.push(r.u32(0)?);
+                    Ok(())
+                },
             )?;
             if tx.exec("DELETE FROM hsm_agents WHERE id = $1", vals![agent])? == 0 {
                 return Err(HsmError::UnknownAgent(agent).into());
+            }
+            let n = archives.len() as u64;
+            // Other agents may take them now: one notice per archive.
+            archives.sort_unstable();
+            archives.dedup();
+            for a in archives {
+                notify(tx, &format!("w {a}"))?;
             }
             Ok(n)
         })

@@ -45,7 +45,8 @@
 //! housekeeping is autovacuum's.
 //!
 //! **Notifications.** `pcc_request_revoke` sends `NOTIFY tierfs_pcc_revoke` (payload:
-//! `"<ino> <holder client>"`) in its transaction, delivered at commit.
+//! `"<ino> <holder client>"`) in its transaction, delivered at commit. HSM requests queued,
+//! given back or canceled send `NOTIFY tierfs_hsm` (`core::hsm::NOTIFY_CHANNEL`).
 //! [`MetaEngine::listen`] opens a connection of its own outside the pool, `LISTEN`s on the
 //! channels asked for, and returns a [`PgListener`] that waits for them and keeps those
 //! addressed to its client, so a lease holder learns of a revoke request at once instead of
@@ -483,6 +484,7 @@ fn pg_channel(ch: Channel) -> &'static str {
     match ch {
         Channel::PccRevoke => REVOKE_CHANNEL,
         Channel::Changelog => crate::core::changelog::NOTIFY_CHANNEL,
+        Channel::Hsm => crate::core::hsm::NOTIFY_CHANNEL,
     }
 }
 
@@ -497,6 +499,9 @@ impl PgListener {
     fn notice(&self, n: &postgres::Notification) -> Option<Notice> {
         if n.channel() == crate::core::changelog::NOTIFY_CHANNEL {
             return Some(Notice::Changelog);
+        }
+        if n.channel() == crate::core::hsm::NOTIFY_CHANNEL {
+            return crate::core::hsm::parse_notice(n.payload());
         }
         if n.channel() == REVOKE_CHANNEL {
             let (ino, holder) = n.payload().split_once(' ')?;

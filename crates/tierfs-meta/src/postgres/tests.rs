@@ -218,6 +218,30 @@ fn changelog_on_postgres() {
         let e = PgMeta::format(&db.url, &params()).expect("format");
         (Box::new(db) as Box<dyn std::any::Any>, e)
     });
+    // Agents are woken when HSM work is queued, and when a request is canceled.
+    {
+        use crate::engine::Hsm;
+        use crate::hsm::HsmAction;
+        let db = server.fresh_db();
+        let e = PgMeta::format(&db.url, &params()).expect("format");
+        e.hsm_archive_add(3, "file:///a3").unwrap();
+        let f = e.create(ROOT_INO, b"f", &file(), None, None).unwrap();
+        let mut sub = e.listen("agent", &[Channel::Hsm]).unwrap().unwrap();
+        let r = e
+            .hsm_request(f.ino, HsmAction::Archive, None)
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            sub.wait(Duration::from_secs(10)).unwrap(),
+            vec![Notice::HsmWork(3)]
+        );
+        e.hsm_cancel(f.ino).unwrap();
+        assert_eq!(
+            sub.wait(Duration::from_secs(10)).unwrap(),
+            vec![Notice::HsmCancel(r.id)]
+        );
+        assert!(sub.wait(Duration::from_millis(300)).unwrap().is_empty());
+    }
     // Followers are woken by a notification when records commit (and only then).
     let db = server.fresh_db();
     let e = PgMeta::format(&db.url, &params()).expect("format");
