@@ -741,6 +741,12 @@ pub fn hsm_cancel_acts_at_once(e: &dyn MetaEngine) {
         .unwrap()
         .unwrap();
     assert_ne!(again.id, rg.id);
+    // Marked noarchive while it waits: never taken, failed with the reason.
+    e.hsm_set_flags(g.ino, HsmFlags::NOARCHIVE, 0).unwrap();
+    assert!(e.hsm_take(ag, 4).unwrap().is_empty());
+    let q = e.hsm_get_request(again.id).unwrap();
+    assert_eq!(q.state, RequestState::Failed);
+    assert!(q.last_error.unwrap().contains("noarchive"));
 }
 
 /// A request whose agent stopped reporting is requeued after the timeout (by the database's

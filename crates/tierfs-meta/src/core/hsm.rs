@@ -1037,6 +1037,27 @@ impl<D: Driver> Hsm for SqlMeta<D> {
                     )?;
                     continue;
                 }
+                // Flags set by hand while it waited: the request is refused now, as it would
+                // have been when queued.
+                let refused = match (r.action, attr.as_ref().map(|a| a.hsm)) {
+                    (HsmAction::Archive, Some(f)) if f.has(HsmFlags::NOARCHIVE) => {
+                        Some("the file was marked noarchive")
+                    }
+                    (HsmAction::Restore, Some(f)) if f.has(HsmFlags::LOST) => {
+                        Some("the archive copy was marked lost")
+                    }
+                    _ => None,
+                };
+                if let Some(why) = refused {
+                    finish(tx, r.id, RequestState::Failed, Some(why), now)?;
+                    let event = if r.action == HsmAction::Archive {
+                        HsmEvent::Archive
+                    } else {
+                        HsmEvent::Restore
+                    };
+                    record(tx, r.ino, event, ERR_FAILED, false)?;
+                    continue;
+                }
                 let copy = match copy_of(tx, r.ino)? {
                     Some((_, c)) => Some(c),
                     None => r.key.clone().map(|key| ArchiveCopy {
