@@ -531,7 +531,9 @@ pub trait Hsm: Send + Sync {
     /// not recorded; a file archived before stays DIRTY). RESTORE: RELEASED is cleared (the
     /// data was committed by [`Hsm::hsm_restore_slices`]). REMOVE: ARCHIVED and the copy go
     /// (a file whose inode is gone: nothing more). [`HsmOutcome::Canceled`] when the request
-    /// is no longer this agent's started request (nothing changes).
+    /// is no longer this agent's started request (nothing changes). Idempotent: this agent's
+    /// completion of a request it already completed (the answer lost) returns the same outcome
+    /// and changes nothing.
     fn hsm_complete(&self, agent: u64, request: u64, done: &HsmDone) -> Result<HsmOutcome>;
     /// A mover failed a request: with `retry` and attempts left, it waits again with backoff
     /// ([`HsmSettings::retry_backoff_ns`]); otherwise (or after [`HsmSettings::max_attempts`])

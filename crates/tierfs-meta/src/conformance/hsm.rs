@@ -224,6 +224,8 @@ pub fn hsm_archive_release_restore(e: &dyn MetaEngine) {
         bytes_moved: 5000,
     };
     assert_eq!(e.hsm_complete(ag, r.id, &done).unwrap(), HsmOutcome::Done);
+    // Sent again (its answer lost): the same answer, so the mover keeps its copy.
+    assert_eq!(e.hsm_complete(ag, r.id, &done).unwrap(), HsmOutcome::Done);
     let st = e.hsm_state(f.ino).unwrap();
     assert_eq!(st.flags, HsmFlags(HsmFlags::EXISTS | HsmFlags::ARCHIVED));
     assert_eq!(st.archive_id, 1);
@@ -553,6 +555,7 @@ pub fn hsm_archive_of_a_changed_file_is_stale(e: &dyn MetaEngine) {
         checksum: "c".into(),
         bytes_moved: 100,
     };
+    assert_eq!(e.hsm_complete(ag, r.id, &done).unwrap(), HsmOutcome::Stale);
     assert_eq!(e.hsm_complete(ag, r.id, &done).unwrap(), HsmOutcome::Stale);
     let st = e.hsm_state(f.ino).unwrap();
     assert_eq!((st.flags, st.copy), (HsmFlags(HsmFlags::EXISTS), None));

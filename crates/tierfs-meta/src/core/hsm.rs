@@ -42,7 +42,8 @@ use crate::vals;
 /// - `hsm_requests`: the coordinator's queue. `action` is [`HsmAction`]'s number, `state`
 ///   [`RequestState`]'s; `agent` the agent holding it (started) or that held it last;
 ///   `copy_key` the copy's key for REMOVE/RESTORE (a REMOVE queued by an unlink outlives the
-///   file and its `hsm_files` row).
+///   file and its `hsm_files` row); `outcome` what a completion did (1 done, 2 stale), so
+///   that a completion sent again (its answer lost) gets the same answer.
 /// - `hsm_agents`: registered copytool agents; `archives` the ids it serves, comma separated.
 pub const SCHEMA: super::schema::Ddl = &[
     "CREATE TABLE hsm_archives (
@@ -76,7 +77,8 @@ pub const SCHEMA: super::schema::Ddl = &[
         attempts INT NOT NULL DEFAULT 0,
         next_try INT NOT NULL DEFAULT 0,
         last_error TEXT,
-        copy_key TEXT
+        copy_key TEXT,
+        outcome INT NOT NULL DEFAULT 0
     )",
     "CREATE INDEX hsm_requests_waiting ON hsm_requests(priority, created) WHERE state = 0",
     "CREATE INDEX hsm_requests_ino ON hsm_requests(ino, state)",
@@ -418,6 +420,30 @@ fn finish(
         vals![id, state as i64, now, error],
     )?;
     Ok(())
+}
+
+/// Ends a request as succeeded with `outcome` ([`outcome_num`]).
+fn succeed(
+    tx: &mut dyn Tx,
+    id: u64,
+    outcome: HsmOutcome,
+    error: Option<&str>,
+    now: Nanos,
+) -> Result<()> {
+    finish(tx, id, RequestState::Succeeded, error, now)?;
+    tx.exec(
+        "UPDATE hsm_requests SET outcome = $2 WHERE id = $1",
+        vals![id, outcome_num(outcome)],
+    )?;
+    Ok(())
+}
+
+fn outcome_num(o: HsmOutcome) -> i64 {
+    match o {
+        HsmOutcome::Done => 1,
+        HsmOutcome::Stale => 2,
+        HsmOutcome::Canceled => 0,
+    }
 }
 
 /// After a failed or timed-out attempt of `r`: waiting again with backoff, or failed for good.
@@ -1154,6 +1180,19 @@ impl<D: Driver> Hsm for SqlMeta<D> {
             };
             let now = now(tx)?;
             check_agent(tx, agent)?;
+            if r.state == RequestState::Succeeded && r.agent == Some(agent) {
+                // This agent's completion, sent again (the answer to the first was lost):
+                // the same answer, nothing changes.
+                let o = tx.int(
+                    "SELECT outcome FROM hsm_requests WHERE id = $1",
+                    vals![request],
+                )?;
+                return Ok(if o == 2 {
+                    HsmOutcome::Stale
+                } else {
+                    HsmOutcome::Done
+                });
+            }
             let Some(r) = held_request(tx, agent, request)? else {
                 return Ok(HsmOutcome::Canceled);
             };
@@ -1165,7 +1204,7 @@ impl<D: Driver> Hsm for SqlMeta<D> {
             let Some(a) = a else {
                 // The file went: a REMOVE still did its work; others changed nothing.
                 if r.action == HsmAction::Remove {
-                    finish(tx, r.id, RequestState::Succeeded, None, now)?;
+                    succeed(tx, r.id, HsmOutcome::Done, None, now)?;
                     return Ok(HsmOutcome::Done);
                 }
                 finish(
@@ -1185,10 +1224,10 @@ impl<D: Driver> Hsm for SqlMeta<D> {
                         vals![ino],
                     )?;
                     if a.data_version != done.data_version || lease_dirty || a.hsm.released() {
-                        finish(
+                        succeed(
                             tx,
                             r.id,
-                            RequestState::Succeeded,
+                            HsmOutcome::Stale,
                             Some("the file changed during the copy: not recorded"),
                             now,
                         )?;
@@ -1211,18 +1250,18 @@ impl<D: Driver> Hsm for SqlMeta<D> {
                     )?;
                     let new = (f | HsmFlags::EXISTS | HsmFlags::ARCHIVED) & !HsmFlags::DIRTY;
                     set_flags(tx, ino, new)?;
-                    finish(tx, r.id, RequestState::Succeeded, None, now)?;
+                    succeed(tx, r.id, HsmOutcome::Done, None, now)?;
                     record(tx, ino, HsmEvent::Archive, 0, false)?;
                 }
                 HsmAction::Restore => {
                     set_flags(tx, ino, f & !HsmFlags::RELEASED)?;
-                    finish(tx, r.id, RequestState::Succeeded, None, now)?;
+                    succeed(tx, r.id, HsmOutcome::Done, None, now)?;
                     record(tx, ino, HsmEvent::Restore, 0, a.hsm.dirty())?;
                 }
                 HsmAction::Remove => {
                     tx.exec("DELETE FROM hsm_files WHERE ino = $1", vals![ino])?;
                     set_flags(tx, ino, f & !HsmFlags::ARCHIVED)?;
-                    finish(tx, r.id, RequestState::Succeeded, None, now)?;
+                    succeed(tx, r.id, HsmOutcome::Done, None, now)?;
                     record(tx, ino, HsmEvent::Remove, 0, a.hsm.dirty())?;
                 }
             }
