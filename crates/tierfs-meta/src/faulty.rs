@@ -437,6 +437,40 @@ mod tests {
         assert_eq!(e.plan().injected_total(), 1);
     }
 
+    /// A mover whose completion's answer is lost sends it again and learns the copy was
+    /// recorded (it must not delete it).
+    #[test]
+    fn an_hsm_completion_whose_answer_is_lost_is_answered_again() {
+        let (_d, e) = wrapped();
+        e.hsm_archive_add(1, "file:///a").unwrap();
+        let f = file(&e, "f").unwrap();
+        let r = e
+            .hsm_request(f.ino, HsmAction::Archive, None)
+            .unwrap()
+            .unwrap();
+        let agent = e
+            .hsm_agent_register(&HsmAgentInfo {
+                archives: vec![1],
+                ..Default::default()
+            })
+            .unwrap();
+        let t = e.hsm_take(agent, 1).unwrap().pop().unwrap();
+        let done = HsmDone {
+            key: "k".into(),
+            data_version: t.data_version,
+            ..Default::default()
+        };
+        e.plan().fail_next("hsm_complete", 1, Fault::LostReply);
+        let err = e.hsm_complete(agent, r.id, &done).unwrap_err();
+        assert!(matches!(err, MetaError::Unavailable(_)), "{err}");
+        assert_eq!(
+            e.hsm_complete(agent, r.id, &done).unwrap(),
+            HsmOutcome::Done
+        );
+        assert!(e.getattr(f.ino).unwrap().hsm.archived());
+        assert_eq!(e.plan().calls("hsm_complete"), 2);
+    }
+
     #[test]
     fn a_lost_reply_fails_the_call_but_its_change_is_committed() {
         let (_d, e) = wrapped();
