@@ -522,7 +522,8 @@ pub trait Hsm: Send + Sync {
     /// layout) are added to the released file without changing its size, times, data version
     /// or flags, and count in `allocated`; readers may read the restored prefix meanwhile.
     /// [`Progress::Stop`] (nothing committed, the objects go to the trash) when the request is
-    /// no longer this agent's started RESTORE.
+    /// no longer this agent's started RESTORE. Idempotent: slices whose objects the file
+    /// already reads (a call sent again after its answer was lost) are not added twice.
     fn hsm_restore_slices(&self, agent: u64, request: u64, slices: &[Slice]) -> Result<Progress>;
     /// A mover finished a request; the state change and the request's success are one
     /// transaction. ARCHIVE: when the file's data version is still `done.data_version` (and no

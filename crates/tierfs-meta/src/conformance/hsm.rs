@@ -332,6 +332,12 @@ pub fn hsm_archive_release_restore(e: &dyn MetaEngine) {
     assert_eq!(e.read_chunk(f.ino, 0).unwrap().len(), 1);
     e.hsm_restore_slices(ag, r1.id, &[obj_slice(0, 3000, 2000, o1 + 1)])
         .unwrap();
+    // Sent again (its answer lost): not added twice, not counted twice.
+    let used = e.targets().unwrap()[0].used;
+    e.hsm_restore_slices(ag, r1.id, &[obj_slice(0, 3000, 2000, o1 + 1)])
+        .unwrap();
+    assert_eq!(e.targets().unwrap()[0].used, used);
+    assert_eq!(e.read_chunk(f.ino, 0).unwrap().len(), 2);
     let done = HsmDone {
         data_version: t.data_version,
         bytes_moved: 5000,

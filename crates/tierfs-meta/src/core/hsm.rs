@@ -1159,9 +1159,20 @@ impl<D: Driver> Hsm for SqlMeta<D> {
                 trash_unused(tx, ino, slices)?;
                 return Ok(Progress::Stop);
             }
+            let objs = super::data::objects_of(slices);
+            let ids: Vec<i64> = objs.iter().map(|o| o.1 as i64).collect();
+            if !ids.is_empty()
+                && tx.exists(
+                    "SELECT EXISTS (SELECT 1 FROM slices WHERE ino = $1 AND obj = ANY($2))",
+                    vals![ino, ids],
+                )?
+            {
+                // Sent again (the answer to the first was lost): committed already.
+                return Ok(Progress::Continue);
+            }
             let delta = super::common::add_slices(tx, ino, slices)?;
             super::common::apply_allocated(tx, ino, delta)?;
-            super::data::account_objects(tx, &super::data::objects_of(slices))?;
+            super::data::account_objects(tx, &objs)?;
             tx.exec(
                 "UPDATE hsm_requests SET updated = $2 WHERE id = $1",
                 vals![request, now],
