@@ -572,6 +572,51 @@ mod tests {
         ));
     }
 
+    /// A dump keeps the HSM state of files (flags, archive copies) and the archives; the queue
+    /// and agents, like sessions, are not part of it.
+    #[test]
+    fn dump_and_load_keep_hsm_state() {
+        use crate::engine::Hsm;
+        use crate::hsm::{HsmFlags, HsmImport};
+        let (_d, a) = fresh();
+        a.hsm_archive_add(2, "file:///arch").unwrap();
+        let item = HsmImport {
+            parent: ROOT_INO,
+            name: b"r".to_vec(),
+            perm: 0o600,
+            uid: 1,
+            gid: 2,
+            size: 4096,
+            mtime: 77,
+            key: "tree/r".into(),
+            checksum: "sha256:ff".into(),
+            layout: Layout {
+                stripe_size: 1 << 20,
+                targets: vec![1],
+            },
+        };
+        let r = a.hsm_import(2, &[item]).unwrap().pop().unwrap();
+        let mut rows = Vec::new();
+        a.export_rows(&mut |r| {
+            rows.push(r);
+            Ok(())
+        })
+        .unwrap();
+        let (_d2, b) = fresh();
+        b.import_rows(&mut rows.into_iter().map(Ok)).unwrap();
+        let g = b.getattr(r.ino).unwrap();
+        assert_eq!(
+            (g.size, g.allocated, g.hsm),
+            (
+                4096,
+                0,
+                HsmFlags(HsmFlags::EXISTS | HsmFlags::ARCHIVED | HsmFlags::RELEASED)
+            )
+        );
+        assert_eq!(b.hsm_state(r.ino).unwrap(), a.hsm_state(r.ino).unwrap());
+        assert_eq!(b.hsm_archives().unwrap(), a.hsm_archives().unwrap());
+    }
+
     #[test]
     fn two_engines_on_one_file_see_each_other() {
         let (d, a) = fresh();
