@@ -1399,6 +1399,47 @@ mod tests {
     use crate::sql::fault::FaultDriver;
     use crate::types::*;
 
+    /// 10,000 files import as released files in one batch (`tierfs hsm import` of a tree);
+    /// the time is printed (no assertion on speed).
+    #[test]
+    fn ten_thousand_files_import_in_one_batch_on_sqlite() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = crate::sqlite::SqliteMeta::format(
+            &dir.path().join("m.db"),
+            &crate::conformance::params(),
+        )
+        .unwrap();
+        e.hsm_archive_add(1, "file:///a").unwrap();
+        let items: Vec<HsmImport> = (0..10_000)
+            .map(|i| HsmImport {
+                parent: ROOT_INO,
+                name: format!("f{i:05}").into_bytes(),
+                perm: 0o644,
+                uid: 0,
+                gid: 0,
+                size: i,
+                mtime: 1,
+                key: format!("tree/f{i:05}"),
+                checksum: String::new(),
+                layout: Layout {
+                    stripe_size: 1 << 20,
+                    targets: vec![0],
+                },
+            })
+            .collect();
+        let t = std::time::Instant::now();
+        let got = e.hsm_import(1, &items).unwrap();
+        eprintln!("imported 10,000 released files in {:?}", t.elapsed());
+        assert_eq!(got.len(), 10_000);
+        let last = e.lookup(ROOT_INO, b"f09999").unwrap();
+        assert!(last.hsm.released());
+        assert_eq!(last.size, 9999);
+        assert_eq!(
+            e.hsm_state(last.ino).unwrap().copy.unwrap().key,
+            "tree/f09999"
+        );
+    }
+
     /// SQLite statements of each step of a small file's life, HSM state or not. The figures
     /// of a file without HSM state are those measured at de045df, before HSM (the same probe
     /// run there): HSM costs such a file nothing. An archived file's writes cost the same
