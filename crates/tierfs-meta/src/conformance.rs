@@ -144,6 +144,10 @@ pub fn run_all(factory: &Factory<'_>) {
             "hsm_concurrent_takers_respect_caps",
             hsm::hsm_concurrent_takers_respect_caps,
         ),
+        (
+            "hsm_cancel_races_completion",
+            hsm::hsm_cancel_races_completion,
+        ),
     ];
     for (name, check) in checks {
         let (_guard, engine) = factory();

@@ -1074,3 +1074,73 @@ pub fn hsm_concurrent_takers_respect_caps(e: &dyn MetaEngine) {
     assert_eq!(done.len(), 30, "each request completed once");
     assert_eq!(done.into_iter().collect::<HashSet<_>>(), ids);
 }
+
+/// Cancels racing completions: each request ends either canceled (the file not archived) or
+/// succeeded (archived), never both, never neither.
+pub fn hsm_cancel_races_completion(e: &dyn MetaEngine) {
+    use std::sync::Barrier;
+    e.hsm_archive_add(1, "file:///a1").unwrap();
+    settings(e, |s| s.max_per_agent = 64);
+    let ag = agent(e, &[1], 0);
+    let mut files = Vec::new();
+    for i in 0..16 {
+        let f = file_with_data(e, format!("f{i}").as_bytes(), 10);
+        e.hsm_request(f.ino, HsmAction::Archive, None).unwrap();
+        files.push(f.ino);
+    }
+    let tasks = e.hsm_take(ag, 64).unwrap();
+    assert_eq!(tasks.len(), 16);
+    let barrier = Barrier::new(2);
+    let (outcomes, cancels) = std::thread::scope(|s| {
+        let b = &barrier;
+        let tasks = &tasks;
+        let mover = s.spawn(move || {
+            b.wait();
+            tasks
+                .iter()
+                .map(|t| {
+                    let d = HsmDone {
+                        key: "k".into(),
+                        data_version: t.data_version,
+                        size: t.size,
+                        checksum: "c".into(),
+                        bytes_moved: t.size,
+                    };
+                    e.hsm_complete(ag, t.request.id, &d).unwrap()
+                })
+                .collect::<Vec<_>>()
+        });
+        let files = &files;
+        let canceler = s.spawn(move || {
+            b.wait();
+            files
+                .iter()
+                .rev()
+                .map(|ino| match e.hsm_cancel(*ino) {
+                    Ok(n) => n,
+                    Err(MetaError::Hsm(HsmError::NothingToCancel)) => 0,
+                    Err(other) => panic!("{other}"),
+                })
+                .collect::<Vec<_>>()
+        });
+        (mover.join().unwrap(), canceler.join().unwrap())
+    });
+    let mut canceled = 0;
+    for (t, outcome) in tasks.iter().zip(&outcomes) {
+        let r = e.hsm_get_request(t.request.id).unwrap();
+        let archived = e.getattr(t.request.ino).unwrap().hsm.archived();
+        match outcome {
+            HsmOutcome::Done => {
+                assert_eq!(r.state, RequestState::Succeeded);
+                assert!(archived);
+            }
+            HsmOutcome::Canceled => {
+                assert_eq!(r.state, RequestState::Canceled);
+                assert!(!archived);
+                canceled += 1;
+            }
+            HsmOutcome::Stale => panic!("nothing wrote"),
+        }
+    }
+    assert_eq!(canceled, cancels.iter().sum::<u64>());
+}
