@@ -375,6 +375,21 @@ fn check_agent(tx: &mut dyn Tx, agent: u64) -> Result<()> {
     }
 }
 
+/// Fails with `UnknownArchive` unless archive `id` is registered; on PostgreSQL its row is
+/// held (`FOR KEY SHARE`) until commit, so that a concurrent [`Hsm::hsm_archive_del`] waits for
+/// this transaction and then sees what it queued or registered.
+fn hold_archive(tx: &mut dyn Tx, id: u32) -> Result<()> {
+    let sql = if tx.dialect().row_locks() {
+        "SELECT 1 FROM hsm_archives WHERE id = $1 FOR KEY SHARE"
+    } else {
+        "SELECT 1 FROM hsm_archives WHERE id = $1"
+    };
+    match tx.query_opt(sql, vals![id])? {
+        Some(_) => Ok(()),
+        None => Err(HsmError::UnknownArchive(id).into()),
+    }
+}
+
 /// Takes the agent's row (its archives and own cap), stamping its heartbeat; `UnknownAgent`.
 fn touch_agent(tx: &mut dyn Tx, agent: u64, now: Nanos) -> Result<(Vec<u32>, u32)> {
     let r = tx
@@ -490,21 +505,37 @@ impl<D: Driver> Hsm for SqlMeta<D> {
             )));
         }
         self.d.write(|tx| {
-            if let Some(have) = archive_url(tx, id)? {
-                return Err(HsmError::ArchiveExists(id, have).into());
-            }
             let now = now(tx)?;
-            tx.exec(
-                "INSERT INTO hsm_archives (id, url, created) VALUES ($1, $2, $3)",
+            // Two adds of one id at once: one inserts, the other finds it (no key error).
+            let n = tx.exec(
+                "INSERT INTO hsm_archives (id, url, created) VALUES ($1, $2, $3) \
+                 ON CONFLICT (id) DO NOTHING",
                 vals![id, url, now],
             )?;
+            if n == 0 {
+                let have = archive_url(tx, id)?.unwrap_or_default();
+                return Err(HsmError::ArchiveExists(id, have).into());
+            }
             Ok(())
         })
     }
 
     fn hsm_archive_del(&self, id: u32) -> Result<()> {
         self.d.write(|tx| {
-            if archive_url(tx, id)?.is_none() {
+            let found = if tx.dialect().is_postgres() {
+                // The archive's row first, waiting for the transactions that hold it
+                // (`hold_archive`: queuing, registering, importing); at READ COMMITTED the
+                // counts below then see what they committed.
+                tx.batch("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")?;
+                tx.query_opt(
+                    "SELECT 1 FROM hsm_archives WHERE id = $1 FOR UPDATE",
+                    vals![id],
+                )?
+                .is_some()
+            } else {
+                archive_url(tx, id)?.is_some()
+            };
+            if !found {
                 return Err(HsmError::UnknownArchive(id).into());
             }
             let copies = tx.int(
@@ -664,9 +695,7 @@ impl<D: Driver> Hsm for SqlMeta<D> {
             super::common::check_name(&it.name)?;
         }
         self.d.write(|tx| {
-            if archive_url(tx, archive_id)?.is_none() {
-                return Err(HsmError::UnknownArchive(archive_id).into());
-            }
+            hold_archive(tx, archive_id)?;
             let now = now(tx)?;
             let flags = (HsmFlags::EXISTS | HsmFlags::ARCHIVED | HsmFlags::RELEASED) as i64;
             let mut out = Vec::with_capacity(items.len());
@@ -779,6 +808,7 @@ impl<D: Driver> Hsm for SqlMeta<D> {
                     (id, Some(c.key), 0)
                 }
             };
+            hold_archive(tx, archive)?;
             let now = now(tx)?;
             let sql = format!(
                 "INSERT INTO hsm_requests (ino, action, archive_id, priority, state, created, \
@@ -901,9 +931,7 @@ impl<D: Driver> Hsm for SqlMeta<D> {
         }
         self.d.write(|tx| {
             for id in &info.archives {
-                if archive_url(tx, *id)?.is_none() {
-                    return Err(HsmError::UnknownArchive(*id).into());
-                }
+                hold_archive(tx, *id)?;
             }
             let now = now(tx)?;
             let archives: Vec<String> = info.archives.iter().map(|a| a.to_string()).collect();
