@@ -80,7 +80,7 @@ pub const SCHEMA: super::schema::Ddl = &[
         copy_key TEXT,
         outcome INT NOT NULL DEFAULT 0
     )",
-    "CREATE INDEX hsm_requests_waiting ON hsm_requests(priority, created) WHERE state = 0",
+    "CREATE INDEX hsm_requests_waiting ON hsm_requests(priority DESC, created, id) WHERE state = 0",
     "CREATE INDEX hsm_requests_ino ON hsm_requests(ino, state)",
     "CREATE INDEX hsm_requests_agent ON hsm_requests(agent) WHERE state = 1",
     "CREATE TABLE hsm_agents (
