@@ -1427,6 +1427,28 @@ mod tests {
     use crate::sql::fault::FaultDriver;
     use crate::types::*;
 
+    #[test]
+    fn backoff_doubles_up_to_an_hour() {
+        let s = HsmSettings {
+            retry_backoff_ns: 10,
+            ..Default::default()
+        };
+        let v: Vec<i64> = (1..=4).map(|n| super::backoff(&s, n)).collect();
+        assert_eq!(v, [10, 20, 40, 80]);
+        let s = HsmSettings::default();
+        assert_eq!(super::backoff(&s, 30), 3600 * 1_000_000_000);
+    }
+
+    #[test]
+    fn notices_parse() {
+        use crate::engine::Notice;
+        assert_eq!(super::parse_notice("w 3"), Some(Notice::HsmWork(3)));
+        assert_eq!(super::parse_notice("c 42"), Some(Notice::HsmCancel(42)));
+        assert_eq!(super::parse_notice("x 1"), None);
+        assert_eq!(super::parse_notice("w"), None);
+        assert_eq!(super::parse_notice("w -1"), None);
+    }
+
     /// 10,000 files import as released files in one batch (`tierfs hsm import` of a tree);
     /// the time is printed (no assertion on speed).
     #[test]
