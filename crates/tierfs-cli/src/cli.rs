@@ -76,6 +76,10 @@ pub enum Command {
     /// The persistent client cache: attach, detach, state, pin, rules, stats.
     #[command(subcommand)]
     Pcc(crate::pcc::PccCmd),
+    /// The archive tier (HSM, as Lustre's lfs hsm_*): archives, archive / release / restore /
+    /// remove / cancel of files, their flags, and the coordinator's queue (docs/hsm.md).
+    #[command(subcommand)]
+    Hsm(crate::hsm::HsmCmd),
     /// Client sessions: list them, or evict one (end it at once, like Lustre's `lctl evict`:
     /// its opens and locks go; the client fences itself and registers a new session).
     #[command(subcommand)]

@@ -9,6 +9,7 @@ mod dump;
 mod error;
 mod format;
 mod helper;
+mod hsm;
 mod locate;
 mod mount;
 mod pcc;
@@ -44,6 +45,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::Stats(a) => admin::stats(a),
         Command::Bench(a) => tierfs_bench::run(a).map_err(|e| CliError::Other(e.to_string())),
         Command::Pcc(c) => pcc::run(c),
+        Command::Hsm(c) => hsm::run(c),
         Command::Session(c) => session::run(c),
         Command::Changelog(a) => changelog::run(a),
         Command::Dump(a) => dump::dump(a),

@@ -1,0 +1,496 @@
+//! `tierfs hsm`: the archive tier from the user's side (docs/hsm.md): archives, archive /
+//! release / restore / remove / cancel requests, per-file flags, and the coordinator's queue.
+//!
+//! Files are named by paths in a tierfs mount: the mount's `.tierfs-info` names its metadata
+//! database (as `tierfs pcc rule` and `tierfs changelog` find it) and the path's inode number
+//! is the file's. The commands act on the metadata engine directly, so they need access to
+//! the metadata database (its file for SQLite, a role for PostgreSQL), as the other
+//! administration commands do. Nothing here opens the files themselves: a release is refused
+//! while the file is open anywhere, this command included.
+
+use std::collections::HashMap;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use clap::{Args, Subcommand};
+use tierfs_meta::hsm::{
+    HsmAction, HsmError, HsmFlags, HsmListFilter, HsmRequest, RequestState, MAX_ARCHIVE_ID,
+};
+use tierfs_meta::{now_nanos, open_engine, MetaEngine, MetaError, MetaUrl};
+
+use crate::changelog::FsArgs;
+use crate::error::{CliError, Result};
+use crate::locate::mount_of;
+
+/// The first schema with HSM.
+const HSM_SCHEMA: i64 = 8;
+
+#[derive(Debug, Subcommand)]
+pub enum HsmCmd {
+    /// Register archive backend ID (1..=65535) at URL: file:///dir or
+    /// s3://bucket/prefix?endpoint=... (the movers, `tierfs agent`, read and write it).
+    ArchiveAdd {
+        id: u32,
+        url: String,
+        #[command(flatten)]
+        fs: FsArgs,
+    },
+    /// List the registered archives (id and URL).
+    #[command(alias = "archives")]
+    ArchiveList {
+        #[command(flatten)]
+        fs: FsArgs,
+    },
+    /// Forget archive ID (refused while a file has a copy in it or a request is active on it).
+    ArchiveDel {
+        id: u32,
+        #[command(flatten)]
+        fs: FsArgs,
+    },
+    /// Queue a copy of files' capacity-tier data to an archive (done by an agent: see
+    /// `tierfs hsm action` / `tierfs hsm list`). A file already queued is not queued twice.
+    Archive {
+        /// The archive (default: the file's archive, else the coordinator's default archive,
+        /// else the only registered one).
+        #[arg(long, short = 'a')]
+        archive: Option<u32>,
+        /// Also the files named in this file, one path a line ("-": standard input).
+        #[arg(long, value_name = "FILE")]
+        filelist: Option<PathBuf>,
+        files: Vec<PathBuf>,
+    },
+    /// Drop the capacity-tier data of archived, clean files: they keep size and times, their
+    /// data stays in the archive and comes back on open (or `tierfs hsm restore`). Refused for
+    /// a dirty, unarchived, norelease or open file.
+    Release {
+        #[arg(long, value_name = "FILE")]
+        filelist: Option<PathBuf>,
+        files: Vec<PathBuf>,
+    },
+    /// Queue a restore of released files at top priority (an open of a released file does
+    /// the same and waits for it). Files that are not released are left alone.
+    Restore {
+        #[arg(long, value_name = "FILE")]
+        filelist: Option<PathBuf>,
+        files: Vec<PathBuf>,
+    },
+    /// Queue removal of files' archive copies (the file is then no longer archived).
+    Remove {
+        #[arg(long, value_name = "FILE")]
+        filelist: Option<PathBuf>,
+        files: Vec<PathBuf>,
+    },
+    /// Cancel the waiting or running requests of files, at once (a running mover stops at its
+    /// next progress report). An error when a file has none.
+    Cancel {
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
+    /// Files' HSM flags and archive id, as `lfs hsm_state`:
+    /// `/mnt/f: (0x0000000d) released exists archived, archive_id:1`.
+    State {
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
+    /// Set HSM flags by hand (root's tools, as `lfs hsm_set`).
+    Set(FlagArgs),
+    /// Clear HSM flags by hand (as `lfs hsm_clear`).
+    Clear(FlagArgs),
+    /// Files' current request (else their last one) and its progress, as `lfs hsm_action`:
+    /// `/mnt/f: ARCHIVE RUNNING (104857600 bytes moved)`; a failed one says why.
+    Action {
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
+    /// The coordinator's queue: requests with action, state, archive, agent, age, progress
+    /// and file (running first, then waiting in the order agents take them).
+    List {
+        /// Also finished requests (succeeded, failed, canceled) still kept.
+        #[arg(long)]
+        all: bool,
+        /// Only this archive's requests.
+        #[arg(long, short = 'a')]
+        archive: Option<u32>,
+        /// At most this many lines (0: all).
+        #[arg(long, default_value = "0")]
+        limit: usize,
+        #[command(flatten)]
+        fs: FsArgs,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct FlagArgs {
+    /// Release is refused.
+    #[arg(long)]
+    pub norelease: bool,
+    /// Archive is refused.
+    #[arg(long)]
+    pub noarchive: bool,
+    /// The file differs from its archive copy.
+    #[arg(long)]
+    pub dirty: bool,
+    /// The archive copy is lost (restore is refused).
+    #[arg(long)]
+    pub lost: bool,
+    #[arg(required = true)]
+    pub files: Vec<PathBuf>,
+}
+
+impl FlagArgs {
+    fn bits(&self) -> u32 {
+        let mut b = 0;
+        for (on, bit) in [
+            (self.norelease, HsmFlags::NORELEASE),
+            (self.noarchive, HsmFlags::NOARCHIVE),
+            (self.dirty, HsmFlags::DIRTY),
+            (self.lost, HsmFlags::LOST),
+        ] {
+            if on {
+                b |= bit;
+            }
+        }
+        b
+    }
+}
+
+/// Checks a metadata URL and that its schema has HSM (without upgrading it), then opens it.
+fn open_checked(url: &str) -> Result<Arc<dyn MetaEngine>> {
+    MetaUrl::parse(url)?;
+    if let Some(found) = tierfs_meta::url::schema_version(url)? {
+        if found < HSM_SCHEMA {
+            return Err(MetaError::from(HsmError::OldSchema {
+                found,
+                needed: HSM_SCHEMA,
+            })
+            .into());
+        }
+    }
+    Ok(open_engine(url)?)
+}
+
+fn engine(fs: &FsArgs) -> Result<Arc<dyn MetaEngine>> {
+    let url = match (&fs.meta, &fs.mount) {
+        (Some(m), _) => m.clone(),
+        (None, p) => {
+            let p = p.clone().unwrap_or_else(|| PathBuf::from("."));
+            mount_of(&p)?.1.meta
+        }
+    };
+    open_checked(&url)
+}
+
+/// The engines of the files' filesystems (one per metadata URL) and each file's inode.
+#[derive(Default)]
+struct Files {
+    engines: HashMap<String, Arc<dyn MetaEngine>>,
+}
+
+impl Files {
+    /// The engine of `path`'s filesystem and its inode number.
+    fn resolve(&mut self, path: &Path) -> Result<(Arc<dyn MetaEngine>, u64)> {
+        let (_root, mi) = mount_of(path)?;
+        let ino = std::fs::symlink_metadata(path)
+            .map_err(|e| CliError::Io(path.display().to_string(), e))?
+            .ino();
+        let e = match self.engines.get(&mi.meta) {
+            Some(e) => e.clone(),
+            None => {
+                let e = open_checked(&mi.meta)?;
+                self.engines.insert(mi.meta.clone(), e.clone());
+                e
+            }
+        };
+        Ok((e, ino))
+    }
+}
+
+/// An engine error about `path`, as one line naming it.
+fn about(path: &Path, e: CliError) -> CliError {
+    match e {
+        CliError::Meta(m) => CliError::Other(format!("{}: {m}", path.display())),
+        other => other,
+    }
+}
+
+/// The paths given on the command line followed by those of `--filelist`.
+fn with_filelist(files: Vec<PathBuf>, list: Option<&Path>) -> Result<Vec<PathBuf>> {
+    let mut out = files;
+    if let Some(l) = list {
+        let text = if l == Path::new("-") {
+            std::io::read_to_string(std::io::stdin())
+                .map_err(|e| CliError::Io("standard input".into(), e))?
+        } else {
+            std::fs::read_to_string(l).map_err(|e| CliError::Io(l.display().to_string(), e))?
+        };
+        out.extend(
+            text.lines()
+                .filter(|s| !s.trim().is_empty())
+                .map(PathBuf::from),
+        );
+    }
+    if out.is_empty() {
+        return Err(CliError::Usage(
+            "no files given (name them, or --filelist FILE)".into(),
+        ));
+    }
+    Ok(out)
+}
+
+/// Runs `f` on each file: with one file its error is the command's one line; with several,
+/// each failure is a line and the command fails at the end with a count.
+fn each(files: &[PathBuf], mut f: impl FnMut(&mut Files, &Path) -> Result<()>) -> Result<()> {
+    let mut ctx = Files::default();
+    let mut failed = 0usize;
+    for p in files {
+        if let Err(e) = f(&mut ctx, p).map_err(|e| about(p, e)) {
+            if files.len() == 1 {
+                return Err(e);
+            }
+            eprintln!("tierfs: {e}");
+            failed += 1;
+        }
+    }
+    if failed > 0 {
+        return Err(CliError::Other(format!(
+            "{failed} of {} file(s) failed",
+            files.len()
+        )));
+    }
+    Ok(())
+}
+
+fn check_archive_id(id: u32) -> Result<()> {
+    if id == 0 || id > MAX_ARCHIVE_ID {
+        return Err(MetaError::from(HsmError::BadArchiveId(id)).into());
+    }
+    Ok(())
+}
+
+/// The archive URL schemes the movers understand.
+fn check_archive_url(url: &str) -> Result<()> {
+    let ok = url
+        .strip_prefix("file://")
+        .is_some_and(|p| p.starts_with('/') && p.len() > 1)
+        || url
+            .strip_prefix("s3://")
+            .is_some_and(|b| !b.is_empty() && !b.starts_with('/'));
+    if !ok {
+        return Err(CliError::Usage(format!(
+            "archive URL {url:?}: expected file:///DIR or s3://BUCKET[/PREFIX][?endpoint=...]"
+        )));
+    }
+    Ok(())
+}
+
+/// `RUNNING` for a started request, Lustre's word; the state's name otherwise.
+fn state_word(s: RequestState) -> &'static str {
+    match s {
+        RequestState::Started => "RUNNING",
+        other => other.name(),
+    }
+}
+
+/// `ARCHIVE RUNNING (104857600 bytes moved)`, then why the last attempt failed, if it did.
+fn action_text(r: &HsmRequest) -> String {
+    let mut s = format!(
+        "{} {} ({} bytes moved)",
+        r.action.name(),
+        state_word(r.state),
+        r.bytes_moved
+    );
+    if let Some(e) = &r.last_error {
+        if r.state != RequestState::Succeeded {
+            s.push_str(&format!(": {e}"));
+        }
+    }
+    s
+}
+
+/// A duration in seconds for humans: 42s, 3m12s, 5h03m, 2d04h.
+fn age(ns: i64) -> String {
+    let s = (ns.max(0) / 1_000_000_000) as u64;
+    match s {
+        0..=59 => format!("{s}s"),
+        60..=3599 => format!("{}m{:02}s", s / 60, s % 60),
+        3600..=86_399 => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
+        _ => format!("{}d{:02}h", s / 86_400, (s % 86_400) / 3600),
+    }
+}
+
+pub fn run(cmd: HsmCmd) -> Result<()> {
+    match cmd {
+        HsmCmd::ArchiveAdd { id, url, fs } => {
+            check_archive_id(id)?;
+            check_archive_url(&url)?;
+            engine(&fs)?.hsm_archive_add(id, &url)?;
+            Ok(())
+        }
+        HsmCmd::ArchiveList { fs } => {
+            for a in engine(&fs)?.hsm_archives()? {
+                println!("{} {}", a.id, a.url);
+            }
+            Ok(())
+        }
+        HsmCmd::ArchiveDel { id, fs } => {
+            check_archive_id(id)?;
+            engine(&fs)?.hsm_archive_del(id)?;
+            Ok(())
+        }
+        HsmCmd::Archive {
+            archive,
+            filelist,
+            files,
+        } => {
+            if let Some(a) = archive {
+                check_archive_id(a)?;
+            }
+            let files = with_filelist(files, filelist.as_deref())?;
+            each(&files, |ctx, p| {
+                let (e, ino) = ctx.resolve(p)?;
+                e.hsm_request(ino, HsmAction::Archive, archive)?;
+                Ok(())
+            })
+        }
+        HsmCmd::Release { filelist, files } => {
+            let files = with_filelist(files, filelist.as_deref())?;
+            each(&files, |ctx, p| {
+                let (e, ino) = ctx.resolve(p)?;
+                e.hsm_release(ino)?;
+                Ok(())
+            })
+        }
+        HsmCmd::Restore { filelist, files } => {
+            let files = with_filelist(files, filelist.as_deref())?;
+            each(&files, |ctx, p| {
+                let (e, ino) = ctx.resolve(p)?;
+                e.hsm_request(ino, HsmAction::Restore, None)?;
+                Ok(())
+            })
+        }
+        HsmCmd::Remove { filelist, files } => {
+            let files = with_filelist(files, filelist.as_deref())?;
+            each(&files, |ctx, p| {
+                let (e, ino) = ctx.resolve(p)?;
+                e.hsm_request(ino, HsmAction::Remove, None)?;
+                Ok(())
+            })
+        }
+        HsmCmd::Cancel { files } => each(&files, |ctx, p| {
+            let (e, ino) = ctx.resolve(p)?;
+            e.hsm_cancel(ino)?;
+            Ok(())
+        }),
+        HsmCmd::State { files } => each(&files, |ctx, p| {
+            let (e, ino) = ctx.resolve(p)?;
+            let st = e.hsm_state(ino)?;
+            println!(
+                "{}: {}, archive_id:{}",
+                p.display(),
+                st.flags,
+                st.archive_id
+            );
+            Ok(())
+        }),
+        HsmCmd::Set(f) => flags(&f, true),
+        HsmCmd::Clear(f) => flags(&f, false),
+        HsmCmd::Action { files } => each(&files, |ctx, p| {
+            let (e, ino) = ctx.resolve(p)?;
+            match e.hsm_action(ino)? {
+                Some(r) => println!("{}: {}", p.display(), action_text(&r)),
+                None => println!("{}: NOOP", p.display()),
+            }
+            Ok(())
+        }),
+        HsmCmd::List {
+            all,
+            archive,
+            limit,
+            fs,
+        } => {
+            let e = engine(&fs)?;
+            let reqs = e.hsm_list(&HsmListFilter {
+                include_done: all,
+                ino: None,
+                archive_id: archive,
+                limit,
+            })?;
+            let now = now_nanos();
+            println!(
+                "{:>8} {:<8} {:<9} {:>7} {:>6} {:>8} {:>8} {:>21} FILE",
+                "ID", "ACTION", "STATE", "ARCHIVE", "AGENT", "AGE", "TRIES", "PROGRESS"
+            );
+            for r in reqs {
+                let file = match e.path_of(r.ino) {
+                    Ok(Some(p)) => String::from_utf8_lossy(&p).into_owned(),
+                    _ => format!("ino {}", r.ino),
+                };
+                let progress = if r.bytes_total > 0 {
+                    format!("{}/{}", r.bytes_moved, r.bytes_total)
+                } else {
+                    format!("{}", r.bytes_moved)
+                };
+                println!(
+                    "{:>8} {:<8} {:<9} {:>7} {:>6} {:>8} {:>8} {:>21} {}{}",
+                    r.id,
+                    r.action.name(),
+                    state_word(r.state),
+                    r.archive_id,
+                    r.agent.map(|a| a.to_string()).unwrap_or_else(|| "-".into()),
+                    age(now - r.created),
+                    r.attempts,
+                    progress,
+                    file,
+                    match (&r.last_error, r.state) {
+                        (Some(err), s) if s != RequestState::Succeeded => format!(" ({err})"),
+                        _ => String::new(),
+                    }
+                );
+            }
+            Ok(())
+        }
+    }
+}
+
+fn flags(f: &FlagArgs, set: bool) -> Result<()> {
+    let bits = f.bits();
+    if bits == 0 {
+        return Err(CliError::Usage(
+            "no flag given: --norelease, --noarchive, --dirty or --lost".into(),
+        ));
+    }
+    each(&f.files, |ctx, p| {
+        let (e, ino) = ctx.resolve(p)?;
+        if set {
+            e.hsm_set_flags(ino, bits, 0)?;
+        } else {
+            e.hsm_set_flags(ino, 0, bits)?;
+        }
+        Ok(())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn archive_urls_are_checked() {
+        assert!(check_archive_url("file:///srv/a1").is_ok());
+        assert!(check_archive_url("s3://cold/tierfs?endpoint=http://x:9000").is_ok());
+        assert!(check_archive_url("file://relative").is_err());
+        assert!(check_archive_url("/srv/a1").is_err());
+        assert!(check_archive_url("s3:///nobucket").is_err());
+        assert!(check_archive_url("http://x").is_err());
+    }
+
+    #[test]
+    fn ages_read_well() {
+        let s = 1_000_000_000;
+        assert_eq!(age(42 * s), "42s");
+        assert_eq!(age(192 * s), "3m12s");
+        assert_eq!(age((5 * 3600 + 180) * s), "5h03m");
+        assert_eq!(age(-5), "0s");
+    }
+}
