@@ -284,6 +284,21 @@ fn check_archive_url(url: &str) -> Result<()> {
     Ok(())
 }
 
+/// `(0x0000000d) released exists archived, archive_id:1`, as `lfs hsm_state` prints it (no
+/// names for no flags, no archive id for none).
+fn state_text(flags: HsmFlags, archive_id: u32) -> String {
+    let mut s = format!("(0x{:08x})", flags.0);
+    let names = flags.names();
+    if !names.is_empty() {
+        s.push(' ');
+        s.push_str(&names);
+    }
+    if archive_id != 0 {
+        s.push_str(&format!(", archive_id:{archive_id}"));
+    }
+    s
+}
+
 /// `RUNNING` for a started request, Lustre's word; the state's name otherwise.
 fn state_word(s: RequestState) -> &'static str {
     match s {
@@ -385,12 +400,7 @@ pub fn run(cmd: HsmCmd) -> Result<()> {
         HsmCmd::State { files } => each(&files, |ctx, p| {
             let (e, ino) = ctx.resolve(p)?;
             let st = e.hsm_state(ino)?;
-            println!(
-                "{}: {}, archive_id:{}",
-                p.display(),
-                st.flags,
-                st.archive_id
-            );
+            println!("{}: {}", p.display(), state_text(st.flags, st.archive_id));
             Ok(())
         }),
         HsmCmd::Set(f) => flags(&f, true),
@@ -483,6 +493,16 @@ mod tests {
         assert!(check_archive_url("/srv/a1").is_err());
         assert!(check_archive_url("s3:///nobucket").is_err());
         assert!(check_archive_url("http://x").is_err());
+    }
+
+    #[test]
+    fn state_prints_like_lfs_hsm_state() {
+        let f = HsmFlags(HsmFlags::RELEASED | HsmFlags::EXISTS | HsmFlags::ARCHIVED);
+        assert_eq!(
+            state_text(f, 1),
+            "(0x0000000d) released exists archived, archive_id:1"
+        );
+        assert_eq!(state_text(HsmFlags(0), 0), "(0x00000000)");
     }
 
     #[test]

@@ -19,6 +19,7 @@ use fuser::{
 use parking_lot::{Condvar, Mutex};
 use tierfs_meta::changelog::{Caller, CallerGuard};
 
+use tierfs_meta::hsm::{HsmAction, HsmError, RequestState};
 use tierfs_meta::{
     Attr, Ino, Kind, LockRange, LockType, MetaEngine, MetaError, NewNode, PccLease, PccOpen,
     SetAttr, TimeSet,
@@ -99,6 +100,17 @@ enum Step<T> {
     Done(T),
     Wait(PccLease),
     Busy,
+}
+
+/// A parked open polls the restore it waits for (SQLite has no notices) after this, doubling
+/// up to [`RESTORE_POLL_MAX`].
+const RESTORE_POLL_MIN: Duration = Duration::from_millis(20);
+const RESTORE_POLL_MAX: Duration = Duration::from_millis(500);
+
+/// Whether `e` says the file is released (its data in the archive only): the request restores
+/// it first ([`FsInner::wait_restored`]).
+fn is_released(e: &ClientError) -> bool {
+    matches!(e, ClientError::Meta(MetaError::Hsm(HsmError::Released)))
 }
 
 /// A new handle: its number, open flags and passthrough backing file.
@@ -604,7 +616,7 @@ impl FsInner {
         self.metrics.op(op, t, r.as_ref().err().map(|e| e.errno()));
         if let Err(e) = &r {
             let n = e.errno();
-            if n == libc::EIO || n == libc::ENOSPC {
+            if (n == libc::EIO && !is_released(e)) || n == libc::ENOSPC {
                 tracing::warn!(op, "error: {e}");
             } else {
                 tracing::debug!(op, "error: {e}");
@@ -942,6 +954,11 @@ impl FsInner {
             let (fh, fl) = self.open_file(&a, flags, false)?;
             return Ok(Step::Done((fh, fl, None)));
         }
+        if a.hsm.released() {
+            // its data is in the archive only: the caller restores it first (off the request
+            // thread) and opens again
+            return Err(MetaError::from(HsmError::Released).into());
+        }
         let write = flags & libc::O_ACCMODE != libc::O_RDONLY;
         // A close of the file still queued here: the engine never stopped counting it open,
         // so no other client took its lease since (pcc_acquire refuses a file open
@@ -998,6 +1015,70 @@ impl FsInner {
             }
             CacheOpened::Held(l) => Ok(Step::Wait(l)),
             CacheOpened::Busy => Ok(Step::Busy),
+        }
+    }
+
+    /// Queues a restore of released file `ino` at top priority (the coordinator dedupes: every
+    /// opener of the file, on any client, shares one restore) and waits for it, blocking (never
+    /// on a FUSE request thread), polling the request: Ok once the file is no longer released;
+    /// EIO when the restore failed or was canceled or is refused (lost copy, no copy; the reason
+    /// stays in `tierfs hsm action`); an interrupted error as soon as `answered()` says an
+    /// interrupt answered the request (EINTR). The restore goes on for the others then.
+    fn wait_restored(&self, ino: Ino, answered: &dyn Fn() -> bool) -> Result<()> {
+        let mut pause = RESTORE_POLL_MIN;
+        let mut request: Option<u64> = None;
+        loop {
+            if answered() {
+                return Err(interrupted());
+            }
+            let r = match request {
+                None => match self.meta.hsm_request(ino, HsmAction::Restore, None) {
+                    Ok(None) => return Ok(()), // not released (any more)
+                    Ok(Some(r)) => r,
+                    Err(MetaError::Hsm(e)) => {
+                        return Err(ClientError::Failed(
+                            format!("restore of inode {ino} refused: {e}"),
+                            libc::EIO,
+                        ))
+                    }
+                    Err(e) => return Err(e.into()),
+                },
+                Some(id) => match self.meta.hsm_get_request(id) {
+                    Ok(r) => r,
+                    // purged already: ask again (None when it is restored)
+                    Err(MetaError::Hsm(HsmError::UnknownRequest(_))) => {
+                        request = None;
+                        continue;
+                    }
+                    Err(e) => return Err(e.into()),
+                },
+            };
+            request = Some(r.id);
+            match r.state {
+                RequestState::Waiting | RequestState::Started => {}
+                // released again since, or done: ask again (None when not released)
+                RequestState::Succeeded => {
+                    request = None;
+                    continue;
+                }
+                RequestState::Failed => {
+                    return Err(ClientError::Failed(
+                        format!(
+                            "restore of inode {ino} failed: {}",
+                            r.last_error.as_deref().unwrap_or("no reason given")
+                        ),
+                        libc::EIO,
+                    ))
+                }
+                RequestState::Canceled => {
+                    return Err(ClientError::Failed(
+                        format!("restore of inode {ino} was canceled"),
+                        libc::EIO,
+                    ))
+                }
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(RESTORE_POLL_MAX);
         }
     }
 
@@ -1803,13 +1884,18 @@ impl Filesystem for TierFs {
             self.open_step(&reply, ino.0, flags.0, None, false)
         }) {
             Ok(Step::Done(o)) => return answer_open(reply, Ok(o)),
-            Ok(Step::Wait(l)) => Some(l),
-            Ok(Step::Busy) => None,
+            Ok(Step::Wait(l)) => (Some(l), false),
+            Ok(Step::Busy) => (None, false),
+            // released: restored first, below
+            Err(e) if is_released(&e) => (None, true),
             Err(e) => return reply.error(ino_errno(&e)),
         };
+        let (waiting, restore) = waiting;
         // Another client holds the file's RW-PCC lease (or this client's cache is writing the
-        // file back or giving it back): the open waits on a thread of its own, and this one
-        // goes on serving others. An interrupt (a signal to the opener) answers EINTR meanwhile.
+        // file back or giving it back), or the file is released (its data in the archive
+        // only: a restore is queued at top priority, shared with every other opener): the
+        // open waits on a thread of its own, and this one goes on serving others. An interrupt
+        // (a signal to the opener) answers EINTR meanwhile.
         {
             {
                 let Some(mut p) = self.park(req) else {
@@ -1818,17 +1904,37 @@ impl Filesystem for TierFs {
                 let Some(held) = p.hold(reply) else { return };
                 p.spawn("open", move |fs| {
                     let r = fs.run("open_recalled", || {
-                        fs.open_after_recall(waiting, flags.0, |fs, snapshot| {
-                            let g = held.0.lock();
-                            let Some(reply) = g.as_ref() else {
-                                return Err(interrupted());
-                            };
-                            Ok(match fs.open_step(reply, ino.0, flags.0, snapshot, true)? {
-                                Step::Done(o) => Step::Done((o, g)),
-                                Step::Wait(l) => Step::Wait(l),
-                                Step::Busy => Step::Busy,
-                            })
-                        })
+                        let (mut waiting, mut restore) = (waiting, restore);
+                        for _ in 0..MAX_RECALL_ROUNDS {
+                            if restore {
+                                // answered by an interrupt (EINTR) already?
+                                let answered = || held.0.try_lock().is_some_and(|g| g.is_none());
+                                fs.wait_restored(ino.0, &answered)?;
+                            }
+                            let r =
+                                fs.open_after_recall(waiting.take(), flags.0, |fs, snapshot| {
+                                    let g = held.0.lock();
+                                    let Some(reply) = g.as_ref() else {
+                                        return Err(interrupted());
+                                    };
+                                    Ok(
+                                        match fs.open_step(reply, ino.0, flags.0, snapshot, true)? {
+                                            Step::Done(o) => Step::Done((o, g)),
+                                            Step::Wait(l) => Step::Wait(l),
+                                            Step::Busy => Step::Busy,
+                                        },
+                                    )
+                                });
+                            match r {
+                                // released again meanwhile: restore again
+                                Err(e) if is_released(&e) => restore = true,
+                                other => return other,
+                            }
+                        }
+                        Err(ClientError::Errno(
+                            "the file was released again each time it was restored",
+                            libc::ETIMEDOUT,
+                        ))
                     });
                     match r {
                         Ok((o, mut g)) => {
