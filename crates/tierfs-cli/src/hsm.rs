@@ -103,6 +103,9 @@ pub enum HsmCmd {
         #[arg(required = true)]
         files: Vec<PathBuf>,
     },
+    /// Show the coordinator's settings (without options), or change those given; kept in the
+    /// metadata database, so every agent and client applies them (docs/hsm.md).
+    Config(ConfigArgs),
     /// The coordinator's queue: requests with action, state, archive, agent, age, progress
     /// and file (running first, then waiting in the order agents take them).
     List {
@@ -118,6 +121,106 @@ pub enum HsmCmd {
         #[command(flatten)]
         fs: FsArgs,
     },
+}
+
+#[derive(Debug, Args)]
+pub struct ConfigArgs {
+    /// Most requests one agent holds at once (default 4).
+    #[arg(long)]
+    pub max_per_agent: Option<u32>,
+    /// Most started requests on one archive, all agents together (default 16).
+    #[arg(long)]
+    pub max_per_archive: Option<u32>,
+    /// A started request with no report for this long is requeued, e.g. 300s, 1h
+    /// (default 300 s).
+    #[arg(long, value_name = "DURATION")]
+    pub request_timeout: Option<humantime::Duration>,
+    /// Attempts per request before it fails for good (default 3).
+    #[arg(long)]
+    pub max_attempts: Option<u32>,
+    /// Wait before the second attempt, doubling each time (default 10 s).
+    #[arg(long, value_name = "DURATION")]
+    pub retry_backoff: Option<humantime::Duration>,
+    /// How long finished requests stay listed (default 1 day).
+    #[arg(long, value_name = "DURATION")]
+    pub keep_done: Option<humantime::Duration>,
+    /// Archive of an archive request without --archive (0: the file's, else the only one).
+    #[arg(long, value_name = "ID")]
+    pub default_archive: Option<u32>,
+    /// Unlinking an archived file's last name queues removal of its archive copy: on or off
+    /// (default off, as Lustre's).
+    #[arg(long, value_name = "on|off", value_parser = on_off)]
+    pub remove_archive_on_last_unlink: Option<bool>,
+    #[command(flatten)]
+    pub fs: FsArgs,
+}
+
+fn on_off(s: &str) -> std::result::Result<bool, String> {
+    match s {
+        "on" | "true" | "1" | "yes" => Ok(true),
+        "off" | "false" | "0" | "no" => Ok(false),
+        _ => Err(format!("{s:?}: expected on or off")),
+    }
+}
+
+fn ns(d: humantime::Duration) -> i64 {
+    i64::try_from(d.as_nanos()).unwrap_or(i64::MAX)
+}
+
+fn secs(ns: i64) -> String {
+    humantime::format_duration(std::time::Duration::from_secs(
+        (ns.max(0) / 1_000_000_000) as u64,
+    ))
+    .to_string()
+}
+
+fn config(a: ConfigArgs) -> Result<()> {
+    let e = engine(&a.fs)?;
+    let mut s = e.hsm_settings()?;
+    let before = s.clone();
+    if let Some(v) = a.max_per_agent {
+        s.max_per_agent = v;
+    }
+    if let Some(v) = a.max_per_archive {
+        s.max_per_archive = v;
+    }
+    if let Some(v) = a.request_timeout {
+        s.request_timeout_ns = ns(v);
+    }
+    if let Some(v) = a.max_attempts {
+        s.max_attempts = v;
+    }
+    if let Some(v) = a.retry_backoff {
+        s.retry_backoff_ns = ns(v);
+    }
+    if let Some(v) = a.keep_done {
+        s.keep_done_ns = ns(v);
+    }
+    if let Some(v) = a.default_archive {
+        s.default_archive = v;
+    }
+    if let Some(v) = a.remove_archive_on_last_unlink {
+        s.remove_archive_on_last_unlink = v;
+    }
+    if s != before {
+        e.hsm_set_settings(&s)?;
+    }
+    println!("max_per_agent = {}", s.max_per_agent);
+    println!("max_per_archive = {}", s.max_per_archive);
+    println!("request_timeout = {}", secs(s.request_timeout_ns));
+    println!("max_attempts = {}", s.max_attempts);
+    println!("retry_backoff = {}", secs(s.retry_backoff_ns));
+    println!("keep_done = {}", secs(s.keep_done_ns));
+    println!("default_archive = {}", s.default_archive);
+    println!(
+        "remove_archive_on_last_unlink = {}",
+        if s.remove_archive_on_last_unlink {
+            "on"
+        } else {
+            "off"
+        }
+    );
+    Ok(())
 }
 
 #[derive(Debug, Args)]
@@ -403,6 +506,7 @@ pub fn run(cmd: HsmCmd) -> Result<()> {
             println!("{}: {}", p.display(), state_text(st.flags, st.archive_id));
             Ok(())
         }),
+        HsmCmd::Config(a) => config(a),
         HsmCmd::Set(f) => flags(&f, true),
         HsmCmd::Clear(f) => flags(&f, false),
         HsmCmd::Action { files } => each(&files, |ctx, p| {
