@@ -1198,6 +1198,11 @@ impl FsInner {
             ));
         }
         let attach = cmd.starts_with(b"attach");
+        if attach && a.hsm.released() {
+            // Its data is in the archive only: an open restores it into the capacity tier
+            // (once, for every client), and the cache is filled from there (docs/hsm.md).
+            return Err(MetaError::from(HsmError::Released).into());
+        }
         if attach && uid != 0 && !pcc.fits_without_eviction(a.size) {
             // A user's attach by hand takes only free room: it never evicts other files.
             return Err(ClientError::Errno(
