@@ -103,6 +103,19 @@ pub enum HsmCmd {
         #[arg(required = true)]
         files: Vec<PathBuf>,
     },
+    /// Make each file under SRC_PREFIX of archive N a released file under DEST_DIR (a directory
+    /// in a tierfs mount), with the size, mtime, mode and owner the archive gives, without
+    /// copying data: an open restores it. Subdirectories are made in DEST_DIR. Reads file://
+    /// archives (s3:// ones are not listed yet). An existing name fails its batch of files.
+    Import {
+        /// The archive holding the data.
+        #[arg(long, short = 'a')]
+        archive: u32,
+        /// A path under the archive's root ("" or "." for all of it).
+        src_prefix: String,
+        /// A directory in a tierfs mount.
+        dest_dir: PathBuf,
+    },
     /// Show the coordinator's settings (without options), or change those given; kept in the
     /// metadata database, so every agent and client applies them (docs/hsm.md).
     Config(ConfigArgs),
@@ -507,6 +520,11 @@ pub fn run(cmd: HsmCmd) -> Result<()> {
             Ok(())
         }),
         HsmCmd::Config(a) => config(a),
+        HsmCmd::Import {
+            archive,
+            src_prefix,
+            dest_dir,
+        } => import(archive, &src_prefix, &dest_dir),
         HsmCmd::Set(f) => flags(&f, true),
         HsmCmd::Clear(f) => flags(&f, false),
         HsmCmd::Action { files } => each(&files, |ctx, p| {
@@ -565,6 +583,118 @@ pub fn run(cmd: HsmCmd) -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// Files imported per `hsm_import` transaction.
+const IMPORT_BATCH: usize = 1000;
+
+fn import(archive: u32, prefix: &str, dest: &Path) -> Result<()> {
+    check_archive_id(archive)?;
+    let (_root, mi) = mount_of(dest)?;
+    let meta = std::fs::metadata(dest).map_err(|e| CliError::Io(dest.display().to_string(), e))?;
+    if !meta.is_dir() {
+        return Err(CliError::Usage(format!(
+            "{}: not a directory",
+            dest.display()
+        )));
+    }
+    let e = open_checked(&mi.meta)?;
+    let a = e
+        .hsm_archives()?
+        .into_iter()
+        .find(|a| a.id == archive)
+        .ok_or(MetaError::from(HsmError::UnknownArchive(archive)))?;
+    let Some(base) = a.url.strip_prefix("file://") else {
+        return Err(CliError::Usage(format!(
+            "archive {archive} is {}: import lists file:// archives only for now",
+            a.url
+        )));
+    };
+    let base = PathBuf::from(base.split('?').next().unwrap_or(base));
+    let prefix = prefix.trim_matches('/');
+    if Path::new(prefix)
+        .components()
+        .any(|c| matches!(c, std::path::Component::ParentDir))
+    {
+        return Err(CliError::Usage(format!("{prefix:?}: .. is not allowed")));
+    }
+    let src = if prefix.is_empty() || prefix == "." {
+        base.clone()
+    } else {
+        base.join(prefix)
+    };
+    let targets = e.targets()?;
+    let (mut files, mut bytes) = (0u64, 0u64);
+    let mut batch = Vec::new();
+    // (directory in the archive, its directory in the mount)
+    let mut dirs = vec![(src.clone(), dest.to_path_buf())];
+    while let Some((from, to)) = dirs.pop() {
+        let parent = std::fs::metadata(&to)
+            .map_err(|e| CliError::Io(to.display().to_string(), e))?
+            .ino();
+        let def = e.resolve_stripe_default(parent)?;
+        let rd =
+            std::fs::read_dir(&from).map_err(|e| CliError::Io(from.display().to_string(), e))?;
+        let mut names: Vec<_> = rd.filter_map(|d| d.ok()).collect();
+        names.sort_by_key(|d| d.file_name());
+        for d in names {
+            let p = d.path();
+            let m = std::fs::symlink_metadata(&p)
+                .map_err(|e| CliError::Io(p.display().to_string(), e))?;
+            if m.is_dir() {
+                let sub = to.join(d.file_name());
+                match std::fs::create_dir(&sub) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                    Err(e) => return Err(CliError::Io(sub.display().to_string(), e)),
+                }
+                dirs.push((p, sub));
+            } else if m.is_file() {
+                let key = p
+                    .strip_prefix(&base)
+                    .map_err(|_| CliError::Other(format!("{}: outside the archive", p.display())))?
+                    .to_string_lossy()
+                    .into_owned();
+                // stripes over the targets in turn, as the allocator would for an empty fs
+                let n = (def.stripe_count as usize).clamp(1, targets.len().max(1));
+                let first = files as usize;
+                let layout = tierfs_meta::Layout {
+                    stripe_size: def.stripe_size,
+                    targets: (0..n)
+                        .filter_map(|i| targets.get((first + i) % targets.len().max(1)))
+                        .map(|t| t.id)
+                        .collect(),
+                };
+                batch.push(tierfs_meta::hsm::HsmImport {
+                    parent,
+                    name: d.file_name().as_encoded_bytes().to_vec(),
+                    perm: m.mode() & 0o7777,
+                    uid: m.uid(),
+                    gid: m.gid(),
+                    size: m.len(),
+                    mtime: m.mtime() * 1_000_000_000 + m.mtime_nsec(),
+                    key,
+                    checksum: String::new(),
+                    layout,
+                });
+                files += 1;
+                bytes += m.len();
+                if batch.len() >= IMPORT_BATCH {
+                    e.hsm_import(archive, &batch)?;
+                    batch.clear();
+                    eprintln!("tierfs: imported {files} files so far");
+                }
+            }
+        }
+    }
+    if !batch.is_empty() {
+        e.hsm_import(archive, &batch)?;
+    }
+    println!(
+        "imported {files} files ({bytes} bytes) from archive {archive} into {}",
+        dest.display()
+    );
+    Ok(())
 }
 
 fn flags(f: &FlagArgs, set: bool) -> Result<()> {
