@@ -488,8 +488,7 @@ pub fn run(cmd: HsmCmd) -> Result<()> {
             let files = with_filelist(files, filelist.as_deref())?;
             each(&files, |ctx, p| {
                 let (e, ino) = ctx.resolve(p)?;
-                e.hsm_release(ino)?;
-                Ok(())
+                release(&*e, ino)
             })
         }
         HsmCmd::Restore { filelist, files } => {
@@ -581,6 +580,25 @@ pub fn run(cmd: HsmCmd) -> Result<()> {
                 );
             }
             Ok(())
+        }
+    }
+}
+
+/// How long a release refused because the file is open is tried again: a mount records the
+/// closes of its files in batches (every 50 ms), so a file closed just now may still count as
+/// open for a moment.
+const RELEASE_OPEN_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
+
+fn release(e: &dyn MetaEngine, ino: u64) -> Result<()> {
+    let deadline = std::time::Instant::now() + RELEASE_OPEN_GRACE;
+    loop {
+        match e.hsm_release(ino) {
+            Err(MetaError::Hsm(HsmError::ReleaseOpen(_)))
+                if std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(50))
+            }
+            r => return r.map(|_| ()).map_err(Into::into),
         }
     }
 }
