@@ -578,3 +578,42 @@ fn import_makes_released_files_that_restore_on_open() {
         "imported file reads back"
     );
 }
+
+/// PCC and HSM: a released file is not attached to a client's cache by hand (its data would
+/// be missing); an open restores it into the capacity tier first, and the attach works then.
+#[test]
+fn a_released_file_is_restored_before_the_cache_gets_it() {
+    let mut t = TestFs::with(Opts {
+        clients: 0,
+        ..Opts::default()
+    });
+    let co = ClientOpts {
+        name: "c0".into(),
+        cache_dir: Some(t.root().join("cache0")),
+        cache_size: Some("1G".into()),
+        ..Default::default()
+    };
+    t.mount_with(&co);
+    add_archive(&t);
+    let e = engine(&t);
+    let f = t.p(0, "f");
+    let data = pattern(9, 0, 120_000);
+    fs::write(&f, &data).unwrap();
+    archive_by_hand(&t, &*e, &f);
+    hsm(&t, &["release", &s(&f)]).assert_ok();
+    let out = t.tierfs(&["pcc", "attach", "-r", &s(&f)]);
+    out.assert_clean_error();
+    let out = hsm(&t, &["state", &s(&f)]);
+    assert!(out.stdout.contains("released"), "{}", out.describe());
+    let n = ino(&f);
+    let p = f.clone();
+    let reader = thread::spawn(move || fs::read(p));
+    assert!(
+        wait_until(Duration::from_secs(5), || restores(&*e, n).len() == 1),
+        "no restore queued by the open"
+    );
+    restore_by_hand(&*e, n, &data);
+    assert!(reader.join().unwrap().unwrap() == data);
+    t.tierfs(&["pcc", "attach", "-r", &s(&f)]).assert_ok();
+    assert!(fs::read(&f).unwrap() == data, "read through the cache");
+}
