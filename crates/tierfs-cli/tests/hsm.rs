@@ -617,3 +617,39 @@ fn a_released_file_is_restored_before_the_cache_gets_it() {
     t.tierfs(&["pcc", "attach", "-r", &s(&f)]).assert_ok();
     assert!(fs::read(&f).unwrap() == data, "read through the cache");
 }
+
+/// A truncate of a released file restores it first (waiting off the request thread), then
+/// truncates the restored data.
+#[test]
+fn truncate_of_a_released_file_restores_it_first() {
+    let t = TestFs::new(1);
+    add_archive(&t);
+    let e = engine(&t);
+    let f = t.p(0, "f");
+    let data = pattern(10, 0, 100_000);
+    fs::write(&f, &data).unwrap();
+    archive_by_hand(&t, &*e, &f);
+    hsm(&t, &["release", &s(&f)]).assert_ok();
+    let n = ino(&f);
+    let p = f.clone();
+    let truncater = thread::spawn(move || {
+        let c = cstr(&p);
+        // truncate(2) by path: no open, a setattr of the size
+        if unsafe { libc::truncate(c.as_ptr(), 1000) } == 0 {
+            0
+        } else {
+            errno()
+        }
+    });
+    assert!(
+        wait_until(Duration::from_secs(5), || restores(&*e, n).len() == 1),
+        "no restore queued by the truncate"
+    );
+    assert!(!truncater.is_finished(), "the truncate did not wait");
+    restore_by_hand(&*e, n, &data);
+    assert_eq!(truncater.join().unwrap(), 0, "truncate after the restore");
+    assert!(
+        fs::read(&f).unwrap() == data[..1000],
+        "truncated restored data"
+    );
+}

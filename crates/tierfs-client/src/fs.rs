@@ -1678,6 +1678,52 @@ impl Filesystem for TierFs {
                     }
                 })
             }
+            // A truncate of a released file: restored first (a restore at top priority,
+            // shared with every other waiter), waiting on a thread of its own; EINTR on an
+            // interrupt, EIO when the restore fails.
+            Err(e) if is_released(&e) => {
+                let Some(mut p) = self.park(req) else {
+                    return reply.error(Errno::EAGAIN);
+                };
+                let Some(held) = p.hold(reply) else { return };
+                p.spawn("setattr", move |fs| {
+                    let r = fs.run("setattr_restored", || {
+                        let answered = || held.0.try_lock().is_some_and(|g| g.is_none());
+                        fs.wait_restored(ino.0, &answered)?;
+                        let once = |fs: &FsInner| {
+                            let g = held.0.lock();
+                            if g.is_none() {
+                                return Err(interrupted());
+                            }
+                            Ok(match fs.setattr_now(&asker, ino.0, &args)? {
+                                Step::Done(a) => Step::Done((a, g)),
+                                Step::Wait(l) => Step::Wait(l),
+                                Step::Busy => Step::Busy,
+                            })
+                        };
+                        match once(fs)? {
+                            Step::Done(v) => Ok(v),
+                            Step::Wait(l) => fs.after_recall(l, once),
+                            Step::Busy => Err(ClientError::Errno(
+                                "the file is busy in this client's cache",
+                                libc::EAGAIN,
+                            )),
+                        }
+                    });
+                    match r {
+                        Ok((a, mut g)) => {
+                            if let Some(reply) = g.take() {
+                                reply.attr(&fs.attr_ttl, &fs.fattr(&a));
+                            }
+                        }
+                        Err(e) => {
+                            if let Some(reply) = held.take() {
+                                reply.error(ino_errno(&e));
+                            }
+                        }
+                    }
+                })
+            }
             Err(e) => reply.error(ino_errno(&e)),
         }
     }
