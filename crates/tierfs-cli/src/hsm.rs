@@ -31,7 +31,9 @@ pub enum HsmCmd {
     /// Register archive backend ID (1..=65535) at URL: file:///dir or
     /// s3://bucket/prefix?endpoint=... (the movers, `tierfs agent`, read and write it).
     ArchiveAdd {
+        /// The archive's id, 1..=65535.
         id: u32,
+        /// file:///DIR or s3://BUCKET[/PREFIX][?endpoint=...].
         url: String,
         #[command(flatten)]
         fs: FsArgs,
@@ -44,6 +46,7 @@ pub enum HsmCmd {
     },
     /// Forget archive ID (refused while a file has a copy in it or a request is active on it).
     ArchiveDel {
+        /// The archive's id.
         id: u32,
         #[command(flatten)]
         fs: FsArgs,
@@ -58,38 +61,47 @@ pub enum HsmCmd {
         /// Also the files named in this file, one path a line ("-": standard input).
         #[arg(long, value_name = "FILE")]
         filelist: Option<PathBuf>,
+        /// Files in a tierfs mount.
         files: Vec<PathBuf>,
     },
     /// Drop the capacity-tier data of archived, clean files: they keep size and times, their
     /// data stays in the archive and comes back on open (or `tierfs hsm restore`). Refused for
     /// a dirty, unarchived, norelease or open file.
     Release {
+        /// Also the files named in this file, one path a line ("-": standard input).
         #[arg(long, value_name = "FILE")]
         filelist: Option<PathBuf>,
+        /// Files in a tierfs mount.
         files: Vec<PathBuf>,
     },
     /// Queue a restore of released files at top priority (an open of a released file does
     /// the same and waits for it). Files that are not released are left alone.
     Restore {
+        /// Also the files named in this file, one path a line ("-": standard input).
         #[arg(long, value_name = "FILE")]
         filelist: Option<PathBuf>,
+        /// Files in a tierfs mount.
         files: Vec<PathBuf>,
     },
     /// Queue removal of files' archive copies (the file is then no longer archived).
     Remove {
+        /// Also the files named in this file, one path a line ("-": standard input).
         #[arg(long, value_name = "FILE")]
         filelist: Option<PathBuf>,
+        /// Files in a tierfs mount.
         files: Vec<PathBuf>,
     },
     /// Cancel the waiting or running requests of files, at once (a running mover stops at its
     /// next progress report). An error when a file has none.
     Cancel {
+        /// Files in a tierfs mount.
         #[arg(required = true)]
         files: Vec<PathBuf>,
     },
     /// Files' HSM flags and archive id, as `lfs hsm_state`:
     /// `/mnt/f: (0x0000000d) released exists archived, archive_id:1`.
     State {
+        /// Files in a tierfs mount.
         #[arg(required = true)]
         files: Vec<PathBuf>,
     },
@@ -100,6 +112,7 @@ pub enum HsmCmd {
     /// Files' current request (else their last one) and its progress, as `lfs hsm_action`:
     /// `/mnt/f: ARCHIVE RUNNING (104857600 bytes moved)`; a failed one says why.
     Action {
+        /// Files in a tierfs mount.
         #[arg(required = true)]
         files: Vec<PathBuf>,
     },
@@ -250,6 +263,7 @@ pub struct FlagArgs {
     /// The archive copy is lost (restore is refused).
     #[arg(long)]
     pub lost: bool,
+    /// Files in a tierfs mount.
     #[arg(required = true)]
     pub files: Vec<PathBuf>,
 }
