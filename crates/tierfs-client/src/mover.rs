@@ -20,6 +20,7 @@
 //! (cancel, requeue) stops the move at once and deletes what it wrote.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -116,6 +117,9 @@ pub struct Mover {
     data: Arc<DataPath>,
     cfg: MoverConfig,
     archives: Mutex<HashMap<String, Arc<ArchiveStore>>>,
+    /// Set to stop every running move at its next progress check (SIGTERM of the agent):
+    /// what it wrote is deleted, and unregistering gives its requests back.
+    pub stop: Arc<AtomicBool>,
 }
 
 type R<T> = std::result::Result<T, MoverError>;
@@ -135,6 +139,7 @@ impl Mover {
             data,
             cfg,
             archives: Mutex::new(HashMap::new()),
+            stop: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -185,6 +190,9 @@ impl Mover {
         last: &mut Instant,
         force: bool,
     ) -> R<std::result::Result<(), StopNow>> {
+        if self.stop.load(Ordering::Relaxed) {
+            return Ok(Err(StopNow));
+        }
         if !force && last.elapsed() < self.cfg.progress_interval {
             return Ok(Ok(()));
         }
@@ -367,6 +375,122 @@ impl Mover {
             &HsmDone::default(),
         )?))
     }
+}
+
+/// What an agent serves and how it polls ([`run_agent`]).
+#[derive(Clone, Debug)]
+pub struct AgentConfig {
+    pub info: tierfs_meta::hsm::HsmAgentInfo,
+    /// Requests run at once (also the agent's `max_requests`).
+    pub parallel: usize,
+    /// Sleep between two takes that found nothing (PostgreSQL's HSM notices would wake it
+    /// earlier; not used yet).
+    pub poll: Duration,
+    /// How often the agent runs the coordinator's housekeeping.
+    pub housekeep: Duration,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        AgentConfig {
+            info: Default::default(),
+            parallel: 4,
+            poll: Duration::from_millis(500),
+            housekeep: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Counters of a running agent.
+#[derive(Debug, Default)]
+pub struct AgentStats {
+    pub completed: std::sync::atomic::AtomicU64,
+    pub stopped: std::sync::atomic::AtomicU64,
+    pub failed: std::sync::atomic::AtomicU64,
+}
+
+/// A copytool agent's loop (`tierfs agent`, or a client daemon's mover worker): registers,
+/// takes requests of its archives and runs up to `parallel` of them at once, heartbeats
+/// (every take does) while idle, runs the housekeeping now and then, registers again when the
+/// coordinator dropped it, and unregisters (its requests go back to waiting) once
+/// `mover.stop` is set. Errors only when the metadata engine fails.
+pub fn run_agent(mover: &Mover, cfg: &AgentConfig, stats: &AgentStats) -> R<()> {
+    let meta = Arc::clone(&mover.meta);
+    let mut info = cfg.info.clone();
+    info.max_requests = cfg.parallel.max(1) as u32;
+    let mut agent = meta.hsm_agent_register(&info)?;
+    tracing::info!(agent, archives = ?info.archives, "HSM agent registered");
+    let mut last_housekeep: Option<Instant> = None;
+    while !mover.stop.load(Ordering::Relaxed) {
+        if last_housekeep.is_none_or(|t| t.elapsed() >= cfg.housekeep) {
+            last_housekeep = Some(Instant::now());
+            match meta.hsm_housekeep() {
+                Ok((requeued, dropped, purged)) if requeued + dropped + purged > 0 => {
+                    tracing::info!(requeued, dropped, purged, "HSM housekeeping")
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!("HSM housekeeping: {e}"),
+            }
+        }
+        let tasks = match meta.hsm_take(agent, cfg.parallel.max(1)) {
+            Ok(t) => t,
+            Err(MetaError::Hsm(HsmError::UnknownAgent(_))) => {
+                agent = meta.hsm_agent_register(&info)?;
+                tracing::warn!(
+                    agent,
+                    "HSM agent was dropped by the coordinator: registered again"
+                );
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
+        if tasks.is_empty() {
+            let until = Instant::now() + cfg.poll;
+            while Instant::now() < until && !mover.stop.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(50).min(cfg.poll));
+            }
+            continue;
+        }
+        let results: Vec<R<Moved>> = std::thread::scope(|s| {
+            let handles: Vec<_> = tasks
+                .iter()
+                .map(|t| s.spawn(move || mover.run(agent, t)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(MoverError::Bad("mover thread panicked".into())))
+                })
+                .collect()
+        });
+        for (t, r) in tasks.iter().zip(results) {
+            let (id, ino, action) = (t.request.id, t.request.ino, t.request.action);
+            match r {
+                Ok(Moved::Completed(o)) => {
+                    stats.completed.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(request = id, ino, "HSM {action}: {o:?}");
+                }
+                Ok(Moved::Stopped) => {
+                    stats.stopped.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(request = id, ino, "HSM {action}: stopped");
+                }
+                Ok(Moved::Failed(why)) => {
+                    stats.failed.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(request = id, ino, "HSM {action} failed: {why}");
+                }
+                Err(e) if e.agent_gone() => {
+                    tracing::warn!(request = id, "HSM {action}: the agent was dropped ({e})");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    match meta.hsm_agent_unregister(agent) {
+        Ok(n) => tracing::info!(agent, requeued = n, "HSM agent unregistered"),
+        Err(e) => tracing::warn!(agent, "HSM agent unregister: {e}"),
+    }
+    Ok(())
 }
 
 #[cfg(test)]
