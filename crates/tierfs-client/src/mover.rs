@@ -190,6 +190,9 @@ impl Mover {
         last: &mut Instant,
         force: bool,
     ) -> R<std::result::Result<(), StopNow>> {
+        if let Some(d) = test_stall() {
+            std::thread::sleep(d);
+        }
         if self.stop.load(Ordering::Relaxed) {
             return Ok(Err(StopNow));
         }
@@ -491,6 +494,23 @@ pub fn run_agent(mover: &Mover, cfg: &AgentConfig, stats: &AgentStats) -> R<()> 
         Err(e) => tracing::warn!(agent, "HSM agent unregister: {e}"),
     }
     Ok(())
+}
+
+/// Test hook (debug builds): `TIERFS_TEST_MOVER_STALL_MS` makes every progress check of a move
+/// sleep that long, so that the integration tests can kill an agent mid-copy.
+fn test_stall() -> Option<Duration> {
+    #[cfg(debug_assertions)]
+    {
+        static STALL: std::sync::OnceLock<Option<Duration>> = std::sync::OnceLock::new();
+        *STALL.get_or_init(|| {
+            std::env::var("TIERFS_TEST_MOVER_STALL_MS")
+                .ok()
+                .and_then(|v| v.parse::<u64>().ok())
+                .map(Duration::from_millis)
+        })
+    }
+    #[cfg(not(debug_assertions))]
+    None
 }
 
 #[cfg(test)]
