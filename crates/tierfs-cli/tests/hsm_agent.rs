@@ -269,3 +269,46 @@ fn agent_killed_mid_archive_and_mid_restore_leaves_the_file_as_it_was() {
         data.len()
     );
 }
+
+#[test]
+fn client_daemon_moves_data_when_configured() {
+    // `hsm_mover_archives = [1]`: the daemon of client "m" runs the `hsm-mover` worker, an
+    // agent of archive 1 (no `tierfs agent` process here); client "c0" has none.
+    let mut t = TestFs::new(1);
+    let meta = engine(&t);
+    assert!(
+        meta.hsm_agents().unwrap().is_empty(),
+        "no mover without the config key"
+    );
+    let m = t.mount_with(&ClientOpts {
+        name: "m".into(),
+        config: Some("hsm_mover_archives = [1]\n".into()),
+        ..Default::default()
+    });
+    let data = pattern((3 << 20) + 5, 7);
+    write_file(&t.p(0, "w"), &data);
+    let ino = fs::metadata(t.p(0, "w")).unwrap().ino();
+    let req = meta
+        .hsm_request(ino, HsmAction::Archive, Some(1))
+        .unwrap()
+        .unwrap();
+    wait_request(
+        meta.as_ref(),
+        req.id,
+        RequestState::Succeeded,
+        Duration::from_secs(60),
+    );
+    let r = meta.hsm_get_request(req.id).unwrap();
+    let agents = meta.hsm_agents().unwrap();
+    assert_eq!(agents.len(), 1, "{agents:?}");
+    assert_eq!(agents[0].info.pid as i32, t.daemon_pid(m));
+    assert_eq!(r.agent, Some(agents[0].id));
+    let copy = meta.hsm_state(ino).unwrap().copy.unwrap();
+    assert_eq!(
+        fs::read(t.root().join("archive").join(&copy.key)).unwrap(),
+        data
+    );
+    // unmounting stops the worker, which unregisters
+    t.umount(m);
+    assert!(meta.hsm_agents().unwrap().is_empty());
+}

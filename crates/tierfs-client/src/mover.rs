@@ -496,6 +496,111 @@ pub fn run_agent(mover: &Mover, cfg: &AgentConfig, stats: &AgentStats) -> R<()> 
     Ok(())
 }
 
+/// `hsm-mover`: the movers as a background worker of a client daemon (config key
+/// `hsm_mover_archives`, default empty: off). One request per unit of work, so the
+/// tranquilizer's pauses ([`crate::workers::Worker::moves_data`]) leave the disk and network
+/// to applications between requests; a take that finds nothing is an idle round (and the
+/// agent's heartbeat). The agent registers at the first unit and unregisters when the worker
+/// stops; a stop during a move stops the move at its next progress check.
+pub struct MoverWorker {
+    mover: Mover,
+    cfg: AgentConfig,
+    agent: Option<u64>,
+    last_housekeep: Option<Instant>,
+}
+
+impl MoverWorker {
+    pub fn new(data: Arc<DataPath>, cfg: AgentConfig) -> MoverWorker {
+        MoverWorker {
+            mover: Mover::new(Arc::clone(&data.meta), data, MoverConfig::default()),
+            cfg,
+            agent: None,
+            last_housekeep: None,
+        }
+    }
+}
+
+impl crate::workers::Worker for MoverWorker {
+    fn name(&self) -> &'static str {
+        "hsm-mover"
+    }
+    fn interval(&self) -> Duration {
+        self.cfg.poll.max(Duration::from_secs(1))
+    }
+    fn moves_data(&self) -> bool {
+        true
+    }
+    fn work(
+        &mut self,
+        ctx: &crate::workers::Ctx,
+    ) -> std::result::Result<crate::workers::Next, crate::workers::WorkError> {
+        use crate::workers::Next;
+        let meta = Arc::clone(&self.mover.meta);
+        if self
+            .last_housekeep
+            .is_none_or(|t| t.elapsed() >= self.cfg.housekeep)
+        {
+            self.last_housekeep = Some(Instant::now());
+            if let Err(e) = meta.hsm_housekeep() {
+                ctx.error(format!("HSM housekeeping: {e}"));
+            }
+        }
+        let agent = match self.agent {
+            Some(a) => a,
+            None => {
+                let a = meta.hsm_agent_register(&self.cfg.info)?;
+                self.agent = Some(a);
+                a
+            }
+        };
+        let mut tasks = match meta.hsm_take(agent, 1) {
+            Ok(t) => t,
+            Err(MetaError::Hsm(HsmError::UnknownAgent(_))) => {
+                self.agent = None;
+                return Ok(Next::More);
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let Some(task) = tasks.pop() else {
+            ctx.progress("");
+            return Ok(Next::Idle);
+        };
+        ctx.progress(format!(
+            "{} of inode {} ({} bytes)",
+            task.request.action, task.request.ino, task.size
+        ));
+        let mover = &self.mover;
+        let r = std::thread::scope(|s| {
+            let h = s.spawn(|| mover.run(agent, &task));
+            while !h.is_finished() {
+                if ctx.stopping() {
+                    mover.stop.store(true, Ordering::Relaxed);
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            h.join()
+                .unwrap_or_else(|_| Err(MoverError::Bad("mover thread panicked".into())))
+        });
+        match r {
+            Ok(Moved::Failed(why)) => ctx.note_error(format!(
+                "HSM {} of inode {}: {why}",
+                task.request.action, task.request.ino
+            )),
+            Ok(_) => {}
+            Err(e) if e.agent_gone() => self.agent = None,
+            Err(e) => return Err(e.to_string().into()),
+        }
+        Ok(Next::More)
+    }
+    fn finish(&mut self, _ctx: &crate::workers::Ctx) {
+        if let Some(a) = self.agent.take() {
+            if let Err(e) = self.mover.meta.hsm_agent_unregister(a) {
+                tracing::warn!("HSM mover: unregister: {e}");
+            }
+        }
+    }
+}
+
 /// Test hook (debug builds): `TIERFS_TEST_MOVER_STALL_MS` makes every progress check of a move
 /// sleep that long, so that the integration tests can kill an agent mid-copy.
 fn test_stall() -> Option<Duration> {
