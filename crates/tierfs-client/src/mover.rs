@@ -510,9 +510,23 @@ pub struct MoverWorker {
 }
 
 impl MoverWorker {
+    /// `data`: the daemon's data path, whose engine, targets, runtime and metrics the mover
+    /// shares; it reads and writes through a data path of its own (its per-file state, which
+    /// the mover drops after each file, must not be that of files applications have open).
     pub fn new(data: Arc<DataPath>, cfg: AgentConfig) -> MoverWorker {
+        let own = Arc::new(DataPath::new(
+            Arc::clone(&data.meta),
+            Arc::clone(&data.targets),
+            data.rt.clone(),
+            Arc::clone(&data.metrics),
+            0,
+            crate::data::DataConfig {
+                cache_chunks: 16,
+                ..Default::default()
+            },
+        ));
         MoverWorker {
-            mover: Mover::new(Arc::clone(&data.meta), data, MoverConfig::default()),
+            mover: Mover::new(Arc::clone(&data.meta), own, MoverConfig::default()),
             cfg,
             agent: None,
             last_housekeep: None,
