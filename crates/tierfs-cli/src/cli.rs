@@ -70,6 +70,10 @@ pub enum Command {
     Dump(crate::dump::DumpArgs),
     /// Load a `tierfs dump` file into a freshly formatted, empty filesystem.
     Load(crate::dump::LoadArgs),
+    /// An HSM copytool: registers with the coordinator for the given archives, takes their
+    /// ARCHIVE, RESTORE and REMOVE requests and moves the data (no mount needed); SIGTERM or
+    /// SIGINT gives the requests under way back and exits. See docs/hsm.md.
+    Agent(crate::agent::AgentArgs),
     /// The changelog: register readers, print records (--follow), clear, deregister (like
     /// Lustre's lfs changelog). Records are kept only while a reader is registered.
     Changelog(crate::changelog::ChangelogArgs),

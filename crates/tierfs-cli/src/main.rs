@@ -2,6 +2,7 @@
 //! stats, up). Every failure is one line on stderr and a non-zero exit.
 
 mod admin;
+mod agent;
 mod changelog;
 mod check;
 mod cli;
@@ -46,6 +47,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::Bench(a) => tierfs_bench::run(a).map_err(|e| CliError::Other(e.to_string())),
         Command::Pcc(c) => pcc::run(c),
         Command::Hsm(c) => hsm::run(c),
+        Command::Agent(a) => agent::agent(a),
         Command::Session(c) => session::run(c),
         Command::Changelog(a) => changelog::run(a),
         Command::Dump(a) => dump::dump(a),

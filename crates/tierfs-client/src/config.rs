@@ -34,6 +34,10 @@
 //!                              # "access" (anyone who may read the file; RW needs write access).
 //!                              # A non-root attach never evicts: it must fit in the cache below
 //!                              # its high watermark.
+//! # HSM (docs/hsm.md)
+//! hsm_mover_archives = []      # archive ids this daemon moves data for as a background worker
+//!                              # (`hsm-mover`, tranquility applies), as `tierfs agent` does;
+//!                              # empty (the default): off
 //! # changelog (docs/changelog.md)
 //! jobid_var = "disable"        # job id of each change: "disable", "procname_uid", or the
 //!                              # environment variable of the writer that holds it ("SLURM_JOB_ID")
@@ -70,6 +74,7 @@ pub struct ClientConfig {
     pub pcc_recall_timeout_secs: u64,
     pub pcc_attach: String,
     pub jobid_var: String,
+    pub hsm_mover_archives: Vec<u32>,
 }
 
 /// Who may attach, detach, pin and unpin files by hand (`pcc_attach`). Root always may; the
@@ -136,6 +141,7 @@ impl Default for ClientConfig {
             pcc_recall_timeout_secs: 60,
             pcc_attach: "root".into(),
             jobid_var: "disable".into(),
+            hsm_mover_archives: Vec::new(),
         }
     }
 }

@@ -439,6 +439,7 @@ pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Resul
 /// Names of the workers that stop first at unmount: those that move data or clean up, so that
 /// no unit of theirs runs once the final write-backs begin.
 const STOP_FIRST: &[&str] = &[
+    "hsm-mover",
     "pcc-recall",
     "pcc",
     "pcc-writeback",
@@ -504,6 +505,23 @@ fn start_workers(
     .map_err(spawn_err)?;
     w.spawn(jobs::Compactor::new(Arc::clone(data), gc_every))
         .map_err(spawn_err)?;
+    if !cfg.hsm_mover_archives.is_empty() {
+        w.spawn(crate::mover::MoverWorker::new(
+            Arc::clone(data),
+            crate::mover::AgentConfig {
+                info: tierfs_meta::hsm::HsmAgentInfo {
+                    name: format!("{}:{}", hostname(), std::process::id()),
+                    host: hostname(),
+                    pid: std::process::id(),
+                    archives: cfg.hsm_mover_archives.clone(),
+                    max_requests: 1,
+                },
+                parallel: 1,
+                ..Default::default()
+            },
+        ))
+        .map_err(spawn_err)?;
+    }
     w.spawn(jobs::Maintenance {
         meta: meta.clone(),
         every: gc_every,

@@ -7,6 +7,7 @@
 //! - [`daemon`]: mounting, the client session (heartbeat, garbage collection), signals.
 //! - [`config`]: the client's TOML configuration.
 //! - [`metrics`]: Prometheus metrics and the stats file.
+//! - [`mover`]: the HSM data movers (archive, restore, remove of one taken request).
 //! - [`pcc`]: the persistent client cache as this client runs it.
 //! - [`lease`]: recalling another client's RW-PCC lease before an open or truncate (every
 //!   client, with a cache or not).
@@ -26,6 +27,7 @@ pub mod fs;
 pub mod lease;
 pub mod liveness;
 pub mod metrics;
+pub mod mover;
 pub mod pcc;
 pub mod pcc_state;
 pub mod recall;

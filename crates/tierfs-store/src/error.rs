@@ -24,6 +24,8 @@ pub enum StoreError {
     BadIdentity(String, String),
     #[error("storage target {0} refused: {1}")]
     WrongTarget(String, String),
+    #[error("archive {0} is unreachable: {1}")]
+    ArchiveUnreachable(String, String),
     #[error("storage I/O error: {0}")]
     Io(String),
 }

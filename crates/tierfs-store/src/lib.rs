@@ -3,6 +3,7 @@
 //!
 //! - [`target`]: a target URL (`file:///dir` or `s3://bucket/prefix?endpoint=...`, with an
 //!   optional `?capacity=`), opened through the `object_store` crate.
+//! - [`archive`]: HSM archive backends (same URLs), holding one object per archive copy.
 //! - [`s3`]: S3-compatible targets: retries, multipart uploads, parallel ranged reads.
 //! - [`credentials`]: where S3 credentials come from (never from the metadata engine).
 //! - [`identity`]: the marker naming the filesystem and index a target belongs to, written
@@ -12,6 +13,7 @@
 //!   weighted by free space once usage differs by more than a threshold, as Lustre's QOS).
 
 pub mod allocator;
+pub mod archive;
 pub mod credentials;
 pub mod error;
 pub mod identity;

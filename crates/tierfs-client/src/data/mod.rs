@@ -634,6 +634,24 @@ impl DataPath {
         })
     }
 
+    /// Uploads each piece as a new object on its target, made durable before this returns
+    /// (an HSM restore commits them afterwards with `hsm_restore_slices`); returns the new
+    /// objects' ids, in order. Objects of a failed call that were uploaded are never referenced
+    /// and go with the garbage collection of unreferenced objects.
+    pub fn put_objects(&self, pieces: Vec<(u32, Bytes)>) -> Result<Vec<u64>> {
+        let mut ids = Vec::with_capacity(pieces.len());
+        let mut waits = Vec::with_capacity(pieces.len());
+        for (target, bytes) in pieces {
+            let obj = self.next_object_id()?;
+            ids.push(obj);
+            waits.push(self.spawn_upload(target, obj, bytes));
+        }
+        for r in self.rt.block_on(futures::future::join_all(waits)) {
+            r.map_err(|e| StoreError::Io(e.to_string()))??;
+        }
+        Ok(ids)
+    }
+
     /// Commits every buffered write of `ino`; returns the new attributes if anything was written.
     pub fn flush(&self, ino: Ino) -> Result<Option<Attr>> {
         let Some(st) = self.existing(ino) else {

@@ -1,0 +1,392 @@
+//! HSM copytool agents (issue 13, requirement 3): `tierfs agent` archives and restores files of
+//! a mounted filesystem, the data read back on another client is byte-identical, and an agent
+//! killed mid-copy leaves the file as it was (not archived / still released) while another
+//! agent finishes the request once the coordinator requeued it.
+//!
+//! The HSM requests are queued through the engine directly (the `tierfs hsm` commands are
+//! another branch's), as a client would.
+
+mod common;
+
+use common::*;
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tierfs_meta::hsm::{HsmAction, HsmSettings, RequestState};
+use tierfs_meta::{open_engine, MetaEngine};
+
+/// A `tierfs agent` process, killed (SIGKILL) when dropped if still running.
+struct Agent(Child);
+
+impl Agent {
+    fn start(t: &TestFs, stall_ms: u64) -> Agent {
+        let log =
+            fs::File::create(t.root().join(format!("agent-{}.log", std::process::id()))).unwrap();
+        let mut cmd = Command::new(BIN);
+        cmd.args(["--log-level", "info", "agent", "--meta", &t.meta_url()])
+            .args(["--archive", "1", "--poll", "0.1", "--housekeep", "0.3"])
+            .stdout(Stdio::null())
+            .stderr(log);
+        if stall_ms > 0 {
+            cmd.env("TIERFS_TEST_MOVER_STALL_MS", stall_ms.to_string());
+        }
+        Agent(cmd.spawn().expect("spawn tierfs agent"))
+    }
+
+    fn pid(&self) -> i32 {
+        self.0.id() as i32
+    }
+
+    fn kill9(&mut self) {
+        unsafe { libc::kill(self.pid(), libc::SIGKILL) };
+        let _ = self.0.wait();
+    }
+
+    /// SIGTERM, then the exit status (bounded).
+    fn term(&mut self) -> std::process::ExitStatus {
+        unsafe { libc::kill(self.pid(), libc::SIGTERM) };
+        for _ in 0..200 {
+            if let Some(s) = self.0.try_wait().unwrap() {
+                return s;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("tierfs agent still running 10 s after SIGTERM");
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if self.0.try_wait().ok().flatten().is_none() {
+            self.kill9();
+        }
+    }
+}
+
+fn pattern(n: usize, seed: u8) -> Vec<u8> {
+    (0..n)
+        .map(|i| ((i * 131 + i / 4093) as u8).wrapping_add(seed))
+        .collect()
+}
+
+fn write_file(p: &Path, data: &[u8]) {
+    let mut f = fs::File::create(p).unwrap();
+    f.write_all(data).unwrap();
+    f.sync_all().unwrap();
+}
+
+/// The engine, with archive 1 in `<root>/archive` and a short request timeout (2 s) and
+/// retry backoff (0.2 s) so that a killed agent's request is requeued quickly.
+fn engine(t: &TestFs) -> Arc<dyn MetaEngine> {
+    let meta = open_engine(&t.meta_url()).unwrap();
+    let dir = t.root().join("archive");
+    fs::create_dir_all(&dir).unwrap();
+    meta.hsm_archive_add(1, &format!("file://{}", dir.display()))
+        .unwrap();
+    meta.hsm_set_settings(&HsmSettings {
+        request_timeout_ns: 2_000_000_000,
+        retry_backoff_ns: 200_000_000,
+        ..HsmSettings::default()
+    })
+    .unwrap();
+    meta
+}
+
+fn wait_request(meta: &dyn MetaEngine, id: u64, want: RequestState, limit: Duration) {
+    let mut last = None;
+    let ok = wait_until(limit, || {
+        let r = meta.hsm_get_request(id).unwrap();
+        let done = r.state == want;
+        last = Some(r);
+        done
+    });
+    assert!(ok, "request {id} not {want} after {limit:?}: {last:?}");
+}
+
+/// Release, retried while the writer's close is still on its way to the engine.
+fn release(meta: &dyn MetaEngine, ino: u64) {
+    let mut last = None;
+    let ok = wait_until(Duration::from_secs(10), || match meta.hsm_release(ino) {
+        Ok(a) => a.hsm.released(),
+        Err(e) => {
+            last = Some(e.to_string());
+            false
+        }
+    });
+    assert!(ok, "release of {ino} refused: {last:?}");
+}
+
+#[test]
+fn agent_archive_release_restore_reads_back_identical_on_another_client() {
+    let t = TestFs::with(Opts {
+        clients: 2,
+        stripe_size: Some("256K".into()),
+        ..Opts::default()
+    });
+    let meta = engine(&t);
+    let data = pattern((5 << 20) + 777, 3);
+    write_file(&t.p(0, "f"), &data);
+    let ino = fs::metadata(t.p(0, "f")).unwrap().ino();
+    let mut agent = Agent::start(&t, 0);
+
+    let req = meta
+        .hsm_request(ino, HsmAction::Archive, Some(1))
+        .unwrap()
+        .unwrap();
+    wait_request(
+        meta.as_ref(),
+        req.id,
+        RequestState::Succeeded,
+        Duration::from_secs(60),
+    );
+    let st = meta.hsm_state(ino).unwrap();
+    assert!(st.flags.archived() && !st.flags.dirty(), "{}", st.flags);
+    let copy = st.copy.unwrap();
+    assert_eq!(
+        fs::read(t.root().join("archive").join(&copy.key)).unwrap(),
+        data,
+        "the archive copy is the file's bytes"
+    );
+
+    let used = t.total_target_usage();
+    release(meta.as_ref(), ino);
+    assert!(
+        wait_until(Duration::from_secs(30), || t.total_target_usage()
+            + (4 << 20)
+            < used),
+        "the released file's objects were not freed ({} of {used} bytes left)",
+        t.total_target_usage()
+    );
+    assert_eq!(fs::metadata(t.p(1, "f")).unwrap().len(), data.len() as u64);
+
+    let req = meta
+        .hsm_request(ino, HsmAction::Restore, None)
+        .unwrap()
+        .unwrap();
+    wait_request(
+        meta.as_ref(),
+        req.id,
+        RequestState::Succeeded,
+        Duration::from_secs(60),
+    );
+    assert!(!meta.getattr(ino).unwrap().hsm.released());
+    let back = fs::read(t.p(1, "f")).unwrap();
+    assert!(
+        back == data,
+        "restored data differs (len {} vs {})",
+        back.len(),
+        data.len()
+    );
+
+    let status = agent.term();
+    assert!(status.success(), "agent exit on SIGTERM: {status}");
+    assert!(
+        meta.hsm_agents().unwrap().is_empty(),
+        "the agent unregistered"
+    );
+}
+
+#[test]
+fn agent_killed_mid_archive_and_mid_restore_leaves_the_file_as_it_was() {
+    let t = TestFs::with(Opts {
+        clients: 1,
+        stripe_size: Some("1M".into()),
+        ..Opts::default()
+    });
+    let meta = engine(&t);
+    let data = pattern(24 << 20, 9);
+    write_file(&t.p(0, "big"), &data);
+    let ino = fs::metadata(t.p(0, "big")).unwrap().ino();
+
+    // ARCHIVE: each 4 MiB read stalls 400 ms; kill -9 once some bytes were reported.
+    let mut slow = Agent::start(&t, 400);
+    let req = meta
+        .hsm_request(ino, HsmAction::Archive, Some(1))
+        .unwrap()
+        .unwrap();
+    assert!(
+        wait_until(Duration::from_secs(30), || {
+            let r = meta.hsm_get_request(req.id).unwrap();
+            r.state == RequestState::Started && r.bytes_moved > 0
+        }),
+        "the slow agent never reported progress"
+    );
+    slow.kill9();
+    let r = meta.hsm_get_request(req.id).unwrap();
+    assert!(r.bytes_moved < data.len() as u64, "killed mid-copy: {r:?}");
+    let st = meta.hsm_state(ino).unwrap();
+    assert!(!st.flags.archived() && st.copy.is_none(), "{}", st.flags);
+
+    // another agent finishes it once the coordinator requeued the request
+    let mut agent = Agent::start(&t, 0);
+    wait_request(
+        meta.as_ref(),
+        req.id,
+        RequestState::Succeeded,
+        Duration::from_secs(90),
+    );
+    let copy = meta.hsm_state(ino).unwrap().copy.unwrap();
+    assert_eq!(
+        fs::read(t.root().join("archive").join(&copy.key)).unwrap(),
+        data
+    );
+    agent.term();
+
+    // RESTORE killed mid-way: the file stays released; a new agent restores it whole.
+    release(meta.as_ref(), ino);
+    let mut slow = Agent::start(&t, 400);
+    let req = meta
+        .hsm_request(ino, HsmAction::Restore, None)
+        .unwrap()
+        .unwrap();
+    assert!(
+        wait_until(Duration::from_secs(30), || {
+            let r = meta.hsm_get_request(req.id).unwrap();
+            r.state == RequestState::Started && r.bytes_moved > 0
+        }),
+        "the slow agent never reported restore progress"
+    );
+    slow.kill9();
+    assert!(meta.getattr(ino).unwrap().hsm.released());
+    let _agent = Agent::start(&t, 0);
+    wait_request(
+        meta.as_ref(),
+        req.id,
+        RequestState::Succeeded,
+        Duration::from_secs(90),
+    );
+    assert!(!meta.getattr(ino).unwrap().hsm.released());
+    let back = fs::read(t.p(0, "big")).unwrap();
+    assert!(
+        back == data,
+        "restored data differs (len {} vs {})",
+        back.len(),
+        data.len()
+    );
+}
+
+#[test]
+fn client_daemon_moves_data_when_configured() {
+    // `hsm_mover_archives = [1]`: the daemon of client "m" runs the `hsm-mover` worker, an
+    // agent of archive 1 (no `tierfs agent` process here); client "c0" has none.
+    let mut t = TestFs::new(1);
+    let meta = engine(&t);
+    assert!(
+        meta.hsm_agents().unwrap().is_empty(),
+        "no mover without the config key"
+    );
+    let m = t.mount_with(&ClientOpts {
+        name: "m".into(),
+        config: Some("hsm_mover_archives = [1]\n".into()),
+        ..Default::default()
+    });
+    let data = pattern((3 << 20) + 5, 7);
+    write_file(&t.p(0, "w"), &data);
+    let ino = fs::metadata(t.p(0, "w")).unwrap().ino();
+    let req = meta
+        .hsm_request(ino, HsmAction::Archive, Some(1))
+        .unwrap()
+        .unwrap();
+    wait_request(
+        meta.as_ref(),
+        req.id,
+        RequestState::Succeeded,
+        Duration::from_secs(60),
+    );
+    let r = meta.hsm_get_request(req.id).unwrap();
+    let agents = meta.hsm_agents().unwrap();
+    assert_eq!(agents.len(), 1, "{agents:?}");
+    assert_eq!(agents[0].info.pid as i32, t.daemon_pid(m));
+    assert_eq!(r.agent, Some(agents[0].id));
+    let copy = meta.hsm_state(ino).unwrap().copy.unwrap();
+    assert_eq!(
+        fs::read(t.root().join("archive").join(&copy.key)).unwrap(),
+        data
+    );
+    // unmounting stops the worker, which unregisters
+    t.umount(m);
+    assert!(meta.hsm_agents().unwrap().is_empty());
+}
+
+/// Throughput of `tierfs agent` against `cp` of the same data between the same places, for
+/// docs/benchmarks.md (ignored: run it on a release build,
+/// `cargo test --release -p tierfs-cli --test hsm_agent bench -- --ignored --nocapture`;
+/// size with TIERFS_BENCH_HSM_MB, default 512). Prints figures; asserts only correctness.
+#[test]
+#[ignore]
+fn bench_archive_restore_vs_cp() {
+    let mb: usize = std::env::var("TIERFS_BENCH_HSM_MB")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(512);
+    let t = TestFs::with(Opts {
+        clients: 1,
+        timeout: Duration::from_secs(900),
+        ..Opts::default()
+    });
+    let meta = engine(&t);
+    let data = pattern(mb << 20, 1);
+    write_file(&t.p(0, "f"), &data);
+    drop(data);
+    let ino = fs::metadata(t.p(0, "f")).unwrap().ino();
+    let rate = |d: Duration| (mb as f64) / d.as_secs_f64();
+    let cpdir = t.root().join("archive").join("cp");
+    fs::create_dir_all(&cpdir).unwrap();
+
+    // cp: the file read through the mount, written into the archive directory
+    let t0 = std::time::Instant::now();
+    fs::copy(t.p(0, "f"), cpdir.join("f")).unwrap();
+    let cp_out = t0.elapsed();
+
+    let _agent = Agent::start(&t, 0);
+    let t0 = std::time::Instant::now();
+    let req = meta
+        .hsm_request(ino, HsmAction::Archive, Some(1))
+        .unwrap()
+        .unwrap();
+    wait_request(
+        meta.as_ref(),
+        req.id,
+        RequestState::Succeeded,
+        Duration::from_secs(600),
+    );
+    let archive = t0.elapsed();
+    let copy = meta.hsm_state(ino).unwrap().copy.unwrap();
+
+    release(meta.as_ref(), ino);
+    let t0 = std::time::Instant::now();
+    let req = meta
+        .hsm_request(ino, HsmAction::Restore, None)
+        .unwrap()
+        .unwrap();
+    wait_request(
+        meta.as_ref(),
+        req.id,
+        RequestState::Succeeded,
+        Duration::from_secs(600),
+    );
+    let restore = t0.elapsed();
+
+    // cp back: the archive copy written into the filesystem through the mount
+    let t0 = std::time::Instant::now();
+    fs::copy(t.root().join("archive").join(&copy.key), t.p(0, "g")).unwrap();
+    fs::File::open(t.p(0, "g")).unwrap().sync_all().unwrap();
+    let cp_in = t0.elapsed();
+
+    assert!(fs::read(t.p(0, "f")).unwrap() == fs::read(t.p(0, "g")).unwrap());
+    println!(
+        "HSM bench {mb} MiB: archive {:.0} MiB/s vs cp out {:.0} MiB/s ({:.2}x); \
+         restore {:.0} MiB/s vs cp in {:.0} MiB/s ({:.2}x)",
+        rate(archive),
+        rate(cp_out),
+        cp_out.as_secs_f64() / archive.as_secs_f64(),
+        rate(restore),
+        rate(cp_in),
+        cp_in.as_secs_f64() / restore.as_secs_f64(),
+    );
+}

@@ -1,0 +1,233 @@
+//! HSM archive backends (docs/hsm.md): `file:///dir` or `s3://bucket/prefix?endpoint=URL&region=NAME`,
+//! opened through `object_store` as the storage targets are. An archive holds one object per
+//! archive copy, under a key the mover chooses; the metadata engine records the key, size and
+//! checksum of the copy that counts (`hsm_complete`), so a copy written by a mover that died
+//! before completing is never taken for the file's.
+//!
+//! Copies are written with a multipart upload: the object appears at its key only when the
+//! upload finishes (S3: at CompleteMultipartUpload; a local directory: the staging file is
+//! renamed into place), never half-written.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use object_store::local::LocalFileSystem;
+use object_store::path::Path;
+use object_store::{MultipartUpload, ObjectStore, ObjectStoreExt};
+
+use crate::error::{Result, StoreError};
+use crate::s3;
+use crate::target::{TargetKind, TargetSpec};
+
+/// One opened archive backend.
+#[derive(Debug, Clone)]
+pub struct ArchiveStore {
+    /// The URL as registered (`tierfs hsm archive-add`).
+    pub url: String,
+    store: Arc<dyn ObjectStore>,
+}
+
+/// Bytes of a part of a copy's upload (S3 wants at least 5 MiB but for the last).
+pub const ARCHIVE_PART: usize = s3::PART_SIZE;
+
+/// The checksum algorithm of archive copies, as recorded (`crc32:xxxxxxxx`).
+pub fn checksum_string(crc: u32) -> String {
+    format!("crc32:{crc:08x}")
+}
+
+impl ArchiveStore {
+    /// Opens the archive at `url` and proves it can be written (one small probe object):
+    /// [`StoreError::ArchiveUnreachable`] with the reason otherwise. A local directory must
+    /// exist (it is never created: a missing mount of the archive file system must not fill
+    /// the root file system).
+    pub fn open(url: &str) -> Result<ArchiveStore> {
+        let spec = TargetSpec::parse(url)?;
+        if spec.capacity != 0 {
+            return Err(StoreError::BadUrl(format!(
+                "{url}: an archive takes no ?capacity="
+            )));
+        }
+        let unreachable =
+            |e: StoreError| StoreError::ArchiveUnreachable(url.to_string(), e.to_string());
+        let store: Arc<dyn ObjectStore> = match &spec.kind {
+            TargetKind::Local(dir) => {
+                spec.check(false).map_err(unreachable)?;
+                Arc::new(
+                    LocalFileSystem::new_with_prefix(dir)
+                        .map_err(|e| unreachable(StoreError::Io(e.to_string())))?
+                        .with_automatic_cleanup(true),
+                )
+            }
+            TargetKind::S3(s3spec) => {
+                let creds = crate::credentials::resolve().map_err(unreachable)?;
+                let store = s3spec.open_with(&creds).map_err(unreachable)?;
+                s3::probe_store(s3spec, &store, &creds).map_err(unreachable)?;
+                store
+            }
+        };
+        Ok(ArchiveStore {
+            url: url.to_string(),
+            store,
+        })
+    }
+
+    fn path(key: &str) -> Result<Path> {
+        Path::parse(key).map_err(|e| StoreError::BadUrl(format!("archive key '{key}': {e}")))
+    }
+
+    /// Starts writing a copy at `key`; nothing is visible at `key` before
+    /// [`ArchiveWriter::finish`].
+    pub async fn writer(&self, key: &str) -> Result<ArchiveWriter> {
+        let path = Self::path(key)?;
+        let upload = self.store.put_multipart(&path).await?;
+        Ok(ArchiveWriter {
+            upload,
+            buf: Vec::with_capacity(ARCHIVE_PART),
+            parts: 0,
+        })
+    }
+
+    /// Reads `[start, end)` of the copy at `key`.
+    pub async fn get_range(&self, key: &str, start: u64, end: u64) -> Result<Bytes> {
+        if start >= end {
+            return Ok(Bytes::new());
+        }
+        s3::get_range(self.store.as_ref(), &Self::path(key)?, start, end).await
+    }
+
+    /// The size of the copy at `key` (`NotFound` when there is none).
+    pub async fn size(&self, key: &str) -> Result<u64> {
+        Ok(self.store.head(&Self::path(key)?).await?.size)
+    }
+
+    /// Deletes the copy at `key`; a copy already gone is not an error.
+    pub async fn delete(&self, key: &str) -> Result<()> {
+        match self.store.delete(&Self::path(key)?).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+/// A copy being written ([`ArchiveStore::writer`]). Dropping it without
+/// [`ArchiveWriter::finish`] leaves nothing at the key (call [`ArchiveWriter::abort`] to
+/// free the parts uploaded so far at once).
+pub struct ArchiveWriter {
+    upload: Box<dyn MultipartUpload>,
+    buf: Vec<u8>,
+    parts: usize,
+}
+
+impl ArchiveWriter {
+    /// Appends `data`; a part is uploaded each time [`ARCHIVE_PART`] bytes gathered.
+    pub async fn write(&mut self, mut data: &[u8]) -> Result<()> {
+        while !data.is_empty() {
+            let n = (ARCHIVE_PART - self.buf.len()).min(data.len());
+            self.buf.extend_from_slice(&data[..n]);
+            data = &data[n..];
+            if self.buf.len() == ARCHIVE_PART {
+                self.flush_part().await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn flush_part(&mut self) -> Result<()> {
+        let part = std::mem::replace(&mut self.buf, Vec::with_capacity(ARCHIVE_PART));
+        self.upload.put_part(Bytes::from(part).into()).await?;
+        self.parts += 1;
+        Ok(())
+    }
+
+    /// Uploads the rest and makes the copy visible at its key.
+    pub async fn finish(mut self) -> Result<()> {
+        if !self.buf.is_empty() || self.parts == 0 {
+            self.flush_part().await?;
+        }
+        self.upload.complete().await?;
+        Ok(())
+    }
+
+    /// Gives the upload up (its parts are freed).
+    pub async fn abort(mut self) {
+        let _ = self.upload.abort().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rt() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn local_archive_round_trip_and_atomic_visibility() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = ArchiveStore::open(&format!("file://{}", dir.path().display())).unwrap();
+        let data: Vec<u8> = (0..(ARCHIVE_PART * 2 + 12345))
+            .map(|i| (i * 7 % 251) as u8)
+            .collect();
+        rt().block_on(async {
+            let mut w = a.writer("x/copy1").await.unwrap();
+            w.write(&data[..100]).await.unwrap();
+            w.write(&data[100..]).await.unwrap();
+            // nothing visible before finish
+            assert!(matches!(
+                a.size("x/copy1").await,
+                Err(StoreError::NotFound(_))
+            ));
+            w.finish().await.unwrap();
+            assert_eq!(a.size("x/copy1").await.unwrap(), data.len() as u64);
+            let got = a.get_range("x/copy1", 0, data.len() as u64).await.unwrap();
+            assert_eq!(&got[..], &data[..]);
+            let mid = a.get_range("x/copy1", 5, 50_000).await.unwrap();
+            assert_eq!(&mid[..], &data[5..50_000]);
+            // an aborted copy leaves nothing
+            let mut w = a.writer("x/copy2").await.unwrap();
+            w.write(&data).await.unwrap();
+            w.abort().await;
+            assert!(matches!(
+                a.size("x/copy2").await,
+                Err(StoreError::NotFound(_))
+            ));
+            // empty copy
+            a.writer("x/empty").await.unwrap().finish().await.unwrap();
+            assert_eq!(a.size("x/empty").await.unwrap(), 0);
+            a.delete("x/copy1").await.unwrap();
+            a.delete("x/copy1").await.unwrap();
+            assert!(matches!(
+                a.size("x/copy1").await,
+                Err(StoreError::NotFound(_))
+            ));
+        });
+    }
+
+    #[test]
+    fn unreachable_archive_is_one_clear_error() {
+        let e = ArchiveStore::open("file:///nonexistent/tierfs-archive-xyz").unwrap_err();
+        assert!(matches!(e, StoreError::ArchiveUnreachable(..)), "{e}");
+        assert!(
+            e.to_string()
+                .contains("file:///nonexistent/tierfs-archive-xyz"),
+            "{e}"
+        );
+        assert!(matches!(
+            ArchiveStore::open("ftp://x").unwrap_err(),
+            StoreError::BadUrl(_)
+        ));
+        assert!(matches!(
+            ArchiveStore::open("file:///tmp?capacity=1G").unwrap_err(),
+            StoreError::BadUrl(_)
+        ));
+    }
+
+    #[test]
+    fn checksum_format() {
+        assert_eq!(checksum_string(0xdead), "crc32:0000dead");
+    }
+}
