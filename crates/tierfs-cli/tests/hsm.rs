@@ -499,6 +499,12 @@ fn unlink_queues_removal_of_the_copy_only_when_configured() {
     }
     let (nf, ng) = (ino(&f), ino(&g));
     fs::remove_file(&g).unwrap();
+    // The file goes (and a REMOVE would be queued) once its last close is recorded: closes
+    // reach the engine in batches, so wait until g is gone before the setting changes.
+    assert!(
+        wait_until(Duration::from_secs(10), || e.getattr(ng).is_err()),
+        "g was not purged after its unlink"
+    );
     assert_eq!(removes(ng), 0, "off: no REMOVE queued");
     let out = hsm(
         &t,
@@ -513,7 +519,14 @@ fn unlink_queues_removal_of_the_copy_only_when_configured() {
     out.assert_ok();
     assert!(out.stdout.contains("remove_archive_on_last_unlink = on"));
     fs::remove_file(&f).unwrap();
-    assert_eq!(removes(nf), 1, "on: one REMOVE queued");
+    // (the same batch of closes: f's REMOVE is queued when f is purged)
+    assert!(
+        wait_until(Duration::from_secs(10), || removes(nf) == 1),
+        "on: one REMOVE queued (found {})",
+        removes(nf)
+    );
+    // g went the same way, long enough ago, with the setting off.
+    assert_eq!(removes(ng), 0, "off: no REMOVE queued");
 }
 
 /// `tierfs hsm import` makes a file:// archive's tree released files (size, mtime, mode from
