@@ -67,6 +67,7 @@ pub enum PccCmd {
     Stats { mount: PathBuf },
 }
 
+/// Which filesystem a command works on (shared by `tierfs pcc` and `tierfs session`).
 #[derive(Debug, Args)]
 pub struct Target {
     /// Metadata URL of the filesystem (default: the filesystem of --mount or of the current
@@ -252,7 +253,7 @@ fn print_state(path: &Path, v: &serde_json::Value) {
     );
 }
 
-fn engine_for(t: &Target) -> Result<std::sync::Arc<dyn tierfs_meta::MetaEngine>> {
+pub(crate) fn engine_for(t: &Target) -> Result<std::sync::Arc<dyn tierfs_meta::MetaEngine>> {
     let url = match (&t.meta, &t.mount) {
         (Some(m), _) => m.clone(),
         (None, Some(p)) => mount_of(p)?.1.meta,

@@ -1,19 +1,16 @@
 //! `tierfs session`: the clients' sessions, and evicting one (like Lustre's `lctl evict`).
 
-use std::path::PathBuf;
-use std::sync::Arc;
-
 use clap::{Args, Subcommand};
-use tierfs_meta::{open_engine, MetaEngine, SessionInfo};
+use tierfs_meta::{MetaEngine, SessionInfo};
 
 use crate::error::{CliError, Result};
-use crate::locate::mount_of;
+use crate::pcc::{engine_for, Target};
 
 #[derive(Debug, Subcommand)]
 pub enum SessionCmd {
     /// List the sessions of the clients mounted now: id, client name, host, pid, mount point
     /// and the age of the last heartbeat by the database's clock.
-    List(Where),
+    List(Target),
     /// End a client's session at once, as if it had missed its heartbeats for the session
     /// timeout (like Lustre's `lctl evict`): its open files and locks are dropped (files
     /// unlinked while it held them open are purged). A running client finds out at its next
@@ -25,35 +22,12 @@ pub enum SessionCmd {
 }
 
 #[derive(Debug, Args)]
-pub struct Where {
-    /// Metadata URL of the filesystem (default: the filesystem of --mount or of the current
-    /// directory).
-    #[arg(long)]
-    pub meta: Option<String>,
-    /// A path in a tierfs mount.
-    #[arg(long)]
-    pub mount: Option<PathBuf>,
-}
-
-#[derive(Debug, Args)]
 pub struct EvictArgs {
     /// A session id (as `tierfs session list` or `tierfs status` shows it), or a client name
     /// (every session of that name).
     pub session: String,
     #[command(flatten)]
-    pub at: Where,
-}
-
-fn engine_for(w: &Where) -> Result<Arc<dyn MetaEngine>> {
-    let url = match (&w.meta, &w.mount) {
-        (Some(m), _) => m.clone(),
-        (None, Some(p)) => mount_of(p)?.1.meta,
-        (None, None) => {
-            let cwd = std::env::current_dir().map_err(|e| CliError::Io(".".into(), e))?;
-            mount_of(&cwd)?.1.meta
-        }
-    };
-    Ok(open_engine(&url)?)
+    pub at: Target,
 }
 
 pub fn run(c: SessionCmd) -> Result<()> {
