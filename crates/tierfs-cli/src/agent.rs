@@ -42,6 +42,12 @@ pub struct AgentArgs {
     /// by silent agents, purge of old final requests).
     #[arg(long, default_value_t = 30.0)]
     pub housekeep: f64,
+    /// Within each archive or restore, pause after every piece moved (4 MiB read and written,
+    /// or one stripe chunk) for N times the time it took, so the agent uses at most 1/(1+N) of
+    /// the time and yields the disk and network to applications (0..100; 0: full speed, for an
+    /// agent on a machine of its own).
+    #[arg(long, default_value_t = 0.0, value_name = "N")]
+    pub tranquility: f64,
 }
 
 fn secs(what: &str, v: f64) -> Result<Duration> {
@@ -61,6 +67,12 @@ pub fn agent(a: AgentArgs) -> Result<()> {
     }
     let poll = secs("poll", a.poll)?;
     let housekeep = secs("housekeep", a.housekeep)?;
+    if !(0.0..=100.0).contains(&a.tranquility) {
+        return Err(CliError::Usage(format!(
+            "--tranquility: expected a number from 0 to 100, got {}",
+            a.tranquility
+        )));
+    }
     // Signals go to the thread that waits for them (blocked before any other thread exists).
     let sigs = signals::block();
     let meta = open_engine(&a.meta)?;
@@ -101,7 +113,14 @@ pub fn agent(a: AgentArgs) -> Result<()> {
         info.inline_threshold,
         DataConfig::default(),
     ));
-    let mover = Mover::new(Arc::clone(&meta), data, MoverConfig::default());
+    let mover = Mover::new(
+        Arc::clone(&meta),
+        data,
+        MoverConfig {
+            tranquility: a.tranquility,
+            ..MoverConfig::default()
+        },
+    );
     let host = hostname();
     let pid = std::process::id();
     let cfg = AgentConfig {

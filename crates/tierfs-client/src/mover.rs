@@ -45,6 +45,12 @@ pub struct MoverConfig {
     pub commit_bytes: u64,
     /// Longest time between two progress reports of a running move.
     pub progress_interval: Duration,
+    /// Within a move, the pause after each piece (a data-path read and its write to the
+    /// archive; a chunk of a restore) is `tranquility x` the time the piece took
+    /// ([`crate::workers::tranquil_pause`]): a long archive or restore then uses at most
+    /// `1 / (1 + tranquility)` of the time and leaves the disk and network to applications
+    /// between its pieces. 0 (`tierfs agent`'s default): full speed.
+    pub tranquility: f64,
 }
 
 impl Default for MoverConfig {
@@ -53,6 +59,7 @@ impl Default for MoverConfig {
             read_size: 4 << 20,
             commit_bytes: 64 << 20,
             progress_interval: Duration::from_secs(1),
+            tranquility: 0.0,
         }
     }
 }
@@ -120,6 +127,12 @@ pub struct Mover {
     /// Set to stop every running move at its next progress check (SIGTERM of the agent):
     /// what it wrote is deleted, and unregistering gives its requests back.
     pub stop: Arc<AtomicBool>,
+    /// The requests being moved here, each with whether a notice (PostgreSQL's
+    /// `Notice::HsmCancel`) canceled it: such a move stops at its next progress check instead
+    /// of at its next report to the coordinator.
+    moves: Mutex<HashMap<u64, bool>>,
+    /// Time spent in tranquility pauses, all moves together (tests and logs).
+    pub paused: Mutex<Duration>,
 }
 
 type R<T> = std::result::Result<T, MoverError>;
@@ -140,7 +153,39 @@ impl Mover {
             cfg,
             archives: Mutex::new(HashMap::new()),
             stop: Arc::new(AtomicBool::new(false)),
+            moves: Mutex::new(HashMap::new()),
+            paused: Mutex::new(Duration::ZERO),
         }
+    }
+
+    /// A notice said `request` was canceled: its move, if running here, stops at its next
+    /// progress check (what it wrote is deleted, as at a `Stop` answer).
+    pub fn cancel(&self, request: u64) {
+        if let Some(c) = self.moves.lock().get_mut(&request) {
+            *c = true;
+        }
+    }
+
+    fn told_to_stop(&self, request: u64) -> bool {
+        self.stop.load(Ordering::Relaxed) || self.moves.lock().get(&request) == Some(&true)
+    }
+
+    /// The tranquilizer within a move: after a piece of `request` that took `took`, sleeps
+    /// `tranquility x took` (cut short when the move is told to stop).
+    fn tranquil(&self, request: u64, took: Duration) {
+        let pause = crate::workers::tranquil_pause(took, self.cfg.tranquility);
+        if pause.is_zero() {
+            return;
+        }
+        let until = Instant::now() + pause;
+        loop {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() || self.told_to_stop(request) {
+                break;
+            }
+            std::thread::sleep(left.min(Duration::from_millis(50)));
+        }
+        *self.paused.lock() += pause;
     }
 
     /// The archive at `url`, opened once (an unreachable one is tried again next time).
@@ -158,11 +203,13 @@ impl Mover {
     /// see [`MoverError::agent_gone`], or the metadata engine is unreachable).
     pub fn run(&self, agent: u64, task: &HsmTask) -> R<Moved> {
         let id = task.request.id;
+        self.moves.lock().insert(id, false);
         let r = match task.request.action {
             HsmAction::Archive => self.archive_file(agent, task),
             HsmAction::Restore => self.restore_file(agent, task),
             HsmAction::Remove => self.remove_copy(agent, task),
         };
+        self.moves.lock().remove(&id);
         match r {
             Ok(Step::Go(outcome)) => Ok(Moved::Completed(outcome)),
             Ok(Step::Stop) => Ok(Moved::Stopped),
@@ -193,7 +240,7 @@ impl Mover {
         if let Some(d) = test_stall() {
             std::thread::sleep(d);
         }
-        if self.stop.load(Ordering::Relaxed) {
+        if self.told_to_stop(id) {
             return Ok(Err(StopNow));
         }
         if !force && last.elapsed() < self.cfg.progress_interval {
@@ -226,6 +273,7 @@ impl Mover {
         let mut last = Instant::now();
         let result: R<std::result::Result<(), StopNow>> = (|| {
             while off < attr.size {
+                let t0 = Instant::now();
                 let n = (attr.size - off).min(self.cfg.read_size as u64) as u32;
                 let buf = self.data.read(ino, off, n, true)?;
                 if buf.is_empty() {
@@ -237,6 +285,7 @@ impl Mover {
                 if let Err(s) = self.progress(agent, req.id, off, &mut last, false)? {
                     return Ok(Err(s));
                 }
+                self.tranquil(req.id, t0.elapsed());
             }
             Ok(Ok(()))
         })();
@@ -307,6 +356,7 @@ impl Mover {
         let mut batch_bytes = 0u64;
         let mut off = 0u64;
         while off < copy.size {
+            let t0 = Instant::now();
             let chunk = off / cs;
             let end = ((chunk + 1) * cs).min(copy.size);
             let bytes = rt.block_on(archive.get_range(&copy.key, off, end))?;
@@ -345,6 +395,7 @@ impl Mover {
                     return Ok(Step::Stop);
                 }
             }
+            self.tranquil(req.id, t0.elapsed());
         }
         let got = checksum_string(crc.finalize());
         if !copy.checksum.is_empty() && got != copy.checksum {
@@ -386,8 +437,9 @@ pub struct AgentConfig {
     pub info: tierfs_meta::hsm::HsmAgentInfo,
     /// Requests run at once (also the agent's `max_requests`).
     pub parallel: usize,
-    /// Sleep between two takes that found nothing (PostgreSQL's HSM notices would wake it
-    /// earlier; not used yet).
+    /// Time between two looks at the queue while the agent has room for more requests and
+    /// nothing new was announced. An agent that listens for PostgreSQL's HSM notices looks at
+    /// once on a notice and only every [`LISTEN_SAFETY`] `x poll` otherwise.
     pub poll: Duration,
     /// How often the agent runs the coordinator's housekeeping.
     pub housekeep: Duration,
@@ -404,102 +456,247 @@ impl Default for AgentConfig {
     }
 }
 
+/// A listening agent's look at the queue without a notice comes every `LISTEN_SAFETY x poll`
+/// (5 s by default): requests whose retry backoff ended and requests requeued by the
+/// housekeeping are not announced.
+pub const LISTEN_SAFETY: u32 = 10;
+
 /// Counters of a running agent.
 #[derive(Debug, Default)]
 pub struct AgentStats {
     pub completed: std::sync::atomic::AtomicU64,
     pub stopped: std::sync::atomic::AtomicU64,
     pub failed: std::sync::atomic::AtomicU64,
+    /// Looks at the queue (`hsm_take` calls).
+    pub takes: std::sync::atomic::AtomicU64,
+    /// Looks made because a notice announced work (the others: polls, freed slots).
+    pub woken: std::sync::atomic::AtomicU64,
+    /// Whether the agent listens for notices now.
+    pub listening: AtomicBool,
+}
+
+/// What the agent's loop waits for.
+enum Event {
+    /// A move ended.
+    Moved(Box<HsmTask>, R<Moved>),
+    /// A notice from the engine.
+    Notice(tierfs_meta::Notice),
 }
 
 /// A copytool agent's loop (`tierfs agent`, or a client daemon's mover worker): registers,
-/// takes requests of its archives and runs up to `parallel` of them at once, heartbeats
-/// (every take does) while idle, runs the housekeeping now and then, registers again when the
-/// coordinator dropped it, and unregisters (its requests go back to waiting) once
-/// `mover.stop` is set. Errors only when the metadata engine fails.
+/// takes requests of its archives and runs up to `parallel` of them at once, taking more as
+/// soon as one ends (a long move does not hold back the others' slots), heartbeats (every take
+/// does) while idle, runs the housekeeping now and then, registers again when the coordinator
+/// dropped it, and unregisters (its requests go back to waiting) once `mover.stop` is set.
+/// On PostgreSQL it listens for the HSM notices: work announced for one of its archives is
+/// taken at once, and a canceled request's move stops at once ([`Mover::cancel`]); without
+/// notices (SQLite) it looks at the queue every `cfg.poll`. Errors only when the metadata
+/// engine fails.
 pub fn run_agent(mover: &Mover, cfg: &AgentConfig, stats: &AgentStats) -> R<()> {
     let meta = Arc::clone(&mover.meta);
     let mut info = cfg.info.clone();
-    info.max_requests = cfg.parallel.max(1) as u32;
+    let parallel = cfg.parallel.max(1);
+    info.max_requests = parallel as u32;
     let mut agent = meta.hsm_agent_register(&info)?;
     tracing::info!(agent, archives = ?info.archives, "HSM agent registered");
-    let mut last_housekeep: Option<Instant> = None;
-    while !mover.stop.load(Ordering::Relaxed) {
-        if last_housekeep.is_none_or(|t| t.elapsed() >= cfg.housekeep) {
-            last_housekeep = Some(Instant::now());
-            match meta.hsm_housekeep() {
-                Ok((requeued, dropped, purged)) if requeued + dropped + purged > 0 => {
-                    tracing::info!(requeued, dropped, purged, "HSM housekeeping")
+    let (tx, rx) = std::sync::mpsc::channel::<Event>();
+    let quit = AtomicBool::new(false);
+    let r = std::thread::scope(|s| -> R<()> {
+        {
+            let tx = tx.clone();
+            let (meta, quit) = (Arc::clone(&meta), &quit);
+            let name = info.name.clone();
+            s.spawn(move || listen_loop(meta.as_ref(), &name, &tx, quit, mover, stats));
+        }
+        let mut running = 0usize;
+        let mut look_at = Instant::now();
+        let mut woken = false;
+        let mut last_housekeep: Option<Instant> = None;
+        let mut failure: Option<MoverError> = None;
+        while !mover.stop.load(Ordering::Relaxed) && failure.is_none() {
+            if last_housekeep.is_none_or(|t| t.elapsed() >= cfg.housekeep) {
+                last_housekeep = Some(Instant::now());
+                match meta.hsm_housekeep() {
+                    Ok((requeued, dropped, purged)) if requeued + dropped + purged > 0 => {
+                        tracing::info!(requeued, dropped, purged, "HSM housekeeping")
+                    }
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!("HSM housekeeping: {e}"),
+                }
+            }
+            if running < parallel && Instant::now() >= look_at {
+                stats.takes.fetch_add(1, Ordering::Relaxed);
+                if std::mem::take(&mut woken) {
+                    stats.woken.fetch_add(1, Ordering::Relaxed);
+                }
+                let tasks = match meta.hsm_take(agent, parallel - running) {
+                    Ok(t) => t,
+                    Err(MetaError::Hsm(HsmError::UnknownAgent(_))) => {
+                        agent = meta.hsm_agent_register(&info)?;
+                        tracing::warn!(
+                            agent,
+                            "HSM agent was dropped by the coordinator: registered again"
+                        );
+                        continue;
+                    }
+                    Err(e) => {
+                        failure = Some(e.into());
+                        break;
+                    }
+                };
+                let wait = if stats.listening.load(Ordering::Relaxed) {
+                    cfg.poll * LISTEN_SAFETY
+                } else {
+                    cfg.poll
+                };
+                look_at = Instant::now() + wait;
+                for t in tasks {
+                    running += 1;
+                    let tx = tx.clone();
+                    s.spawn(move || {
+                        let r = mover.run(agent, &t);
+                        let _ = tx.send(Event::Moved(Box::new(t), r));
+                    });
+                }
+            }
+            // Wait for a move's end, a notice, the next look or a stop.
+            let wait = look_at
+                .saturating_duration_since(Instant::now())
+                .min(Duration::from_millis(50));
+            let ev = match rx.recv_timeout(wait) {
+                Ok(ev) => ev,
+                Err(_) => continue,
+            };
+            let mut evs = vec![ev];
+            evs.extend(rx.try_iter());
+            for ev in evs {
+                match ev {
+                    Event::Notice(tierfs_meta::Notice::HsmWork(a)) => {
+                        if info.archives.contains(&a) {
+                            look_at = Instant::now();
+                            woken = true;
+                        }
+                    }
+                    Event::Notice(tierfs_meta::Notice::HsmCancel(id)) => mover.cancel(id),
+                    Event::Notice(_) => {}
+                    Event::Moved(t, r) => {
+                        running -= 1;
+                        // A slot is free: look again at once.
+                        look_at = Instant::now();
+                        if let Err(e) = report(&t, r, stats) {
+                            failure.get_or_insert(e);
+                        }
+                    }
+                }
+            }
+        }
+        // Stopping: the moves under way stop at their next progress check.
+        mover.stop.store(true, Ordering::Relaxed);
+        quit.store(true, Ordering::Relaxed);
+        while running > 0 {
+            match rx.recv() {
+                Ok(Event::Moved(t, r)) => {
+                    running -= 1;
+                    if let Err(e) = report(&t, r, stats) {
+                        failure.get_or_insert(e);
+                    }
                 }
                 Ok(_) => {}
-                Err(e) => tracing::warn!("HSM housekeeping: {e}"),
+                Err(_) => break,
             }
         }
-        let tasks = match meta.hsm_take(agent, cfg.parallel.max(1)) {
-            Ok(t) => t,
-            Err(MetaError::Hsm(HsmError::UnknownAgent(_))) => {
-                agent = meta.hsm_agent_register(&info)?;
-                tracing::warn!(
-                    agent,
-                    "HSM agent was dropped by the coordinator: registered again"
-                );
-                continue;
-            }
-            Err(e) => return Err(e.into()),
-        };
-        if tasks.is_empty() {
-            let until = Instant::now() + cfg.poll;
-            while Instant::now() < until && !mover.stop.load(Ordering::Relaxed) {
-                std::thread::sleep(Duration::from_millis(50).min(cfg.poll));
-            }
-            continue;
-        }
-        let results: Vec<R<Moved>> = std::thread::scope(|s| {
-            let handles: Vec<_> = tasks
-                .iter()
-                .map(|t| s.spawn(move || mover.run(agent, t)))
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join()
-                        .unwrap_or_else(|_| Err(MoverError::Bad("mover thread panicked".into())))
-                })
-                .collect()
-        });
-        for (t, r) in tasks.iter().zip(results) {
-            let (id, ino, action) = (t.request.id, t.request.ino, t.request.action);
-            match r {
-                Ok(Moved::Completed(o)) => {
-                    stats.completed.fetch_add(1, Ordering::Relaxed);
-                    tracing::info!(request = id, ino, "HSM {action}: {o:?}");
-                }
-                Ok(Moved::Stopped) => {
-                    stats.stopped.fetch_add(1, Ordering::Relaxed);
-                    tracing::info!(request = id, ino, "HSM {action}: stopped");
-                }
-                Ok(Moved::Failed(why)) => {
-                    stats.failed.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(request = id, ino, "HSM {action} failed: {why}");
-                }
-                Err(e) if e.agent_gone() => {
-                    tracing::warn!(request = id, "HSM {action}: the agent was dropped ({e})");
-                }
-                Err(e) => return Err(e),
-            }
-        }
-    }
+        failure.map_or(Ok(()), Err)
+    });
     match meta.hsm_agent_unregister(agent) {
         Ok(n) => tracing::info!(agent, requeued = n, "HSM agent unregistered"),
         Err(e) => tracing::warn!(agent, "HSM agent unregister: {e}"),
     }
+    r
+}
+
+/// Counts and logs how a move ended; Err when the engine failed (other than the agent being
+/// dropped, which the next take handles by registering again).
+fn report(t: &HsmTask, r: R<Moved>, stats: &AgentStats) -> R<()> {
+    let (id, ino, action) = (t.request.id, t.request.ino, t.request.action);
+    match r {
+        Ok(Moved::Completed(o)) => {
+            stats.completed.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(request = id, ino, "HSM {action}: {o:?}");
+        }
+        Ok(Moved::Stopped) => {
+            stats.stopped.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(request = id, ino, "HSM {action}: stopped");
+        }
+        Ok(Moved::Failed(why)) => {
+            stats.failed.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(request = id, ino, "HSM {action} failed: {why}");
+        }
+        Err(e) if e.agent_gone() => {
+            tracing::warn!(request = id, "HSM {action}: the agent was dropped ({e})");
+        }
+        Err(e) => return Err(e),
+    }
     Ok(())
 }
 
+/// The agent's listening thread: forwards the engine's HSM notices to the loop until `quit`.
+/// `Ok(None)` from the engine (SQLite: no notifications) ends it; a lost subscription is
+/// listened again after a pause (the loop polls meanwhile).
+fn listen_loop(
+    meta: &dyn MetaEngine,
+    name: &str,
+    tx: &std::sync::mpsc::Sender<Event>,
+    quit: &AtomicBool,
+    mover: &Mover,
+    stats: &AgentStats,
+) {
+    let idle = |d: Duration| {
+        let until = Instant::now() + d;
+        while Instant::now() < until && !quit.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    while !quit.load(Ordering::Relaxed) {
+        let mut l = match meta.listen(name, &[tierfs_meta::Channel::Hsm]) {
+            Ok(Some(l)) => l,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::warn!("HSM agent: cannot listen for notices ({e}); polling");
+                idle(Duration::from_secs(5));
+                continue;
+            }
+        };
+        stats.listening.store(true, Ordering::Relaxed);
+        tracing::info!("HSM agent: listening for notices");
+        while !quit.load(Ordering::Relaxed) {
+            match l.wait(Duration::from_millis(200)) {
+                Ok(ns) => {
+                    for n in ns {
+                        if let tierfs_meta::Notice::HsmCancel(id) = n {
+                            // At once, even while the loop is busy.
+                            mover.cancel(id);
+                        }
+                        if tx.send(Event::Notice(n)).is_err() {
+                            return;
+                        }
+                    }
+                }
+                Err(e) => {
+                    stats.listening.store(false, Ordering::Relaxed);
+                    tracing::warn!("HSM agent: notices lost ({e}); polling until listening again");
+                    break;
+                }
+            }
+        }
+        idle(Duration::from_secs(1));
+    }
+    stats.listening.store(false, Ordering::Relaxed);
+}
+
 /// `hsm-mover`: the movers as a background worker of a client daemon (config key
-/// `hsm_mover_archives`, default empty: off). One request per unit of work, so the
-/// tranquilizer's pauses ([`crate::workers::Worker::moves_data`]) leave the disk and network
-/// to applications between requests; a take that finds nothing is an idle round (and the
+/// `hsm_mover_archives`, default empty: off). One request per unit of work; the daemon's
+/// tranquility pauses the move between its pieces ([`MoverConfig::tranquility`]), leaving the
+/// disk and network to applications; a take that finds nothing is an idle round (and the
 /// agent's heartbeat). The agent registers at the first unit and unregisters when the worker
 /// stops; a stop during a move stops the move at its next progress check.
 pub struct MoverWorker {
@@ -513,7 +710,11 @@ impl MoverWorker {
     /// `data`: the daemon's data path, whose engine, targets, runtime and metrics the mover
     /// shares; it reads and writes through a data path of its own (its per-file state, which
     /// the mover drops after each file, must not be that of files applications have open).
-    pub fn new(data: Arc<DataPath>, cfg: AgentConfig) -> MoverWorker {
+    ///
+    /// `tranquility`: the daemon's (config key `tranquility`), applied within each move
+    /// ([`MoverConfig::tranquility`]) rather than between requests, so that a single long
+    /// archive or restore yields to applications as it goes.
+    pub fn new(data: Arc<DataPath>, cfg: AgentConfig, tranquility: f64) -> MoverWorker {
         let own = Arc::new(DataPath::new(
             Arc::clone(&data.meta),
             Arc::clone(&data.targets),
@@ -526,7 +727,14 @@ impl MoverWorker {
             },
         ));
         MoverWorker {
-            mover: Mover::new(Arc::clone(&data.meta), own, MoverConfig::default()),
+            mover: Mover::new(
+                Arc::clone(&data.meta),
+                own,
+                MoverConfig {
+                    tranquility,
+                    ..MoverConfig::default()
+                },
+            ),
             cfg,
             agent: None,
             last_housekeep: None,
@@ -542,7 +750,10 @@ impl crate::workers::Worker for MoverWorker {
         self.cfg.poll.max(Duration::from_secs(1))
     }
     fn moves_data(&self) -> bool {
-        true
+        // The mover pauses within each move, in proportion to each piece
+        // ([`MoverConfig::tranquility`]); a pause after the whole request on top would count
+        // those pauses again.
+        false
     }
     fn work(
         &mut self,
@@ -704,6 +915,7 @@ mod tests {
             read_size: 64 << 10,
             commit_bytes: 3 * stripe_size,
             progress_interval: Duration::ZERO,
+            tranquility: 0.0,
         };
         let mover = Mover::new(Arc::clone(&meta), Arc::clone(&data), cfg);
         Fx {
@@ -873,6 +1085,57 @@ mod tests {
         f.data.invalidate(ino, None);
         let first = f.data.read(ino, 0, 64 << 10, false).unwrap();
         assert_eq!(first, data[..64 << 10]);
+    }
+
+    #[test]
+    fn tranquility_pauses_within_one_move_in_proportion_to_each_piece() {
+        // One archive and one restore of 16 pieces each: with tranquility 2 the mover sleeps
+        // between the pieces of the same request (not only after it), twice what each took;
+        // with 0 it never sleeps.
+        for tranquility in [0.0, 2.0] {
+            let mut f = fx(64 << 10);
+            f.mover = Mover::new(
+                Arc::clone(&f.meta),
+                Arc::clone(&f.data),
+                MoverConfig {
+                    read_size: 64 << 10,
+                    commit_bytes: 3 * (64 << 10),
+                    progress_interval: Duration::ZERO,
+                    tranquility,
+                },
+            );
+            let data = pattern(1 << 20);
+            let ino = file(&f, b"t", &data);
+            f.meta
+                .hsm_request(ino, HsmAction::Archive, Some(1))
+                .unwrap();
+            let t = take_one(&f, HsmAction::Archive);
+            let t0 = Instant::now();
+            assert_eq!(
+                f.mover.run(f.agent, &t).unwrap(),
+                Moved::Completed(HsmOutcome::Done)
+            );
+            f.meta.hsm_release(ino).unwrap();
+            f.meta.hsm_request(ino, HsmAction::Restore, None).unwrap();
+            let t = take_one(&f, HsmAction::Restore);
+            assert_eq!(
+                f.mover.run(f.agent, &t).unwrap(),
+                Moved::Completed(HsmOutcome::Done)
+            );
+            let took = t0.elapsed();
+            let paused = *f.mover.paused.lock();
+            if tranquility == 0.0 {
+                assert_eq!(paused, Duration::ZERO);
+            } else {
+                assert!(paused > Duration::ZERO, "no pause within the moves");
+                // each pause is 2x a piece's time, and the pieces took at most the rest
+                assert!(
+                    paused <= (took - paused) * 2 + Duration::from_millis(5),
+                    "paused {paused:?} of {took:?}"
+                );
+            }
+            assert_eq!(read_all(&f, ino), data);
+        }
     }
 
     #[test]
