@@ -48,6 +48,16 @@ pub struct AgentArgs {
     /// agent on a machine of its own).
     #[arg(long, default_value_t = 0.0, value_name = "N")]
     pub tranquility: f64,
+    /// Seconds between two sweeps of the served archives for a killed mover's leftovers
+    /// (staging files of unfinished uploads, copies never recorded); the first sweep runs at
+    /// start. 0: never.
+    #[arg(long, default_value_t = 3600.0, value_name = "S")]
+    pub sweep: f64,
+    /// A leftover is deleted only once the request that wrote it ended this many seconds ago
+    /// (by the metadata database's clock); recorded copies and those of requests still
+    /// active are never deleted.
+    #[arg(long, default_value_t = 3600.0, value_name = "S")]
+    pub sweep_grace: f64,
 }
 
 fn secs(what: &str, v: f64) -> Result<Duration> {
@@ -67,6 +77,16 @@ pub fn agent(a: AgentArgs) -> Result<()> {
     }
     let poll = secs("poll", a.poll)?;
     let housekeep = secs("housekeep", a.housekeep)?;
+    let sweep = if a.sweep == 0.0 {
+        None
+    } else {
+        Some(secs("sweep", a.sweep)?)
+    };
+    let sweep_grace = if a.sweep_grace == 0.0 {
+        Duration::ZERO
+    } else {
+        secs("sweep-grace", a.sweep_grace)?
+    };
     if !(0.0..=100.0).contains(&a.tranquility) {
         return Err(CliError::Usage(format!(
             "--tranquility: expected a number from 0 to 100, got {}",
@@ -134,6 +154,8 @@ pub fn agent(a: AgentArgs) -> Result<()> {
         parallel: a.parallel,
         poll,
         housekeep,
+        sweep,
+        sweep_grace,
     };
     let stop = Arc::clone(&mover.stop);
     std::thread::Builder::new()

@@ -30,7 +30,7 @@ use thiserror::Error;
 
 use tierfs_meta::hsm::{HsmAction, HsmDone, HsmError, HsmOutcome, HsmTask, Progress};
 use tierfs_meta::{MetaEngine, MetaError, Slice};
-use tierfs_store::archive::{checksum_string, ArchiveStore};
+use tierfs_store::archive::{checksum_string, ArchiveEntry, ArchiveStore};
 use tierfs_store::StoreError;
 
 use crate::data::DataPath;
@@ -105,6 +105,44 @@ impl MoverError {
                 | MoverError::Store(StoreError::NotFound(_) | StoreError::BadUrl(_))
         )
     }
+}
+
+/// The key of an ARCHIVE mover's copy: `<ino as 16 hex digits>/v<data version>.r<request>`.
+pub fn copy_key(ino: u64, version: u64, request: u64) -> String {
+    format!("{ino:016x}/v{version}.r{request}")
+}
+
+/// What a key written by a mover says: (ino, request), for [`copy_key`]s and their staging
+/// files (`<key>#<n>`); `None` for any other name (imported data, a probe, foreign files).
+pub fn parse_copy_key(key: &str) -> Option<(u64, u64)> {
+    let (dir, name) = key.split_once('/')?;
+    if dir.len() != 16 || !dir.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    let ino = u64::from_str_radix(dir, 16).ok()?;
+    let name = match name.split_once('#') {
+        Some((n, k)) if !k.is_empty() && k.bytes().all(|b| b.is_ascii_digit()) => n,
+        Some(_) => return None,
+        None => name,
+    };
+    let (v, r) = name.strip_prefix('v')?.split_once(".r")?;
+    let digits = |x: &str| !x.is_empty() && x.bytes().all(|b| b.is_ascii_digit());
+    if !digits(v) || !digits(r) {
+        return None;
+    }
+    Some((ino, r.parse().ok()?))
+}
+
+/// What a sweep of one archive found and did ([`Mover::sweep`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Swept {
+    /// Entries listed (copies, staging files, anything else).
+    pub listed: u64,
+    /// Entries a mover wrote (a copy or a staging file) that were judged.
+    pub judged: u64,
+    /// Leftovers deleted, and their bytes.
+    pub deleted: u64,
+    pub bytes: u64,
 }
 
 /// How a task ended, as far as the mover is concerned.
@@ -264,7 +302,7 @@ impl Mover {
             return Err(MoverError::Bad("the file is released".into()));
         }
         let version = attr.data_version;
-        let key = format!("{ino:016x}/v{version}.r{}", req.id);
+        let key = copy_key(ino, version, req.id);
         self.data.invalidate(ino, Some(&attr));
         let rt = self.data.rt.clone();
         let mut w = rt.block_on(archive.writer(&key))?;
@@ -414,6 +452,56 @@ impl Mover {
         Ok(Step::Go(self.meta.hsm_complete(agent, req.id, &done)?))
     }
 
+    /// Sweeps archive `archive_id` (at `url`) of a killed or stopped mover's leftovers:
+    /// staging files of unfinished uploads and finished copies that were never recorded. Only
+    /// names a mover writes are looked at ([`parse_copy_key`]); the engine judges each
+    /// ([`tierfs_meta::Hsm::hsm_sweepable`]): deleted only when no file's copy is at the key
+    /// and the ARCHIVE request that wrote it ended more than `grace` ago (database's clock)
+    /// without recording it. Recorded copies, copies of active or unknown requests and
+    /// foreign objects are kept.
+    pub fn sweep(&self, archive_id: u32, url: &str, grace: Duration) -> R<Swept> {
+        let archive = self.archive(url)?;
+        let rt = self.data.rt.clone();
+        let entries = rt.block_on(archive.list())?;
+        let mut out = Swept {
+            listed: entries.len() as u64,
+            ..Swept::default()
+        };
+        let cands: Vec<(ArchiveEntry, tierfs_meta::hsm::SweepItem)> = entries
+            .into_iter()
+            .filter_map(|e| {
+                let (ino, request) = parse_copy_key(&e.key)?;
+                let item = tierfs_meta::hsm::SweepItem {
+                    key: e.key.clone(),
+                    ino,
+                    request,
+                };
+                Some((e, item))
+            })
+            .collect();
+        out.judged = cands.len() as u64;
+        let grace_ns = i64::try_from(grace.as_nanos()).unwrap_or(i64::MAX);
+        for batch in cands.chunks(500) {
+            let items: Vec<_> = batch.iter().map(|(_, i)| i.clone()).collect();
+            let verdicts = self.meta.hsm_sweepable(archive_id, &items, grace_ns)?;
+            for ((e, _), del) in batch.iter().zip(verdicts) {
+                if !del {
+                    continue;
+                }
+                rt.block_on(archive.remove_listed(e))?;
+                tracing::info!(
+                    archive = archive_id,
+                    key = e.key,
+                    bytes = e.size,
+                    "HSM sweep: deleted a leftover"
+                );
+                out.deleted += 1;
+                out.bytes += e.size;
+            }
+        }
+        Ok(out)
+    }
+
     fn remove_copy(&self, agent: u64, task: &HsmTask) -> R<Step<HsmOutcome>> {
         let key = task
             .copy
@@ -443,6 +531,11 @@ pub struct AgentConfig {
     pub poll: Duration,
     /// How often the agent runs the coordinator's housekeeping.
     pub housekeep: Duration,
+    /// How often the agent sweeps its archives of leftovers ([`Mover::sweep`]), starting at
+    /// once; `None`: never.
+    pub sweep: Option<Duration>,
+    /// A leftover is deleted only once its request ended this long ago.
+    pub sweep_grace: Duration,
 }
 
 impl Default for AgentConfig {
@@ -452,6 +545,8 @@ impl Default for AgentConfig {
             parallel: 4,
             poll: Duration::from_millis(500),
             housekeep: Duration::from_secs(30),
+            sweep: Some(Duration::from_secs(3600)),
+            sweep_grace: Duration::from_secs(3600),
         }
     }
 }
@@ -473,6 +568,9 @@ pub struct AgentStats {
     pub woken: std::sync::atomic::AtomicU64,
     /// Whether the agent listens for notices now.
     pub listening: AtomicBool,
+    /// Sweeps done, and leftovers they deleted.
+    pub sweeps: std::sync::atomic::AtomicU64,
+    pub swept: std::sync::atomic::AtomicU64,
 }
 
 /// What the agent's loop waits for.
@@ -507,6 +605,10 @@ pub fn run_agent(mover: &Mover, cfg: &AgentConfig, stats: &AgentStats) -> R<()> 
             let (meta, quit) = (Arc::clone(&meta), &quit);
             let name = info.name.clone();
             s.spawn(move || listen_loop(meta.as_ref(), &name, &tx, quit, mover, stats));
+        }
+        if let Some(every) = cfg.sweep {
+            let (archives, quit) = (info.archives.clone(), &quit);
+            s.spawn(move || sweep_loop(mover, &archives, every, cfg.sweep_grace, quit, stats));
         }
         let mut running = 0usize;
         let mut look_at = Instant::now();
@@ -637,6 +739,50 @@ fn report(t: &HsmTask, r: R<Moved>, stats: &AgentStats) -> R<()> {
         Err(e) => return Err(e),
     }
     Ok(())
+}
+
+/// The agent's sweeping thread: sweeps each archive it serves at once, then every `every`,
+/// until `quit`.
+fn sweep_loop(
+    mover: &Mover,
+    archives: &[u32],
+    every: Duration,
+    grace: Duration,
+    quit: &AtomicBool,
+    stats: &AgentStats,
+) {
+    while !quit.load(Ordering::Relaxed) {
+        match mover.meta.hsm_archives() {
+            Ok(list) => {
+                for a in list.iter().filter(|a| archives.contains(&a.id)) {
+                    if quit.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    match mover.sweep(a.id, &a.url, grace) {
+                        Ok(w) => {
+                            stats.sweeps.fetch_add(1, Ordering::Relaxed);
+                            stats.swept.fetch_add(w.deleted, Ordering::Relaxed);
+                            if w.deleted > 0 {
+                                tracing::info!(
+                                    archive = a.id,
+                                    listed = w.listed,
+                                    deleted = w.deleted,
+                                    bytes = w.bytes,
+                                    "HSM sweep"
+                                );
+                            }
+                        }
+                        Err(e) => tracing::warn!(archive = a.id, "HSM sweep: {e}"),
+                    }
+                }
+            }
+            Err(e) => tracing::warn!("HSM sweep: {e}"),
+        }
+        let until = Instant::now() + every;
+        while Instant::now() < until && !quit.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
 }
 
 /// The agent's listening thread: forwards the engine's HSM notices to the loop until `quit`.
@@ -1135,6 +1281,28 @@ mod tests {
                 );
             }
             assert_eq!(read_all(&f, ino), data);
+        }
+    }
+
+    #[test]
+    fn copy_keys_parse_back_and_nothing_else_does() {
+        let k = copy_key(0xabc, 7, 42);
+        assert_eq!(k, "0000000000000abc/v7.r42");
+        assert_eq!(parse_copy_key(&k), Some((0xabc, 42)));
+        assert_eq!(parse_copy_key(&format!("{k}#123")), Some((0xabc, 42)));
+        for bad in [
+            "0000000000000abc/v7.r42#",
+            "0000000000000abc/v7.r42#x",
+            "0000000000000abc/v7.r",
+            "0000000000000abc/v.r4",
+            "0000000000000abc/x7.r4",
+            "000000000000abc/v7.r42",
+            "0000000000000abz/v7.r42",
+            "0000000000000abc/v7.r42/x",
+            "imported/tree/file.dat",
+            ".tierfs-probe-1",
+        ] {
+            assert_eq!(parse_copy_key(bad), None, "{bad}");
         }
     }
 
