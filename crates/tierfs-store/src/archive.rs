@@ -53,6 +53,18 @@ impl ArchiveStore {
     /// exist (it is never created: a missing mount of the archive file system must not fill
     /// the root file system).
     pub fn open(url: &str) -> Result<ArchiveStore> {
+        Self::open_inner(url, None)
+    }
+
+    /// [`ArchiveStore::open`] with these S3 credentials instead of those of the environment.
+    pub fn open_with(url: &str, creds: &crate::credentials::Credentials) -> Result<ArchiveStore> {
+        Self::open_inner(url, Some(creds))
+    }
+
+    fn open_inner(
+        url: &str,
+        creds: Option<&crate::credentials::Credentials>,
+    ) -> Result<ArchiveStore> {
         let spec = TargetSpec::parse(url)?;
         if spec.capacity != 0 {
             return Err(StoreError::BadUrl(format!(
@@ -71,7 +83,10 @@ impl ArchiveStore {
                 )
             }
             TargetKind::S3(s3spec) => {
-                let creds = crate::credentials::resolve().map_err(unreachable)?;
+                let creds = match creds {
+                    Some(c) => c.clone(),
+                    None => crate::credentials::resolve().map_err(unreachable)?,
+                };
                 let store = s3spec.open_with(&creds).map_err(unreachable)?;
                 s3::probe_store(s3spec, &store, &creds).map_err(unreachable)?;
                 store
