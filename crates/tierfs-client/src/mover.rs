@@ -618,6 +618,19 @@ pub fn run_agent(mover: &Mover, cfg: &AgentConfig, stats: &AgentStats) -> R<()> 
         while !mover.stop.load(Ordering::Relaxed) && failure.is_none() {
             if last_housekeep.is_none_or(|t| t.elapsed() >= cfg.housekeep) {
                 last_housekeep = Some(Instant::now());
+                // The agent's own heartbeat (its takes are rare while it listens): an idle
+                // agent is not dropped by the housekeeping below.
+                match meta.hsm_agent_heartbeat(agent) {
+                    Ok(()) => {}
+                    Err(MetaError::Hsm(HsmError::UnknownAgent(_))) => {
+                        agent = meta.hsm_agent_register(&info)?;
+                        tracing::warn!(
+                            agent,
+                            "HSM agent was dropped by the coordinator: registered again"
+                        );
+                    }
+                    Err(e) => tracing::warn!("HSM agent heartbeat: {e}"),
+                }
                 match meta.hsm_housekeep() {
                     Ok((requeued, dropped, purged)) if requeued + dropped + purged > 0 => {
                         tracing::info!(requeued, dropped, purged, "HSM housekeeping")
