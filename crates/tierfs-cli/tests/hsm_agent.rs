@@ -332,6 +332,62 @@ fn client_daemon_moves_data_when_configured() {
     assert!(meta.hsm_agents().unwrap().is_empty());
 }
 
+/// An agent takes a new request as soon as one of its slots frees, not once its whole
+/// batch ended: with two slots, a long archive (every 4 MiB stalls 500 ms: 8 s at least) and
+/// a short one taken together, a third request queued after the short one ended completes
+/// while the long one still runs.
+#[test]
+fn an_agent_takes_more_while_a_long_move_runs() {
+    let t = TestFs::with(Opts {
+        clients: 1,
+        stripe_size: Some("1M".into()),
+        ..Opts::default()
+    });
+    let meta = engine(&t);
+    write_file(&t.p(0, "long"), &pattern(64 << 20, 1));
+    write_file(&t.p(0, "b"), &pattern(1000, 2));
+    write_file(&t.p(0, "c"), &pattern(1000, 3));
+    let ino = |n: &str| fs::metadata(t.p(0, n)).unwrap().ino();
+    let (long, b, c) = (ino("long"), ino("b"), ino("c"));
+    let ra = meta
+        .hsm_request(long, HsmAction::Archive, Some(1))
+        .unwrap()
+        .unwrap();
+    let rb = meta
+        .hsm_request(b, HsmAction::Archive, Some(1))
+        .unwrap()
+        .unwrap();
+    let _agent = Agent::start_with(&t, 500, &["--poll", "0.1", "--parallel", "2"], &[]);
+    wait_request(
+        meta.as_ref(),
+        rb.id,
+        RequestState::Succeeded,
+        Duration::from_secs(30),
+    );
+    let rc = meta
+        .hsm_request(c, HsmAction::Archive, Some(1))
+        .unwrap()
+        .unwrap();
+    wait_request(
+        meta.as_ref(),
+        rc.id,
+        RequestState::Succeeded,
+        Duration::from_secs(30),
+    );
+    let a = meta.hsm_get_request(ra.id).unwrap();
+    assert_eq!(
+        a.state,
+        RequestState::Started,
+        "the long archive ended before the third request was taken: {a:?}"
+    );
+    wait_request(
+        meta.as_ref(),
+        ra.id,
+        RequestState::Succeeded,
+        Duration::from_secs(60),
+    );
+}
+
 /// Every file under `dir`, as paths relative to it.
 fn files_under(dir: &Path) -> Vec<String> {
     fn walk(root: &Path, d: &Path, out: &mut Vec<String>) {
