@@ -1320,6 +1320,45 @@ mod tests {
     }
 
     #[test]
+    fn a_cancel_notice_stops_the_move_before_its_next_report() {
+        // Reports once an hour: only the notice (Mover::cancel) can stop the copy before its
+        // end; without it the mover would copy it all and learn at completion (Canceled).
+        let mut f = fx(64 << 10);
+        f.mover = Mover::new(
+            Arc::clone(&f.meta),
+            Arc::clone(&f.data),
+            MoverConfig {
+                read_size: 64 << 10,
+                commit_bytes: 1 << 20,
+                progress_interval: Duration::from_secs(3600),
+                tranquility: 4.0,
+            },
+        );
+        let ino = file(&f, b"n", &pattern(8 << 20));
+        let req = f
+            .meta
+            .hsm_request(ino, HsmAction::Archive, Some(1))
+            .unwrap()
+            .unwrap();
+        let t = take_one(&f, HsmAction::Archive);
+        let moved = std::thread::scope(|s| {
+            let h = s.spawn(|| f.mover.run(f.agent, &t));
+            while !f.mover.moves.lock().contains_key(&req.id) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            f.meta.hsm_cancel(ino).unwrap();
+            f.mover.cancel(req.id);
+            h.join().unwrap().unwrap()
+        });
+        assert_eq!(moved, Moved::Stopped);
+        assert!(archive_files(&f).is_empty(), "{:?}", archive_files(&f));
+        assert!(f.mover.moves.lock().is_empty());
+        // a notice about a request not moved here is forgotten at once
+        f.mover.cancel(12345);
+        assert!(f.mover.moves.lock().is_empty());
+    }
+
+    #[test]
     fn cancel_stops_the_archive_and_leaves_no_copy() {
         let f = fx(64 << 10);
         let data = pattern(1 << 20);

@@ -1309,10 +1309,39 @@ pub fn tell(wfd: i32, v: i32) {
 // ---------------------------------------------------------------------------------------------
 
 pub fn pg_script() -> String {
-    format!(
-        "{}/../../scripts/postgres-test-server.sh",
-        env!("CARGO_MANIFEST_DIR")
-    )
+    script("postgres-test-server.sh")
+}
+
+/// The path of `scripts/NAME`.
+fn script(name: &str) -> String {
+    format!("{}/../../scripts/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The `KEY=value` lines a test server's `start` printed.
+struct ServerVars(String);
+
+impl ServerVars {
+    fn get(&self, k: &str) -> String {
+        self.0
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{k}=")))
+            .map(str::to_string)
+            .unwrap_or_else(|| panic!("no {k} in {}", self.0))
+    }
+}
+
+/// `scripts/NAME start` of a test server; `None` when it exits 3 (`what` is not available:
+/// the test `test` is skipped with a message, except under CI, where it fails).
+fn start_server(name: &str, test: &str, what: &str, limit: Duration) -> Option<ServerVars> {
+    let (code, out, err) = run_script(&script(name), &["start"], limit);
+    if code == 3 {
+        let in_ci = std::env::var("CI").map(|v| v == "true").unwrap_or(false);
+        assert!(!in_ci, "{what} is not available and CI=true: {err}");
+        eprintln!("SKIPPED: {test}: {what} is not installed and could not be installed");
+        return None;
+    }
+    assert_eq!(code, 0, "{name} start failed: {err}");
+    Some(ServerVars(out))
 }
 
 /// Runs the script with a time limit; (exit code, stdout, stderr).
@@ -1373,29 +1402,18 @@ impl S3Server {
                 dir: None,
             });
         }
-        let script = format!(
-            "{}/../../scripts/s3-test-server.sh",
-            env!("CARGO_MANIFEST_DIR")
-        );
-        let (code, out, err) = run_script(&script, &["start"], Duration::from_secs(1500));
-        if code == 3 {
-            let in_ci = std::env::var("CI").map(|v| v == "true").unwrap_or(false);
-            assert!(!in_ci, "Garage is not available and CI=true: {err}");
-            eprintln!("SKIPPED: {test}: no TIERFS_S3_ENDPOINT and Garage could not be built");
-            return None;
-        }
-        assert_eq!(code, 0, "s3-test-server.sh start failed: {err}");
-        let get = |k: &str| {
-            out.lines()
-                .find_map(|l| l.strip_prefix(&format!("{k}=")))
-                .map(str::to_string)
-                .unwrap_or_else(|| panic!("no {k} in {out}"))
-        };
+        // Garage is built from crates.io when missing (about 10 minutes).
+        let v = start_server(
+            "s3-test-server.sh",
+            test,
+            "Garage (no TIERFS_S3_ENDPOINT)",
+            Duration::from_secs(1500),
+        )?;
         Some(S3Server {
-            endpoint: get("TIERFS_S3_ENDPOINT"),
-            region: get("TIERFS_S3_REGION"),
-            credentials: get("TIERFS_S3_CREDENTIALS"),
-            dir: Some(get("TIERFS_S3_DIR")),
+            endpoint: v.get("TIERFS_S3_ENDPOINT"),
+            region: v.get("TIERFS_S3_REGION"),
+            credentials: v.get("TIERFS_S3_CREDENTIALS"),
+            dir: Some(v.get("TIERFS_S3_DIR")),
         })
     }
 
@@ -1411,11 +1429,11 @@ impl S3Server {
 impl Drop for S3Server {
     fn drop(&mut self) {
         if let Some(dir) = &self.dir {
-            let script = format!(
-                "{}/../../scripts/s3-test-server.sh",
-                env!("CARGO_MANIFEST_DIR")
+            let (code, _, err) = run_script(
+                &script("s3-test-server.sh"),
+                &["stop", dir],
+                Duration::from_secs(60),
             );
-            let (code, _, err) = run_script(&script, &["stop", dir], Duration::from_secs(60));
             if code != 0 {
                 eprintln!("stopping the test S3 server: {err}");
             }
@@ -1433,23 +1451,15 @@ pub struct PgServer {
 impl PgServer {
     /// `None` when PostgreSQL is not available (the test is then skipped).
     pub fn start(test: &str) -> Option<PgServer> {
-        let (code, out, err) = run_pg_script(&["start"], Duration::from_secs(600));
-        if code == 3 {
-            let in_ci = std::env::var("CI").map(|v| v == "true").unwrap_or(false);
-            assert!(!in_ci, "PostgreSQL is not available and CI=true: {err}");
-            eprintln!("SKIPPED: {test}: PostgreSQL is not installed and could not be installed");
-            return None;
-        }
-        assert_eq!(code, 0, "postgres-test-server.sh start failed: {err}");
-        let get = |k: &str| {
-            out.lines()
-                .find_map(|l| l.strip_prefix(&format!("{k}=")))
-                .map(str::to_string)
-                .unwrap_or_else(|| panic!("no {k} in {out}"))
-        };
+        let v = start_server(
+            "postgres-test-server.sh",
+            test,
+            "PostgreSQL",
+            Duration::from_secs(600),
+        )?;
         Some(PgServer {
-            url: get("TIERFS_PG_URL"),
-            dir: get("TIERFS_PG_DIR"),
+            url: v.get("TIERFS_PG_URL"),
+            dir: v.get("TIERFS_PG_DIR"),
         })
     }
 
