@@ -388,6 +388,32 @@ fn an_agent_takes_more_while_a_long_move_runs() {
     );
 }
 
+/// Bad agent options: one clear line and a non-zero exit, before anything runs.
+#[test]
+fn agent_refuses_bad_options_with_one_line() {
+    let t = TestFs::with(Opts {
+        clients: 0,
+        ..Opts::default()
+    });
+    let meta = engine(&t);
+    let url = t.meta_url();
+    for (bad, says) in [
+        (&["--tranquility", "200"][..], "--tranquility"),
+        (&["--tranquility=-1"], "--tranquility"),
+        (&["--tranquility", "NaN"], "--tranquility"),
+        (&["--sweep=-5"], "--sweep"),
+        (&["--sweep-grace", "inf"], "--sweep-grace"),
+        (&["--parallel", "0"], "--parallel"),
+    ] {
+        let mut args = vec!["agent", "--meta", &url, "--archive", "1"];
+        args.extend_from_slice(bad);
+        let out = t.tierfs(&args);
+        out.assert_clean_error();
+        assert!(out.stderr.contains(says), "{bad:?}: {}", out.describe());
+    }
+    assert!(meta.hsm_agents().unwrap().is_empty(), "no agent registered");
+}
+
 /// Every file under `dir`, as paths relative to it.
 fn files_under(dir: &Path) -> Vec<String> {
     fn walk(root: &Path, d: &Path, out: &mut Vec<String>) {
