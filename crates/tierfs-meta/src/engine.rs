@@ -552,8 +552,11 @@ pub trait Hsm: Send + Sync {
     /// found there, whether it may be deleted. Yes only when no file's copy is at its key and
     /// the ARCHIVE request that wrote it (of that file, in that archive) ended more than
     /// `grace_ns` ago by the database's clock without recording this key (failed, canceled,
-    /// stale, or it recorded another key): no mover can still make it a file's copy. An object
-    /// whose request is active, recorded it, is unknown (purged after
+    /// stale, or it recorded another key): no mover can still make it a file's copy; or it
+    /// recorded this key but a later archive of the same file replaced the copy more than
+    /// `grace_ns` ago (superseded). An object whose request is active, recorded it for a file
+    /// that has no other copy now (an unlinked file's copy stays unless
+    /// [`HsmSettings::remove_archive_on_last_unlink`]), is unknown (purged after
     /// [`HsmSettings::keep_done_ns`], or not a mover's) or names another file is kept.
     fn hsm_sweepable(&self, archive: u32, items: &[SweepItem], grace_ns: i64) -> Result<Vec<bool>>;
 }

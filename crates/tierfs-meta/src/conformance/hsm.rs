@@ -1246,6 +1246,28 @@ pub fn hsm_sweep_keeps_what_may_still_count(e: &dyn MetaEngine) {
         HsmOutcome::Done
     );
     assert_eq!(e.hsm_sweepable(1, &items[4..5], 0).unwrap(), [false]);
+    // k archived again (its data changed): the first copy is superseded, once the new one
+    // is older than the grace; the new one is kept.
+    let o = e.alloc_object_ids(1).unwrap();
+    e.commit_slices(k.ino, &[obj_slice(0, 0, 10, o)], 10, 6)
+        .unwrap();
+    let rk2 = e
+        .hsm_request(k.ino, HsmAction::Archive, None)
+        .unwrap()
+        .unwrap()
+        .id;
+    let tk2 = e.hsm_take(ag, 1).unwrap().pop().unwrap();
+    assert_eq!(
+        e.hsm_complete(ag, rk2, &done("kk2", &tk2)).unwrap(),
+        HsmOutcome::Done
+    );
+    std::thread::sleep(Duration::from_millis(20));
+    let ks = [item("kh", k.ino, rk), item("kk2", k.ino, rk2)];
+    assert_eq!(e.hsm_sweepable(1, &ks, 0).unwrap(), [true, false]);
+    assert_eq!(
+        e.hsm_sweepable(1, &ks, DAY.as_nanos() as i64).unwrap(),
+        [false, false]
+    );
     // g requeued (waiting): still kept; failed for good later: a leftover.
     assert_eq!(e.hsm_agent_unregister(ag).unwrap(), 1);
     assert_eq!(e.hsm_get_request(rg).unwrap().state, RequestState::Waiting);

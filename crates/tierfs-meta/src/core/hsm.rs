@@ -1380,12 +1380,23 @@ impl<D: Driver> Hsm for SqlMeta<D> {
                 let recorded_here = r.state == RequestState::Succeeded
                     && row.i64(16)? == outcome_num(HsmOutcome::Done)
                     && r.key.as_deref() == Some(it.key.as_str());
-                let may = r.ino == it.ino
+                let ours = r.ino == it.ino
                     && r.action == HsmAction::Archive
                     && r.archive_id == archive
                     && !r.state.is_active()
-                    && r.updated < ended_before
-                    && !recorded_here
+                    && r.updated < ended_before;
+                // A copy this request recorded is kept, unless a later archive of the same
+                // file (still there) replaced it more than the grace ago: no row names it
+                // and no restore can read it (a released file cannot be archived again).
+                let superseded = ours
+                    && recorded_here
+                    && tx.exists(
+                        "SELECT EXISTS (SELECT 1 FROM hsm_files WHERE ino = $1 \
+                         AND archived_at < $2 AND NOT (archive_id = $3 AND copy_key = $4))",
+                        vals![it.ino, ended_before, archive, it.key.as_str()],
+                    )?;
+                let may = ours
+                    && (!recorded_here || superseded)
                     && !tx.exists(
                         "SELECT EXISTS (SELECT 1 FROM hsm_files WHERE archive_id = $1 \
                          AND copy_key = $2)",
