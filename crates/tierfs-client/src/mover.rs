@@ -482,6 +482,9 @@ impl Mover {
         out.judged = cands.len() as u64;
         let grace_ns = i64::try_from(grace.as_nanos()).unwrap_or(i64::MAX);
         for batch in cands.chunks(500) {
+            if self.stop.load(Ordering::Relaxed) {
+                break; // the agent is stopping: the next sweep goes on
+            }
             let items: Vec<_> = batch.iter().map(|(_, i)| i.clone()).collect();
             let verdicts = self.meta.hsm_sweepable(archive_id, &items, grace_ns)?;
             for ((e, _), del) in batch.iter().zip(verdicts) {
