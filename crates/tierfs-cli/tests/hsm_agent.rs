@@ -388,6 +388,55 @@ fn an_agent_takes_more_while_a_long_move_runs() {
     );
 }
 
+/// CPU time (user + system) of process `pid` so far.
+fn cpu_time(pid: i32) -> Duration {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // fields after the command name (which may hold spaces): state is field 3, utime 14
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
+    Duration::from_millis(ticks * 1000 / hz)
+}
+
+/// An agent whose slots are all busy waits for a move to end without spinning: over 3 s of
+/// a stalled archive (each 4 MiB piece sleeps 1 s) it uses far less than 3 s of CPU.
+#[test]
+fn a_busy_agent_waits_without_spinning() {
+    let t = TestFs::with(Opts {
+        clients: 1,
+        stripe_size: Some("1M".into()),
+        ..Opts::default()
+    });
+    let meta = engine(&t);
+    write_file(&t.p(0, "long"), &pattern(32 << 20, 4));
+    let ino = fs::metadata(t.p(0, "long")).unwrap().ino();
+    let agent = Agent::start_with(&t, 1000, &["--poll", "0.1", "--parallel", "1"], &[]);
+    let req = meta
+        .hsm_request(ino, HsmAction::Archive, Some(1))
+        .unwrap()
+        .unwrap();
+    assert!(
+        wait_until(Duration::from_secs(30), || meta
+            .hsm_get_request(req.id)
+            .unwrap()
+            .state
+            == RequestState::Started),
+        "not taken"
+    );
+    let before = cpu_time(agent.pid());
+    std::thread::sleep(Duration::from_secs(3));
+    let used = cpu_time(agent.pid()) - before;
+    assert_eq!(
+        meta.hsm_get_request(req.id).unwrap().state,
+        RequestState::Started
+    );
+    assert!(
+        used < Duration::from_secs(1),
+        "the agent used {used:?} of CPU in 3 s while its one slot was busy"
+    );
+}
+
 /// Bad agent options: one clear line and a non-zero exit, before anything runs.
 #[test]
 fn agent_refuses_bad_options_with_one_line() {

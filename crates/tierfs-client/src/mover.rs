@@ -677,10 +677,14 @@ pub fn run_agent(mover: &Mover, cfg: &AgentConfig, stats: &AgentStats) -> R<()> 
                     });
                 }
             }
-            // Wait for a move's end, a notice, the next look or a stop.
-            let wait = look_at
-                .saturating_duration_since(Instant::now())
-                .min(Duration::from_millis(50));
+            // Wait for a move's end, a notice, the next look (only with a free slot) or a
+            // stop (checked every 50 ms).
+            let tick = Duration::from_millis(50);
+            let wait = if running < parallel {
+                look_at.saturating_duration_since(Instant::now()).min(tick)
+            } else {
+                tick
+            };
             let ev = match rx.recv_timeout(wait) {
                 Ok(ev) => ev,
                 Err(_) => continue,
