@@ -169,10 +169,14 @@ pub fn agent(a: AgentArgs) -> Result<()> {
     let stats = AgentStats::default();
     run_agent(&mover, &cfg, &stats).map_err(|e| CliError::Other(format!("HSM agent: {e}")))?;
     eprintln!(
-        "tierfs agent: stopped ({} completed, {} failed, {} given back)",
+        "tierfs agent: stopped ({} completed, {} failed, {} given back; {} looks at the queue, \
+         {} on a notice; {} leftovers swept)",
         stats.completed.load(Ordering::Relaxed),
         stats.failed.load(Ordering::Relaxed),
         stats.stopped.load(Ordering::Relaxed),
+        stats.takes.load(Ordering::Relaxed),
+        stats.woken.load(Ordering::Relaxed),
+        stats.swept.load(Ordering::Relaxed),
     );
     Ok(())
 }

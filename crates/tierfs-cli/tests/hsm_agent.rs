@@ -648,6 +648,16 @@ fn agent_on_postgres_takes_requests_on_a_notice() {
         t0.elapsed()
     );
     assert!(agent.term().success());
+    // Its stop line counts the looks a notice caused: the archive's and the restore's.
+    let log = fs::read_to_string(agent_log(&t)).unwrap();
+    let on_notice: u64 = log
+        .lines()
+        .find_map(|l| {
+            let (before, _) = l.split_once(" on a notice")?;
+            before.rsplit(' ').next()?.parse().ok()
+        })
+        .unwrap_or_else(|| panic!("no stop line in the agent's log: {log}"));
+    assert!(on_notice >= 2, "{on_notice} looks on a notice: {log}");
 }
 
 /// An agent against a real S3 server (Garage, or TIERFS_S3_ENDPOINT): archive to an
