@@ -42,6 +42,22 @@ pub struct AgentArgs {
     /// by silent agents, purge of old final requests).
     #[arg(long, default_value_t = 30.0)]
     pub housekeep: f64,
+    /// Within each archive or restore, pause after every piece moved (4 MiB read and written,
+    /// or one stripe chunk) for N times the time it took, so the agent uses at most 1/(1+N) of
+    /// the time and yields the disk and network to applications (0..100; 0: full speed, for an
+    /// agent on a machine of its own).
+    #[arg(long, default_value_t = 0.0, value_name = "N")]
+    pub tranquility: f64,
+    /// Seconds between two sweeps of the served archives for a killed mover's leftovers
+    /// (staging files of unfinished uploads, copies never recorded); the first sweep runs at
+    /// start. 0: never.
+    #[arg(long, default_value_t = 3600.0, value_name = "S")]
+    pub sweep: f64,
+    /// A leftover is deleted only once the request that wrote it ended this many seconds ago
+    /// (by the metadata database's clock); recorded copies and those of requests still
+    /// active are never deleted.
+    #[arg(long, default_value_t = 3600.0, value_name = "S")]
+    pub sweep_grace: f64,
 }
 
 fn secs(what: &str, v: f64) -> Result<Duration> {
@@ -61,6 +77,22 @@ pub fn agent(a: AgentArgs) -> Result<()> {
     }
     let poll = secs("poll", a.poll)?;
     let housekeep = secs("housekeep", a.housekeep)?;
+    let sweep = if a.sweep == 0.0 {
+        None
+    } else {
+        Some(secs("sweep", a.sweep)?)
+    };
+    let sweep_grace = if a.sweep_grace == 0.0 {
+        Duration::ZERO
+    } else {
+        secs("sweep-grace", a.sweep_grace)?
+    };
+    if !(0.0..=100.0).contains(&a.tranquility) {
+        return Err(CliError::Usage(format!(
+            "--tranquility: expected a number from 0 to 100, got {}",
+            a.tranquility
+        )));
+    }
     // Signals go to the thread that waits for them (blocked before any other thread exists).
     let sigs = signals::block();
     let meta = open_engine(&a.meta)?;
@@ -101,7 +133,14 @@ pub fn agent(a: AgentArgs) -> Result<()> {
         info.inline_threshold,
         DataConfig::default(),
     ));
-    let mover = Mover::new(Arc::clone(&meta), data, MoverConfig::default());
+    let mover = Mover::new(
+        Arc::clone(&meta),
+        data,
+        MoverConfig {
+            tranquility: a.tranquility,
+            ..MoverConfig::default()
+        },
+    );
     let host = hostname();
     let pid = std::process::id();
     let cfg = AgentConfig {
@@ -115,6 +154,8 @@ pub fn agent(a: AgentArgs) -> Result<()> {
         parallel: a.parallel,
         poll,
         housekeep,
+        sweep,
+        sweep_grace,
     };
     let stop = Arc::clone(&mover.stop);
     std::thread::Builder::new()
@@ -128,10 +169,14 @@ pub fn agent(a: AgentArgs) -> Result<()> {
     let stats = AgentStats::default();
     run_agent(&mover, &cfg, &stats).map_err(|e| CliError::Other(format!("HSM agent: {e}")))?;
     eprintln!(
-        "tierfs agent: stopped ({} completed, {} failed, {} given back)",
+        "tierfs agent: stopped ({} completed, {} failed, {} given back; {} looks at the queue, \
+         {} on a notice; {} leftovers swept)",
         stats.completed.load(Ordering::Relaxed),
         stats.failed.load(Ordering::Relaxed),
         stats.stopped.load(Ordering::Relaxed),
+        stats.takes.load(Ordering::Relaxed),
+        stats.woken.load(Ordering::Relaxed),
+        stats.swept.load(Ordering::Relaxed),
     );
     Ok(())
 }

@@ -25,11 +25,22 @@ struct Agent(Child);
 
 impl Agent {
     fn start(t: &TestFs, stall_ms: u64) -> Agent {
-        let log =
-            fs::File::create(t.root().join(format!("agent-{}.log", std::process::id()))).unwrap();
+        Agent::start_with(t, stall_ms, &["--poll", "0.1"], &[])
+    }
+
+    /// An agent of archive 1 with these extra arguments and environment; its log (stderr)
+    /// is appended to `<root>/agent.log`.
+    fn start_with(t: &TestFs, stall_ms: u64, args: &[&str], env: &[(&str, &str)]) -> Agent {
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(agent_log(t))
+            .unwrap();
         let mut cmd = Command::new(BIN);
         cmd.args(["--log-level", "info", "agent", "--meta", &t.meta_url()])
-            .args(["--archive", "1", "--poll", "0.1", "--housekeep", "0.3"])
+            .args(["--archive", "1", "--housekeep", "0.3"])
+            .args(args)
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(log);
         if stall_ms > 0 {
@@ -68,6 +79,10 @@ impl Drop for Agent {
     }
 }
 
+fn agent_log(t: &TestFs) -> std::path::PathBuf {
+    t.root().join("agent.log")
+}
+
 fn pattern(n: usize, seed: u8) -> Vec<u8> {
     (0..n)
         .map(|i| ((i * 131 + i / 4093) as u8).wrapping_add(seed))
@@ -83,11 +98,15 @@ fn write_file(p: &Path, data: &[u8]) {
 /// The engine, with archive 1 in `<root>/archive` and a short request timeout (2 s) and
 /// retry backoff (0.2 s) so that a killed agent's request is requeued quickly.
 fn engine(t: &TestFs) -> Arc<dyn MetaEngine> {
-    let meta = open_engine(&t.meta_url()).unwrap();
     let dir = t.root().join("archive");
     fs::create_dir_all(&dir).unwrap();
-    meta.hsm_archive_add(1, &format!("file://{}", dir.display()))
-        .unwrap();
+    engine_with_archive(t, &format!("file://{}", dir.display()))
+}
+
+/// [`engine`] with archive 1 at `url`.
+fn engine_with_archive(t: &TestFs, url: &str) -> Arc<dyn MetaEngine> {
+    let meta = open_engine(&t.meta_url()).unwrap();
+    meta.hsm_archive_add(1, url).unwrap();
     meta.hsm_set_settings(&HsmSettings {
         request_timeout_ns: 2_000_000_000,
         retry_backoff_ns: 200_000_000,
@@ -311,6 +330,428 @@ fn client_daemon_moves_data_when_configured() {
     // unmounting stops the worker, which unregisters
     t.umount(m);
     assert!(meta.hsm_agents().unwrap().is_empty());
+}
+
+/// An agent takes a new request as soon as one of its slots frees, not once its whole
+/// batch ended: with two slots, a long archive (every 4 MiB stalls 500 ms: 8 s at least) and
+/// a short one taken together, a third request queued after the short one ended completes
+/// while the long one still runs.
+#[test]
+fn an_agent_takes_more_while_a_long_move_runs() {
+    let t = TestFs::with(Opts {
+        clients: 1,
+        stripe_size: Some("1M".into()),
+        ..Opts::default()
+    });
+    let meta = engine(&t);
+    write_file(&t.p(0, "long"), &pattern(64 << 20, 1));
+    write_file(&t.p(0, "b"), &pattern(1000, 2));
+    write_file(&t.p(0, "c"), &pattern(1000, 3));
+    let ino = |n: &str| fs::metadata(t.p(0, n)).unwrap().ino();
+    let (long, b, c) = (ino("long"), ino("b"), ino("c"));
+    let ra = meta
+        .hsm_request(long, HsmAction::Archive, Some(1))
+        .unwrap()
+        .unwrap();
+    let rb = meta
+        .hsm_request(b, HsmAction::Archive, Some(1))
+        .unwrap()
+        .unwrap();
+    let _agent = Agent::start_with(&t, 500, &["--poll", "0.1", "--parallel", "2"], &[]);
+    wait_request(
+        meta.as_ref(),
+        rb.id,
+        RequestState::Succeeded,
+        Duration::from_secs(30),
+    );
+    let rc = meta
+        .hsm_request(c, HsmAction::Archive, Some(1))
+        .unwrap()
+        .unwrap();
+    wait_request(
+        meta.as_ref(),
+        rc.id,
+        RequestState::Succeeded,
+        Duration::from_secs(30),
+    );
+    let a = meta.hsm_get_request(ra.id).unwrap();
+    assert_eq!(
+        a.state,
+        RequestState::Started,
+        "the long archive ended before the third request was taken: {a:?}"
+    );
+    wait_request(
+        meta.as_ref(),
+        ra.id,
+        RequestState::Succeeded,
+        Duration::from_secs(60),
+    );
+}
+
+/// CPU time (user + system) of process `pid` so far.
+fn cpu_time(pid: i32) -> Duration {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // fields after the command name (which may hold spaces): state is field 3, utime 14
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
+    Duration::from_millis(ticks * 1000 / hz)
+}
+
+/// An agent whose slots are all busy waits for a move to end without spinning: over 3 s of
+/// a stalled archive (each 4 MiB piece sleeps 1 s) it uses far less than 3 s of CPU.
+#[test]
+fn a_busy_agent_waits_without_spinning() {
+    let t = TestFs::with(Opts {
+        clients: 1,
+        stripe_size: Some("1M".into()),
+        ..Opts::default()
+    });
+    let meta = engine(&t);
+    write_file(&t.p(0, "long"), &pattern(32 << 20, 4));
+    let ino = fs::metadata(t.p(0, "long")).unwrap().ino();
+    let agent = Agent::start_with(&t, 1000, &["--poll", "0.1", "--parallel", "1"], &[]);
+    let req = meta
+        .hsm_request(ino, HsmAction::Archive, Some(1))
+        .unwrap()
+        .unwrap();
+    assert!(
+        wait_until(Duration::from_secs(30), || meta
+            .hsm_get_request(req.id)
+            .unwrap()
+            .state
+            == RequestState::Started),
+        "not taken"
+    );
+    let before = cpu_time(agent.pid());
+    std::thread::sleep(Duration::from_secs(3));
+    let used = cpu_time(agent.pid()) - before;
+    assert_eq!(
+        meta.hsm_get_request(req.id).unwrap().state,
+        RequestState::Started
+    );
+    assert!(
+        used < Duration::from_secs(1),
+        "the agent used {used:?} of CPU in 3 s while its one slot was busy"
+    );
+}
+
+/// Bad agent options: one clear line and a non-zero exit, before anything runs.
+#[test]
+fn agent_refuses_bad_options_with_one_line() {
+    let t = TestFs::with(Opts {
+        clients: 0,
+        ..Opts::default()
+    });
+    let meta = engine(&t);
+    let url = t.meta_url();
+    for (bad, says) in [
+        (&["--tranquility", "200"][..], "--tranquility"),
+        (&["--tranquility=-1"], "--tranquility"),
+        (&["--tranquility", "NaN"], "--tranquility"),
+        (&["--sweep=-5"], "--sweep"),
+        (&["--sweep-grace", "inf"], "--sweep-grace"),
+        (&["--parallel", "0"], "--parallel"),
+    ] {
+        let mut args = vec!["agent", "--meta", &url, "--archive", "1"];
+        args.extend_from_slice(bad);
+        let out = t.tierfs(&args);
+        out.assert_clean_error();
+        assert!(out.stderr.contains(says), "{bad:?}: {}", out.describe());
+    }
+    assert!(meta.hsm_agents().unwrap().is_empty(), "no agent registered");
+}
+
+/// Every file under `dir`, as paths relative to it.
+fn files_under(dir: &Path) -> Vec<String> {
+    fn walk(root: &Path, d: &Path, out: &mut Vec<String>) {
+        let Ok(rd) = fs::read_dir(d) else { return };
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                walk(root, &p, out)
+            } else {
+                out.push(p.strip_prefix(root).unwrap().to_string_lossy().into_owned())
+            }
+        }
+    }
+    let mut v = Vec::new();
+    walk(dir, dir, &mut v);
+    v.sort();
+    v
+}
+
+fn staging_files(dir: &Path) -> Vec<String> {
+    files_under(dir)
+        .into_iter()
+        .filter(|f| tierfs_store::archive::is_staging_name(f))
+        .collect()
+}
+
+/// A killed agent's leftovers: kill -9 mid-archive leaves a staging file of the unfinished
+/// upload; a copy finished but never completed (its request canceled meanwhile) stays as an
+/// unreferenced object. The next agent's sweep deletes both once their requests ended more
+/// than the grace ago, and nothing else: not the recorded copy (not even after its file was
+/// unlinked, which keeps the copy with remove_archive_on_last_unlink off), not an object of
+/// an unknown request, not foreign data.
+#[test]
+fn a_killed_agents_leftovers_are_swept_and_nothing_else() {
+    let t = TestFs::with(Opts {
+        clients: 1,
+        stripe_size: Some("1M".into()),
+        ..Opts::default()
+    });
+    let meta = engine(&t);
+    let arch = t.root().join("archive");
+    let data = pattern(24 << 20, 5);
+    write_file(&t.p(0, "f"), &data);
+    let f = fs::metadata(t.p(0, "f")).unwrap().ino();
+
+    // kill -9 once the upload wrote its first part (8 MiB) to a staging file
+    let mut slow = Agent::start_with(&t, 300, &["--poll", "0.1", "--sweep", "0"], &[]);
+    let req = meta
+        .hsm_request(f, HsmAction::Archive, Some(1))
+        .unwrap()
+        .unwrap();
+    assert!(
+        wait_until(Duration::from_secs(60), || !staging_files(&arch).is_empty()),
+        "no staging file while the slow agent archived: {:?}",
+        files_under(&arch)
+    );
+    slow.kill9();
+    let staged = staging_files(&arch);
+
+    // A copy finished but never completed: g's request was canceled before its mover said so.
+    fs::write(t.p(0, "g"), b"gg").unwrap();
+    let g = fs::metadata(t.p(0, "g")).unwrap().ino();
+    let rg = meta
+        .hsm_request(g, HsmAction::Archive, Some(1))
+        .unwrap()
+        .unwrap();
+    meta.hsm_cancel(g).unwrap();
+    let gv = meta.getattr(g).unwrap().data_version;
+    let orphan = tierfs_client::mover::copy_key(g, gv, rg.id);
+    // Kept: a name of a request the coordinator never had, and foreign data.
+    let unknown = tierfs_client::mover::copy_key(f, 1, 999_999);
+    for k in [&orphan, &unknown, &"imported/tree/x.dat".to_string()] {
+        let p = arch.join(k);
+        fs::create_dir_all(p.parent().unwrap()).unwrap();
+        fs::write(&p, b"leftover").unwrap();
+    }
+
+    // The next agent: f's request is requeued after the 2 s timeout and completed; the
+    // sweep (every 0.3 s, grace 1 s) deletes the leftovers.
+    let _agent = Agent::start_with(
+        &t,
+        0,
+        &["--poll", "0.1", "--sweep", "0.3", "--sweep-grace", "1"],
+        &[],
+    );
+    wait_request(
+        meta.as_ref(),
+        req.id,
+        RequestState::Succeeded,
+        Duration::from_secs(90),
+    );
+    let copy = meta.hsm_state(f).unwrap().copy.unwrap();
+    assert!(
+        wait_until(Duration::from_secs(30), || staging_files(&arch).is_empty()
+            && !arch.join(&orphan).exists()),
+        "leftovers not swept: staging {:?} (killed agent's: {staged:?}), orphan there: {}",
+        staging_files(&arch),
+        arch.join(&orphan).exists()
+    );
+    assert_eq!(
+        fs::read(arch.join(&copy.key)).unwrap(),
+        data,
+        "the recorded copy"
+    );
+    assert!(
+        arch.join(&unknown).exists(),
+        "an unknown request's object was deleted"
+    );
+    assert!(
+        arch.join("imported/tree/x.dat").exists(),
+        "foreign data was deleted"
+    );
+
+    // f unlinked: its copy's record goes, the copy stays (remove_archive_on_last_unlink off),
+    // and sweeps leave it alone.
+    fs::remove_file(t.p(0, "f")).unwrap();
+    assert!(
+        wait_until(Duration::from_secs(30), || meta.getattr(f).is_err()),
+        "f was not purged"
+    );
+    std::thread::sleep(Duration::from_secs(2)); // several sweeps, past the grace
+    assert!(
+        arch.join(&copy.key).exists(),
+        "a copy once recorded was swept after its file went"
+    );
+}
+
+/// On PostgreSQL the agent listens for the coordinator's notices: with a 30 s poll, a queued
+/// archive and the restore a reader's open queues are taken at once (a polling agent would
+/// look 30 s later). The data read back on the other client is byte-identical.
+#[test]
+fn agent_on_postgres_takes_requests_on_a_notice() {
+    let Some(pg) = PgServer::start("agent_on_postgres_takes_requests_on_a_notice") else {
+        return;
+    };
+    // Declared after the server: unmounted and dropped before it stops.
+    let t = TestFs::with(Opts {
+        clients: 2,
+        stripe_size: Some("256K".into()),
+        pg_admin: Some(pg.url.clone()),
+        ..Opts::default()
+    });
+    assert!(t.meta_url().starts_with("postgres"), "{}", t.meta_url());
+    let meta = engine(&t);
+    let data = pattern((5 << 20) + 777, 11);
+    write_file(&t.p(0, "f"), &data);
+    let ino = fs::metadata(t.p(0, "f")).unwrap().ino();
+    let mut agent = Agent::start_with(&t, 0, &["--poll", "30"], &[]);
+    assert!(
+        wait_until(Duration::from_secs(20), || fs::read_to_string(agent_log(
+            &t
+        ))
+        .unwrap_or_default()
+        .contains("listening for notices")),
+        "the agent does not listen: {}",
+        fs::read_to_string(agent_log(&t)).unwrap_or_default()
+    );
+    // its first look (at start) found nothing; the next poll would be 300 s away
+    std::thread::sleep(Duration::from_millis(300));
+    let req = meta
+        .hsm_request(ino, HsmAction::Archive, Some(1))
+        .unwrap()
+        .unwrap();
+    wait_request(
+        meta.as_ref(),
+        req.id,
+        RequestState::Succeeded,
+        Duration::from_secs(15),
+    );
+    let copy = meta.hsm_state(ino).unwrap().copy.unwrap();
+    assert_eq!(
+        fs::read(t.root().join("archive").join(&copy.key)).unwrap(),
+        data
+    );
+    release(meta.as_ref(), ino);
+    // The reader's open queues the restore and waits for it; the notice wakes the agent.
+    let t0 = std::time::Instant::now();
+    let back = fs::read(t.p(1, "f")).unwrap();
+    assert!(back == data, "restored data differs");
+    assert!(
+        t0.elapsed() < Duration::from_secs(60),
+        "the restore waited for a poll ({:?})",
+        t0.elapsed()
+    );
+    assert!(agent.term().success());
+    // Its stop line counts the looks a notice caused: the archive's and the restore's.
+    let log = fs::read_to_string(agent_log(&t)).unwrap();
+    let on_notice: u64 = log
+        .lines()
+        .find_map(|l| {
+            let (before, _) = l.split_once(" on a notice")?;
+            before.rsplit(' ').next()?.parse().ok()
+        })
+        .unwrap_or_else(|| panic!("no stop line in the agent's log: {log}"));
+    assert!(on_notice >= 2, "{on_notice} looks on a notice: {log}");
+}
+
+/// An agent against a real S3 server (Garage, or TIERFS_S3_ENDPOINT): archive to an
+/// s3:// archive, release, restore on another client (byte-identical, checksum verified), and
+/// the sweep deletes an unrecorded copy in the bucket while the recorded one stays.
+#[test]
+fn agent_archives_to_and_restores_from_s3() {
+    let Some(s3) = S3Server::start("agent_archives_to_and_restores_from_s3") else {
+        return;
+    };
+    let t = TestFs::with(Opts {
+        clients: 2,
+        stripe_size: Some("1M".into()),
+        ..Opts::default()
+    });
+    let prefix = format!(
+        "hsm-{}",
+        t.root()
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .to_lowercase()
+    );
+    let url = s3.url("tierfs-a", &prefix);
+    let meta = engine_with_archive(&t, &url);
+    let creds =
+        tierfs_store::credentials::from_file(Path::new(&s3.credentials)).expect("credentials");
+    let store = tierfs_store::archive::ArchiveStore::open_with(&url, &creds).expect("archive");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+
+    let data = pattern((9 << 20) + 12_345, 21);
+    write_file(&t.p(0, "f"), &data);
+    let ino = fs::metadata(t.p(0, "f")).unwrap().ino();
+    // An unrecorded copy of a canceled request, as a mover killed after its upload leaves.
+    fs::write(t.p(0, "g"), b"gg").unwrap();
+    let g = fs::metadata(t.p(0, "g")).unwrap().ino();
+    let rg = meta
+        .hsm_request(g, HsmAction::Archive, Some(1))
+        .unwrap()
+        .unwrap();
+    meta.hsm_cancel(g).unwrap();
+    let orphan = tierfs_client::mover::copy_key(g, meta.getattr(g).unwrap().data_version, rg.id);
+    rt.block_on(async {
+        let mut w = store.writer(&orphan).await.unwrap();
+        w.write(b"leftover").await.unwrap();
+        w.finish().await.unwrap();
+    });
+    assert_eq!(rt.block_on(store.size(&orphan)).unwrap(), 8);
+
+    let _agent = Agent::start_with(
+        &t,
+        0,
+        &["--poll", "0.1", "--sweep", "0.3", "--sweep-grace", "1"],
+        &[("TIERFS_S3_CREDENTIALS", s3.credentials.as_str())],
+    );
+    let req = meta
+        .hsm_request(ino, HsmAction::Archive, Some(1))
+        .unwrap()
+        .unwrap();
+    wait_request(
+        meta.as_ref(),
+        req.id,
+        RequestState::Succeeded,
+        Duration::from_secs(60),
+    );
+    let copy = meta.hsm_state(ino).unwrap().copy.unwrap();
+    let got = rt
+        .block_on(store.get_range(&copy.key, 0, data.len() as u64))
+        .unwrap();
+    assert!(
+        got[..] == data[..],
+        "the copy in the bucket is the file's bytes"
+    );
+    release(meta.as_ref(), ino);
+    let back = fs::read(t.p(1, "f")).unwrap();
+    assert!(back == data, "restored data differs");
+    assert!(
+        wait_until(Duration::from_secs(30), || matches!(
+            rt.block_on(store.size(&orphan)),
+            Err(tierfs_store::StoreError::NotFound(_))
+        )),
+        "the unrecorded copy in the bucket was not swept"
+    );
+    assert_eq!(
+        rt.block_on(store.size(&copy.key)).unwrap(),
+        data.len() as u64
+    );
+    // leave the bucket clean
+    for e in rt.block_on(store.list()).unwrap() {
+        rt.block_on(store.remove_listed(&e)).unwrap();
+    }
 }
 
 /// Throughput of `tierfs agent` against `cp` of the same data between the same places, for

@@ -36,7 +36,8 @@
 //!                              # its high watermark.
 //! # HSM (docs/hsm.md)
 //! hsm_mover_archives = []      # archive ids this daemon moves data for as a background worker
-//!                              # (`hsm-mover`, tranquility applies), as `tierfs agent` does;
+//!                              # (`hsm-mover`, tranquility applies within each move), as
+//!                              # `tierfs agent` does;
 //!                              # empty (the default): off
 //! # changelog (docs/changelog.md)
 //! jobid_var = "disable"        # job id of each change: "disable", "procname_uid", or the

@@ -519,6 +519,7 @@ fn start_workers(
                 parallel: 1,
                 ..Default::default()
             },
+            cfg.tranquility,
         ))
         .map_err(spawn_err)?;
     }

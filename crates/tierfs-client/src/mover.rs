@@ -30,7 +30,7 @@ use thiserror::Error;
 
 use tierfs_meta::hsm::{HsmAction, HsmDone, HsmError, HsmOutcome, HsmTask, Progress};
 use tierfs_meta::{MetaEngine, MetaError, Slice};
-use tierfs_store::archive::{checksum_string, ArchiveStore};
+use tierfs_store::archive::{checksum_string, ArchiveEntry, ArchiveStore};
 use tierfs_store::StoreError;
 
 use crate::data::DataPath;
@@ -45,6 +45,12 @@ pub struct MoverConfig {
     pub commit_bytes: u64,
     /// Longest time between two progress reports of a running move.
     pub progress_interval: Duration,
+    /// Within a move, the pause after each piece (a data-path read and its write to the
+    /// archive; a chunk of a restore) is `tranquility x` the time the piece took
+    /// ([`crate::workers::tranquil_pause`]): a long archive or restore then uses at most
+    /// `1 / (1 + tranquility)` of the time and leaves the disk and network to applications
+    /// between its pieces. 0 (`tierfs agent`'s default): full speed.
+    pub tranquility: f64,
 }
 
 impl Default for MoverConfig {
@@ -53,6 +59,7 @@ impl Default for MoverConfig {
             read_size: 4 << 20,
             commit_bytes: 64 << 20,
             progress_interval: Duration::from_secs(1),
+            tranquility: 0.0,
         }
     }
 }
@@ -100,6 +107,44 @@ impl MoverError {
     }
 }
 
+/// The key of an ARCHIVE mover's copy: `<ino as 16 hex digits>/v<data version>.r<request>`.
+pub fn copy_key(ino: u64, version: u64, request: u64) -> String {
+    format!("{ino:016x}/v{version}.r{request}")
+}
+
+/// What a key written by a mover says: (ino, request), for [`copy_key`]s and their staging
+/// files (`<key>#<n>`); `None` for any other name (imported data, a probe, foreign files).
+pub fn parse_copy_key(key: &str) -> Option<(u64, u64)> {
+    let (dir, name) = key.split_once('/')?;
+    if dir.len() != 16 || !dir.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    let ino = u64::from_str_radix(dir, 16).ok()?;
+    let name = match name.split_once('#') {
+        Some((n, k)) if !k.is_empty() && k.bytes().all(|b| b.is_ascii_digit()) => n,
+        Some(_) => return None,
+        None => name,
+    };
+    let (v, r) = name.strip_prefix('v')?.split_once(".r")?;
+    let digits = |x: &str| !x.is_empty() && x.bytes().all(|b| b.is_ascii_digit());
+    if !digits(v) || !digits(r) {
+        return None;
+    }
+    Some((ino, r.parse().ok()?))
+}
+
+/// What a sweep of one archive found and did ([`Mover::sweep`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Swept {
+    /// Entries listed (copies, staging files, anything else).
+    pub listed: u64,
+    /// Entries a mover wrote (a copy or a staging file) that were judged.
+    pub judged: u64,
+    /// Leftovers deleted, and their bytes.
+    pub deleted: u64,
+    pub bytes: u64,
+}
+
 /// How a task ended, as far as the mover is concerned.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Moved {
@@ -120,6 +165,12 @@ pub struct Mover {
     /// Set to stop every running move at its next progress check (SIGTERM of the agent):
     /// what it wrote is deleted, and unregistering gives its requests back.
     pub stop: Arc<AtomicBool>,
+    /// The requests being moved here, each with whether a notice (PostgreSQL's
+    /// `Notice::HsmCancel`) canceled it: such a move stops at its next progress check instead
+    /// of at its next report to the coordinator.
+    moves: Mutex<HashMap<u64, bool>>,
+    /// Time spent in tranquility pauses, all moves together (tests and logs).
+    pub paused: Mutex<Duration>,
 }
 
 type R<T> = std::result::Result<T, MoverError>;
@@ -140,7 +191,39 @@ impl Mover {
             cfg,
             archives: Mutex::new(HashMap::new()),
             stop: Arc::new(AtomicBool::new(false)),
+            moves: Mutex::new(HashMap::new()),
+            paused: Mutex::new(Duration::ZERO),
         }
+    }
+
+    /// A notice said `request` was canceled: its move, if running here, stops at its next
+    /// progress check (what it wrote is deleted, as at a `Stop` answer).
+    pub fn cancel(&self, request: u64) {
+        if let Some(c) = self.moves.lock().get_mut(&request) {
+            *c = true;
+        }
+    }
+
+    fn told_to_stop(&self, request: u64) -> bool {
+        self.stop.load(Ordering::Relaxed) || self.moves.lock().get(&request) == Some(&true)
+    }
+
+    /// The tranquilizer within a move: after a piece of `request` that took `took`, sleeps
+    /// `tranquility x took` (cut short when the move is told to stop).
+    fn tranquil(&self, request: u64, took: Duration) {
+        let pause = crate::workers::tranquil_pause(took, self.cfg.tranquility);
+        if pause.is_zero() {
+            return;
+        }
+        let until = Instant::now() + pause;
+        loop {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() || self.told_to_stop(request) {
+                break;
+            }
+            std::thread::sleep(left.min(Duration::from_millis(50)));
+        }
+        *self.paused.lock() += pause;
     }
 
     /// The archive at `url`, opened once (an unreachable one is tried again next time).
@@ -158,11 +241,13 @@ impl Mover {
     /// see [`MoverError::agent_gone`], or the metadata engine is unreachable).
     pub fn run(&self, agent: u64, task: &HsmTask) -> R<Moved> {
         let id = task.request.id;
+        self.moves.lock().insert(id, false);
         let r = match task.request.action {
             HsmAction::Archive => self.archive_file(agent, task),
             HsmAction::Restore => self.restore_file(agent, task),
             HsmAction::Remove => self.remove_copy(agent, task),
         };
+        self.moves.lock().remove(&id);
         match r {
             Ok(Step::Go(outcome)) => Ok(Moved::Completed(outcome)),
             Ok(Step::Stop) => Ok(Moved::Stopped),
@@ -193,7 +278,7 @@ impl Mover {
         if let Some(d) = test_stall() {
             std::thread::sleep(d);
         }
-        if self.stop.load(Ordering::Relaxed) {
+        if self.told_to_stop(id) {
             return Ok(Err(StopNow));
         }
         if !force && last.elapsed() < self.cfg.progress_interval {
@@ -217,7 +302,7 @@ impl Mover {
             return Err(MoverError::Bad("the file is released".into()));
         }
         let version = attr.data_version;
-        let key = format!("{ino:016x}/v{version}.r{}", req.id);
+        let key = copy_key(ino, version, req.id);
         self.data.invalidate(ino, Some(&attr));
         let rt = self.data.rt.clone();
         let mut w = rt.block_on(archive.writer(&key))?;
@@ -226,6 +311,7 @@ impl Mover {
         let mut last = Instant::now();
         let result: R<std::result::Result<(), StopNow>> = (|| {
             while off < attr.size {
+                let t0 = Instant::now();
                 let n = (attr.size - off).min(self.cfg.read_size as u64) as u32;
                 let buf = self.data.read(ino, off, n, true)?;
                 if buf.is_empty() {
@@ -237,6 +323,7 @@ impl Mover {
                 if let Err(s) = self.progress(agent, req.id, off, &mut last, false)? {
                     return Ok(Err(s));
                 }
+                self.tranquil(req.id, t0.elapsed());
             }
             Ok(Ok(()))
         })();
@@ -307,6 +394,7 @@ impl Mover {
         let mut batch_bytes = 0u64;
         let mut off = 0u64;
         while off < copy.size {
+            let t0 = Instant::now();
             let chunk = off / cs;
             let end = ((chunk + 1) * cs).min(copy.size);
             let bytes = rt.block_on(archive.get_range(&copy.key, off, end))?;
@@ -345,6 +433,7 @@ impl Mover {
                     return Ok(Step::Stop);
                 }
             }
+            self.tranquil(req.id, t0.elapsed());
         }
         let got = checksum_string(crc.finalize());
         if !copy.checksum.is_empty() && got != copy.checksum {
@@ -361,6 +450,59 @@ impl Mover {
             ..HsmDone::default()
         };
         Ok(Step::Go(self.meta.hsm_complete(agent, req.id, &done)?))
+    }
+
+    /// Sweeps archive `archive_id` (at `url`) of a killed or stopped mover's leftovers:
+    /// staging files of unfinished uploads and finished copies that were never recorded. Only
+    /// names a mover writes are looked at ([`parse_copy_key`]); the engine judges each
+    /// ([`tierfs_meta::Hsm::hsm_sweepable`]): deleted only when no file's copy is at the key
+    /// and the ARCHIVE request that wrote it ended more than `grace` ago (database's clock)
+    /// without recording it. Recorded copies, copies of active or unknown requests and
+    /// foreign objects are kept.
+    pub fn sweep(&self, archive_id: u32, url: &str, grace: Duration) -> R<Swept> {
+        let archive = self.archive(url)?;
+        let rt = self.data.rt.clone();
+        let entries = rt.block_on(archive.list())?;
+        let mut out = Swept {
+            listed: entries.len() as u64,
+            ..Swept::default()
+        };
+        let cands: Vec<(ArchiveEntry, tierfs_meta::hsm::SweepItem)> = entries
+            .into_iter()
+            .filter_map(|e| {
+                let (ino, request) = parse_copy_key(&e.key)?;
+                let item = tierfs_meta::hsm::SweepItem {
+                    key: e.key.clone(),
+                    ino,
+                    request,
+                };
+                Some((e, item))
+            })
+            .collect();
+        out.judged = cands.len() as u64;
+        let grace_ns = i64::try_from(grace.as_nanos()).unwrap_or(i64::MAX);
+        for batch in cands.chunks(500) {
+            if self.stop.load(Ordering::Relaxed) {
+                break; // the agent is stopping: the next sweep goes on
+            }
+            let items: Vec<_> = batch.iter().map(|(_, i)| i.clone()).collect();
+            let verdicts = self.meta.hsm_sweepable(archive_id, &items, grace_ns)?;
+            for ((e, _), del) in batch.iter().zip(verdicts) {
+                if !del {
+                    continue;
+                }
+                rt.block_on(archive.remove_listed(e))?;
+                tracing::info!(
+                    archive = archive_id,
+                    key = e.key,
+                    bytes = e.size,
+                    "HSM sweep: deleted a leftover"
+                );
+                out.deleted += 1;
+                out.bytes += e.size;
+            }
+        }
+        Ok(out)
     }
 
     fn remove_copy(&self, agent: u64, task: &HsmTask) -> R<Step<HsmOutcome>> {
@@ -386,11 +528,17 @@ pub struct AgentConfig {
     pub info: tierfs_meta::hsm::HsmAgentInfo,
     /// Requests run at once (also the agent's `max_requests`).
     pub parallel: usize,
-    /// Sleep between two takes that found nothing (PostgreSQL's HSM notices would wake it
-    /// earlier; not used yet).
+    /// Time between two looks at the queue while the agent has room for more requests and
+    /// nothing new was announced. An agent that listens for PostgreSQL's HSM notices looks at
+    /// once on a notice and only every [`LISTEN_SAFETY`] `x poll` otherwise.
     pub poll: Duration,
     /// How often the agent runs the coordinator's housekeeping.
     pub housekeep: Duration,
+    /// How often the agent sweeps its archives of leftovers ([`Mover::sweep`]), starting at
+    /// once; `None`: never.
+    pub sweep: Option<Duration>,
+    /// A leftover is deleted only once its request ended this long ago.
+    pub sweep_grace: Duration,
 }
 
 impl Default for AgentConfig {
@@ -400,9 +548,16 @@ impl Default for AgentConfig {
             parallel: 4,
             poll: Duration::from_millis(500),
             housekeep: Duration::from_secs(30),
+            sweep: Some(Duration::from_secs(3600)),
+            sweep_grace: Duration::from_secs(3600),
         }
     }
 }
+
+/// A listening agent's look at the queue without a notice comes every `LISTEN_SAFETY x poll`
+/// (5 s by default): requests whose retry backoff ended and requests requeued by the
+/// housekeeping are not announced.
+pub const LISTEN_SAFETY: u32 = 10;
 
 /// Counters of a running agent.
 #[derive(Debug, Default)]
@@ -410,96 +565,304 @@ pub struct AgentStats {
     pub completed: std::sync::atomic::AtomicU64,
     pub stopped: std::sync::atomic::AtomicU64,
     pub failed: std::sync::atomic::AtomicU64,
+    /// Looks at the queue (`hsm_take` calls).
+    pub takes: std::sync::atomic::AtomicU64,
+    /// Looks made because a notice announced work (the others: polls, freed slots).
+    pub woken: std::sync::atomic::AtomicU64,
+    /// Whether the agent listens for notices now.
+    pub listening: AtomicBool,
+    /// Sweeps done, and leftovers they deleted.
+    pub sweeps: std::sync::atomic::AtomicU64,
+    pub swept: std::sync::atomic::AtomicU64,
+}
+
+/// What the agent's loop waits for.
+enum Event {
+    /// A move ended.
+    Moved(Box<HsmTask>, R<Moved>),
+    /// A notice from the engine.
+    Notice(tierfs_meta::Notice),
 }
 
 /// A copytool agent's loop (`tierfs agent`, or a client daemon's mover worker): registers,
-/// takes requests of its archives and runs up to `parallel` of them at once, heartbeats
-/// (every take does) while idle, runs the housekeeping now and then, registers again when the
-/// coordinator dropped it, and unregisters (its requests go back to waiting) once
-/// `mover.stop` is set. Errors only when the metadata engine fails.
+/// takes requests of its archives and runs up to `parallel` of them at once, taking more as
+/// soon as one ends (a long move does not hold back the others' slots), heartbeats (every take
+/// does) while idle, runs the housekeeping now and then, registers again when the coordinator
+/// dropped it, and unregisters (its requests go back to waiting) once `mover.stop` is set.
+/// On PostgreSQL it listens for the HSM notices: work announced for one of its archives is
+/// taken at once, and a canceled request's move stops at once ([`Mover::cancel`]); without
+/// notices (SQLite) it looks at the queue every `cfg.poll`. Errors only when the metadata
+/// engine fails.
 pub fn run_agent(mover: &Mover, cfg: &AgentConfig, stats: &AgentStats) -> R<()> {
     let meta = Arc::clone(&mover.meta);
     let mut info = cfg.info.clone();
-    info.max_requests = cfg.parallel.max(1) as u32;
+    let parallel = cfg.parallel.max(1);
+    info.max_requests = parallel as u32;
     let mut agent = meta.hsm_agent_register(&info)?;
     tracing::info!(agent, archives = ?info.archives, "HSM agent registered");
-    let mut last_housekeep: Option<Instant> = None;
-    while !mover.stop.load(Ordering::Relaxed) {
-        if last_housekeep.is_none_or(|t| t.elapsed() >= cfg.housekeep) {
-            last_housekeep = Some(Instant::now());
-            match meta.hsm_housekeep() {
-                Ok((requeued, dropped, purged)) if requeued + dropped + purged > 0 => {
-                    tracing::info!(requeued, dropped, purged, "HSM housekeeping")
+    let (tx, rx) = std::sync::mpsc::channel::<Event>();
+    let quit = AtomicBool::new(false);
+    let r = std::thread::scope(|s| -> R<()> {
+        {
+            let tx = tx.clone();
+            let (meta, quit) = (Arc::clone(&meta), &quit);
+            let name = info.name.clone();
+            s.spawn(move || listen_loop(meta.as_ref(), &name, &tx, quit, mover, stats));
+        }
+        if let Some(every) = cfg.sweep {
+            let (archives, quit) = (info.archives.clone(), &quit);
+            s.spawn(move || sweep_loop(mover, &archives, every, cfg.sweep_grace, quit, stats));
+        }
+        let mut running = 0usize;
+        let mut look_at = Instant::now();
+        let mut woken = false;
+        let mut last_housekeep: Option<Instant> = None;
+        let mut failure: Option<MoverError> = None;
+        while !mover.stop.load(Ordering::Relaxed) && failure.is_none() {
+            if last_housekeep.is_none_or(|t| t.elapsed() >= cfg.housekeep) {
+                last_housekeep = Some(Instant::now());
+                // The agent's own heartbeat (its takes are rare while it listens): an idle
+                // agent is not dropped by the housekeeping below.
+                match meta.hsm_agent_heartbeat(agent) {
+                    Ok(()) => {}
+                    Err(MetaError::Hsm(HsmError::UnknownAgent(_))) => {
+                        agent = meta.hsm_agent_register(&info)?;
+                        tracing::warn!(
+                            agent,
+                            "HSM agent was dropped by the coordinator: registered again"
+                        );
+                    }
+                    Err(e) => tracing::warn!("HSM agent heartbeat: {e}"),
+                }
+                match meta.hsm_housekeep() {
+                    Ok((requeued, dropped, purged)) if requeued + dropped + purged > 0 => {
+                        tracing::info!(requeued, dropped, purged, "HSM housekeeping")
+                    }
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!("HSM housekeeping: {e}"),
+                }
+            }
+            if running < parallel && Instant::now() >= look_at {
+                stats.takes.fetch_add(1, Ordering::Relaxed);
+                if std::mem::take(&mut woken) {
+                    stats.woken.fetch_add(1, Ordering::Relaxed);
+                }
+                let tasks = match meta.hsm_take(agent, parallel - running) {
+                    Ok(t) => t,
+                    Err(MetaError::Hsm(HsmError::UnknownAgent(_))) => {
+                        agent = meta.hsm_agent_register(&info)?;
+                        tracing::warn!(
+                            agent,
+                            "HSM agent was dropped by the coordinator: registered again"
+                        );
+                        continue;
+                    }
+                    Err(e) => {
+                        failure = Some(e.into());
+                        break;
+                    }
+                };
+                let wait = if stats.listening.load(Ordering::Relaxed) {
+                    cfg.poll * LISTEN_SAFETY
+                } else {
+                    cfg.poll
+                };
+                look_at = Instant::now() + wait;
+                for t in tasks {
+                    running += 1;
+                    let tx = tx.clone();
+                    s.spawn(move || {
+                        let r = mover.run(agent, &t);
+                        let _ = tx.send(Event::Moved(Box::new(t), r));
+                    });
+                }
+            }
+            // Wait for a move's end, a notice, the next look (only with a free slot) or a
+            // stop (checked every 50 ms).
+            let tick = Duration::from_millis(50);
+            let wait = if running < parallel {
+                look_at.saturating_duration_since(Instant::now()).min(tick)
+            } else {
+                tick
+            };
+            let ev = match rx.recv_timeout(wait) {
+                Ok(ev) => ev,
+                Err(_) => continue,
+            };
+            let mut evs = vec![ev];
+            evs.extend(rx.try_iter());
+            for ev in evs {
+                match ev {
+                    Event::Notice(tierfs_meta::Notice::HsmWork(a)) => {
+                        if info.archives.contains(&a) {
+                            look_at = Instant::now();
+                            woken = true;
+                        }
+                    }
+                    Event::Notice(tierfs_meta::Notice::HsmCancel(id)) => mover.cancel(id),
+                    Event::Notice(_) => {}
+                    Event::Moved(t, r) => {
+                        running -= 1;
+                        // A slot is free: look again at once.
+                        look_at = Instant::now();
+                        if let Err(e) = report(&t, r, stats) {
+                            failure.get_or_insert(e);
+                        }
+                    }
+                }
+            }
+        }
+        // Stopping: the moves under way stop at their next progress check.
+        mover.stop.store(true, Ordering::Relaxed);
+        quit.store(true, Ordering::Relaxed);
+        while running > 0 {
+            match rx.recv() {
+                Ok(Event::Moved(t, r)) => {
+                    running -= 1;
+                    if let Err(e) = report(&t, r, stats) {
+                        failure.get_or_insert(e);
+                    }
                 }
                 Ok(_) => {}
-                Err(e) => tracing::warn!("HSM housekeeping: {e}"),
+                Err(_) => break,
             }
         }
-        let tasks = match meta.hsm_take(agent, cfg.parallel.max(1)) {
-            Ok(t) => t,
-            Err(MetaError::Hsm(HsmError::UnknownAgent(_))) => {
-                agent = meta.hsm_agent_register(&info)?;
-                tracing::warn!(
-                    agent,
-                    "HSM agent was dropped by the coordinator: registered again"
-                );
-                continue;
-            }
-            Err(e) => return Err(e.into()),
-        };
-        if tasks.is_empty() {
-            let until = Instant::now() + cfg.poll;
-            while Instant::now() < until && !mover.stop.load(Ordering::Relaxed) {
-                std::thread::sleep(Duration::from_millis(50).min(cfg.poll));
-            }
-            continue;
-        }
-        let results: Vec<R<Moved>> = std::thread::scope(|s| {
-            let handles: Vec<_> = tasks
-                .iter()
-                .map(|t| s.spawn(move || mover.run(agent, t)))
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join()
-                        .unwrap_or_else(|_| Err(MoverError::Bad("mover thread panicked".into())))
-                })
-                .collect()
-        });
-        for (t, r) in tasks.iter().zip(results) {
-            let (id, ino, action) = (t.request.id, t.request.ino, t.request.action);
-            match r {
-                Ok(Moved::Completed(o)) => {
-                    stats.completed.fetch_add(1, Ordering::Relaxed);
-                    tracing::info!(request = id, ino, "HSM {action}: {o:?}");
-                }
-                Ok(Moved::Stopped) => {
-                    stats.stopped.fetch_add(1, Ordering::Relaxed);
-                    tracing::info!(request = id, ino, "HSM {action}: stopped");
-                }
-                Ok(Moved::Failed(why)) => {
-                    stats.failed.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(request = id, ino, "HSM {action} failed: {why}");
-                }
-                Err(e) if e.agent_gone() => {
-                    tracing::warn!(request = id, "HSM {action}: the agent was dropped ({e})");
-                }
-                Err(e) => return Err(e),
-            }
-        }
-    }
+        failure.map_or(Ok(()), Err)
+    });
     match meta.hsm_agent_unregister(agent) {
         Ok(n) => tracing::info!(agent, requeued = n, "HSM agent unregistered"),
         Err(e) => tracing::warn!(agent, "HSM agent unregister: {e}"),
     }
+    r
+}
+
+/// Counts and logs how a move ended; Err when the engine failed (other than the agent being
+/// dropped, which the next take handles by registering again).
+fn report(t: &HsmTask, r: R<Moved>, stats: &AgentStats) -> R<()> {
+    let (id, ino, action) = (t.request.id, t.request.ino, t.request.action);
+    match r {
+        Ok(Moved::Completed(o)) => {
+            stats.completed.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(request = id, ino, "HSM {action}: {o:?}");
+        }
+        Ok(Moved::Stopped) => {
+            stats.stopped.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(request = id, ino, "HSM {action}: stopped");
+        }
+        Ok(Moved::Failed(why)) => {
+            stats.failed.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(request = id, ino, "HSM {action} failed: {why}");
+        }
+        Err(e) if e.agent_gone() => {
+            tracing::warn!(request = id, "HSM {action}: the agent was dropped ({e})");
+        }
+        Err(e) => return Err(e),
+    }
     Ok(())
 }
 
+/// The agent's sweeping thread: sweeps each archive it serves at once, then every `every`,
+/// until `quit`.
+fn sweep_loop(
+    mover: &Mover,
+    archives: &[u32],
+    every: Duration,
+    grace: Duration,
+    quit: &AtomicBool,
+    stats: &AgentStats,
+) {
+    while !quit.load(Ordering::Relaxed) {
+        match mover.meta.hsm_archives() {
+            Ok(list) => {
+                for a in list.iter().filter(|a| archives.contains(&a.id)) {
+                    if quit.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    match mover.sweep(a.id, &a.url, grace) {
+                        Ok(w) => {
+                            stats.sweeps.fetch_add(1, Ordering::Relaxed);
+                            stats.swept.fetch_add(w.deleted, Ordering::Relaxed);
+                            if w.deleted > 0 {
+                                tracing::info!(
+                                    archive = a.id,
+                                    listed = w.listed,
+                                    deleted = w.deleted,
+                                    bytes = w.bytes,
+                                    "HSM sweep"
+                                );
+                            }
+                        }
+                        Err(e) => tracing::warn!(archive = a.id, "HSM sweep: {e}"),
+                    }
+                }
+            }
+            Err(e) => tracing::warn!("HSM sweep: {e}"),
+        }
+        let until = Instant::now() + every;
+        while Instant::now() < until && !quit.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// The agent's listening thread: forwards the engine's HSM notices to the loop until `quit`.
+/// `Ok(None)` from the engine (SQLite: no notifications) ends it; a lost subscription is
+/// listened again after a pause (the loop polls meanwhile).
+fn listen_loop(
+    meta: &dyn MetaEngine,
+    name: &str,
+    tx: &std::sync::mpsc::Sender<Event>,
+    quit: &AtomicBool,
+    mover: &Mover,
+    stats: &AgentStats,
+) {
+    let idle = |d: Duration| {
+        let until = Instant::now() + d;
+        while Instant::now() < until && !quit.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    while !quit.load(Ordering::Relaxed) {
+        let mut l = match meta.listen(name, &[tierfs_meta::Channel::Hsm]) {
+            Ok(Some(l)) => l,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::warn!("HSM agent: cannot listen for notices ({e}); polling");
+                idle(Duration::from_secs(5));
+                continue;
+            }
+        };
+        stats.listening.store(true, Ordering::Relaxed);
+        tracing::info!("HSM agent: listening for notices");
+        while !quit.load(Ordering::Relaxed) {
+            match l.wait(Duration::from_millis(200)) {
+                Ok(ns) => {
+                    for n in ns {
+                        if let tierfs_meta::Notice::HsmCancel(id) = n {
+                            // At once, even while the loop is busy.
+                            mover.cancel(id);
+                        }
+                        if tx.send(Event::Notice(n)).is_err() {
+                            return;
+                        }
+                    }
+                }
+                Err(e) => {
+                    stats.listening.store(false, Ordering::Relaxed);
+                    tracing::warn!("HSM agent: notices lost ({e}); polling until listening again");
+                    break;
+                }
+            }
+        }
+        idle(Duration::from_secs(1));
+    }
+    stats.listening.store(false, Ordering::Relaxed);
+}
+
 /// `hsm-mover`: the movers as a background worker of a client daemon (config key
-/// `hsm_mover_archives`, default empty: off). One request per unit of work, so the
-/// tranquilizer's pauses ([`crate::workers::Worker::moves_data`]) leave the disk and network
-/// to applications between requests; a take that finds nothing is an idle round (and the
+/// `hsm_mover_archives`, default empty: off). One request per unit of work; the daemon's
+/// tranquility pauses the move between its pieces ([`MoverConfig::tranquility`]), leaving the
+/// disk and network to applications; a take that finds nothing is an idle round (and the
 /// agent's heartbeat). The agent registers at the first unit and unregisters when the worker
 /// stops; a stop during a move stops the move at its next progress check.
 pub struct MoverWorker {
@@ -513,7 +876,11 @@ impl MoverWorker {
     /// `data`: the daemon's data path, whose engine, targets, runtime and metrics the mover
     /// shares; it reads and writes through a data path of its own (its per-file state, which
     /// the mover drops after each file, must not be that of files applications have open).
-    pub fn new(data: Arc<DataPath>, cfg: AgentConfig) -> MoverWorker {
+    ///
+    /// `tranquility`: the daemon's (config key `tranquility`), applied within each move
+    /// ([`MoverConfig::tranquility`]) rather than between requests, so that a single long
+    /// archive or restore yields to applications as it goes.
+    pub fn new(data: Arc<DataPath>, cfg: AgentConfig, tranquility: f64) -> MoverWorker {
         let own = Arc::new(DataPath::new(
             Arc::clone(&data.meta),
             Arc::clone(&data.targets),
@@ -526,7 +893,14 @@ impl MoverWorker {
             },
         ));
         MoverWorker {
-            mover: Mover::new(Arc::clone(&data.meta), own, MoverConfig::default()),
+            mover: Mover::new(
+                Arc::clone(&data.meta),
+                own,
+                MoverConfig {
+                    tranquility,
+                    ..MoverConfig::default()
+                },
+            ),
             cfg,
             agent: None,
             last_housekeep: None,
@@ -542,7 +916,10 @@ impl crate::workers::Worker for MoverWorker {
         self.cfg.poll.max(Duration::from_secs(1))
     }
     fn moves_data(&self) -> bool {
-        true
+        // The mover pauses within each move, in proportion to each piece
+        // ([`MoverConfig::tranquility`]); a pause after the whole request on top would count
+        // those pauses again.
+        false
     }
     fn work(
         &mut self,
@@ -704,6 +1081,7 @@ mod tests {
             read_size: 64 << 10,
             commit_bytes: 3 * stripe_size,
             progress_interval: Duration::ZERO,
+            tranquility: 0.0,
         };
         let mover = Mover::new(Arc::clone(&meta), Arc::clone(&data), cfg);
         Fx {
@@ -873,6 +1251,118 @@ mod tests {
         f.data.invalidate(ino, None);
         let first = f.data.read(ino, 0, 64 << 10, false).unwrap();
         assert_eq!(first, data[..64 << 10]);
+    }
+
+    #[test]
+    fn tranquility_pauses_within_one_move_in_proportion_to_each_piece() {
+        // One archive and one restore of 16 pieces each: with tranquility 2 the mover sleeps
+        // between the pieces of the same request (not only after it), twice what each took;
+        // with 0 it never sleeps.
+        for tranquility in [0.0, 2.0] {
+            let mut f = fx(64 << 10);
+            f.mover = Mover::new(
+                Arc::clone(&f.meta),
+                Arc::clone(&f.data),
+                MoverConfig {
+                    read_size: 64 << 10,
+                    commit_bytes: 3 * (64 << 10),
+                    progress_interval: Duration::ZERO,
+                    tranquility,
+                },
+            );
+            let data = pattern(1 << 20);
+            let ino = file(&f, b"t", &data);
+            f.meta
+                .hsm_request(ino, HsmAction::Archive, Some(1))
+                .unwrap();
+            let t = take_one(&f, HsmAction::Archive);
+            let t0 = Instant::now();
+            assert_eq!(
+                f.mover.run(f.agent, &t).unwrap(),
+                Moved::Completed(HsmOutcome::Done)
+            );
+            f.meta.hsm_release(ino).unwrap();
+            f.meta.hsm_request(ino, HsmAction::Restore, None).unwrap();
+            let t = take_one(&f, HsmAction::Restore);
+            assert_eq!(
+                f.mover.run(f.agent, &t).unwrap(),
+                Moved::Completed(HsmOutcome::Done)
+            );
+            let took = t0.elapsed();
+            let paused = *f.mover.paused.lock();
+            if tranquility == 0.0 {
+                assert_eq!(paused, Duration::ZERO);
+            } else {
+                assert!(paused > Duration::ZERO, "no pause within the moves");
+                // each pause is 2x a piece's time, and the pieces took at most the rest
+                assert!(
+                    paused <= (took - paused) * 2 + Duration::from_millis(5),
+                    "paused {paused:?} of {took:?}"
+                );
+            }
+            assert_eq!(read_all(&f, ino), data);
+        }
+    }
+
+    #[test]
+    fn copy_keys_parse_back_and_nothing_else_does() {
+        let k = copy_key(0xabc, 7, 42);
+        assert_eq!(k, "0000000000000abc/v7.r42");
+        assert_eq!(parse_copy_key(&k), Some((0xabc, 42)));
+        assert_eq!(parse_copy_key(&format!("{k}#123")), Some((0xabc, 42)));
+        for bad in [
+            "0000000000000abc/v7.r42#",
+            "0000000000000abc/v7.r42#x",
+            "0000000000000abc/v7.r",
+            "0000000000000abc/v.r4",
+            "0000000000000abc/x7.r4",
+            "000000000000abc/v7.r42",
+            "0000000000000abz/v7.r42",
+            "0000000000000abc/v7.r42/x",
+            "imported/tree/file.dat",
+            ".tierfs-probe-1",
+        ] {
+            assert_eq!(parse_copy_key(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_cancel_notice_stops_the_move_before_its_next_report() {
+        // Reports once an hour: only the notice (Mover::cancel) can stop the copy before its
+        // end; without it the mover would copy it all and learn at completion (Canceled).
+        let mut f = fx(64 << 10);
+        f.mover = Mover::new(
+            Arc::clone(&f.meta),
+            Arc::clone(&f.data),
+            MoverConfig {
+                read_size: 64 << 10,
+                commit_bytes: 1 << 20,
+                progress_interval: Duration::from_secs(3600),
+                tranquility: 4.0,
+            },
+        );
+        let ino = file(&f, b"n", &pattern(8 << 20));
+        let req = f
+            .meta
+            .hsm_request(ino, HsmAction::Archive, Some(1))
+            .unwrap()
+            .unwrap();
+        let t = take_one(&f, HsmAction::Archive);
+        let moved = std::thread::scope(|s| {
+            let h = s.spawn(|| f.mover.run(f.agent, &t));
+            while !f.mover.moves.lock().contains_key(&req.id) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            f.meta.hsm_cancel(ino).unwrap();
+            f.mover.cancel(req.id);
+            h.join().unwrap().unwrap()
+        });
+        assert_eq!(moved, Moved::Stopped);
+        assert!(archive_files(&f).is_empty(), "{:?}", archive_files(&f));
+        assert!(f.mover.moves.lock().is_empty());
+        // a notice about a request not moved here is forgotten at once
+        f.mover.cancel(12345);
+        assert!(f.mover.moves.lock().is_empty());
     }
 
     #[test]

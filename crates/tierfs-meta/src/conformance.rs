@@ -148,6 +148,10 @@ pub fn run_all(factory: &Factory<'_>) {
             "hsm_cancel_races_completion",
             hsm::hsm_cancel_races_completion,
         ),
+        (
+            "hsm_sweep_keeps_what_may_still_count",
+            hsm::hsm_sweep_keeps_what_may_still_count,
+        ),
     ];
     for (name, check) in checks {
         let (_guard, engine) = factory();

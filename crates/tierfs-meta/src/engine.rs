@@ -21,7 +21,7 @@ use crate::changelog::{ChangelogRecord, ChangelogStatus, IdleDeregistration, Mas
 use crate::error::{MetaError, Result};
 use crate::hsm::{
     Archive, HsmAgent, HsmAgentInfo, HsmDone, HsmImport, HsmListFilter, HsmOutcome, HsmRequest,
-    HsmSettings, HsmState, HsmTask, Progress, RequestState,
+    HsmSettings, HsmState, HsmTask, Progress, RequestState, SweepItem,
 };
 use crate::types::*;
 
@@ -548,6 +548,17 @@ pub trait Hsm: Send + Sync {
     /// silent as long are dropped; final requests older than [`HsmSettings::keep_done_ns`]
     /// are purged. Returns (requeued, agents dropped, purged).
     fn hsm_housekeep(&self) -> Result<(u64, u64, u64)>;
+    /// An agent's sweep of archive `archive` (docs/hsm.md, "Leftovers"): for each object
+    /// found there, whether it may be deleted. Yes only when no file's copy is at its key and
+    /// the ARCHIVE request that wrote it (of that file, in that archive) ended more than
+    /// `grace_ns` ago by the database's clock without recording this key (failed, canceled,
+    /// stale, or it recorded another key): no mover can still make it a file's copy; or it
+    /// recorded this key but a later archive of the same file replaced the copy more than
+    /// `grace_ns` ago (superseded). An object whose request is active, recorded it for a file
+    /// that has no other copy now (an unlinked file's copy stays unless
+    /// [`HsmSettings::remove_archive_on_last_unlink`]), is unknown (purged after
+    /// [`HsmSettings::keep_done_ns`], or not a mover's) or names another file is kept.
+    fn hsm_sweepable(&self, archive: u32, items: &[SweepItem], grace_ns: i64) -> Result<Vec<bool>>;
 }
 
 /// Every domain of the metadata engine at once: what the client holds.

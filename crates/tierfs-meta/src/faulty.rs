@@ -376,6 +376,7 @@ impl Hsm for FaultyEngine {
         fn hsm_complete(&self, agent: u64, request: u64, done: &HsmDone) -> Result<HsmOutcome>;
         fn hsm_fail(&self, agent: u64, request: u64, error: &str, retry: bool) -> Result<RequestState>;
         fn hsm_housekeep(&self) -> Result<(u64, u64, u64)>;
+        fn hsm_sweepable(&self, archive: u32, items: &[SweepItem], grace_ns: i64) -> Result<Vec<bool>>;
     }
 }
 

@@ -248,7 +248,8 @@ pub struct HsmRequest {
     pub next_try: Nanos,
     /// Why the last attempt failed (kept when a later one succeeds).
     pub last_error: Option<String>,
-    /// REMOVE (and RESTORE): the archive copy's key when queued; ARCHIVE: none.
+    /// REMOVE (and RESTORE): the archive copy's key when queued; ARCHIVE: the key it recorded
+    /// (once succeeded with outcome Done), else none.
     pub key: Option<String>,
 }
 
@@ -267,6 +268,16 @@ pub struct HsmTask {
     pub size: u64,
     /// RESTORE and REMOVE: the copy to read or delete.
     pub copy: Option<ArchiveCopy>,
+}
+
+/// An object found in an archive by an agent's sweep ([`crate::engine::Hsm::hsm_sweepable`]),
+/// with what its name says: the file and the ARCHIVE request that wrote it (a mover's copies
+/// are `<ino as 16 hex digits>/v<version>.r<request>`, its staging files that plus `#<n>`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SweepItem {
+    pub key: String,
+    pub ino: Ino,
+    pub request: u64,
 }
 
 /// What a mover reports when it finished a request ([`crate::engine::Hsm::hsm_complete`]).

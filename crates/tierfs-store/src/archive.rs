@@ -25,6 +25,18 @@ pub struct ArchiveStore {
     /// The URL as registered (`tierfs hsm archive-add`).
     pub url: String,
     store: Arc<dyn ObjectStore>,
+    /// A local archive's directory (its staging files are listed and removed directly).
+    local: Option<std::path::PathBuf>,
+}
+
+/// An entry of an archive's listing ([`ArchiveStore::list`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ArchiveEntry {
+    /// The key (a staging file: its name, `<key>#<n>`).
+    pub key: String,
+    pub size: u64,
+    /// A staging file of an unfinished upload (local directories only).
+    pub staged: bool,
 }
 
 /// Bytes of a part of a copy's upload (S3 wants at least 5 MiB but for the last).
@@ -41,6 +53,18 @@ impl ArchiveStore {
     /// exist (it is never created: a missing mount of the archive file system must not fill
     /// the root file system).
     pub fn open(url: &str) -> Result<ArchiveStore> {
+        Self::open_inner(url, None)
+    }
+
+    /// [`ArchiveStore::open`] with these S3 credentials instead of those of the environment.
+    pub fn open_with(url: &str, creds: &crate::credentials::Credentials) -> Result<ArchiveStore> {
+        Self::open_inner(url, Some(creds))
+    }
+
+    fn open_inner(
+        url: &str,
+        creds: Option<&crate::credentials::Credentials>,
+    ) -> Result<ArchiveStore> {
         let spec = TargetSpec::parse(url)?;
         if spec.capacity != 0 {
             return Err(StoreError::BadUrl(format!(
@@ -59,16 +83,64 @@ impl ArchiveStore {
                 )
             }
             TargetKind::S3(s3spec) => {
-                let creds = crate::credentials::resolve().map_err(unreachable)?;
+                let creds = match creds {
+                    Some(c) => c.clone(),
+                    None => crate::credentials::resolve().map_err(unreachable)?,
+                };
                 let store = s3spec.open_with(&creds).map_err(unreachable)?;
                 s3::probe_store(s3spec, &store, &creds).map_err(unreachable)?;
                 store
             }
         };
+        let local = match &spec.kind {
+            TargetKind::Local(dir) => Some(dir.clone()),
+            TargetKind::S3(_) => None,
+        };
         Ok(ArchiveStore {
             url: url.to_string(),
             store,
+            local,
         })
+    }
+
+    /// Every object of the archive, and in a local directory also the staging files of
+    /// unfinished uploads (`<key>#<n>`, which `object_store`'s listing hides): what an
+    /// agent's sweep looks at. (An S3 archive's incomplete multipart uploads are not listed:
+    /// `object_store` has no call for them; a bucket lifecycle rule expires them.)
+    pub async fn list(&self) -> Result<Vec<ArchiveEntry>> {
+        if let Some(dir) = &self.local {
+            let mut out = Vec::new();
+            walk_local(dir, "", &mut out)?;
+            return Ok(out);
+        }
+        use futures::StreamExt;
+        let mut list = self.store.list(None);
+        let mut out = Vec::new();
+        while let Some(m) = list.next().await {
+            let m = m?;
+            out.push(ArchiveEntry {
+                key: m.location.to_string(),
+                size: m.size,
+                staged: false,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Removes an entry [`ArchiveStore::list`] found (a staging file too); one already gone
+    /// is not an error.
+    pub async fn remove_listed(&self, e: &ArchiveEntry) -> Result<()> {
+        match (&self.local, e.staged) {
+            (Some(dir), true) => match std::fs::remove_file(dir.join(&e.key)) {
+                Ok(()) => Ok(()),
+                Err(x) if x.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                Err(x) => Err(StoreError::Io(format!(
+                    "{}: {x}",
+                    dir.join(&e.key).display()
+                ))),
+            },
+            _ => self.delete(&e.key).await,
+        }
     }
 
     fn path(key: &str) -> Result<Path> {
@@ -107,6 +179,47 @@ impl ArchiveStore {
             Err(e) => Err(e.into()),
         }
     }
+}
+
+/// Whether a file name is a staging file of `object_store`'s local uploads (`<name>#<digits>`).
+pub fn is_staging_name(name: &str) -> bool {
+    matches!(name.rsplit_once('#'), Some((_, n)) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
+fn walk_local(dir: &std::path::Path, rel: &str, out: &mut Vec<ArchiveEntry>) -> Result<()> {
+    let io = |e: std::io::Error| StoreError::Io(format!("{}: {e}", dir.display()));
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        // Removed meanwhile (object_store drops empty directories).
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(io(e)),
+    };
+    for f in entries {
+        let f = f.map_err(io)?;
+        let Ok(name) = f.file_name().into_string() else {
+            continue; // not a key object_store could have written
+        };
+        let key = if rel.is_empty() {
+            name.clone()
+        } else {
+            format!("{rel}/{name}")
+        };
+        let md = match f.metadata() {
+            Ok(m) => m,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(io(e)),
+        };
+        if md.is_dir() {
+            walk_local(&f.path(), &key, out)?;
+        } else if md.is_file() {
+            out.push(ArchiveEntry {
+                staged: is_staging_name(&name),
+                key,
+                size: md.len(),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// A copy being written ([`ArchiveStore::writer`]). Dropping it without
@@ -205,6 +318,38 @@ mod tests {
                 Err(StoreError::NotFound(_))
             ));
         });
+    }
+
+    #[test]
+    fn listing_shows_copies_and_staging_files_and_removes_both() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = ArchiveStore::open(&format!("file://{}", dir.path().display())).unwrap();
+        rt().block_on(async {
+            let mut w = a.writer("00/v1.r2").await.unwrap();
+            w.write(b"done").await.unwrap();
+            w.finish().await.unwrap();
+            // an upload under way (a killed mover's) leaves a staging file
+            let mut w = a.writer("00/v1.r3").await.unwrap();
+            w.write(&vec![7u8; ARCHIVE_PART + 1]).await.unwrap();
+            let mut l = a.list().await.unwrap();
+            l.retain(|e| !e.key.starts_with(".tierfs-probe"));
+            l.sort_by(|x, y| x.key.cmp(&y.key));
+            assert_eq!(l.len(), 2, "{l:?}");
+            assert_eq!(
+                (l[0].key.as_str(), l[0].size, l[0].staged),
+                ("00/v1.r2", 4, false)
+            );
+            assert!(l[1].key.starts_with("00/v1.r3#") && l[1].staged, "{l:?}");
+            for e in &l {
+                a.remove_listed(e).await.unwrap();
+                a.remove_listed(e).await.unwrap();
+            }
+            let mut l = a.list().await.unwrap();
+            l.retain(|e| !e.key.starts_with(".tierfs-probe"));
+            assert!(l.is_empty(), "{l:?}");
+            drop(w);
+        });
+        assert!(is_staging_name("a#12") && !is_staging_name("a#") && !is_staging_name("a#x1"));
     }
 
     #[test]

@@ -419,6 +419,9 @@ pub struct Opts {
     /// Format at all (bad-input tests may want a bare directory).
     pub format: bool,
     pub timeout: Duration,
+    /// Metadata in a fresh database of this PostgreSQL server (a role that may create
+    /// databases, e.g. [`PgServer::url`]), dropped at the end; overrides cluster mode's.
+    pub pg_admin: Option<String>,
 }
 
 impl Default for Opts {
@@ -432,6 +435,7 @@ impl Default for Opts {
             inline_threshold: None,
             format: true,
             timeout: Duration::from_secs(180),
+            pg_admin: None,
         }
     }
 }
@@ -542,7 +546,11 @@ impl TestFs {
         let what = thread::current().name().unwrap_or("?").to_string();
         let watchdog = Watchdog::new(dir.path().to_path_buf(), opts.timeout, what);
         let cluster = Cluster::from_env();
-        let db = cluster.pg_admin.as_deref().map(TestDb::create);
+        let db = opts
+            .pg_admin
+            .as_deref()
+            .or(cluster.pg_admin.as_deref())
+            .map(TestDb::create);
         let mut t = TestFs {
             opts: opts.clone(),
             mnts: Vec::new(),
@@ -1301,16 +1309,50 @@ pub fn tell(wfd: i32, v: i32) {
 // ---------------------------------------------------------------------------------------------
 
 pub fn pg_script() -> String {
-    format!(
-        "{}/../../scripts/postgres-test-server.sh",
-        env!("CARGO_MANIFEST_DIR")
-    )
+    script("postgres-test-server.sh")
+}
+
+/// The path of `scripts/NAME`.
+fn script(name: &str) -> String {
+    format!("{}/../../scripts/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The `KEY=value` lines a test server's `start` printed.
+struct ServerVars(String);
+
+impl ServerVars {
+    fn get(&self, k: &str) -> String {
+        self.0
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{k}=")))
+            .map(str::to_string)
+            .unwrap_or_else(|| panic!("no {k} in {}", self.0))
+    }
+}
+
+/// `scripts/NAME start` of a test server; `None` when it exits 3 (`what` is not available:
+/// the test `test` is skipped with a message, except under CI, where it fails).
+fn start_server(name: &str, test: &str, what: &str, limit: Duration) -> Option<ServerVars> {
+    let (code, out, err) = run_script(&script(name), &["start"], limit);
+    if code == 3 {
+        let in_ci = std::env::var("CI").map(|v| v == "true").unwrap_or(false);
+        assert!(!in_ci, "{what} is not available and CI=true: {err}");
+        eprintln!("SKIPPED: {test}: {what} is not installed and could not be installed");
+        return None;
+    }
+    assert_eq!(code, 0, "{name} start failed: {err}");
+    Some(ServerVars(out))
 }
 
 /// Runs the script with a time limit; (exit code, stdout, stderr).
 pub fn run_pg_script(args: &[&str], limit: Duration) -> (i32, String, String) {
+    run_script(&pg_script(), args, limit)
+}
+
+/// Runs a bash script with a time limit; (exit code, stdout, stderr).
+pub fn run_script(script: &str, args: &[&str], limit: Duration) -> (i32, String, String) {
     let mut child = Command::new("bash")
-        .arg(pg_script())
+        .arg(script)
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -1322,7 +1364,7 @@ pub fn run_pg_script(args: &[&str], limit: Duration) -> (i32, String, String) {
         if Instant::now() > deadline {
             let _ = child.kill();
             let _ = child.wait();
-            panic!("postgres-test-server.sh {args:?} took longer than {limit:?}");
+            panic!("{script} {args:?} took longer than {limit:?}");
         }
         thread::sleep(Duration::from_millis(50));
     }
@@ -1332,6 +1374,71 @@ pub fn run_pg_script(args: &[&str], limit: Duration) -> (i32, String, String) {
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
+}
+
+/// An S3 server for tests: the one named by `TIERFS_S3_ENDPOINT` and `TIERFS_S3_CREDENTIALS`
+/// (buckets tierfs-a and tierfs-b, region `TIERFS_S3_REGION`, default garage), else a private
+/// Garage from `scripts/s3-test-server.sh`, stopped and removed when dropped.
+pub struct S3Server {
+    pub endpoint: String,
+    pub region: String,
+    /// The credentials file (`tierfs --s3-credentials`, `TIERFS_S3_CREDENTIALS`).
+    pub credentials: String,
+    dir: Option<String>,
+}
+
+impl S3Server {
+    /// `None` when no server is named and Garage is not installed and cannot be built (the
+    /// test is then skipped, except under CI).
+    pub fn start(test: &str) -> Option<S3Server> {
+        if let (Ok(endpoint), Ok(credentials)) = (
+            std::env::var("TIERFS_S3_ENDPOINT"),
+            std::env::var("TIERFS_S3_CREDENTIALS"),
+        ) {
+            return Some(S3Server {
+                endpoint,
+                region: std::env::var("TIERFS_S3_REGION").unwrap_or_else(|_| "garage".into()),
+                credentials,
+                dir: None,
+            });
+        }
+        // Garage is built from crates.io when missing (about 10 minutes).
+        let v = start_server(
+            "s3-test-server.sh",
+            test,
+            "Garage (no TIERFS_S3_ENDPOINT)",
+            Duration::from_secs(1500),
+        )?;
+        Some(S3Server {
+            endpoint: v.get("TIERFS_S3_ENDPOINT"),
+            region: v.get("TIERFS_S3_REGION"),
+            credentials: v.get("TIERFS_S3_CREDENTIALS"),
+            dir: Some(v.get("TIERFS_S3_DIR")),
+        })
+    }
+
+    /// `s3://BUCKET/PREFIX?endpoint=..&region=..` on this server.
+    pub fn url(&self, bucket: &str, prefix: &str) -> String {
+        format!(
+            "s3://{bucket}/{prefix}?endpoint={}&region={}",
+            self.endpoint, self.region
+        )
+    }
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        if let Some(dir) = &self.dir {
+            let (code, _, err) = run_script(
+                &script("s3-test-server.sh"),
+                &["stop", dir],
+                Duration::from_secs(60),
+            );
+            if code != 0 {
+                eprintln!("stopping the test S3 server: {err}");
+            }
+        }
+    }
 }
 
 /// A private PostgreSQL server from `scripts/postgres-test-server.sh` (which installs PostgreSQL
@@ -1344,23 +1451,15 @@ pub struct PgServer {
 impl PgServer {
     /// `None` when PostgreSQL is not available (the test is then skipped).
     pub fn start(test: &str) -> Option<PgServer> {
-        let (code, out, err) = run_pg_script(&["start"], Duration::from_secs(600));
-        if code == 3 {
-            let in_ci = std::env::var("CI").map(|v| v == "true").unwrap_or(false);
-            assert!(!in_ci, "PostgreSQL is not available and CI=true: {err}");
-            eprintln!("SKIPPED: {test}: PostgreSQL is not installed and could not be installed");
-            return None;
-        }
-        assert_eq!(code, 0, "postgres-test-server.sh start failed: {err}");
-        let get = |k: &str| {
-            out.lines()
-                .find_map(|l| l.strip_prefix(&format!("{k}=")))
-                .map(str::to_string)
-                .unwrap_or_else(|| panic!("no {k} in {out}"))
-        };
+        let v = start_server(
+            "postgres-test-server.sh",
+            test,
+            "PostgreSQL",
+            Duration::from_secs(600),
+        )?;
         Some(PgServer {
-            url: get("TIERFS_PG_URL"),
-            dir: get("TIERFS_PG_DIR"),
+            url: v.get("TIERFS_PG_URL"),
+            dir: v.get("TIERFS_PG_DIR"),
         })
     }
 

@@ -45,8 +45,8 @@ fn agent(e: &dyn MetaEngine, archives: &[u32], max: u32) -> u64 {
     .unwrap()
 }
 
-/// Archives `ino` through the whole protocol (request, take, complete).
-fn archive(e: &dyn MetaEngine, ag: u64, ino: Ino) {
+/// Archives `ino` through the whole protocol (request, take, complete); the request's id.
+fn archive(e: &dyn MetaEngine, ag: u64, ino: Ino) -> u64 {
     let r = e
         .hsm_request(ino, HsmAction::Archive, None)
         .unwrap()
@@ -63,6 +63,7 @@ fn archive(e: &dyn MetaEngine, ag: u64, ino: Ino) {
         bytes_moved: t.size,
     };
     assert_eq!(e.hsm_complete(ag, r.id, &done).unwrap(), HsmOutcome::Done);
+    r.id
 }
 
 fn flags(e: &dyn MetaEngine, ino: Ino) -> u32 {
@@ -1143,4 +1144,136 @@ pub fn hsm_cancel_races_completion(e: &dyn MetaEngine) {
         }
     }
     assert_eq!(canceled, cancels.iter().sum::<u64>());
+}
+
+/// The archive sweep deletes only what no mover can still make a file's copy: objects of
+/// ARCHIVE requests that ended (failed, canceled, stale, or recorded another key) longer than
+/// the grace ago by the database's clock; never a recorded copy (even after its file went),
+/// nor one of an active, unknown or mismatched request.
+pub fn hsm_sweep_keeps_what_may_still_count(e: &dyn MetaEngine) {
+    e.hsm_archive_add(1, "file:///a1").unwrap();
+    e.hsm_archive_add(2, "file:///a2").unwrap();
+    settings(e, |s| s.default_archive = 1);
+    let ag = agent(e, &[1], 8);
+    let item = |key: &str, ino: Ino, request: u64| SweepItem {
+        key: key.into(),
+        ino,
+        request,
+    };
+    let done = |key: &str, t: &HsmTask| HsmDone {
+        key: key.into(),
+        data_version: t.data_version,
+        size: 10,
+        checksum: "c".into(),
+        bytes_moved: 10,
+    };
+    // f: archived (its copy recorded), then unlinked (remove_archive_on_last_unlink off: the
+    // copy stays in the archive, unrecorded). An older attempt's copy under another key is a
+    // leftover.
+    let f = file_with_data(e, b"f", 10);
+    let rf = archive(e, ag, f.ino);
+    let f_copy = format!("k/{}", f.ino);
+    // g: started (a mover may still complete it), then waiting again.
+    let g = file_with_data(e, b"g", 10);
+    let rg = e
+        .hsm_request(g.ino, HsmAction::Archive, None)
+        .unwrap()
+        .unwrap()
+        .id;
+    let tg = e.hsm_take(ag, 1).unwrap().pop().unwrap();
+    // h: failed for good; i: canceled; j: stale (changed during the copy).
+    let mut ended = Vec::new();
+    for name in [&b"h"[..], b"i", b"j"] {
+        let a = file_with_data(e, name, 10);
+        let r = e
+            .hsm_request(a.ino, HsmAction::Archive, None)
+            .unwrap()
+            .unwrap()
+            .id;
+        let t = e.hsm_take(ag, 1).unwrap().pop().unwrap();
+        match name {
+            b"h" => assert_eq!(
+                e.hsm_fail(ag, r, "disk on fire", false).unwrap(),
+                RequestState::Failed
+            ),
+            b"i" => assert_eq!(e.hsm_cancel(a.ino).unwrap(), 1),
+            _ => {
+                let o = e.alloc_object_ids(1).unwrap();
+                e.commit_slices(a.ino, &[obj_slice(0, 0, 10, o)], 10, 5)
+                    .unwrap();
+                assert_eq!(
+                    e.hsm_complete(ag, r, &done("kj", &t)).unwrap(),
+                    HsmOutcome::Stale
+                );
+            }
+        }
+        ended.push((a.ino, r));
+    }
+    let (h, i, j) = (ended[0], ended[1], ended[2]);
+    e.unlink(ROOT_INO, b"f").unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+
+    let items = vec![
+        item(&f_copy, f.ino, rf),                  // 0 recorded once: kept
+        item(&format!("{f_copy}.old"), f.ino, rf), // 1 another key of a Done request
+        item(&format!("{f_copy}#3"), f.ino, rf),   // 2 a staging file of it
+        item("kg", g.ino, rg),                     // 3 started
+        item("kh", h.0, h.1),                      // 4 failed
+        item("ki#1", i.0, i.1),                    // 5 canceled (staging)
+        item("kj", j.0, j.1),                      // 6 stale
+        item("kh", f.ino, h.1),                    // 7 names another file
+        item("k?", h.0, 999_999),                  // 8 unknown request
+    ];
+    let want = [false, true, true, false, true, true, true, false, false];
+    assert_eq!(e.hsm_sweepable(1, &items, 0).unwrap(), want);
+    // Within the grace nothing goes; in another archive nothing matches.
+    assert_eq!(
+        e.hsm_sweepable(1, &items, DAY.as_nanos() as i64).unwrap(),
+        [false; 9]
+    );
+    assert_eq!(e.hsm_sweepable(2, &items, 0).unwrap(), [false; 9]);
+    // A key some file's copy records is kept, whatever its name says: h's object is
+    // recorded once another file (k) is archived under it.
+    let k = file_with_data(e, b"k", 10);
+    let rk = e
+        .hsm_request(k.ino, HsmAction::Archive, None)
+        .unwrap()
+        .unwrap()
+        .id;
+    let tk = e.hsm_take(ag, 1).unwrap().pop().unwrap();
+    assert_eq!(
+        e.hsm_complete(ag, rk, &done("kh", &tk)).unwrap(),
+        HsmOutcome::Done
+    );
+    assert_eq!(e.hsm_sweepable(1, &items[4..5], 0).unwrap(), [false]);
+    // k archived again (its data changed): the first copy is superseded, once the new one
+    // is older than the grace; the new one is kept.
+    let o = e.alloc_object_ids(1).unwrap();
+    e.commit_slices(k.ino, &[obj_slice(0, 0, 10, o)], 10, 6)
+        .unwrap();
+    let rk2 = e
+        .hsm_request(k.ino, HsmAction::Archive, None)
+        .unwrap()
+        .unwrap()
+        .id;
+    let tk2 = e.hsm_take(ag, 1).unwrap().pop().unwrap();
+    assert_eq!(
+        e.hsm_complete(ag, rk2, &done("kk2", &tk2)).unwrap(),
+        HsmOutcome::Done
+    );
+    std::thread::sleep(Duration::from_millis(20));
+    let ks = [item("kh", k.ino, rk), item("kk2", k.ino, rk2)];
+    assert_eq!(e.hsm_sweepable(1, &ks, 0).unwrap(), [true, false]);
+    assert_eq!(
+        e.hsm_sweepable(1, &ks, DAY.as_nanos() as i64).unwrap(),
+        [false, false]
+    );
+    // g requeued (waiting): still kept; failed for good later: a leftover.
+    assert_eq!(e.hsm_agent_unregister(ag).unwrap(), 1);
+    assert_eq!(e.hsm_get_request(rg).unwrap().state, RequestState::Waiting);
+    assert_eq!(e.hsm_sweepable(1, &items[3..4], 0).unwrap(), [false]);
+    let _ = tg;
+    assert_eq!(e.hsm_cancel(g.ino).unwrap(), 1);
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(e.hsm_sweepable(1, &items[3..4], 0).unwrap(), [true]);
 }

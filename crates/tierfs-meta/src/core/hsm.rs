@@ -1290,6 +1290,12 @@ impl<D: Driver> Hsm for SqlMeta<D> {
                     let new = (f | HsmFlags::EXISTS | HsmFlags::ARCHIVED) & !HsmFlags::DIRTY;
                     set_flags(tx, ino, new)?;
                     succeed(tx, r.id, HsmOutcome::Done, None, now)?;
+                    // The key it recorded: the archive sweep keeps it even after the copy's
+                    // row went (an unlink keeps the copy unless remove_archive_on_last_unlink).
+                    tx.exec(
+                        "UPDATE hsm_requests SET copy_key = $2 WHERE id = $1",
+                        vals![r.id, done.key.as_str()],
+                    )?;
                     record(tx, ino, HsmEvent::Archive, 0, false)?;
                 }
                 HsmAction::Restore => {
@@ -1357,6 +1363,48 @@ impl<D: Driver> Hsm for SqlMeta<D> {
                 vals![now.saturating_sub(s.keep_done_ns)],
             )?;
             Ok((stale.len() as u64, dropped, purged))
+        })
+    }
+
+    fn hsm_sweepable(&self, archive: u32, items: &[SweepItem], grace_ns: i64) -> Result<Vec<bool>> {
+        self.d.read(|tx| {
+            let ended_before = now(tx)?.saturating_sub(grace_ns.max(0));
+            let mut out = Vec::with_capacity(items.len());
+            let sql = format!("SELECT {REQ_COLS}, outcome FROM hsm_requests WHERE id = $1");
+            for it in items {
+                let Some(row) = tx.query_opt(&sql, vals![it.request])? else {
+                    out.push(false);
+                    continue;
+                };
+                let r = req_from_row(&row)?;
+                let recorded_here = r.state == RequestState::Succeeded
+                    && row.i64(16)? == outcome_num(HsmOutcome::Done)
+                    && r.key.as_deref() == Some(it.key.as_str());
+                let ours = r.ino == it.ino
+                    && r.action == HsmAction::Archive
+                    && r.archive_id == archive
+                    && !r.state.is_active()
+                    && r.updated < ended_before;
+                // A copy this request recorded is kept, unless a later archive of the same
+                // file (still there) replaced it more than the grace ago: no row names it
+                // and no restore can read it (a released file cannot be archived again).
+                let superseded = ours
+                    && recorded_here
+                    && tx.exists(
+                        "SELECT EXISTS (SELECT 1 FROM hsm_files WHERE ino = $1 \
+                         AND archived_at < $2 AND NOT (archive_id = $3 AND copy_key = $4))",
+                        vals![it.ino, ended_before, archive, it.key.as_str()],
+                    )?;
+                let may = ours
+                    && (!recorded_here || superseded)
+                    && !tx.exists(
+                        "SELECT EXISTS (SELECT 1 FROM hsm_files WHERE archive_id = $1 \
+                         AND copy_key = $2)",
+                        vals![archive, it.key.as_str()],
+                    )?;
+                out.push(may);
+            }
+            Ok(out)
         })
     }
 }
