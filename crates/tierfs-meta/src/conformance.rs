@@ -148,7 +148,10 @@ pub fn run_all(factory: &Factory<'_>) {
             "hsm_cancel_races_completion",
             hsm::hsm_cancel_races_completion,
         ),
-        ("hsm_fsck_finds_and_repairs", hsm::hsm_fsck_finds_and_repairs),
+        (
+            "hsm_fsck_finds_and_repairs",
+            hsm::hsm_fsck_finds_and_repairs,
+        ),
     ];
     // TIERFS_CONFORMANCE_ONLY=part runs only the checks whose names contain it.
     let only = std::env::var("TIERFS_CONFORMANCE_ONLY").unwrap_or_default();

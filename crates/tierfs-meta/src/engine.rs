@@ -20,9 +20,8 @@ use std::time::Duration;
 use crate::changelog::{ChangelogRecord, ChangelogStatus, IdleDeregistration, Mask};
 use crate::error::{MetaError, Result};
 use crate::hsm::{
-    ArchiveCopy,
-    Archive, HsmAgent, HsmAgentInfo, HsmDone, HsmImport, HsmListFilter, HsmOutcome, HsmRequest,
-    HsmSettings, HsmState, HsmTask, Progress, RequestState,
+    Archive, ArchiveCopy, HsmAgent, HsmAgentInfo, HsmDone, HsmImport, HsmListFilter, HsmOutcome,
+    HsmRequest, HsmSettings, HsmState, HsmTask, Progress, RequestState,
 };
 use crate::types::*;
 

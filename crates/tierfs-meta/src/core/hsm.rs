@@ -1561,9 +1561,9 @@ pub(crate) fn fsck_repair(tx: &mut dyn Tx, issue: &MetaIssue) -> Result<bool> {
             let mut still = Vec::new();
             released_with_data(tx, " AND i.ino = $1", vals![*ino], &mut still)?;
             let ok = a.hsm.released()
-                && still.iter().any(|i| {
-                    matches!(i, MetaIssue::ReleasedWithData { archived: true, .. })
-                });
+                && still
+                    .iter()
+                    .any(|i| matches!(i, MetaIssue::ReleasedWithData { archived: true, .. }));
             if ok {
                 trash_slices(tx, *ino, "TRUE", &[])?;
                 tx.exec(
@@ -1607,10 +1607,7 @@ pub(crate) fn fsck_repair(tx: &mut dyn Tx, issue: &MetaIssue) -> Result<bool> {
                 }
             }
             let s = settings(tx)?;
-            let row = tx.query_opt(
-                &format!("{FSCK_REQ_SQL} WHERE r.id = $1"),
-                vals![*request],
-            )?;
+            let row = tx.query_opt(&format!("{FSCK_REQ_SQL} WHERE r.id = $1"), vals![*request])?;
             let Some(row) = row else { return Ok(false) };
             let found = request_issue(
                 &fsck_request(&row)?,
@@ -1636,10 +1633,18 @@ pub(crate) fn fsck_repair(tx: &mut dyn Tx, issue: &MetaIssue) -> Result<bool> {
                         set(tx, RequestState::Failed, "unknown action or state (fsck)")?;
                     }
                     HsmRequestProblem::StartedByNoAgent => {
-                        set(tx, RequestState::Waiting, "started by no agent: requeued (fsck)")?;
+                        set(
+                            tx,
+                            RequestState::Waiting,
+                            "started by no agent: requeued (fsck)",
+                        )?;
                     }
                     HsmRequestProblem::RestoreOfUnreleased => {
-                        set(tx, RequestState::Canceled, "the file is not released (fsck)")?;
+                        set(
+                            tx,
+                            RequestState::Canceled,
+                            "the file is not released (fsck)",
+                        )?;
                         notify(tx, &format!("c {request}"))?;
                     }
                 },
