@@ -89,7 +89,8 @@ fn spinner(msg: String) -> ProgressBar {
     pb
 }
 
-fn bar(len: u64, msg: &str) -> ProgressBar {
+/// A progress bar on stderr (hidden when it is not a terminal).
+pub(crate) fn bar(len: u64, msg: &str) -> ProgressBar {
     let pb = ProgressBar::new(len);
     pb.set_style(
         ProgressStyle::with_template("{msg} {bar:30} {pos}/{len} [{elapsed}]")
