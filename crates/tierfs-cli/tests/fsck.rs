@@ -340,19 +340,30 @@ fn fsck_checks_and_repairs_hsm_state() {
     let mut args = vec!["hsm", "archive"];
     args.extend(archived.iter().map(String::as_str));
     fs.tierfs(&args).assert_ok();
-    let mut agent = std::process::Command::new(BIN)
-        .args(["agent", "--meta", &meta, "--archive", "1", "--poll", "0.1"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    // (killed if the test fails before it is stopped)
+    struct Agent(std::process::Child);
+    impl Drop for Agent {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut agent = Agent(
+        std::process::Command::new(BIN)
+            .args(["agent", "--meta", &meta, "--archive", "1", "--poll", "0.1"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     let all_archived = wait_until(Duration::from_secs(30), || {
         archived
             .iter()
             .all(|p| fs.tierfs(&["hsm", "state", p]).stdout.contains(" archived"))
     });
-    unsafe { libc::kill(agent.id() as i32, libc::SIGTERM) };
-    let _ = agent.wait();
+    // SIGTERM: it unregisters, so none of its requests is left started
+    unsafe { libc::kill(agent.0.id() as i32, libc::SIGTERM) };
+    let _ = agent.0.wait();
     assert!(all_archived, "the agent did not archive the files");
     for n in ["rel", "relnocopy"] {
         let p = s(fs.p(0, n));
@@ -407,7 +418,7 @@ fn fsck_checks_and_repairs_hsm_state() {
         .flat_map(|d| fs::read_dir(d.unwrap().path()).into_iter().flatten())
         .map(|f| f.unwrap().path())
         .find(|p| p.to_string_lossy().contains(&format!("{lostcopy:016x}")))
-        .map(|p| s(p))
+        .map(s)
         .unwrap_or_else(|| panic!("no copy of inode {lostcopy} under {}", archive.display()));
     fs::remove_file(&copy).unwrap();
 
