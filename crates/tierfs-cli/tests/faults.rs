@@ -318,14 +318,12 @@ fn a_failed_close_keeps_the_data_and_commits_it_once_the_engine_is_back() {
     let fs = TestFs::new(1);
     let m = FaultyMount::new(&fs, "faulty");
     let data = pattern(300_000, 3);
-    let mut f = fs::File::create(m.p("c")).unwrap();
-    f.write_all(&data).unwrap();
+    // (a ChildFile: no other close may commit the writes before the fault is armed)
+    let mut f = ChildFile::create(&m.p("c"), fs.root());
+    assert_eq!(f.write_at(0, &data), 0);
     m.plan.fail_always(Some("commit_slices"), Fault::Disconnect);
     // close(2) reports the flush's error (FUSE flush), and the data stays buffered.
-    let fd = std::os::fd::IntoRawFd::into_raw_fd(f);
-    let rc = unsafe { libc::close(fd) };
-    assert_eq!(rc, -1, "close whose commit fails");
-    assert_eq!(errno(), libc::EIO);
+    assert_eq!(f.close(), libc::EIO, "close whose commit fails");
     thread::sleep(Duration::from_millis(300));
     m.plan.clear();
     // The client commits it in the background once the engine answers again.
