@@ -19,7 +19,10 @@ use std::time::Duration;
 
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use tierfs_meta::{now_nanos, open_engine, MetaEngine, MetaIssue, Nanos, ObjectRef, SessionInfo};
+use tierfs_meta::hsm::HsmFlags;
+use tierfs_meta::{
+    now_nanos, open_engine, MetaEngine, MetaError, MetaIssue, Nanos, ObjectRef, SessionInfo,
+};
 use tierfs_store::size::human;
 use tierfs_store::target::ListedObject;
 use tierfs_store::TargetSet;
@@ -52,8 +55,12 @@ pub struct FsckArgs {
     /// Repair what can be repaired: remove orphan objects (as `tierfs gc`, with its grace),
     /// forget trash rows whose object is gone, end dead clients' sessions with their open files
     /// and locks, drop their clean RW-PCC leases, purge files without names nobody holds,
-    /// remove directory entries that lead nowhere. Dirty RW-PCC leases of dead clients and
-    /// missing objects are reported, never changed.
+    /// remove directory entries that lead nowhere; HSM: trash a released file's leftover
+    /// slices when its copy is recorded, clear ARCHIVED without a copy on a file that is not
+    /// released, forget copies of files that are gone, cancel requests of files that are gone
+    /// and impossible ones, requeue dead agents' requests (docs/hsm.md, "fsck"). Dirty RW-PCC
+    /// leases of dead clients, missing objects and released files without a copy are
+    /// reported, never changed.
     #[arg(long)]
     pub repair: bool,
     /// Grace of unreferenced objects (see `tierfs gc --grace`).
@@ -62,6 +69,12 @@ pub struct FsckArgs {
     /// A client whose heartbeat is older than this counts as gone.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     pub session_timeout: Duration,
+    /// Also read the HSM archives: every recorded archive copy must be there with its recorded
+    /// size (one HEAD request per copy). With --repair, a file whose copy is missing or of the
+    /// wrong size is flagged `lost` (release and restore refused; `tierfs hsm clear --lost`
+    /// undoes it once the copy is back).
+    #[arg(long)]
+    pub archives: bool,
 }
 
 /// Progress on stderr (hidden when it is not a terminal).
@@ -76,7 +89,8 @@ fn spinner(msg: String) -> ProgressBar {
     pb
 }
 
-fn bar(len: u64, msg: &str) -> ProgressBar {
+/// A progress bar on stderr (hidden when it is not a terminal).
+pub(crate) fn bar(len: u64, msg: &str) -> ProgressBar {
     let pb = ProgressBar::new(len);
     pb.set_style(
         ProgressStyle::with_template("{msg} {bar:30} {pos}/{len} [{elapsed}]")
@@ -400,7 +414,30 @@ pub fn fsck(a: FsckArgs) -> Result<i32> {
         "lock of a dead session",
         "clean RW-PCC lease of a dead client",
         "dirty RW-PCC lease of a dead client",
+        "HSM: released file with data",
+        "HSM: ARCHIVED flag without a copy",
+        "HSM: released file without a copy",
+        "HSM: copy of a file that is gone",
+        "HSM: request of a file that is gone",
+        "HSM: impossible request",
+        "HSM: request held by a dead agent",
+        "HSM: archive copy missing or bad size",
+        "HSM: archive unreachable",
     ];
+    // What --repair does about each HSM problem (printed under the table when found).
+    let hsm_fix: HashMap<&str, &str> = [
+        (kinds[10], "the leftover slices go to the trash (the archive copy holds the data); kept when no copy is recorded"),
+        (kinds[11], "ARCHIVED is cleared: the file's data is in the capacity tier, archive it again"),
+        (kinds[12], "none: the data is lost (restore the file from a backup, or `tierfs hsm import` its copy)"),
+        (kinds[13], "the copy's record goes, as the file's unlink would have done (a REMOVE of it queued first when remove_archive_on_last_unlink is on)"),
+        (kinds[14], "the request is canceled"),
+        (kinds[15], "unknown action or state: marked failed; started by no agent: back to waiting; a RESTORE of a file that is not released: canceled"),
+        (kinds[16], "requeued as the coordinator's housekeeping does (the attempt counts)"),
+        (kinds[17], "the file is flagged lost (release and restore refused; `tierfs hsm clear --lost` undoes it)"),
+        (kinds[18], "none: the archive's copies were not checked"),
+    ]
+    .into_iter()
+    .collect();
     let mut rows: HashMap<&str, Row> = kinds.iter().map(|k| (*k, Row::default())).collect();
 
     // Objects the slices read, checked against the listing.
@@ -521,11 +558,27 @@ pub fn fsck(a: FsckArgs) -> Result<i32> {
                 if *dirty { kinds[9] } else { kinds[8] },
                 format!("client {client}, {}", path_or_ino(e, *ino)),
             ),
+            other => match hsm_issue(e, other, &kinds) {
+                Some(x) => x,
+                None => continue,
+            },
         };
         rows.get_mut(k).unwrap().add(0, || ex);
     }
     rows.get_mut(kinds[1]).unwrap().unrepairable = true;
     rows.get_mut(kinds[9]).unwrap().unrepairable = true;
+    rows.get_mut(kinds[12]).unwrap().unrepairable = true;
+    rows.get_mut(kinds[18]).unwrap().unrepairable = true;
+
+    // The archives themselves, when asked.
+    let bad_copies = if a.archives {
+        check_archives(e, &mut |k, ex| {
+            let kind = if k { kinds[17] } else { kinds[18] };
+            rows.get_mut(kind).unwrap().add(0, || ex);
+        })?
+    } else {
+        Vec::new()
+    };
 
     let mut failures = Vec::new();
     if a.repair {
@@ -546,14 +599,35 @@ pub fn fsck(a: FsckArgs) -> Result<i32> {
                 MetaIssue::StaleLock { .. } => kinds[7],
                 MetaIssue::StaleLease { dirty: false, .. } => kinds[8],
                 MetaIssue::StaleLease { dirty: true, .. } => continue,
+                other => match hsm_issue(e, other, &kinds) {
+                    Some((k, _)) if k != kinds[12] => k,
+                    _ => continue,
+                },
             };
+            let hsm = k.starts_with("HSM");
             match e.repair_issue(i, timeout) {
                 // A stale open's repair ends its session with every row of it.
-                Ok(_) => rows.get_mut(k).unwrap().repaired += 1,
+                Ok(changed) if changed || !hsm => rows.get_mut(k).unwrap().repaired += 1,
+                Ok(_) => {}
                 Err(err) => failures.push(format!("{k}: {err}")),
             }
         }
         pb.finish_and_clear();
+        for (ino, key) in &bad_copies {
+            // Only if the file still has that copy (one archived again meanwhile is fine).
+            let same = e
+                .hsm_state(*ino)
+                .ok()
+                .and_then(|st| st.copy)
+                .is_some_and(|c| &c.key == key);
+            if !same {
+                continue;
+            }
+            match e.hsm_set_flags(*ino, HsmFlags::LOST, 0) {
+                Ok(_) => rows.get_mut(kinds[17]).unwrap().repaired += 1,
+                Err(err) => failures.push(format!("{}: {err}", kinds[17])),
+            }
+        }
     }
 
     let problems: u64 = kinds.iter().map(|k| rows[k].count).sum();
@@ -592,6 +666,11 @@ pub fn fsck(a: FsckArgs) -> Result<i32> {
             r.example.as_deref().unwrap_or("-")
         );
     }
+    for k in kinds {
+        if let (Some(fix), true) = (hsm_fix.get(k), rows[k].count > 0) {
+            println!("{k}: --repair: {fix}");
+        }
+    }
     for f in &failures {
         eprintln!("tierfs: could not repair: {f}");
     }
@@ -613,6 +692,156 @@ pub fn fsck(a: FsckArgs) -> Result<i32> {
         println!("{problems} problems found");
         Ok(1)
     }
+}
+
+/// The row and example of an HSM issue (`None`: not an HSM issue).
+fn hsm_issue<'k>(
+    e: &dyn MetaEngine,
+    i: &MetaIssue,
+    kinds: &[&'k str],
+) -> Option<(&'k str, String)> {
+    Some(match i {
+        MetaIssue::ReleasedWithData {
+            ino,
+            slices,
+            allocated,
+            ..
+        } => (
+            kinds[10],
+            format!(
+                "{}: {slices} slices, {} allocated",
+                path_or_ino(e, *ino),
+                human(*allocated)
+            ),
+        ),
+        MetaIssue::ArchivedWithoutCopy {
+            ino,
+            released: false,
+        } => (kinds[11], path_or_ino(e, *ino)),
+        MetaIssue::ArchivedWithoutCopy {
+            ino,
+            released: true,
+        } => (kinds[12], path_or_ino(e, *ino)),
+        MetaIssue::CopyOfMissingFile {
+            ino,
+            archive_id,
+            key,
+        } => (
+            kinds[13],
+            format!("inode {ino}: archive {archive_id} key {key}"),
+        ),
+        MetaIssue::RequestOfMissingFile { request, ino } => {
+            (kinds[14], format!("request {request}, inode {ino}"))
+        }
+        MetaIssue::ImpossibleRequest { request, ino, why } => (
+            kinds[15],
+            format!("request {request}, {}: {why}", path_or_ino(e, *ino)),
+        ),
+        MetaIssue::DeadAgentRequest {
+            request,
+            ino,
+            agent,
+            registered,
+        } => (
+            kinds[16],
+            format!(
+                "request {request}, {}: agent {agent} {}",
+                path_or_ino(e, *ino),
+                if *registered {
+                    "silent past the request timeout"
+                } else {
+                    "not registered"
+                }
+            ),
+        ),
+        _ => return None,
+    })
+}
+
+/// Every recorded archive copy looked up in its archive (`tierfs fsck --archives`): `found`
+/// gets (true, example) for a copy missing or of another size than recorded, (false, example)
+/// for an archive that cannot be opened (its copies are not checked). Returns the bad copies
+/// as (inode, key).
+fn check_archives(
+    e: &dyn MetaEngine,
+    found: &mut dyn FnMut(bool, String),
+) -> Result<Vec<(u64, String)>> {
+    use tierfs_store::archive::ArchiveStore;
+    use tierfs_store::error::StoreError;
+    let mut stores: HashMap<u32, Option<ArchiveStore>> = HashMap::new();
+    for ar in e.hsm_archives()? {
+        let st = match ArchiveStore::open(&ar.url) {
+            Ok(st) => Some(st),
+            Err(err) => {
+                found(false, format!("archive {}: {err}", ar.id));
+                None
+            }
+        };
+        stores.insert(ar.id, st);
+    }
+    let pb = spinner("checking archive copies:".to_string());
+    let mut bad = Vec::new();
+    let mut after = 0;
+    loop {
+        let page = e.hsm_copies(after, 1000)?;
+        let Some(last) = page.last() else { break };
+        after = last.0;
+        // One runtime per page: HEAD requests, 16 at a time, answers in the page's order.
+        let sizes: Vec<Option<std::result::Result<u64, StoreError>>> =
+            tierfs_store::s3::block_on(async {
+                use futures::StreamExt;
+                let jobs: Vec<(Option<ArchiveStore>, String)> = page
+                    .iter()
+                    .map(|(_, a, c)| (stores.get(a).cloned().flatten(), c.key.clone()))
+                    .collect();
+                Ok(futures::stream::iter(jobs)
+                    .map(|(st, key)| async move {
+                        match st {
+                            Some(st) => Some(st.size(&key).await),
+                            None => None,
+                        }
+                    })
+                    .buffered(16)
+                    .collect()
+                    .await)
+            })?;
+        for ((ino, archive, copy), size) in page.iter().zip(sizes) {
+            pb.inc(1);
+            let why = match size {
+                None => {
+                    if !stores.contains_key(archive) {
+                        found(
+                            false,
+                            format!("archive {archive} (of inode {ino}) is not registered"),
+                        );
+                        stores.insert(*archive, None);
+                    }
+                    continue;
+                }
+                Some(Ok(n)) if n == copy.size => continue,
+                Some(Ok(n)) => format!("{n} bytes, {} recorded", copy.size),
+                Some(Err(StoreError::NotFound(_))) => "missing".to_string(),
+                Some(Err(err)) => return Err(err.into()),
+            };
+            // A copy of a file that is gone is another row; one already flagged lost is known.
+            match e.hsm_state(*ino) {
+                Ok(st) if !st.flags.has(HsmFlags::LOST) => {}
+                Ok(_) | Err(MetaError::NotFound) => continue,
+                Err(err) => return Err(err.into()),
+            }
+            found(
+                true,
+                format!(
+                    "{}: archive {archive} key {}: {why}",
+                    path_or_ino(e, *ino),
+                    copy.key
+                ),
+            );
+            bad.push((*ino, copy.key.clone()));
+        }
+    }
+    pb.finish_and_clear();
+    Ok(bad)
 }
 
 #[cfg(test)]

@@ -370,17 +370,28 @@ fn with_filelist(files: Vec<PathBuf>, list: Option<&Path>) -> Result<Vec<PathBuf
 
 /// Runs `f` on each file: with one file its error is the command's one line; with several,
 /// each failure is a line and the command fails at the end with a count.
+/// Several files show a progress bar on a terminal (a `--filelist` may name thousands).
 fn each(files: &[PathBuf], mut f: impl FnMut(&mut Files, &Path) -> Result<()>) -> Result<()> {
     let mut ctx = Files::default();
     let mut failed = 0usize;
+    let pb = (files.len() > 1).then(|| crate::check::bar(files.len() as u64, "files"));
     for p in files {
         if let Err(e) = f(&mut ctx, p).map_err(|e| about(p, e)) {
             if files.len() == 1 {
                 return Err(e);
             }
-            eprintln!("tierfs: {e}");
+            match &pb {
+                Some(pb) => pb.suspend(|| eprintln!("tierfs: {e}")),
+                None => eprintln!("tierfs: {e}"),
+            }
             failed += 1;
         }
+        if let Some(pb) = &pb {
+            pb.inc(1);
+        }
+    }
+    if let Some(pb) = pb {
+        pb.finish_and_clear();
     }
     if failed > 0 {
         return Err(CliError::Other(format!(

@@ -9,8 +9,7 @@
 mod common;
 
 use std::fs;
-use std::io::{Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::FileExt;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Arc};
 use std::thread;
@@ -122,6 +121,100 @@ fn read_all(p: &Path) -> Vec<u8> {
     v
 }
 
+/// A file written by a child process that does nothing else (python3), one step at a time,
+/// each answered with its errno (0: success).
+///
+/// Tests that inject a fault into the commit of an fsync write through it: a descriptor of
+/// this process would be copied into every child another test spawns meanwhile and closed at
+/// its exec, and that close is a FUSE flush, which commits the buffered writes. Such a commit
+/// could take the injected fault instead of the fsync's, whose own commit then succeeds (fsync
+/// returned 0, the data correct: under a storm of spawns, half the runs).
+struct ChildFile {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    answers: mpsc::Receiver<String>,
+    dir: PathBuf,
+    n: usize,
+}
+
+impl ChildFile {
+    const SCRIPT: &'static str = "import os, sys\n\
+        fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)\n\
+        for line in sys.stdin:\n    \
+            cmd = line.split()\n    \
+            try:\n        \
+                if cmd[0] == 'write':\n            \
+                    off = int(cmd[1]); v = memoryview(open(cmd[2], 'rb').read())\n            \
+                    while v:\n                \
+                        n = os.pwrite(fd, v, off); v = v[n:]; off += n\n        \
+                elif cmd[0] == 'fsync':\n            os.fsync(fd)\n        \
+                elif cmd[0] == 'close':\n            os.close(fd)\n        \
+                print(0, flush=True)\n    \
+            except OSError as e:\n        print(e.errno, flush=True)\n";
+
+    /// Creates (or truncates) `path`; the bytes to write pass through files under `dir`.
+    fn create(path: &Path, dir: &Path) -> ChildFile {
+        use std::io::BufRead;
+        use std::process::{Command, Stdio};
+        let mut child = Command::new("python3")
+            .arg("-c")
+            .arg(Self::SCRIPT)
+            .arg(path)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("run python3");
+        let stdin = child.stdin.take().unwrap();
+        let out = child.stdout.take().unwrap();
+        let (tx, answers) = mpsc::channel();
+        thread::spawn(move || {
+            for l in std::io::BufReader::new(out).lines() {
+                if tx.send(l.unwrap_or_default()).is_err() {
+                    break;
+                }
+            }
+        });
+        ChildFile {
+            child,
+            stdin,
+            answers,
+            dir: dir.to_path_buf(),
+            n: 0,
+        }
+    }
+
+    /// Runs one step; its errno (bounded: 60 s).
+    fn step(&mut self, cmd: &str) -> i32 {
+        writeln!(self.stdin, "{cmd}").unwrap();
+        let a = self
+            .answers
+            .recv_timeout(Duration::from_secs(60))
+            .unwrap_or_else(|_| panic!("the writer did not answer {cmd:?} in 60 s"));
+        a.parse()
+            .unwrap_or_else(|_| panic!("the writer answered {cmd:?} with {a:?}"))
+    }
+
+    fn write_at(&mut self, off: u64, data: &[u8]) -> i32 {
+        self.n += 1;
+        let src = self.dir.join(format!("child-write-{}", self.n));
+        fs::write(&src, data).unwrap();
+        let r = self.step(&format!("write {off} {}", src.display()));
+        fs::remove_file(&src).unwrap();
+        r
+    }
+
+    fn fsync(&mut self) -> i32 {
+        self.step("fsync")
+    }
+
+    fn close(mut self) -> i32 {
+        let r = self.step("close");
+        drop(self.stdin);
+        assert!(self.child.wait().unwrap().success());
+        r
+    }
+}
+
 #[test]
 fn a_failed_create_is_eio_and_leaves_no_name() {
     let fs = TestFs::new(1);
@@ -171,15 +264,14 @@ fn a_failed_commit_at_fsync_is_eio_and_the_data_is_kept_for_the_next_one() {
     // objects uploaded before the commit).
     for (name, len) in [("small", 3000usize), ("big", 5 << 20)] {
         let data = pattern(len, len as u8);
-        let mut f = fs::File::create(m.p(name)).unwrap();
-        f.write_all(&data).unwrap();
+        let mut f = ChildFile::create(&m.p(name), fs.root());
+        assert_eq!(f.write_at(0, &data), 0, "{name}: write");
         let before = m.plan.injected("commit_slices");
         m.plan.fail_next("commit_slices", 1, Fault::Error);
-        eio(f.sync_all(), &format!("{name}: fsync whose commit fails"));
+        assert_eq!(f.fsync(), libc::EIO, "{name}: fsync whose commit fails");
         assert_eq!(m.plan.injected("commit_slices"), before + 1, "{name}");
-        f.sync_all()
-            .unwrap_or_else(|e| panic!("{name}: fsync after the failure: {e}"));
-        drop(f);
+        assert_eq!(f.fsync(), 0, "{name}: fsync after the failure");
+        assert_eq!(f.close(), 0, "{name}: close");
         assert_eq!(
             read_all(&fs.p(0, name)),
             data,
@@ -188,31 +280,31 @@ fn a_failed_commit_at_fsync_is_eio_and_the_data_is_kept_for_the_next_one() {
     }
 }
 
+/// Written through a [`ChildFile`], so that the commit whose answer is lost is the fsync's.
 #[test]
 fn a_commit_whose_answer_is_lost_neither_loses_nor_duplicates_data() {
     let fs = TestFs::new(1);
     let m = FaultyMount::new(&fs, "faulty");
-    let mut f = fs::OpenOptions::new()
-        .create(true)
-        .truncate(true)
-        .read(true)
-        .write(true)
-        .open(m.p("f"))
-        .unwrap();
+    let mut f = ChildFile::create(&m.p("f"), fs.root());
     let first = pattern(200_000, 1);
-    f.write_all(&first).unwrap();
-    f.sync_all().unwrap();
+    assert_eq!(f.write_at(0, &first), 0);
+    assert_eq!(f.fsync(), 0, "the first fsync");
     // An overwrite in the middle and an append, committed, whose answer is lost.
     let mid = pattern(50_000, 7);
-    f.write_all_at(&mid, 10_000).unwrap();
-    f.seek(SeekFrom::End(0)).unwrap();
+    assert_eq!(f.write_at(10_000, &mid), 0);
     let tail = pattern(30_000, 9);
-    f.write_all(&tail).unwrap();
+    assert_eq!(f.write_at(first.len() as u64, &tail), 0);
+    let before = m.plan.injected("commit_slices");
     m.plan.fail_next("commit_slices", 1, Fault::LostReply);
-    eio(f.sync_all(), "fsync whose commit's answer is lost");
+    assert_eq!(f.fsync(), libc::EIO, "fsync whose commit's answer is lost");
+    assert_eq!(
+        m.plan.injected("commit_slices"),
+        before + 1,
+        "the fault hit the fsync's commit"
+    );
     m.plan.clear();
-    f.sync_all().unwrap();
-    drop(f);
+    assert_eq!(f.fsync(), 0, "fsync after the lost answer");
+    assert_eq!(f.close(), 0, "close");
     let mut want = first.clone();
     want[10_000..60_000].copy_from_slice(&mid);
     want.extend_from_slice(&tail);
@@ -226,14 +318,12 @@ fn a_failed_close_keeps_the_data_and_commits_it_once_the_engine_is_back() {
     let fs = TestFs::new(1);
     let m = FaultyMount::new(&fs, "faulty");
     let data = pattern(300_000, 3);
-    let mut f = fs::File::create(m.p("c")).unwrap();
-    f.write_all(&data).unwrap();
+    // (a ChildFile: no other close may commit the writes before the fault is armed)
+    let mut f = ChildFile::create(&m.p("c"), fs.root());
+    assert_eq!(f.write_at(0, &data), 0);
     m.plan.fail_always(Some("commit_slices"), Fault::Disconnect);
     // close(2) reports the flush's error (FUSE flush), and the data stays buffered.
-    let fd = std::os::fd::IntoRawFd::into_raw_fd(f);
-    let rc = unsafe { libc::close(fd) };
-    assert_eq!(rc, -1, "close whose commit fails");
-    assert_eq!(errno(), libc::EIO);
+    assert_eq!(f.close(), libc::EIO, "close whose commit fails");
     thread::sleep(Duration::from_millis(300));
     m.plan.clear();
     // The client commits it in the background once the engine answers again.

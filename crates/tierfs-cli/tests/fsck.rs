@@ -8,6 +8,7 @@ mod common;
 use common::*;
 use std::fs;
 use std::time::Duration;
+use tierfs_meta::hsm::HsmFlags;
 
 fn count_in(table: &str, kind: &str) -> u64 {
     table
@@ -290,4 +291,182 @@ fn gc_and_fsck_refuse_a_target_of_another_filesystem() {
             "{args:?} removed objects of another filesystem"
         );
     }
+}
+
+/// Runs one statement on the filesystem's SQLite database (to make the damage fsck looks for).
+fn sql(meta: &str, stmt: &str) {
+    let db = meta.strip_prefix("sqlite://").unwrap();
+    let out = std::process::Command::new("sqlite3")
+        .args([db, stmt])
+        .output()
+        .expect("run sqlite3");
+    assert!(
+        out.status.success(),
+        "{stmt}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// fsck's HSM checks (issue 13): files archived by a real `tierfs agent`, then each problem
+/// made by hand in the database (or the archive), reported with what --repair does, repaired
+/// where that is safe, and clean afterwards but for the released file whose copy is gone.
+#[test]
+fn fsck_checks_and_repairs_hsm_state() {
+    let mut fs = TestFs::new(1);
+    let meta = fs.meta_url();
+    if !meta.starts_with("sqlite://")
+        || std::process::Command::new("sqlite3")
+            .arg("-version")
+            .output()
+            .is_err()
+    {
+        eprintln!("skipped: damages the SQLite database with sqlite3");
+        return;
+    }
+    let s = |p: std::path::PathBuf| p.to_string_lossy().into_owned();
+    let archive = fs.root().join("a1");
+    fs::create_dir(&archive).unwrap();
+    let url = format!("file://{}", archive.display());
+    let mnt = s(fs.mnt(0).to_path_buf());
+    fs.tierfs(&["hsm", "archive-add", "1", &url, "--mount", &mnt])
+        .assert_ok();
+    for (i, n) in ["plain", "rel", "nocopy", "lostcopy", "relnocopy"]
+        .iter()
+        .enumerate()
+    {
+        fs::write(fs.p(0, n), pattern(i as u64, 0, 100_000)).unwrap();
+    }
+    let archived = ["rel", "nocopy", "lostcopy", "relnocopy"].map(|n| s(fs.p(0, n)));
+    let mut args = vec!["hsm", "archive"];
+    args.extend(archived.iter().map(String::as_str));
+    fs.tierfs(&args).assert_ok();
+    // (killed if the test fails before it is stopped)
+    struct Agent(std::process::Child);
+    impl Drop for Agent {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut agent = Agent(
+        std::process::Command::new(BIN)
+            .args(["agent", "--meta", &meta, "--archive", "1", "--poll", "0.1"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let all_archived = wait_until(Duration::from_secs(30), || {
+        archived
+            .iter()
+            .all(|p| fs.tierfs(&["hsm", "state", p]).stdout.contains(" archived"))
+    });
+    // SIGTERM: it unregisters, so none of its requests is left started
+    unsafe { libc::kill(agent.0.id() as i32, libc::SIGTERM) };
+    let _ = agent.0.wait();
+    assert!(all_archived, "the agent did not archive the files");
+    for n in ["rel", "relnocopy"] {
+        let p = s(fs.p(0, n));
+        assert!(
+            wait_until(Duration::from_secs(10), || fs
+                .tierfs(&["hsm", "release", &p])
+                .ok()),
+            "release of {n}"
+        );
+    }
+    let ino = |n: &str| {
+        use std::os::unix::fs::MetadataExt;
+        fs::metadata(fs.p(0, n)).unwrap().ino()
+    };
+    let (plain, rel, nocopy, lostcopy, relnocopy) = (
+        ino("plain"),
+        ino("rel"),
+        ino("nocopy"),
+        ino("lostcopy"),
+        ino("relnocopy"),
+    );
+    fs.umount(0);
+    let out = fs.tierfs(&["fsck", "--meta", &meta, "--archives"]);
+    assert_eq!(out.code, Some(0), "healthy HSM state: {}", out.describe());
+
+    // The damage.
+    sql(
+        &meta,
+        &format!("UPDATE inodes SET allocated = 4096 WHERE ino = {rel}"),
+    );
+    sql(
+        &meta,
+        &format!("DELETE FROM hsm_files WHERE ino IN ({nocopy}, {relnocopy})"),
+    );
+    sql(
+        &meta,
+        "INSERT INTO hsm_files (ino, archive_id, copy_key, data_version, size, checksum, archived_at) \
+         VALUES (999999, 1, 'gone/copy', 1, 10, 'crc32:00000000', 0)",
+    );
+    let req = |ino: u64, action: i64, state: i64, agent: &str| {
+        format!(
+            "INSERT INTO hsm_requests (ino, action, archive_id, priority, state, agent, created, \
+             updated) VALUES ({ino}, {action}, 1, 0, {state}, {agent}, 0, 0)"
+        )
+    };
+    sql(&meta, &req(999998, 1, 0, "NULL"));
+    sql(&meta, &req(plain, 1, 7, "NULL"));
+    sql(&meta, &req(plain, 2, 0, "NULL"));
+    sql(&meta, &req(plain, 1, 1, "4242"));
+    let copy: String = fs::read_dir(&archive)
+        .unwrap()
+        .flat_map(|d| fs::read_dir(d.unwrap().path()).into_iter().flatten())
+        .map(|f| f.unwrap().path())
+        .find(|p| p.to_string_lossy().contains(&format!("{lostcopy:016x}")))
+        .map(s)
+        .unwrap_or_else(|| panic!("no copy of inode {lostcopy} under {}", archive.display()));
+    fs::remove_file(&copy).unwrap();
+
+    // Reported, each with what --repair would do; the archive only with --archives.
+    let out = fs.tierfs(&["fsck", "--meta", &meta]);
+    assert_eq!(out.code, Some(1), "{}", out.describe());
+    let t = &out.stdout;
+    for (row, n) in [
+        ("HSM: released file with data", 1),
+        ("HSM: ARCHIVED flag without a copy", 1),
+        ("HSM: released file without a copy", 1),
+        ("HSM: copy of a file that is gone", 1),
+        ("HSM: request of a file that is gone", 1),
+        ("HSM: impossible request", 2),
+        ("HSM: request held by a dead agent", 1),
+        ("HSM: archive copy missing or bad size", 0),
+    ] {
+        assert_eq!(count_in(t, row), n, "{row}:\n{t}");
+        if n > 0 {
+            assert!(t.contains(&format!("{row}: --repair: ")), "{row}:\n{t}");
+        }
+    }
+    let out = fs.tierfs(&["fsck", "--meta", &meta, "--archives"]);
+    assert_eq!(
+        count_in(&out.stdout, "HSM: archive copy missing or bad size"),
+        1,
+        "{}",
+        out.stdout
+    );
+    assert!(out.stdout.contains("missing"), "{}", out.stdout);
+
+    let out = fs.tierfs(&["fsck", "--meta", &meta, "--archives", "--repair"]);
+    assert_eq!(out.code, Some(1), "{}", out.describe());
+    // Afterwards only the released file whose copy is not recorded is left (its data is gone).
+    let out = fs.tierfs(&["fsck", "--meta", &meta, "--archives"]);
+    assert_eq!(out.code, Some(1), "{}", out.describe());
+    let t = &out.stdout;
+    assert!(t.contains("1 problems found"), "{t}");
+    assert_eq!(count_in(t, "HSM: released file without a copy"), 1, "{t}");
+
+    let e = tierfs_meta::open_engine(&meta).unwrap();
+    let flags = |ino| e.hsm_state(ino).unwrap().flags;
+    assert!(flags(lostcopy).has(HsmFlags::LOST), "{}", flags(lostcopy));
+    assert!(!flags(nocopy).archived(), "{}", flags(nocopy));
+    let r = e.getattr(rel).unwrap();
+    assert!(
+        r.hsm.released() && r.hsm.archived() && r.allocated == 0,
+        "{r:?}"
+    );
+    assert!(flags(relnocopy).released());
 }

@@ -152,8 +152,14 @@ pub fn run_all(factory: &Factory<'_>) {
             "hsm_sweep_keeps_what_may_still_count",
             hsm::hsm_sweep_keeps_what_may_still_count,
         ),
+        (
+            "hsm_fsck_finds_and_repairs",
+            hsm::hsm_fsck_finds_and_repairs,
+        ),
     ];
-    for (name, check) in checks {
+    // TIERFS_CONFORMANCE_ONLY=part runs only the checks whose names contain it.
+    let only = std::env::var("TIERFS_CONFORMANCE_ONLY").unwrap_or_default();
+    for (name, check) in checks.iter().filter(|(n, _)| n.contains(only.as_str())) {
         let (_guard, engine) = factory();
         eprintln!("conformance: {name}");
         check(engine.as_ref());

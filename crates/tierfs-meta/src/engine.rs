@@ -20,8 +20,8 @@ use std::time::Duration;
 use crate::changelog::{ChangelogRecord, ChangelogStatus, IdleDeregistration, Mask};
 use crate::error::{MetaError, Result};
 use crate::hsm::{
-    Archive, HsmAgent, HsmAgentInfo, HsmDone, HsmImport, HsmListFilter, HsmOutcome, HsmRequest,
-    HsmSettings, HsmState, HsmTask, Progress, RequestState, SweepItem,
+    Archive, ArchiveCopy, HsmAgent, HsmAgentInfo, HsmDone, HsmImport, HsmListFilter, HsmOutcome,
+    HsmRequest, HsmSettings, HsmState, HsmTask, Progress, RequestState, SweepItem,
 };
 use crate::types::*;
 
@@ -343,13 +343,16 @@ pub trait Admin: Send + Sync {
     fn object_id_counter(&self) -> Result<u64>;
     /// Problems in the metadata alone: dangling directory entries, files without names that
     /// nobody holds, open files, locks and RW-PCC leases of sessions that are gone or whose
-    /// heartbeat is older than `timeout_ns`.
+    /// heartbeat is older than `timeout_ns`; and the HSM rows' (released files with data,
+    /// ARCHIVED without a copy, copies and requests of files that are gone, impossible
+    /// requests, started requests of dead agents: see docs/hsm.md, "fsck").
     fn meta_issues(&self, timeout_ns: i64) -> Result<Vec<MetaIssue>>;
     /// Repairs one issue found by [`Admin::meta_issues`] in one transaction, if it still
     /// holds (checked again inside it, so a client that came back meanwhile keeps its rows).
     /// Returns whether something changed. A stale open or lock ends its whole dead session (as
     /// [`Sessions::reap_sessions`] would), or drops the row of a session that no longer
-    /// exists; a dirty RW-PCC lease is never dropped (false).
+    /// exists; a dirty RW-PCC lease is never dropped (false). HSM issues: docs/hsm.md, "fsck"
+    /// (a released file whose copy is not recorded is never touched).
     fn repair_issue(&self, issue: &MetaIssue, timeout_ns: i64) -> Result<bool>;
     /// Subscribes to events on `channels` addressed to `client` (see the module doc).
     /// `Ok(None)`: this engine has no notifications, poll instead. An error: it has them but
@@ -559,6 +562,10 @@ pub trait Hsm: Send + Sync {
     /// [`HsmSettings::remove_archive_on_last_unlink`]), is unknown (purged after
     /// [`HsmSettings::keep_done_ns`], or not a mover's) or names another file is kept.
     fn hsm_sweepable(&self, archive: u32, items: &[SweepItem], grace_ns: i64) -> Result<Vec<bool>>;
+
+    /// Up to `limit` recorded archive copies of files with inode numbers above `after`, in
+    /// inode order, as (inode, archive id, copy): `tierfs fsck --archives` pages through them.
+    fn hsm_copies(&self, after: Ino, limit: usize) -> Result<Vec<(Ino, u32, ArchiveCopy)>>;
 }
 
 /// Every domain of the metadata engine at once: what the client holds.

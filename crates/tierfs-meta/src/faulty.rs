@@ -360,6 +360,7 @@ impl Hsm for FaultyEngine {
         fn hsm_set_flags(&self, ino: Ino, set: u32, clear: u32) -> Result<HsmState>;
         fn hsm_release(&self, ino: Ino) -> Result<Attr>;
         fn hsm_import(&self, archive_id: u32, items: &[HsmImport]) -> Result<Vec<Attr>>;
+        fn hsm_copies(&self, after: Ino, limit: usize) -> Result<Vec<(Ino, u32, ArchiveCopy)>>;
         fn hsm_request(&self, ino: Ino, action: HsmAction, archive_id: Option<u32>) -> Result<Option<HsmRequest>>;
         fn hsm_cancel(&self, ino: Ino) -> Result<u64>;
         fn hsm_cancel_request(&self, id: u64) -> Result<HsmRequest>;

@@ -476,6 +476,61 @@ pub enum MetaIssue {
         client: String,
         dirty: bool,
     },
+    /// HSM: a released file that still has slices or counts allocated bytes, with no restore
+    /// running (a failed or canceled restore leaves its committed prefix). `archived`: its
+    /// archive copy is recorded, so the slices can go (the copy holds the data).
+    ReleasedWithData {
+        ino: Ino,
+        slices: u64,
+        allocated: u64,
+        archived: bool,
+    },
+    /// HSM: a file flagged ARCHIVED without a recorded copy. A released one lost its data.
+    ArchivedWithoutCopy { ino: Ino, released: bool },
+    /// HSM: a recorded archive copy of a file that no longer exists.
+    CopyOfMissingFile {
+        ino: Ino,
+        archive_id: u32,
+        key: String,
+    },
+    /// HSM: an active ARCHIVE or RESTORE request of a file that no longer exists.
+    RequestOfMissingFile { request: u64, ino: Ino },
+    /// HSM: a request in a state the coordinator never makes (`why` says which).
+    ImpossibleRequest {
+        request: u64,
+        ino: Ino,
+        why: HsmRequestProblem,
+    },
+    /// HSM: a started request whose agent is not registered, or that no agent reported on
+    /// for the coordinator's `request_timeout` (the housekeeping of a running agent would
+    /// requeue it; none ran).
+    DeadAgentRequest {
+        request: u64,
+        ino: Ino,
+        agent: u64,
+        registered: bool,
+    },
+}
+
+/// Why an HSM request is impossible ([`MetaIssue::ImpossibleRequest`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HsmRequestProblem {
+    /// Its action or state number is none the coordinator knows.
+    UnknownActionOrState,
+    /// Started, but held by no agent.
+    StartedByNoAgent,
+    /// An active RESTORE of a file that is not released.
+    RestoreOfUnreleased,
+}
+
+impl std::fmt::Display for HsmRequestProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            HsmRequestProblem::UnknownActionOrState => "unknown action or state",
+            HsmRequestProblem::StartedByNoAgent => "started by no agent",
+            HsmRequestProblem::RestoreOfUnreleased => "restore of a file that is not released",
+        })
+    }
 }
 
 /// Bytes of one chunk that hold data, from its slices as `(off, len, zero)` in commit order

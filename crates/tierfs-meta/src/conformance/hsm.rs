@@ -1277,3 +1277,120 @@ pub fn hsm_sweep_keeps_what_may_still_count(e: &dyn MetaEngine) {
     std::thread::sleep(Duration::from_millis(20));
     assert_eq!(e.hsm_sweepable(1, &items[3..4], 0).unwrap(), [true]);
 }
+
+/// The HSM issues among `tierfs fsck`'s.
+fn hsm_issues(e: &dyn MetaEngine) -> Vec<MetaIssue> {
+    e.meta_issues(i64::MAX / 2)
+        .unwrap()
+        .into_iter()
+        .filter(|i| {
+            matches!(
+                i,
+                MetaIssue::ReleasedWithData { .. }
+                    | MetaIssue::ArchivedWithoutCopy { .. }
+                    | MetaIssue::CopyOfMissingFile { .. }
+                    | MetaIssue::RequestOfMissingFile { .. }
+                    | MetaIssue::ImpossibleRequest { .. }
+                    | MetaIssue::DeadAgentRequest { .. }
+            )
+        })
+        .collect()
+}
+
+/// fsck's HSM checks: healthy states (archived, released, a restore under way with its
+/// prefix committed, a REMOVE outliving its unlinked file) are no issue; a failed restore's
+/// leftover prefix in a released file and a started request nobody reported on for the
+/// request timeout are, and their repairs trash the prefix / requeue the request.
+pub fn hsm_fsck_finds_and_repairs(e: &dyn MetaEngine) {
+    e.hsm_archive_add(1, "file:///a1").unwrap();
+    settings(e, |s| {
+        s.remove_archive_on_last_unlink = true;
+        s.request_timeout_ns = 600 * MS;
+        s.max_attempts = 3;
+    });
+    let ag = agent(e, &[1], 0);
+    let kept = file_with_data(e, b"kept", 100);
+    archive(e, ag, kept.ino);
+    let gone = file_with_data(e, b"gone", 100);
+    archive(e, ag, gone.ino);
+    let rel = file_with_data(e, b"rel", 5000);
+    archive(e, ag, rel.ino);
+    e.hsm_release(rel.ino).unwrap();
+    e.unlink(ROOT_INO, b"gone").unwrap();
+    assert_eq!(hsm_issues(e), vec![], "healthy states");
+
+    // A restore under way: its committed prefix is no issue...
+    let r = e
+        .hsm_request(rel.ino, HsmAction::Restore, None)
+        .unwrap()
+        .unwrap();
+    let tasks = e.hsm_take(ag, 8).unwrap();
+    assert!(tasks.iter().any(|t| t.request.id == r.id));
+    let obj = e.alloc_object_ids(1).unwrap();
+    assert_eq!(
+        e.hsm_restore_slices(ag, r.id, &[obj_slice(0, 0, 2000, obj)])
+            .unwrap(),
+        Progress::Continue
+    );
+    assert_eq!(hsm_issues(e), vec![], "a restore under way");
+    // ...until it fails for good: the prefix stays in the released file.
+    assert_eq!(
+        e.hsm_fail(ag, r.id, "bad copy", false).unwrap(),
+        RequestState::Failed
+    );
+    // The REMOVE the unlink queued was taken above: finish it.
+    for t in &tasks {
+        if t.request.id != r.id {
+            assert_eq!(t.request.action, HsmAction::Remove);
+            let done = HsmDone::default();
+            e.hsm_complete(ag, t.request.id, &done).unwrap();
+        }
+    }
+    let issues = hsm_issues(e);
+    assert_eq!(
+        issues,
+        vec![MetaIssue::ReleasedWithData {
+            ino: rel.ino,
+            slices: 1,
+            allocated: 2000,
+            archived: true
+        }]
+    );
+    let trash_before = e.trash(1000, Duration::ZERO).unwrap().len();
+    assert!(e.repair_issue(&issues[0], i64::MAX / 2).unwrap());
+    assert!(!e.repair_issue(&issues[0], i64::MAX / 2).unwrap(), "once");
+    let a = e.getattr(rel.ino).unwrap();
+    assert!(a.hsm.released() && a.hsm.archived());
+    assert_eq!((a.size, a.allocated), (5000, 0));
+    assert!(e.read_chunk(rel.ino, 0).unwrap().is_empty());
+    assert_eq!(
+        e.trash(1000, Duration::ZERO).unwrap().len(),
+        trash_before + 1
+    );
+    assert_eq!(hsm_issues(e), vec![]);
+
+    // A started request no agent reported on for the request timeout.
+    let f = file_with_data(e, b"f", 10);
+    let q = e
+        .hsm_request(f.ino, HsmAction::Archive, None)
+        .unwrap()
+        .unwrap();
+    assert_eq!(e.hsm_take(ag, 1).unwrap().len(), 1);
+    assert_eq!(hsm_issues(e), vec![], "within the timeout");
+    std::thread::sleep(Duration::from_millis(700));
+    let issues = hsm_issues(e);
+    assert_eq!(
+        issues,
+        vec![MetaIssue::DeadAgentRequest {
+            request: q.id,
+            ino: f.ino,
+            agent: ag,
+            registered: true
+        }]
+    );
+    assert!(e.repair_issue(&issues[0], i64::MAX / 2).unwrap());
+    let q = e.hsm_get_request(q.id).unwrap();
+    assert_eq!((q.state, q.agent), (RequestState::Waiting, None));
+    assert!(q.last_error.unwrap().contains("requeued (fsck)"));
+    assert_eq!(hsm_issues(e), vec![]);
+}

@@ -511,6 +511,7 @@ impl<D: Driver> Admin for SqlMeta<D> {
                     Ok(())
                 },
             )?;
+            super::hsm::fsck_issues(tx, &mut out)?;
             Ok(out)
         })
     }
@@ -594,6 +595,7 @@ impl<D: Driver> Admin for SqlMeta<D> {
                 }
                 Ok(n > 0)
             }
+            _ => super::hsm::fsck_repair(tx, issue),
         })
     }
 

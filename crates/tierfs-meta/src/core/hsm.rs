@@ -277,19 +277,20 @@ fn copy_of(tx: &mut dyn Tx, ino: Ino) -> Result<Option<(u32, ArchiveCopy)>> {
          FROM hsm_files WHERE ino = $1",
         vals![ino],
     )?
-    .map(|r| {
-        Ok((
-            r.u32(0)?,
-            ArchiveCopy {
-                key: r.text(1)?,
-                data_version: r.u64(2)?,
-                size: r.u64(3)?,
-                checksum: r.text(4)?,
-                archived_at: r.i64(5)?,
-            },
-        ))
-    })
+    .map(|r| Ok((r.u32(0)?, copy_from_row(&r, 1)?)))
     .transpose()
+}
+
+/// An `hsm_files` row's copy, its columns `copy_key, data_version, size, checksum,
+/// archived_at` from column `i` on.
+fn copy_from_row(r: &Row, i: usize) -> Result<ArchiveCopy> {
+    Ok(ArchiveCopy {
+        key: r.text(i)?,
+        data_version: r.u64(i + 1)?,
+        size: r.u64(i + 2)?,
+        checksum: r.text(i + 3)?,
+        archived_at: r.i64(i + 4)?,
+    })
 }
 
 fn active_requests(tx: &mut dyn Tx, ino: Ino) -> Result<Vec<HsmRequest>> {
@@ -1407,6 +1408,22 @@ impl<D: Driver> Hsm for SqlMeta<D> {
             Ok(out)
         })
     }
+
+    fn hsm_copies(&self, after: Ino, limit: usize) -> Result<Vec<(Ino, u32, ArchiveCopy)>> {
+        self.d.read(|tx| {
+            let mut v = Vec::new();
+            tx.query_each(
+                "SELECT ino, archive_id, copy_key, data_version, size, checksum, archived_at \
+                 FROM hsm_files WHERE ino > $1 ORDER BY ino LIMIT $2",
+                vals![after, limit as i64],
+                &mut |r| {
+                    v.push((r.u64(0)?, r.u32(1)?, copy_from_row(&r, 2)?));
+                    Ok(())
+                },
+            )?;
+            Ok(v)
+        })
+    }
 }
 
 /// The database's clock in one SQL expression (PostgreSQL), for statements that stamp rows.
@@ -1443,6 +1460,292 @@ pub(crate) fn forget_file(tx: &mut dyn Tx, ino: Ino) -> Result<()> {
         vals![ino, now],
     )?;
     Ok(())
+}
+
+/// A request row as fsck reads it: numbers unparsed (a bad one is what it looks for), with
+/// its file's flags (`None`: the file is gone) and whether its agent is registered.
+struct FsckRequest {
+    id: u64,
+    ino: Ino,
+    action: i64,
+    state: i64,
+    agent: Option<i64>,
+    updated: Nanos,
+    file_flags: Option<u32>,
+    agent_registered: bool,
+}
+
+const FSCK_REQ_SQL: &str = "SELECT r.id, r.ino, r.action, r.state, r.agent, r.updated, \
+    (SELECT i.hsm FROM inodes i WHERE i.ino = r.ino), \
+    EXISTS (SELECT 1 FROM hsm_agents a WHERE a.id = r.agent) \
+    FROM hsm_requests r";
+
+fn fsck_request(r: &Row) -> Result<FsckRequest> {
+    Ok(FsckRequest {
+        id: r.u64(0)?,
+        ino: r.u64(1)?,
+        action: r.i64(2)?,
+        state: r.i64(3)?,
+        agent: r.opt_i64(4)?,
+        updated: r.i64(5)?,
+        file_flags: r.opt_i64(6)?.map(|f| f as u32),
+        agent_registered: r.bool(7)?,
+    })
+}
+
+/// What is wrong with a request, if anything (`stale_before`: started requests not updated
+/// since are held by a dead agent).
+fn request_issue(r: &FsckRequest, stale_before: Nanos) -> Option<MetaIssue> {
+    let (action, state) = (
+        HsmAction::from_num(r.action),
+        RequestState::from_num(r.state),
+    );
+    let bad = |why| {
+        Some(MetaIssue::ImpossibleRequest {
+            request: r.id,
+            ino: r.ino,
+            why,
+        })
+    };
+    let (Some(action), Some(state)) = (action, state) else {
+        return bad(HsmRequestProblem::UnknownActionOrState);
+    };
+    if !state.is_active() {
+        return None;
+    }
+    if state == RequestState::Started && r.agent.is_none() {
+        return bad(HsmRequestProblem::StartedByNoAgent);
+    }
+    match r.file_flags {
+        // A REMOVE carries its copy's key: it outlives the file (an unlink queues it).
+        None if action != HsmAction::Remove => {
+            return Some(MetaIssue::RequestOfMissingFile {
+                request: r.id,
+                ino: r.ino,
+            })
+        }
+        Some(f) if action == HsmAction::Restore && !HsmFlags(f).released() => {
+            return bad(HsmRequestProblem::RestoreOfUnreleased)
+        }
+        _ => {}
+    }
+    if state == RequestState::Started && (!r.agent_registered || r.updated < stale_before) {
+        return Some(MetaIssue::DeadAgentRequest {
+            request: r.id,
+            ino: r.ino,
+            agent: r.agent.unwrap_or(0) as u64,
+            registered: r.agent_registered,
+        });
+    }
+    None
+}
+
+/// `tierfs fsck`'s look at the HSM rows ([`crate::engine::Admin::meta_issues`]), appended to
+/// `out`. Started requests count as held by a dead agent after the coordinator's
+/// `request_timeout` without a report, by the database's clock (as the housekeeping judges).
+pub(crate) fn fsck_issues(tx: &mut dyn Tx, out: &mut Vec<MetaIssue>) -> Result<()> {
+    let stale_before = now(tx)?.saturating_sub(settings(tx)?.request_timeout_ns);
+    released_with_data(tx, "", vals![], out)?;
+    tx.query_each(
+        "SELECT i.ino, i.hsm FROM inodes i WHERE i.hsm & 8 <> 0 \
+         AND NOT EXISTS (SELECT 1 FROM hsm_files h WHERE h.ino = i.ino) ORDER BY i.ino",
+        vals![],
+        &mut |r| {
+            out.push(MetaIssue::ArchivedWithoutCopy {
+                ino: r.u64(0)?,
+                released: HsmFlags(r.i64(1)? as u32).released(),
+            });
+            Ok(())
+        },
+    )?;
+    tx.query_each(
+        "SELECT h.ino, h.archive_id, h.copy_key FROM hsm_files h \
+         WHERE NOT EXISTS (SELECT 1 FROM inodes i WHERE i.ino = h.ino) ORDER BY h.ino",
+        vals![],
+        &mut |r| {
+            out.push(MetaIssue::CopyOfMissingFile {
+                ino: r.u64(0)?,
+                archive_id: r.u32(1)?,
+                key: r.text(2)?,
+            });
+            Ok(())
+        },
+    )?;
+    tx.query_each(
+        &format!(
+            "{FSCK_REQ_SQL} WHERE r.state IN (0, 1) OR r.state NOT IN (0, 1, 2, 3, 4) \
+             OR r.action NOT IN (1, 2, 3) ORDER BY r.id"
+        ),
+        vals![],
+        &mut |r| {
+            out.extend(request_issue(&fsck_request(&r)?, stale_before));
+            Ok(())
+        },
+    )?;
+    Ok(())
+}
+
+/// Repairs one HSM issue of [`fsck_issues`] if it still holds (looked at again in this
+/// transaction); whether something changed. What each repair does:
+/// - a released file's leftover slices go to the trash (`allocated` 0) when its copy is
+///   recorded (the copy holds the file's data); without a copy nothing is touched;
+/// - ARCHIVED without a copy is cleared on a file that is not released (its data is in the
+///   capacity tier: it can be archived again); a released one is left (its data is lost);
+/// - a copy of a file that is gone is forgotten as the file's unlink would have (a REMOVE of
+///   it queued first when `remove_archive_on_last_unlink` is on);
+/// - a request of a file that is gone, or a RESTORE of a file that is not released, is
+///   canceled; one started by no agent goes back to waiting; one of unknown action or state
+///   is marked failed;
+/// - a dead agent's request is requeued as the housekeeping does (the attempt counts).
+pub(crate) fn fsck_repair(tx: &mut dyn Tx, issue: &MetaIssue) -> Result<bool> {
+    let now = now(tx)?;
+    match issue {
+        MetaIssue::ReleasedWithData { ino, .. } => {
+            let a = match lock1(tx, *ino) {
+                Ok(a) => a,
+                Err(MetaError::NotFound) => return Ok(false),
+                Err(e) => return Err(e),
+            };
+            let mut still = Vec::new();
+            released_with_data(tx, " AND i.ino = $1", vals![*ino], &mut still)?;
+            let ok = a.hsm.released()
+                && still
+                    .iter()
+                    .any(|i| matches!(i, MetaIssue::ReleasedWithData { archived: true, .. }));
+            if ok {
+                trash_slices(tx, *ino, "TRUE", &[])?;
+                tx.exec(
+                    "UPDATE inodes SET allocated = 0 WHERE ino = $1",
+                    vals![*ino],
+                )?;
+            }
+            Ok(ok)
+        }
+        MetaIssue::ArchivedWithoutCopy { ino, .. } => {
+            let a = match lock1(tx, *ino) {
+                Ok(a) => a,
+                Err(MetaError::NotFound) => return Ok(false),
+                Err(e) => return Err(e),
+            };
+            if !a.hsm.archived() || a.hsm.released() || copy_of(tx, *ino)?.is_some() {
+                return Ok(false);
+            }
+            set_flags(tx, *ino, a.hsm.0 & !HsmFlags::ARCHIVED)?;
+            record(tx, *ino, HsmEvent::State, 0, a.hsm.dirty())?;
+            Ok(true)
+        }
+        MetaIssue::CopyOfMissingFile { ino, .. } => {
+            let gone = !tx.exists(
+                "SELECT EXISTS (SELECT 1 FROM inodes WHERE ino = $1)",
+                vals![*ino],
+            )?;
+            if gone && copy_of(tx, *ino)?.is_some() {
+                forget_file(tx, *ino)?;
+                return Ok(true);
+            }
+            Ok(false)
+        }
+        MetaIssue::RequestOfMissingFile { request, ino }
+        | MetaIssue::ImpossibleRequest { request, ino, .. }
+        | MetaIssue::DeadAgentRequest { request, ino, .. } => {
+            // The file's row first, as every operation on a file (PostgreSQL's lock order).
+            if let Err(e) = lock1(tx, *ino) {
+                if !matches!(e, MetaError::NotFound) {
+                    return Err(e);
+                }
+            }
+            let s = settings(tx)?;
+            let row = tx.query_opt(&format!("{FSCK_REQ_SQL} WHERE r.id = $1"), vals![*request])?;
+            let Some(row) = row else { return Ok(false) };
+            let found = request_issue(
+                &fsck_request(&row)?,
+                now.saturating_sub(s.request_timeout_ns),
+            );
+            if found.as_ref() != Some(issue) {
+                return Ok(false);
+            }
+            let set = |tx: &mut dyn Tx, state: RequestState, why: &str| {
+                tx.exec(
+                    "UPDATE hsm_requests SET state = $2, updated = $3, last_error = $4 \
+                     WHERE id = $1",
+                    vals![*request, state as i64, now, why],
+                )
+            };
+            match issue {
+                MetaIssue::RequestOfMissingFile { .. } => {
+                    set(tx, RequestState::Canceled, "the file was deleted (fsck)")?;
+                    notify(tx, &format!("c {request}"))?;
+                }
+                MetaIssue::ImpossibleRequest { why, .. } => match why {
+                    HsmRequestProblem::UnknownActionOrState => {
+                        set(tx, RequestState::Failed, "unknown action or state (fsck)")?;
+                    }
+                    HsmRequestProblem::StartedByNoAgent => {
+                        set(
+                            tx,
+                            RequestState::Waiting,
+                            "started by no agent: requeued (fsck)",
+                        )?;
+                    }
+                    HsmRequestProblem::RestoreOfUnreleased => {
+                        set(
+                            tx,
+                            RequestState::Canceled,
+                            "the file is not released (fsck)",
+                        )?;
+                        notify(tx, &format!("c {request}"))?;
+                    }
+                },
+                MetaIssue::DeadAgentRequest {
+                    agent, registered, ..
+                } => {
+                    let r = get_request(tx, *request)?;
+                    let msg = if *registered {
+                        format!(
+                            "agent {agent} reported nothing for {} s: requeued (fsck)",
+                            s.request_timeout_ns / 1_000_000_000
+                        )
+                    } else {
+                        format!("agent {agent} is not registered: requeued (fsck)")
+                    };
+                    retry_or_fail(tx, &s, &r, &msg, true, now)?;
+                }
+                _ => unreachable!("matched above"),
+            }
+            Ok(true)
+        }
+        _ => Ok(false),
+    }
+}
+
+/// Released files with slices or allocated bytes and no restore running (`extra`: more of
+/// the WHERE clause, with its `$1`).
+fn released_with_data(
+    tx: &mut dyn Tx,
+    extra: &str,
+    args: &[crate::sql::Value],
+    out: &mut Vec<MetaIssue>,
+) -> Result<()> {
+    tx.query_each(
+        &format!(
+            "SELECT i.ino, i.allocated, (SELECT COUNT(*) FROM slices s WHERE s.ino = i.ino), \
+             EXISTS (SELECT 1 FROM hsm_files h WHERE h.ino = i.ino) \
+             FROM inodes i WHERE i.hsm & 4 <> 0{extra} \
+             AND (i.allocated <> 0 OR EXISTS (SELECT 1 FROM slices s WHERE s.ino = i.ino)) \
+             AND NOT EXISTS (SELECT 1 FROM hsm_requests r \
+                 WHERE r.ino = i.ino AND r.action = 2 AND r.state IN (0, 1)) ORDER BY i.ino"
+        ),
+        args,
+        &mut |r| {
+            out.push(MetaIssue::ReleasedWithData {
+                ino: r.u64(0)?,
+                allocated: r.u64(1)?,
+                slices: r.u64(2)?,
+                archived: r.bool(3)?,
+            });
+            Ok(())
+        },
+    )
 }
 
 /// PostgreSQL: [`forget_file`] as common table expressions of the purge statement
