@@ -2,7 +2,7 @@
 # Issue 14: small files and metadata, uncached tierfs against a plain directory on the same
 # disk, measured right after each other (native first, then tierfs, per workload), one run.
 #
-#   scripts/bench-small.sh [--bin PATH] [--files N] [--src DIR] [--keep-trace]
+#   scripts/bench-small.sh [--bin PATH] [--config CLIENT.toml] [--files N] [--src DIR] [--keep-trace]
 #
 # Workloads: `tar xf` of a tarball of /usr/include + sync; `ls -l` of a directory of N
 # (10,000) empty files, cold; `find | wc -l`, `du -s` of the untarred tree, cold; `cp -a` of the
@@ -20,9 +20,11 @@ BIN=${CARGO_TARGET_DIR:-target}/release/tierfs
 FILES=10000
 SRC=/usr/include
 KEEP=0
+CONFIG=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --bin) BIN=$2; shift 2;;
+    --config) CONFIG=(--config "$(realpath "$2")"); shift 2;;
     --files) FILES=$2; shift 2;;
     --src) SRC=$2; shift 2;;
     --keep-trace) KEEP=1; shift;;
@@ -46,7 +48,7 @@ cleanup() {
 trap cleanup EXIT
 
 "$BIN" format --meta "sqlite://$W/meta.db" --target "file://$W/ost0" >/dev/null
-mount_it() { "$BIN" mount --meta "sqlite://$W/meta.db" "$MNT" --client-name small --log-file "$W/mount.log"; }
+mount_it() { "$BIN" mount --meta "sqlite://$W/meta.db" "$MNT" --client-name small --log-file "$W/mount.log" "${CONFIG[@]}"; }
 mount_it
 
 # The tracepoint's `connection` is the mount's kernel dev_t (MAJOR << 20 | MINOR).
@@ -101,6 +103,7 @@ cp_a() { cp -a "$TREE" copy; }
 rm_rf() { rm -rf "$TREE" copy; }
 
 echo "$ENTRIES entries in the tarball of $SRC; ls -l of $FILES files; bench dir $W (both on the same disk)"
+echo "client config: ${CONFIG[1]:-none}${CONFIG[1]:+ ($(tr '\n' ' ' < "${CONFIG[1]}"))}"
 echo "$(nproc) cores; load $(cut -d' ' -f1-3 /proc/loadavg); binary $BIN ($(stat -c %y "$BIN" | cut -c1-19))"
 run untar "$ENTRIES" untar
 run ls-l "$FILES" ls_l
