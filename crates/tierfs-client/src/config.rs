@@ -314,6 +314,24 @@ mod tests {
     }
 
     #[test]
+    fn readdirplus_defaults_to_always_and_is_checked() {
+        assert_eq!(
+            ClientConfig::default().readdir_plus(),
+            Ok(ReaddirPlus::Always)
+        );
+        for (v, want) in [
+            ("always", ReaddirPlus::Always),
+            ("auto", ReaddirPlus::Auto),
+            ("off", ReaddirPlus::Off),
+        ] {
+            let c = ClientConfig::from_toml(&format!("readdirplus = \"{v}\"")).unwrap();
+            assert_eq!(c.readdir_plus(), Ok(want));
+        }
+        let e = ClientConfig::from_toml("readdirplus = \"sometimes\"").unwrap_err();
+        assert!(e.contains("readdirplus"), "{e}");
+    }
+
+    #[test]
     fn pcc_attach_defaults_to_root_only_and_is_checked() {
         let c = ClientConfig::default();
         assert_eq!(c.attach_policy(), Ok(AttachPolicy::Root));
