@@ -123,7 +123,11 @@ fn ls_l_shows_what_stat_of_each_entry_shows() {
         fuse_ops(t.mnt(1), "readdirplus"),
         fuse_ops(t.mnt(1), "lookup"),
     );
-    assert_eq!(listed.len(), 1303, "entries listed (1300 files, sub, link, hard)");
+    assert_eq!(
+        listed.len(),
+        1303,
+        "entries listed (1300 files, sub, link, hard)"
+    );
     for (name, seen) in &listed {
         // client 0 made them: its stat is the truth
         assert_eq!(
