@@ -2483,7 +2483,8 @@ impl Filesystem for TierFs {
                         offset,
                         name,
                     } => {
-                        // The kernel takes nothing from these two but the name and offset.
+                        // The kernel links neither (no lookup to FORGET): it takes their
+                        // name, inode, type and offset, as READDIR gives them.
                         let mut attr = self.fattr(dir);
                         attr.ino = INodeNo(ino);
                         reply.add(
