@@ -18,6 +18,9 @@
 //!                              # this many times as long as each unit of work took (0: never)
 //! log_level = "info"
 //! posix_acl = true             # POSIX ACLs (false: as ext4's noacl, setfacl gets EOPNOTSUPP)
+//! readdirplus = "always"       # directory listings carry attributes (READDIRPLUS): "always",
+//!                              # "auto" (when the kernel guesses the caller stats: the first
+//!                              # read of a directory, and after a stat of an entry), or "off"
 //! metrics = "127.0.0.1:9567"   # serve Prometheus metrics here (off by default)
 //! # persistent client cache (off unless cache_dir is set)
 //! cache_dir = "/nvme/pcc"      # where cached files live (a local disk)
@@ -64,6 +67,7 @@ pub struct ClientConfig {
     pub tranquility: f64,
     pub log_level: String,
     pub posix_acl: bool,
+    pub readdirplus: String,
     pub metrics: Option<String>,
     pub cache_dir: Option<std::path::PathBuf>,
     pub cache_size: String,
@@ -113,6 +117,30 @@ impl AttachPolicy {
     }
 }
 
+/// When directory listings carry each entry's attributes (`readdirplus`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReaddirPlus {
+    /// Every listing (FUSE_DO_READDIRPLUS).
+    Always,
+    /// When the kernel guesses the caller will stat the entries (FUSE_READDIRPLUS_AUTO).
+    Auto,
+    /// Names only (READDIR); each stat is a LOOKUP.
+    Off,
+}
+
+impl ReaddirPlus {
+    pub fn parse(s: &str) -> Result<ReaddirPlus, String> {
+        match s {
+            "always" => Ok(ReaddirPlus::Always),
+            "auto" => Ok(ReaddirPlus::Auto),
+            "off" => Ok(ReaddirPlus::Off),
+            other => Err(format!(
+                "readdirplus '{other}' (expected always, auto or off)"
+            )),
+        }
+    }
+}
+
 impl Default for ClientConfig {
     fn default() -> Self {
         ClientConfig {
@@ -131,6 +159,7 @@ impl Default for ClientConfig {
             tranquility: 1.0,
             log_level: "info".into(),
             posix_acl: true,
+            readdirplus: "always".into(),
             metrics: None,
             cache_dir: None,
             cache_size: "10G".into(),
@@ -153,6 +182,10 @@ impl ClientConfig {
         let c: ClientConfig = toml::from_str(text).map_err(|e| e.message().to_string())?;
         c.validate()?;
         Ok(c)
+    }
+
+    pub fn readdir_plus(&self) -> Result<ReaddirPlus, String> {
+        ReaddirPlus::parse(&self.readdirplus)
     }
 
     pub fn validate(&self) -> Result<(), String> {
@@ -198,6 +231,7 @@ impl ClientConfig {
         }
         self.eviction()?;
         self.attach_policy()?;
+        self.readdir_plus()?;
         self.jobid_source()?;
         Ok(())
     }
@@ -278,6 +312,24 @@ mod tests {
         assert_eq!(c.buffer_limit_mb, 32);
         let e = ClientConfig::from_toml("buffer_limit_mb = 0").unwrap_err();
         assert!(e.contains("buffer_limit_mb"), "{e}");
+    }
+
+    #[test]
+    fn readdirplus_defaults_to_always_and_is_checked() {
+        assert_eq!(
+            ClientConfig::default().readdir_plus(),
+            Ok(ReaddirPlus::Always)
+        );
+        for (v, want) in [
+            ("always", ReaddirPlus::Always),
+            ("auto", ReaddirPlus::Auto),
+            ("off", ReaddirPlus::Off),
+        ] {
+            let c = ClientConfig::from_toml(&format!("readdirplus = \"{v}\"")).unwrap();
+            assert_eq!(c.readdir_plus(), Ok(want));
+        }
+        let e = ClientConfig::from_toml("readdirplus = \"sometimes\"").unwrap_err();
+        assert!(e.contains("readdirplus"), "{e}");
     }
 
     #[test]

@@ -356,6 +356,7 @@ pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Resul
     fs.notifier = Arc::clone(&notifier);
     fs.pcc = pcc.clone();
     fs.posix_acl = cfg.posix_acl;
+    fs.readdirplus = cfg.readdir_plus().map_err(DaemonError::Other)?;
     fs.pcc_attach = cfg.attach_policy().map_err(DaemonError::Other)?;
     fs.callers = crate::caller::Callers::new(cfg.jobid_source().map_err(DaemonError::Other)?);
     fs.info_json = serde_json::json!({

@@ -12,9 +12,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use fuser::{
     AccessFlags, BackingId, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType, Filesystem,
     FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, LockOwner, Notifier, OpenFlags,
-    RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry,
-    ReplyLock, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, RequestId, TimeOrNow,
-    WriteFlags,
+    RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty,
+    ReplyEntry, ReplyLock, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, RequestId,
+    TimeOrNow, WriteFlags,
 };
 use parking_lot::{Condvar, Mutex};
 use tierfs_meta::changelog::{Caller, CallerGuard};
@@ -26,12 +26,25 @@ use tierfs_meta::{
 };
 
 use crate::acl::{self, Acl};
+use crate::config::ReaddirPlus;
 use crate::data::DataPath;
 use crate::error::{ClientError, Result};
 use crate::lease::{Lease, Recalled, Recaller};
 use crate::metrics::Metrics;
 use crate::pcc::{Opened as CacheOpened, Pcc, Served};
 use crate::session::Session;
+
+/// What [`TierFs::list_dir`] hands a directory reply: "." or ".." (with the directory listed),
+/// or an entry.
+enum Listed<'a, T> {
+    Dot {
+        dir: &'a Attr,
+        ino: Ino,
+        offset: u64,
+        name: &'static str,
+    },
+    Entry(T),
+}
 
 /// Name of the virtual stats file in the root directory (`tierfs stats MOUNT` reads it).
 pub const STATS_NAME: &str = ".tierfs-stats";
@@ -361,6 +374,8 @@ pub struct FsInner {
     /// POSIX ACLs on (`posix_acl` in the client config; the kernel enforces them only when it
     /// accepted FUSE_POSIX_ACL at init).
     pub posix_acl: bool,
+    /// When listings carry attributes (`readdirplus` in the client config).
+    pub readdirplus: ReaddirPlus,
     /// Who makes each request, for changelog records (uid/gid, job id).
     pub callers: crate::caller::Callers,
     /// Who may attach, detach, pin and unpin by hand (`pcc_attach`).
@@ -504,6 +519,7 @@ impl TierFs {
             backing: Mutex::new(HashMap::new()),
             names: Mutex::new(HashMap::new()),
             posix_acl: true,
+            readdirplus: ReaddirPlus::Always,
             callers: crate::caller::Callers::new(crate::caller::JobIdSource::Disabled),
             pcc_attach: crate::config::AttachPolicy::Root,
             parked: AtomicUsize::new(0),
@@ -1312,6 +1328,56 @@ impl FsInner {
         Ok(())
     }
 
+    /// Lists directory `ino` from the kernel's cursor `offset` into a reply (READDIR and
+    /// READDIRPLUS): `add` takes "." and ".." ([`Listed::Dot`]) and each entry of the pages
+    /// `page(cursor)` reads (`cursor_of` an entry: where the next page starts), and returns
+    /// true when the reply is full (that one not added). Offsets: 1 is ".", 2 is "..", then
+    /// each entry's cursor + 2 (stable across changes).
+    fn list_dir<T>(
+        &self,
+        ino: Ino,
+        offset: u64,
+        page: impl Fn(u64) -> tierfs_meta::Result<Vec<T>>,
+        cursor_of: impl Fn(&T) -> u64,
+        mut add: impl FnMut(Listed<'_, T>) -> bool,
+    ) -> Result<()> {
+        let a = self.meta.getattr(ino)?;
+        let dot = |add: &mut dyn FnMut(Listed<'_, T>) -> bool, ino, offset, name| {
+            add(Listed::Dot {
+                dir: &a,
+                ino,
+                offset,
+                name,
+            })
+        };
+        let mut off = offset;
+        if off == 0 {
+            if dot(&mut add, ino, 1, ".") {
+                return Ok(());
+            }
+            off = 1;
+        }
+        if off == 1 {
+            if dot(&mut add, a.parent.max(1), 2, "..") {
+                return Ok(());
+            }
+            off = 2;
+        }
+        let mut cursor = off - 2;
+        loop {
+            let page = page(cursor)?;
+            if page.is_empty() {
+                return Ok(());
+            }
+            for e in page {
+                cursor = cursor_of(&e);
+                if add(Listed::Entry(e)) {
+                    return Ok(());
+                }
+            }
+        }
+    }
+
     fn remember_name(&self, a: &Attr, name: &OsStr) {
         if self.pcc.is_some() && a.kind == Kind::File {
             let mut g = self.names.lock();
@@ -1518,6 +1584,16 @@ impl Filesystem for TierFs {
             if config.add_capabilities(flag).is_err() {
                 tracing::info!("kernel lacks FUSE capability {flag:?}");
             }
+        }
+        // Listings with attributes (READDIRPLUS): `ls -l`, `du`, `find -type`, `rm -r` get
+        // names and attributes in one round trip instead of a LOOKUP per entry.
+        let plus = match self.readdirplus {
+            ReaddirPlus::Always => InitFlags::FUSE_DO_READDIRPLUS,
+            ReaddirPlus::Auto => InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO,
+            ReaddirPlus::Off => InitFlags::empty(),
+        };
+        if config.add_capabilities(plus).is_err() {
+            tracing::info!("kernel lacks FUSE capability {plus:?}");
         }
         // POSIX ACLs: the kernel reads them (system.posix_acl_*) and enforces access; we keep
         // them and the mode in step and inherit default ACLs at create. The cost: a non-owner's
@@ -2359,40 +2435,84 @@ impl Filesystem for TierFs {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        // Offsets: 1 is ".", 2 is "..", then each entry's id + 2 (stable across changes).
         let r = self.run("readdir", || {
-            let a = self.meta.getattr(ino.0)?;
-            let mut off = offset;
-            if off == 0 {
-                if reply.add(INodeNo(ino.0), 1, FileType::Directory, ".") {
-                    return Ok(());
-                }
-                off = 1;
-            }
-            if off == 1 {
-                if reply.add(INodeNo(a.parent.max(1)), 2, FileType::Directory, "..") {
-                    return Ok(());
-                }
-                off = 2;
-            }
-            let mut cursor = off - 2;
-            loop {
-                let page = self.meta.readdir(ino.0, cursor, 512)?;
-                if page.is_empty() {
-                    return Ok(());
-                }
-                for e in page {
-                    cursor = e.offset;
-                    if reply.add(
+            self.list_dir(
+                ino.0,
+                offset,
+                |cursor| self.meta.readdir(ino.0, cursor, 512),
+                |e| e.offset,
+                |item| match item {
+                    Listed::Dot {
+                        ino, offset, name, ..
+                    } => reply.add(INodeNo(ino), offset, FileType::Directory, name),
+                    Listed::Entry(e) => reply.add(
                         INodeNo(e.ino),
                         e.offset + 2,
                         file_type(e.kind),
                         OsStr::from_bytes(&e.name),
-                    ) {
-                        return Ok(());
+                    ),
+                },
+            )
+        });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(ino_errno(&e)),
+        }
+    }
+
+    /// Names and attributes in one round trip (`ls -l`, `find`, `du`): each entry is a lookup
+    /// the kernel will FORGET, with the TTLs a lookup gives ("." and ".." are not).
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        let r = self.run("readdirplus", || {
+            self.list_dir(
+                ino.0,
+                offset,
+                |cursor| self.meta.readdir_plus(ino.0, cursor, 512),
+                |(e, _)| e.offset,
+                |item| match item {
+                    Listed::Dot {
+                        dir,
+                        ino,
+                        offset,
+                        name,
+                    } => {
+                        // The kernel links neither (no lookup to FORGET): it takes their
+                        // name, inode, type and offset, as READDIR gives them.
+                        let mut attr = self.fattr(dir);
+                        attr.ino = INodeNo(ino);
+                        reply.add(
+                            INodeNo(ino),
+                            offset,
+                            name,
+                            &Duration::ZERO,
+                            &attr,
+                            Generation(0),
+                        )
                     }
-                }
-            }
+                    Listed::Entry((e, a)) => {
+                        let name = OsStr::from_bytes(&e.name);
+                        let full = reply.add(
+                            INodeNo(a.ino),
+                            e.offset + 2,
+                            name,
+                            &self.entry_ttl,
+                            &self.fattr(&a),
+                            Generation(0),
+                        );
+                        if !full {
+                            self.remember_name(&a, name);
+                        }
+                        full
+                    }
+                },
+            )
         });
         match r {
             Ok(()) => reply.ok(),

@@ -41,6 +41,7 @@ pub fn run_all(factory: &Factory<'_>) {
         ("unlink_rmdir_nlink", unlink_rmdir_nlink),
         ("rename_cases", rename_cases),
         ("readdir_pages", readdir_pages),
+        ("readdir_plus_matches_lookup", readdir_plus_matches_lookup),
         ("symlink_and_link", symlink_and_link),
         ("xattrs", xattrs),
         ("slices_and_commit_order", slices_and_commit_order),
@@ -429,6 +430,55 @@ fn readdir_pages(e: &dyn MetaEngine) {
     assert_eq!(seen.len(), 250);
     e.unlink(d.ino, b"n0").unwrap();
     assert_eq!(e.readdir(d.ino, 0, 1000).unwrap().len(), 249);
+}
+
+/// readdir_plus gives, page by page, the entries readdir gives (same names, inodes, kinds and
+/// cursors) and for each the attributes lookup gives, hard links and a changed inode included.
+fn readdir_plus_matches_lookup(e: &dyn MetaEngine) {
+    let d = e.create(ROOT_INO, b"d", &dir(), None, None).unwrap();
+    let f = e.create(d.ino, b"f", &file(), None, None).unwrap();
+    e.create(d.ino, b"sub", &dir(), None, None).unwrap();
+    e.link(f.ino, d.ino, b"f2").unwrap();
+    for i in 0..150 {
+        e.create(d.ino, format!("n{i}").as_bytes(), &file(), None, None)
+            .unwrap();
+    }
+    e.unlink(d.ino, b"n7").unwrap();
+    let set = SetAttr {
+        perm: Some(0o600),
+        size: Some(123),
+        ..Default::default()
+    };
+    e.setattr(f.ino, &set).unwrap();
+    let (mut off, mut plus_off, mut n) = (0, 0, 0);
+    loop {
+        let page = e.readdir(d.ino, off, 16).unwrap();
+        let plus = e.readdir_plus(d.ino, plus_off, 16).unwrap();
+        let entries: Vec<DirEntry> = plus.iter().map(|(ent, _)| ent.clone()).collect();
+        assert_eq!(entries, page);
+        if page.is_empty() {
+            break;
+        }
+        off = page.last().unwrap().offset;
+        plus_off = plus.last().unwrap().0.offset;
+        for (ent, a) in plus {
+            assert_eq!(a, e.lookup(d.ino, &ent.name).unwrap(), "{:?}", ent.name);
+            n += 1;
+        }
+    }
+    assert_eq!(n, 152);
+    let f2 = e.readdir_plus(d.ino, 0, 1000).unwrap();
+    let f2 = f2.iter().find(|(ent, _)| ent.name == b"f2").unwrap();
+    assert_eq!((f2.1.nlink, f2.1.size, f2.1.perm & 0o7777), (2, 123, 0o600));
+    // A missing directory or a file is refused as readdir refuses it.
+    assert!(matches!(
+        e.readdir_plus(f.ino, 0, 10),
+        Err(MetaError::NotDir)
+    ));
+    assert!(matches!(
+        e.readdir_plus(1 << 40, 0, 10),
+        Err(MetaError::NotFound)
+    ));
 }
 
 fn symlink_and_link(e: &dyn MetaEngine) {

@@ -110,6 +110,9 @@ pub trait Namespace: Send + Sync {
     ) -> Result<()>;
     /// Entries after cursor `offset` (0: from the start), at most `limit`, without "." and "..".
     fn readdir(&self, ino: Ino, offset: u64, limit: usize) -> Result<Vec<DirEntry>>;
+    /// [`Namespace::readdir`] with each entry's attributes, read together (one statement), as
+    /// [`Namespace::lookup`] would give them (FUSE READDIRPLUS).
+    fn readdir_plus(&self, ino: Ino, offset: u64, limit: usize) -> Result<Vec<(DirEntry, Attr)>>;
     fn readlink(&self, ino: Ino) -> Result<Vec<u8>>;
     fn getxattr(&self, ino: Ino, name: &[u8]) -> Result<Vec<u8>>;
     /// `flags`: libc::XATTR_CREATE, libc::XATTR_REPLACE, or 0.

@@ -227,6 +227,7 @@ impl Namespace for FaultyEngine {
         fn rmdir(&self, parent: Ino, name: &[u8]) -> Result<()>;
         fn rename(&self, parent: Ino, name: &[u8], new_parent: Ino, new_name: &[u8], flags: u32) -> Result<()>;
         fn readdir(&self, ino: Ino, offset: u64, limit: usize) -> Result<Vec<DirEntry>>;
+        fn readdir_plus(&self, ino: Ino, offset: u64, limit: usize) -> Result<Vec<(DirEntry, Attr)>>;
         fn readlink(&self, ino: Ino) -> Result<Vec<u8>>;
         fn getxattr(&self, ino: Ino, name: &[u8]) -> Result<Vec<u8>>;
         fn setxattr(&self, ino: Ino, name: &[u8], value: &[u8], flags: i32) -> Result<()>;

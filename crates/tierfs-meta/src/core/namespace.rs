@@ -158,6 +158,18 @@ fn lookup_sql() -> &'static str {
     })
 }
 
+/// One page of a directory with each entry's attributes (one join): the attribute columns,
+/// then the entry's cursor and name.
+fn readdir_plus_sql() -> &'static str {
+    static S: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    S.get_or_init(|| {
+        format!(
+            "SELECT {ATTR_COLS_I}, d.id, d.name FROM dentries d JOIN inodes i ON i.ino = d.ino \
+             WHERE d.parent = $1 AND d.id > $2 ORDER BY d.id LIMIT $3"
+        )
+    })
+}
+
 /// Locks a directory and an entry's inode (PostgreSQL); checks that the directory is one.
 /// SQLite (one writer) reads only the directory, as a lock is not needed.
 fn lock_parent_and_child(tx: &mut dyn Tx, parent: Ino, child: Ino) -> Result<()> {
@@ -723,6 +735,30 @@ impl<D: Driver> Namespace for SqlMeta<D> {
                         ino: r.u64(2)?,
                         kind: Kind::from_i64(r.i64(3)?).unwrap_or(Kind::File),
                     });
+                    Ok(())
+                },
+            )?;
+            Ok(out)
+        })
+    }
+
+    fn readdir_plus(&self, ino: Ino, offset: u64, limit: usize) -> Result<Vec<(DirEntry, Attr)>> {
+        self.d.read(|tx| {
+            dir_attr(tx, ino)?;
+            let mut out = Vec::new();
+            tx.query_each(
+                readdir_plus_sql(),
+                vals![ino, offset, limit],
+                &mut |mut r| {
+                    let a = attr_from_row(&r)?;
+                    let n = r.len();
+                    let e = DirEntry {
+                        offset: r.u64(n - 2)?,
+                        name: r.take_blob(n - 1)?.unwrap_or_default(),
+                        ino: a.ino,
+                        kind: a.kind,
+                    };
+                    out.push((e, a));
                     Ok(())
                 },
             )?;

@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# Issue 14: small files and metadata, uncached tierfs against a plain directory on the same
+# disk, measured right after each other (native first, then tierfs, per workload), one run.
+#
+#   scripts/bench-small.sh [--bin PATH] [--config CLIENT.toml] [--files N] [--src DIR] [--keep-trace]
+#
+# Workloads: `tar xf` of a tarball of /usr/include + sync; `ls -l` of a directory of N
+# (10,000) empty files, cold; `find | wc -l`, `du -s` of the untarred tree, cold; `cp -a` of the
+# tree; `rm -rf` of the tree and its copy. "Cold": page, dentry and inode caches dropped
+# (echo 3 > /proc/sys/vm/drop_caches, which also makes the kernel FORGET the mount's inodes).
+#
+# Printed per workload: native seconds, tierfs seconds, tierfs/native, and the FUSE requests
+# the kernel sent to the mount during it, by opcode (kernel tracepoint fuse:fuse_request_send,
+# filtered on the mount's connection; FORGETs travel on their own queue and are not seen).
+# Needs root (drop_caches, tracefs). The mount: SQLite metadata, one local-directory target,
+# default TTLs, no PCC.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=${CARGO_TARGET_DIR:-target}/release/tierfs
+FILES=10000
+SRC=/usr/include
+KEEP=0
+CONFIG=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --bin) BIN=$2; shift 2;;
+    --config) CONFIG=(--config "$(realpath "$2")"); shift 2;;
+    --files) FILES=$2; shift 2;;
+    --src) SRC=$2; shift 2;;
+    --keep-trace) KEEP=1; shift;;
+    *) echo "unknown option $1" >&2; exit 2;;
+  esac
+done
+[ -x "$BIN" ] || { echo "no tierfs binary at $BIN (cargo build --release -p tierfs-cli)" >&2; exit 1; }
+[ "$(id -u)" = 0 ] || { echo "needs root (drop_caches, tracefs)" >&2; exit 1; }
+TR=/sys/kernel/tracing
+[ -d "$TR/events/fuse/fuse_request_send" ] || { echo "kernel has no fuse tracepoints" >&2; exit 1; }
+
+W=$(mktemp -d /var/tmp/tierfs-small.XXXXXX)
+INST=$TR/instances/$(basename "$W")
+NATIVE=$W/native; MNT=$W/mnt
+mkdir -p "$NATIVE" "$MNT"
+cleanup() {
+  [ -d "$INST" ] && { echo 0 > "$INST/events/fuse/fuse_request_send/enable"; rmdir "$INST"; }
+  "$BIN" umount "$MNT" 2>/dev/null || true
+  rm -rf "$W"
+}
+trap cleanup EXIT
+
+"$BIN" format --meta "sqlite://$W/meta.db" --target "file://$W/ost0" >/dev/null
+mount_it() { "$BIN" mount --meta "sqlite://$W/meta.db" "$MNT" --client-name small --log-file "$W/mount.log" "${CONFIG[@]}"; }
+mount_it
+
+# The tracepoint's `connection` is the mount's kernel dev_t (MAJOR << 20 | MINOR).
+connection() {
+  local d; d=$(mountpoint -d "$MNT")
+  echo $(( (${d%%:*} << 20) | ${d##*:} ))
+}
+mkdir "$INST"
+EV=$INST/events/fuse/fuse_request_send
+echo 16384 > "$INST/buffer_size_kb"
+trace_on() { echo "connection == $(connection)" > "$EV/filter"; : > "$INST/trace"; echo 1 > "$EV/enable"; }
+trace_off() { # prints "N total: OP n, OP n, ..." of the requests since trace_on
+  echo 0 > "$EV/enable"
+  [ "$KEEP" = 1 ] && cp "$INST/trace" "$W/../tierfs-small-trace.$1.txt"
+  if grep -q "LOST" "$INST/trace"; then echo "(trace lost events)"; fi
+  grep -o 'opcode [0-9]* ([A-Z_0-9]*)' "$INST/trace" | awk '{gsub(/[()]/, "", $3); sub(/^FUSE_/, "", $3); n[$3]++; t++}
+    END { printf "%d total:", t; PROCINFO["sorted_in"] = "@val_num_desc"; for (k in n) printf " %s %d", k, n[k]; print "" }'
+}
+cold() { sync; echo 3 > /proc/sys/vm/drop_caches; }
+secs() { local s e; s=$(date +%s.%N); "$@"; e=$(date +%s.%N); echo "$e - $s" | bc; }
+
+tar cf "$W/src.tar" -C "$(dirname "$SRC")" "$(basename "$SRC")"
+ENTRIES=$(tar tf "$W/src.tar" | wc -l)
+make_files() { # DIR: N empty files
+  mkdir "$1/many"
+  (cd "$1/many" && seq -f "file-%06g" 1 "$FILES" | xargs touch)
+}
+for d in "$NATIVE" "$MNT"; do make_files "$d"; done
+sync
+
+declare -A T
+run() { # NAME UNITS COMMAND... (in the native directory, then in the mount; UNITS: entries handled)
+  local name=$1 units=$2; shift 2
+  for mode in native tierfs; do
+    local dir=$NATIVE; [ "$mode" = tierfs ] && dir=$MNT
+    cold
+    [ "$mode" = tierfs ] && trace_on
+    T[$name.$mode]=$(cd "$dir" && secs "$@")
+    [ "$mode" = tierfs ] && T[$name.fuse]=$(trace_off "$name")
+  done
+  printf '%-6s native %7.3f s  tierfs %7.3f s  %5.1fx  FUSE requests per entry %5.2f (%s)\n' "$name" \
+    "${T[$name.native]}" "${T[$name.tierfs]}" \
+    "$(echo "${T[$name.tierfs]} / ${T[$name.native]}" | bc -l)" \
+    "$(echo "${T[$name.fuse]%% *} / $units" | bc -l)" "${T[$name.fuse]}"
+}
+TREE=$(basename "$SRC")
+untar() { tar xf "$W/src.tar" && sync; }
+ls_l() { ls -l many > /dev/null; }
+find_n() { find "$TREE" | wc -l > /dev/null; }
+du_s() { du -s "$TREE" > /dev/null; }
+cp_a() { cp -a "$TREE" copy; }
+rm_rf() { rm -rf "$TREE" copy; }
+
+echo "$ENTRIES entries in the tarball of $SRC; ls -l of $FILES files; bench dir $W (both on the same disk)"
+echo "client config: ${CONFIG[1]:-none}${CONFIG[1]:+ ($(tr '\n' ' ' < "${CONFIG[1]}"))}"
+echo "$(nproc) cores; load $(cut -d' ' -f1-3 /proc/loadavg); binary $BIN ($(stat -c %y "$BIN" | cut -c1-19))"
+run untar "$ENTRIES" untar
+run ls-l "$FILES" ls_l
+run find "$ENTRIES" find_n
+run du "$ENTRIES" du_s
+run cp-a "$ENTRIES" cp_a
+run rm-rf "$((2 * ENTRIES))" rm_rf
