@@ -250,6 +250,10 @@ pub struct HsmRequest {
     pub last_error: Option<String>,
     /// REMOVE (and RESTORE): the archive copy's key when queued; ARCHIVE: none.
     pub key: Option<String>,
+    /// RESTORE: the end of the restored prefix, the file's bytes `0..restored` committed by
+    /// [`crate::engine::Hsm::hsm_restore_slices`] (verified by the mover before it commits):
+    /// readable while the rest still moves. 0 for other actions.
+    pub restored: u64,
 }
 
 /// A request taken by an agent ([`crate::engine::Hsm::hsm_take`]): the request and what the
