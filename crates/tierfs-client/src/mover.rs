@@ -30,7 +30,9 @@ use thiserror::Error;
 
 use tierfs_meta::hsm::{HsmAction, HsmDone, HsmError, HsmOutcome, HsmTask, Progress};
 use tierfs_meta::{MetaEngine, MetaError, Slice};
-use tierfs_store::archive::{checksum_string, ArchiveStore};
+use tierfs_store::archive::ArchiveStore;
+
+use crate::copysum::{chunk_for, SumReader, SumWriter};
 use tierfs_store::StoreError;
 
 use crate::data::DataPath;
@@ -41,8 +43,13 @@ use crate::error::ClientError;
 pub struct MoverConfig {
     /// Bytes read from the file (ARCHIVE) per data-path read.
     pub read_size: u32,
-    /// RESTORE: restored bytes committed with one `hsm_restore_slices`.
+    /// RESTORE: most restored bytes committed with one `hsm_restore_slices`.
     pub commit_bytes: u64,
+    /// RESTORE: the first commit's bytes (once verified), doubling up to
+    /// [`MoverConfig::commit_bytes`]: the first bytes of a file come back fast.
+    pub first_commit_bytes: u64,
+    /// ARCHIVE: bytes per chunk checksum of a copy (0: [`crate::copysum::chunk_for`] its size).
+    pub sum_chunk: u64,
     /// Longest time between two progress reports of a running move.
     pub progress_interval: Duration,
 }
@@ -52,6 +59,8 @@ impl Default for MoverConfig {
         MoverConfig {
             read_size: 4 << 20,
             commit_bytes: 64 << 20,
+            first_commit_bytes: crate::copysum::SUM_CHUNK,
+            sum_chunk: 0,
             progress_interval: Duration::from_secs(1),
         }
     }
@@ -221,7 +230,10 @@ impl Mover {
         self.data.invalidate(ino, Some(&attr));
         let rt = self.data.rt.clone();
         let mut w = rt.block_on(archive.writer(&key))?;
-        let mut crc = crc32fast::Hasher::new();
+        let mut sums = SumWriter::new(match self.cfg.sum_chunk {
+            0 => chunk_for(attr.size),
+            n => n,
+        });
         let mut off = 0u64;
         let mut last = Instant::now();
         let result: R<std::result::Result<(), StopNow>> = (|| {
@@ -231,7 +243,7 @@ impl Mover {
                 if buf.is_empty() {
                     break; // truncated meanwhile: the completion is Stale
                 }
-                crc.update(&buf);
+                sums.update(&buf);
                 rt.block_on(w.write(&buf))?;
                 off += buf.len() as u64;
                 if let Err(s) = self.progress(agent, req.id, off, &mut last, false)? {
@@ -257,7 +269,7 @@ impl Mover {
             key: key.clone(),
             data_version: version,
             size: off,
-            checksum: checksum_string(crc.finalize()),
+            checksum: sums.finish(),
             bytes_moved: off,
         };
         let outcome = match self.meta.hsm_complete(agent, req.id, &done) {
@@ -301,10 +313,16 @@ impl Mover {
             .clone()
             .ok_or_else(|| MoverError::Bad("the file has no layout".into()))?;
         let cs = layout.stripe_size.max(1);
-        let mut crc = crc32fast::Hasher::new();
+        let mut sums = SumReader::new(&copy.checksum, copy.size).map_err(MoverError::Bad)?;
         let mut last = Instant::now();
+        // Read and verified but not committed yet: (chunk, target, bytes), in file order.
         let mut batch: Vec<(u64, u32, Bytes)> = Vec::new();
-        let mut batch_bytes = 0u64;
+        let mut commit = self
+            .cfg
+            .first_commit_bytes
+            .min(self.cfg.commit_bytes)
+            .max(1);
+        let mut committed = 0u64;
         let mut off = 0u64;
         while off < copy.size {
             let chunk = off / cs;
@@ -317,8 +335,15 @@ impl Mover {
                     got: off + bytes.len() as u64,
                 });
             }
-            crc.update(&bytes);
-            batch_bytes += bytes.len() as u64;
+            // Verified before anything of it is committed: a bad chunk fails the request
+            // with the verified prefix committed and nothing after it.
+            if let Err(m) = sums.update(&bytes) {
+                return Err(MoverError::Checksum {
+                    key: copy.key,
+                    want: format!("{} at byte {}", m.want, m.at),
+                    got: m.got,
+                });
+            }
             batch.push((chunk, layout.target_of_chunk(chunk), bytes));
             off = end;
             if self
@@ -327,32 +352,44 @@ impl Mover {
             {
                 return Ok(Step::Stop);
             }
-            if batch_bytes >= self.cfg.commit_bytes || off >= copy.size {
-                let pieces: Vec<(u32, Bytes)> =
-                    batch.iter().map(|(_, t, b)| (*t, b.clone())).collect();
-                let ids = self.data.put_objects(pieces)?;
-                let slices: Vec<Slice> = batch
-                    .iter()
-                    .zip(ids)
-                    .map(|((c, t, b), obj)| Slice::whole_object(*c, 0, *t, obj, b.len() as u64))
-                    .collect();
-                batch.clear();
-                batch_bytes = 0;
-                if self.meta.hsm_restore_slices(agent, req.id, &slices)? == Progress::Stop {
-                    return Ok(Step::Stop);
-                }
-                if self.progress(agent, req.id, off, &mut last, true)?.is_err() {
-                    return Ok(Step::Stop);
-                }
+            let verified = sums.verified();
+            if verified < committed + commit && off < copy.size {
+                continue;
+            }
+            // Commit the pieces that end inside the verified prefix.
+            let n = batch
+                .iter()
+                .take_while(|(c, _, b)| c * cs + b.len() as u64 <= verified)
+                .count();
+            if n == 0 {
+                continue;
+            }
+            let ready: Vec<(u64, u32, Bytes)> = batch.drain(..n).collect();
+            let pieces: Vec<(u32, Bytes)> = ready.iter().map(|(_, t, b)| (*t, b.clone())).collect();
+            let ids = self.data.put_objects(pieces)?;
+            let slices: Vec<Slice> = ready
+                .iter()
+                .zip(ids)
+                .map(|((c, t, b), obj)| Slice::whole_object(*c, 0, *t, obj, b.len() as u64))
+                .collect();
+            if self.meta.hsm_restore_slices(agent, req.id, &slices)? == Progress::Stop {
+                return Ok(Step::Stop);
+            }
+            committed = ready
+                .last()
+                .map_or(committed, |(c, _, b)| c * cs + b.len() as u64);
+            commit = (commit * 2).min(self.cfg.commit_bytes);
+            if self.progress(agent, req.id, off, &mut last, true)?.is_err() {
+                return Ok(Step::Stop);
             }
         }
-        let got = checksum_string(crc.finalize());
-        if !copy.checksum.is_empty() && got != copy.checksum {
-            return Err(MoverError::Checksum {
-                key: copy.key,
-                want: copy.checksum,
-                got,
-            });
+        if !batch.is_empty() || sums.verified() < copy.size {
+            return Err(MoverError::Bad(format!(
+                "archive copy {}: {} of {} bytes verified at its end",
+                copy.key,
+                sums.verified(),
+                copy.size
+            )));
         }
         self.data.forget(ino);
         let done = HsmDone {
@@ -639,6 +676,7 @@ mod tests {
     use crate::metrics::Metrics;
     use tierfs_meta::hsm::{HsmAgentInfo, RequestState};
     use tierfs_meta::{format_engine, FormatParams, Kind, NewNode, ROOT_INO};
+    use tierfs_store::archive::checksum_string;
     use tierfs_store::TargetSet;
 
     struct Fx {
@@ -703,6 +741,8 @@ mod tests {
         let cfg = MoverConfig {
             read_size: 64 << 10,
             commit_bytes: 3 * stripe_size,
+            first_commit_bytes: stripe_size,
+            sum_chunk: stripe_size,
             progress_interval: Duration::ZERO,
         };
         let mover = Mover::new(Arc::clone(&meta), Arc::clone(&data), cfg);
@@ -800,7 +840,12 @@ mod tests {
         assert!(st.flags.archived() && !st.flags.dirty(), "{}", st.flags);
         let copy = st.copy.unwrap();
         assert_eq!(copy.size, data.len() as u64);
-        assert_eq!(copy.checksum, checksum_string(crc32fast::hash(&data)));
+        assert!(
+            copy.checksum
+                .starts_with(&checksum_string(crc32fast::hash(&data))),
+            "{}",
+            copy.checksum
+        );
         // the copy is the file's bytes, alone in the archive
         let files = archive_files(&f);
         assert_eq!(files.len(), 1, "{files:?}");
@@ -843,8 +888,8 @@ mod tests {
 
     #[test]
     fn restore_commits_the_prefix_as_it_goes() {
-        // The copy's last byte is corrupt: the checksum, known only at the end, fails the
-        // restore, but by then the chunks read before were committed one batch at a time
+        // The copy's last byte is corrupt: its chunk's checksum fails the restore, but by
+        // then the chunks read (and verified) before were committed one batch at a time
         // (readable while the rest moved). The file stays released; `hsm action` says why.
         let f = fx(64 << 10);
         let data = pattern((64 << 10) * 10);
@@ -870,9 +915,53 @@ mod tests {
         for c in 0..9 {
             assert_eq!(f.meta.read_chunk(ino, c).unwrap().len(), 1, "chunk {c}");
         }
+        assert!(f.meta.read_chunk(ino, 9).unwrap().is_empty());
+        assert_eq!(
+            f.meta.hsm_get_request(t.request.id).unwrap().restored,
+            9 * (64 << 10)
+        );
         f.data.invalidate(ino, None);
         let first = f.data.read(ino, 0, 64 << 10, false).unwrap();
         assert_eq!(first, data[..64 << 10]);
+    }
+
+    #[test]
+    fn a_corrupt_chunk_is_never_committed_nor_anything_after_it() {
+        // Chunk 4 of 10 is corrupt: it and every chunk after it are never committed (per-chunk
+        // checksums checked before each commit); what was committed before is verified data.
+        let f = fx(64 << 10);
+        let data = pattern((64 << 10) * 10);
+        let ino = file(&f, b"k", &data);
+        f.meta
+            .hsm_request(ino, HsmAction::Archive, Some(1))
+            .unwrap();
+        let t = take_one(&f, HsmAction::Archive);
+        f.mover.run(f.agent, &t).unwrap();
+        f.meta.hsm_release(ino).unwrap();
+        let files = archive_files(&f);
+        let mut bad = std::fs::read(&files[0]).unwrap();
+        bad[4 * (64 << 10) + 5] ^= 0x01;
+        std::fs::write(&files[0], &bad).unwrap();
+        f.meta.hsm_request(ino, HsmAction::Restore, None).unwrap();
+        let t = take_one(&f, HsmAction::Restore);
+        match f.mover.run(f.agent, &t).unwrap() {
+            Moved::Failed(why) => assert!(why.contains("at byte 262144"), "{why}"),
+            o => panic!("{o:?}"),
+        }
+        let r = f.meta.hsm_get_request(t.request.id).unwrap();
+        assert_eq!(r.state, RequestState::Failed);
+        // commits of 1, 2, 3 chunks: chunks 0..3 went, chunk 3 (verified) waited for more
+        assert_eq!(r.restored, 3 * (64 << 10));
+        for c in 0..10 {
+            assert_eq!(
+                f.meta.read_chunk(ino, c).unwrap().len(),
+                usize::from(c < 3),
+                "chunk {c}"
+            );
+        }
+        f.data.invalidate(ino, None);
+        let first = f.data.read(ino, 0, 3 * (64 << 10), false).unwrap();
+        assert_eq!(first, data[..3 * (64 << 10)]);
     }
 
     #[test]
