@@ -320,9 +320,11 @@ fn release_keeps_stat_and_is_refused_for_a_dirty_file() {
 
 extern "C" fn on_alarm(_: libc::c_int) {}
 
-/// With no agent, an open of a released file waits for its restore (queued at top priority)
-/// without holding up the mount: other requests are answered meanwhile; a signal interrupts
-/// the wait (EINTR), and the restore stays queued.
+/// With no agent, a write open of a released file waits for its restore (queued at top
+/// priority) without holding up the mount: other requests are answered meanwhile; a signal
+/// interrupts the wait (EINTR), and the restore stays queued. A read-only open returns at once
+/// (it follows the restore); its read of bytes not restored yet waits the same way, and is
+/// interrupted the same way.
 #[test]
 fn open_of_a_released_file_waits_interruptibly_and_the_mount_keeps_answering() {
     let t = TestFs::new(1);
@@ -342,7 +344,7 @@ fn open_of_a_released_file_waits_interruptibly_and_the_mount_keeps_answering() {
         sa.sa_flags = 0; // no SA_RESTART
         libc::sigaction(libc::SIGALRM, &sa, std::ptr::null_mut());
         libc::alarm(3);
-        let fd = libc::open(path.as_ptr(), libc::O_RDONLY);
+        let fd = libc::open(path.as_ptr(), libc::O_RDWR);
         tell(wfd, if fd < 0 { *libc::__errno_location() } else { 0 });
         loop {
             libc::pause();
@@ -365,6 +367,31 @@ fn open_of_a_released_file_waits_interruptibly_and_the_mount_keeps_answering() {
         .report(Duration::from_secs(10))
         .expect("the open of the released file was not interrupted by SIGALRM within 10 s");
     assert_eq!(got, libc::EINTR, "interrupted open: {}", errname(got));
+    drop(child);
+    // A read-only open returns at once; its read waits, and a signal interrupts it.
+    let path = cstr(&f);
+    let child = RawChild::spawn(|wfd| unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_alarm as *const () as usize;
+        sa.sa_flags = 0; // no SA_RESTART
+        libc::sigaction(libc::SIGALRM, &sa, std::ptr::null_mut());
+        let fd = libc::open(path.as_ptr(), libc::O_RDONLY);
+        if fd < 0 {
+            tell(wfd, 1000 + *libc::__errno_location());
+        } else {
+            libc::alarm(2);
+            let mut buf = [0u8; 4096];
+            let r = libc::pread(fd, buf.as_mut_ptr().cast(), buf.len(), 0);
+            tell(wfd, if r < 0 { *libc::__errno_location() } else { 0 });
+        }
+        loop {
+            libc::pause();
+        }
+    });
+    let got = child
+        .report(Duration::from_secs(10))
+        .expect("the read of the released file was not interrupted by SIGALRM within 10 s");
+    assert_eq!(got, libc::EINTR, "interrupted read: {got}");
     drop(child);
     // the restore stays queued for whoever opens next (or an agent)
     assert_eq!(restores(&*e, n).len(), 1);
@@ -414,8 +441,8 @@ fn openers_on_two_clients_share_one_restore_and_read_the_data() {
     );
 }
 
-/// A restore that fails for good gives the waiting opener EIO, and `tierfs hsm action` says
-/// why.
+/// A restore that fails for good gives the waiting opener (a write open) and the waiting
+/// reader (of a read-only open, which returned at once) EIO, and `tierfs hsm action` says why.
 #[test]
 fn a_failed_restore_gives_eio_and_action_shows_why() {
     let t = TestFs::new(1);
@@ -427,10 +454,23 @@ fn a_failed_restore_gives_eio_and_action_shows_why() {
     hsm(&t, &["release", &s(&f)]).assert_ok();
     let n = ino(&f);
     let p = f.clone();
-    let reader = thread::spawn(move || fs::File::open(p).map(|_| ()));
+    let opener = thread::spawn(move || {
+        fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(p)
+            .map(|_| ())
+    });
+    let p = f.clone();
+    let reader = thread::spawn(move || fs::read(p).map(|_| ()));
     assert!(
         wait_until(Duration::from_secs(5), || restores(&*e, n).len() == 1),
         "no restore queued by the open"
+    );
+    thread::sleep(Duration::from_millis(300));
+    assert!(
+        !opener.is_finished() && !reader.is_finished(),
+        "the write open or the read did not wait"
     );
     let a = agent(&*e);
     let k = take(&*e, a, n, HsmAction::Restore);
@@ -438,8 +478,11 @@ fn a_failed_restore_gives_eio_and_action_shows_why() {
         .hsm_fail(a, k.request.id, "archive copy checksum mismatch", false)
         .unwrap();
     assert_eq!(st, RequestState::Failed);
-    let got = reader.join().unwrap();
+    let got = opener.join().unwrap();
     let err = got.expect_err("the open succeeded after a failed restore");
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+    let got = reader.join().unwrap();
+    let err = got.expect_err("the read succeeded after a failed restore");
     assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
     let out = hsm(&t, &["action", &s(&f)]);
     assert!(
