@@ -390,3 +390,141 @@ fn bench_archive_restore_vs_cp() {
         cp_in.as_secs_f64() / restore.as_secs_f64(),
     );
 }
+
+/// Archives `p` (inode `ino`) with an agent of its own, then releases it: what the early
+/// readers below start from.
+fn archive_and_release(t: &TestFs, meta: &dyn MetaEngine, ino: u64) -> String {
+    let mut agent = Agent::start(t, 0);
+    let req = meta
+        .hsm_request(ino, HsmAction::Archive, Some(1))
+        .unwrap()
+        .unwrap();
+    wait_request(
+        meta,
+        req.id,
+        RequestState::Succeeded,
+        Duration::from_secs(60),
+    );
+    assert!(agent.term().success());
+    release(meta, ino);
+    meta.hsm_state(ino).unwrap().copy.unwrap().key
+}
+
+/// Beyond Lustre (docs/hsm.md, "Transparent restore"): a read-only open of a released file on
+/// another client returns while its restore is still queued or running, the first bytes are
+/// read while the rest still moves (the agent is slowed down by its test hook), a read of the
+/// end waits until the restored prefix covers it, and everything reads back byte-identical.
+/// (About 10 s: the slowed restore of 12 MiB.)
+#[test]
+fn a_reader_reads_the_restored_prefix_while_the_rest_moves() {
+    use std::os::unix::fs::FileExt;
+    let t = TestFs::with(Opts {
+        clients: 2,
+        stripe_size: Some("256K".into()),
+        ..Opts::default()
+    });
+    let meta = engine(&t);
+    let data = pattern(12 << 20, 7);
+    write_file(&t.p(0, "f"), &data);
+    let ino = fs::metadata(t.p(0, "f")).unwrap().ino();
+    archive_and_release(&t, meta.as_ref(), ino);
+
+    // 150 ms per 256 KiB read: the whole restore takes ~7 s, its first commit (4 MiB) ~2.4 s
+    let _agent = Agent::start(&t, 150);
+    let f = fs::File::open(t.p(1, "f")).expect("read-only open of a released file");
+    let r = meta
+        .hsm_action(ino)
+        .unwrap()
+        .expect("the open queued a restore");
+    assert_eq!(r.action, HsmAction::Restore);
+    assert!(
+        r.state.is_active(),
+        "the open waited for the restore: {r:?}"
+    );
+    let mut first = vec![0u8; 64 << 10];
+    f.read_exact_at(&mut first, 0)
+        .expect("read of the first bytes");
+    let r = meta.hsm_get_request(r.id).unwrap();
+    assert!(first == data[..64 << 10], "the first bytes differ");
+    assert!(
+        r.state == RequestState::Started && r.restored < data.len() as u64,
+        "the first bytes came only once the restore was over: {r:?}"
+    );
+    assert!(r.restored >= 64 << 10, "{r:?}");
+    // the end of the file: waits for the prefix to reach it (holes otherwise)
+    let mut last = vec![0u8; 4096];
+    f.read_exact_at(&mut last, data.len() as u64 - 4096)
+        .expect("read of the last bytes");
+    assert!(last == data[data.len() - 4096..], "the last bytes differ");
+    wait_request(
+        meta.as_ref(),
+        r.id,
+        RequestState::Succeeded,
+        Duration::from_secs(60),
+    );
+    // the handle opened early reads the whole file, and so does the other client
+    let mut all = vec![0u8; data.len()];
+    f.read_exact_at(&mut all, 0).unwrap();
+    assert!(all == data, "the early handle reads other bytes");
+    assert!(fs::read(t.p(0, "f")).unwrap() == data);
+    assert!(!meta.getattr(ino).unwrap().hsm.released());
+}
+
+/// Verified prefix: a chunk of the archive copy is corrupt. The restore commits only chunks
+/// whose checksum matched, so the bytes before it are read correctly while the restore runs,
+/// the corrupt chunk and everything after it are never committed (a read there gets EIO once
+/// the restore failed), and `tierfs hsm action` says why. (About 8 s: a slowed restore.)
+#[test]
+fn a_corrupt_chunk_of_the_copy_never_becomes_readable() {
+    use std::os::unix::fs::FileExt;
+    let t = TestFs::with(Opts {
+        clients: 1,
+        stripe_size: Some("256K".into()),
+        ..Opts::default()
+    });
+    let meta = engine(&t);
+    let data = pattern(12 << 20, 9);
+    write_file(&t.p(0, "f"), &data);
+    let ino = fs::metadata(t.p(0, "f")).unwrap().ino();
+    let key = archive_and_release(&t, meta.as_ref(), ino);
+    let bad_at = (10 << 20) + 5;
+    let copy = t.root().join("archive").join(&key);
+    let mut bytes = fs::read(&copy).unwrap();
+    bytes[bad_at] ^= 0x40;
+    fs::write(&copy, &bytes).unwrap();
+    drop(bytes);
+
+    let _agent = Agent::start(&t, 150);
+    let f = fs::File::open(t.p(0, "f")).expect("read-only open of a released file");
+    let mut first = vec![0u8; 64 << 10];
+    f.read_exact_at(&mut first, 0)
+        .expect("read of the verified first bytes");
+    assert!(first == data[..64 << 10], "the first bytes differ");
+    let mut there = vec![0u8; 4096];
+    let err = f
+        .read_exact_at(&mut there, bad_at as u64 - 5)
+        .expect_err("the corrupt chunk was read");
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+    let r = meta.hsm_action(ino).unwrap().unwrap();
+    assert_eq!(r.state, RequestState::Failed, "{r:?}");
+    assert!(
+        r.last_error
+            .as_deref()
+            .unwrap_or("")
+            .contains("checksum mismatch"),
+        "{r:?}"
+    );
+    let chunk = 256 << 10;
+    assert!(r.restored <= (bad_at as u64 / chunk) * chunk, "{r:?}");
+    // nothing of the corrupt chunk or after it was committed; the file stays released
+    for c in (bad_at as u64 / chunk)..(data.len() as u64 / chunk) {
+        assert!(meta.read_chunk(ino, c).unwrap().is_empty(), "chunk {c}");
+    }
+    assert!(meta.getattr(ino).unwrap().hsm.released());
+    let out = t.tierfs(&["hsm", "action", &t.p(0, "f").to_string_lossy()]);
+    assert!(
+        out.stdout.contains("RESTORE FAILED") && out.stdout.contains("checksum mismatch"),
+        "{}",
+        out.describe()
+    );
+}
