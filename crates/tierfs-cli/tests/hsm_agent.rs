@@ -531,3 +531,82 @@ fn a_corrupt_chunk_of_the_copy_never_becomes_readable() {
         out.describe()
     );
 }
+
+/// Bytes `off..off + len` of the file [`pattern`]`(_, seed)` makes, without making all of it.
+fn pattern_at(off: usize, len: usize, seed: u8) -> Vec<u8> {
+    (off..off + len)
+        .map(|i| ((i * 131 + i / 4093) as u8).wrapping_add(seed))
+        .collect()
+}
+
+/// Time to first byte of a released file vs time to read all of it, in the same run
+/// (docs/benchmarks.md): an agent restores while a reader on the mount opens the file
+/// read-only and reads it from the start, 1 MiB at a time, checking every byte. Caches are
+/// dropped first (as root). Run it with a release build:
+/// `cargo test --release -p tierfs-cli --test hsm_agent bench_time_to_first_byte -- --ignored --nocapture`
+/// (size with TIERFS_BENCH_HSM_MB, default 1024). Prints figures; asserts only correctness.
+#[test]
+#[ignore]
+fn bench_time_to_first_byte() {
+    use std::io::Read;
+    use std::time::Instant;
+    let mb: usize = std::env::var("TIERFS_BENCH_HSM_MB")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1024);
+    let t = TestFs::with(Opts {
+        clients: 1,
+        timeout: Duration::from_secs(900),
+        ..Opts::default()
+    });
+    let meta = engine(&t);
+    let size = mb << 20;
+    let piece = 8 << 20;
+    {
+        let mut f = fs::File::create(t.p(0, "f")).unwrap();
+        for off in (0..size).step_by(piece) {
+            f.write_all(&pattern_at(off, piece.min(size - off), 4))
+                .unwrap();
+        }
+        f.sync_all().unwrap();
+    }
+    let ino = fs::metadata(t.p(0, "f")).unwrap().ino();
+    archive_and_release(&t, meta.as_ref(), ino);
+    let _agent = Agent::start(&t, 0);
+    std::thread::sleep(Duration::from_millis(500)); // registered, polling
+    unsafe { libc::sync() };
+    let dropped = fs::write("/proc/sys/vm/drop_caches", "3").is_ok();
+
+    let t0 = Instant::now();
+    let mut f = fs::File::open(t.p(0, "f")).unwrap();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut off = 0usize;
+    let mut first = None;
+    while off < size {
+        let n = f.read(&mut buf).unwrap();
+        assert!(n > 0, "EOF at {off} of {size}");
+        first.get_or_insert_with(|| t0.elapsed());
+        assert!(
+            buf[..n] == pattern_at(off, n, 4)[..],
+            "bytes at {off} differ"
+        );
+        off += n;
+    }
+    let all = t0.elapsed();
+    let first = first.unwrap();
+    let r = meta.hsm_action(ino).unwrap().unwrap();
+    wait_request(
+        meta.as_ref(),
+        r.id,
+        RequestState::Succeeded,
+        Duration::from_secs(600),
+    );
+    println!(
+        "HSM time to first byte, released {mb} MiB file (caches dropped: {dropped}): \
+         first byte {:.3} s, whole file {:.2} s ({:.0} MiB/s; first byte at {:.1}% of it)",
+        first.as_secs_f64(),
+        all.as_secs_f64(),
+        mb as f64 / all.as_secs_f64(),
+        100.0 * first.as_secs_f64() / all.as_secs_f64(),
+    );
+}

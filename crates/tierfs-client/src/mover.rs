@@ -3,17 +3,19 @@
 //!
 //! - ARCHIVE: notes the file's data version, reads the file through the data path (as any
 //!   reader), writes the copy to the archive under a key of its own (`<ino>/v<version>.r<request>`)
-//!   with a CRC-32 of the bytes, and completes the request: the engine records the copy only if
+//!   with the CRC-32s of the whole and of each chunk ([`crate::copysum`]), and completes the request: the engine records the copy only if
 //!   the file's data version is still the one noted (else `Stale`), and only a completed request
 //!   marks the file archived. A mover killed before completing leaves the file as it was; the
 //!   request is requeued after the coordinator's timeout. A copy that does not count (stale,
 //!   canceled, failed) is deleted by the mover that wrote it.
-//! - RESTORE: reads the copy chunk by chunk, writes each chunk as a new object on the target
-//!   the file's layout gives it, and commits the objects with `hsm_restore_slices` every
-//!   [`MoverConfig::commit_bytes`] (the restored prefix is readable while the rest moves); at
-//!   the end checks the copy's size and checksum and completes (RELEASED is cleared). A
-//!   checksum mismatch fails the request for good (the file stays released; `hsm action` says
-//!   why).
+//! - RESTORE: reads the copy chunk by chunk, verifies each checksum chunk of it
+//!   ([`crate::copysum`]) as soon as it is read, writes the pieces as new objects on the
+//!   targets the file's layout gives them, and commits with `hsm_restore_slices` only pieces
+//!   inside the verified prefix, [`MoverConfig::first_commit_bytes`] first, doubling up to
+//!   [`MoverConfig::commit_bytes`] (the restored prefix is readable while the rest moves, and
+//!   never holds an unverified byte); at the end checks the whole copy's checksum and
+//!   completes (RELEASED is cleared). A mismatch fails the request for good at the chunk where
+//!   it is found (the file stays released; `hsm action` says why).
 //! - REMOVE: deletes the copy; completes.
 //!
 //! Progress is reported at least every [`MoverConfig::progress_interval`]; a `Stop` answer

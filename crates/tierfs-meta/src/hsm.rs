@@ -105,7 +105,8 @@ pub struct ArchiveCopy {
     pub data_version: u64,
     /// Bytes in the copy (the file's size when it was copied).
     pub size: u64,
-    /// The copy's checksum as `algorithm:hex` (restore verifies it).
+    /// The copy's checksums as `algorithm:hex`, with the per-chunk ones the movers write
+    /// (`crc32:<whole>;chunks:<bytes>:<hex...>`, tierfs-client's `copysum`); restore verifies them.
     pub checksum: String,
     /// When the copy was recorded (database clock).
     pub archived_at: Nanos,
@@ -283,7 +284,7 @@ pub struct HsmDone {
     pub data_version: u64,
     /// ARCHIVE: bytes in the copy.
     pub size: u64,
-    /// ARCHIVE: the copy's checksum, `algorithm:hex`.
+    /// ARCHIVE: the copy's checksums, `algorithm:hex[;chunks:...]` ([`ArchiveCopy::checksum`]).
     pub checksum: String,
     /// Bytes moved in all.
     pub bytes_moved: u64,
