@@ -709,3 +709,44 @@ fn truncate_of_a_released_file_restores_it_first() {
         "truncated restored data"
     );
 }
+
+/// A read-only handle of a released file (direct I/O while it follows the restore) can be
+/// mapped shared (FUSE_DIRECT_IO_ALLOW_MMAP): a page fault waits for the restore like a read,
+/// and the mapping shows the restored data.
+#[test]
+fn mmap_of_a_file_being_restored_shows_the_restored_data() {
+    use std::os::fd::AsRawFd;
+    let t = TestFs::new(1);
+    add_archive(&t);
+    let e = engine(&t);
+    let f = t.p(0, "f");
+    let data = pattern(11, 0, 70_000);
+    fs::write(&f, &data).unwrap();
+    archive_by_hand(&t, &*e, &f);
+    hsm(&t, &["release", &s(&f)]).assert_ok();
+    let n = ino(&f);
+    let file = fs::File::open(&f).expect("read-only open of a released file");
+    let len = data.len();
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            file.as_raw_fd(),
+            0,
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED, "mmap: {}", errname(errno()));
+    let addr = p as usize;
+    let reader = thread::spawn(move || {
+        let m = unsafe { std::slice::from_raw_parts(addr as *const u8, len) };
+        m.to_vec()
+    });
+    thread::sleep(Duration::from_millis(500));
+    assert!(!reader.is_finished(), "the page fault did not wait");
+    restore_by_hand(&*e, n, &data);
+    let got = reader.join().unwrap();
+    unsafe { libc::munmap(p, len) };
+    assert!(got == data, "the mapping shows other bytes");
+}
