@@ -19,7 +19,7 @@ use fuser::{
 use parking_lot::{Condvar, Mutex};
 use tierfs_meta::changelog::{Caller, CallerGuard};
 
-use tierfs_meta::hsm::{HsmAction, HsmError, RequestState};
+use tierfs_meta::hsm::{HsmAction, HsmError, HsmRequest, RequestState};
 use tierfs_meta::{
     Attr, Ino, Kind, LockRange, LockType, MetaEngine, MetaError, NewNode, PccLease, PccOpen,
     SetAttr, TimeSet,
@@ -125,6 +125,19 @@ const RESTORE_POLL_MAX: Duration = Duration::from_millis(500);
 /// it first ([`FsInner::wait_restored`]).
 fn is_released(e: &ClientError) -> bool {
     matches!(e, ClientError::Meta(MetaError::Hsm(HsmError::Released)))
+}
+
+/// The error of a restore that failed for good or was canceled: EIO (`tierfs hsm action` says
+/// why).
+fn restore_ended(r: &HsmRequest) -> ClientError {
+    let why = match r.state {
+        RequestState::Canceled => "was canceled".to_string(),
+        _ => format!(
+            "failed: {}",
+            r.last_error.as_deref().unwrap_or("no reason given")
+        ),
+    };
+    ClientError::Failed(format!("restore of inode {} {why}", r.ino), libc::EIO)
 }
 
 /// A new handle: its number, open flags and passthrough backing file.
@@ -1052,16 +1065,9 @@ impl FsInner {
                 return Err(interrupted());
             }
             let r = match request {
-                None => match self.meta.hsm_request(ino, HsmAction::Restore, None) {
-                    Ok(None) => return Ok(()), // not released (any more)
-                    Ok(Some(r)) => r,
-                    Err(MetaError::Hsm(e)) => {
-                        return Err(ClientError::Failed(
-                            format!("restore of inode {ino} refused: {e}"),
-                            libc::EIO,
-                        ))
-                    }
-                    Err(e) => return Err(e.into()),
+                None => match self.queue_restore(ino)? {
+                    None => return Ok(()), // not released (any more)
+                    Some(r) => r,
                 },
                 Some(id) => match self.meta.hsm_get_request(id) {
                     Ok(r) => r,
@@ -1081,24 +1087,24 @@ impl FsInner {
                     request = None;
                     continue;
                 }
-                RequestState::Failed => {
-                    return Err(ClientError::Failed(
-                        format!(
-                            "restore of inode {ino} failed: {}",
-                            r.last_error.as_deref().unwrap_or("no reason given")
-                        ),
-                        libc::EIO,
-                    ))
-                }
-                RequestState::Canceled => {
-                    return Err(ClientError::Failed(
-                        format!("restore of inode {ino} was canceled"),
-                        libc::EIO,
-                    ))
-                }
+                RequestState::Failed | RequestState::Canceled => return Err(restore_ended(&r)),
             }
             std::thread::sleep(pause);
             pause = (pause * 2).min(RESTORE_POLL_MAX);
+        }
+    }
+
+    /// Queues a restore of `ino` at top priority, or joins the one queued (the coordinator
+    /// dedupes): the request, or None when the file is not released (any more). EIO when the
+    /// restore is refused (copy lost, no copy; `tierfs hsm action` says why).
+    fn queue_restore(&self, ino: Ino) -> Result<Option<HsmRequest>> {
+        match self.meta.hsm_request(ino, HsmAction::Restore, None) {
+            Ok(r) => Ok(r),
+            Err(MetaError::Hsm(e)) => Err(ClientError::Failed(
+                format!("restore of inode {ino} refused: {e}"),
+                libc::EIO,
+            )),
+            Err(e) => Err(e.into()),
         }
     }
 
@@ -1108,16 +1114,8 @@ impl FsInner {
     /// it wait ([`FsInner::restore_covers`]). None when the file is not released (any more):
     /// the caller opens it as any file. EIO when the restore is refused (copy lost, no copy).
     fn open_restoring(&self, ino: Ino, flags: i32) -> Result<Option<(u64, FopenFlags)>> {
-        let r = match self.meta.hsm_request(ino, HsmAction::Restore, None) {
-            Ok(None) => return Ok(None),
-            Ok(Some(r)) => r,
-            Err(MetaError::Hsm(e)) => {
-                return Err(ClientError::Failed(
-                    format!("restore of inode {ino} refused: {e}"),
-                    libc::EIO,
-                ))
-            }
-            Err(e) => return Err(e.into()),
+        let Some(r) = self.queue_restore(ino)? else {
+            return Ok(None);
         };
         let a = self.meta.getattr(ino)?;
         if !a.hsm.released() {
@@ -1162,24 +1160,16 @@ impl FsInner {
         let r = match self.meta.hsm_get_request(id) {
             Ok(r) => r,
             // purged already: the file's restore is over, or another one follows
-            Err(MetaError::Hsm(HsmError::UnknownRequest(_))) => {
-                match self.meta.hsm_request(ino, HsmAction::Restore, None) {
-                    Ok(None) => {
-                        self.restore_over(rs, ino);
-                        return Ok(true);
-                    }
-                    Ok(Some(r)) => {
-                        rs.request.store(r.id, Ordering::Release);
-                        r
-                    }
-                    Err(e) => {
-                        return Err(ClientError::Failed(
-                            format!("restore of inode {ino}: {e}"),
-                            libc::EIO,
-                        ))
-                    }
+            Err(MetaError::Hsm(HsmError::UnknownRequest(_))) => match self.queue_restore(ino)? {
+                None => {
+                    self.restore_over(rs, ino);
+                    return Ok(true);
                 }
-            }
+                Some(r) => {
+                    rs.request.store(r.id, Ordering::Release);
+                    r
+                }
+            },
             Err(e) => return Err(e.into()),
         };
         match r.state {
@@ -1193,17 +1183,7 @@ impl FsInner {
                 }
                 Ok(end <= r.restored)
             }
-            RequestState::Failed => Err(ClientError::Failed(
-                format!(
-                    "restore of inode {ino} failed: {}",
-                    r.last_error.as_deref().unwrap_or("no reason given")
-                ),
-                libc::EIO,
-            )),
-            RequestState::Canceled => Err(ClientError::Failed(
-                format!("restore of inode {ino} was canceled"),
-                libc::EIO,
-            )),
+            RequestState::Failed | RequestState::Canceled => Err(restore_ended(&r)),
         }
     }
 
