@@ -12,7 +12,7 @@ mod common;
 use common::*;
 use std::fs;
 use std::os::unix::fs::MetadataExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -123,6 +123,19 @@ fn restore_by_hand(e: &dyn MetaEngine, ino: u64, data: &[u8]) {
         HsmOutcome::Done
     );
     e.hsm_agent_unregister(a).unwrap();
+}
+
+/// Archive 1 and file `f` of mount 0 (`len` bytes of pattern `seed`) archived by hand and
+/// released: the engine, the file's path and its data.
+fn released_file(t: &TestFs, seed: u64, len: usize) -> (Arc<dyn MetaEngine>, PathBuf, Vec<u8>) {
+    add_archive(t);
+    let e = engine(t);
+    let f = t.p(0, "f");
+    let data = pattern(seed, 0, len);
+    fs::write(&f, &data).unwrap();
+    archive_by_hand(t, &*e, &f);
+    hsm(t, &["release", &s(&f)]).assert_ok();
+    (e, f, data)
 }
 
 /// Bad input and the queue, with no mover: archives, archive requests (deduplicated, visible
@@ -679,13 +692,7 @@ fn a_released_file_is_restored_before_the_cache_gets_it() {
 #[test]
 fn truncate_of_a_released_file_restores_it_first() {
     let t = TestFs::new(1);
-    add_archive(&t);
-    let e = engine(&t);
-    let f = t.p(0, "f");
-    let data = pattern(10, 0, 100_000);
-    fs::write(&f, &data).unwrap();
-    archive_by_hand(&t, &*e, &f);
-    hsm(&t, &["release", &s(&f)]).assert_ok();
+    let (e, f, data) = released_file(&t, 10, 100_000);
     let n = ino(&f);
     let p = f.clone();
     let truncater = thread::spawn(move || {
@@ -717,13 +724,7 @@ fn truncate_of_a_released_file_restores_it_first() {
 fn mmap_of_a_file_being_restored_shows_the_restored_data() {
     use std::os::fd::AsRawFd;
     let t = TestFs::new(1);
-    add_archive(&t);
-    let e = engine(&t);
-    let f = t.p(0, "f");
-    let data = pattern(11, 0, 70_000);
-    fs::write(&f, &data).unwrap();
-    archive_by_hand(&t, &*e, &f);
-    hsm(&t, &["release", &s(&f)]).assert_ok();
+    let (e, f, data) = released_file(&t, 11, 70_000);
     let n = ino(&f);
     let file = fs::File::open(&f).expect("read-only open of a released file");
     let len = data.len();

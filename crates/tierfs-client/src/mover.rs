@@ -888,6 +888,26 @@ mod tests {
         assert!(!f.meta.hsm_state(ino).unwrap().flags.archived());
     }
 
+    /// Archives `data` as file `name` with the mover, releases it, and flips bit 0 of every
+    /// byte at `corrupt` in the copy: the released file's inode.
+    fn released_with_corrupt_copy(f: &Fx, name: &[u8], data: &[u8], corrupt: &[usize]) -> u64 {
+        let ino = file(f, name, data);
+        f.meta
+            .hsm_request(ino, HsmAction::Archive, Some(1))
+            .unwrap();
+        let t = take_one(f, HsmAction::Archive);
+        f.mover.run(f.agent, &t).unwrap();
+        f.meta.hsm_release(ino).unwrap();
+        assert!(f.meta.read_chunk(ino, 0).unwrap().is_empty());
+        let files = archive_files(f);
+        let mut bad = std::fs::read(&files[0]).unwrap();
+        for &at in corrupt {
+            bad[at] ^= 0x01;
+        }
+        std::fs::write(&files[0], &bad).unwrap();
+        ino
+    }
+
     #[test]
     fn restore_commits_the_prefix_as_it_goes() {
         // The copy's last byte is corrupt: its chunk's checksum fails the restore, but by
@@ -895,18 +915,7 @@ mod tests {
         // (readable while the rest moved). The file stays released; `hsm action` says why.
         let f = fx(64 << 10);
         let data = pattern((64 << 10) * 10);
-        let ino = file(&f, b"p", &data);
-        f.meta
-            .hsm_request(ino, HsmAction::Archive, Some(1))
-            .unwrap();
-        let t = take_one(&f, HsmAction::Archive);
-        f.mover.run(f.agent, &t).unwrap();
-        f.meta.hsm_release(ino).unwrap();
-        assert!(f.meta.read_chunk(ino, 0).unwrap().is_empty());
-        let files = archive_files(&f);
-        let mut bad = std::fs::read(&files[0]).unwrap();
-        *bad.last_mut().unwrap() ^= 0xff;
-        std::fs::write(&files[0], &bad).unwrap();
+        let ino = released_with_corrupt_copy(&f, b"p", &data, &[data.len() - 1]);
         f.meta.hsm_request(ino, HsmAction::Restore, None).unwrap();
         let t = take_one(&f, HsmAction::Restore);
         assert!(matches!(
@@ -933,17 +942,7 @@ mod tests {
         // checksums checked before each commit); what was committed before is verified data.
         let f = fx(64 << 10);
         let data = pattern((64 << 10) * 10);
-        let ino = file(&f, b"k", &data);
-        f.meta
-            .hsm_request(ino, HsmAction::Archive, Some(1))
-            .unwrap();
-        let t = take_one(&f, HsmAction::Archive);
-        f.mover.run(f.agent, &t).unwrap();
-        f.meta.hsm_release(ino).unwrap();
-        let files = archive_files(&f);
-        let mut bad = std::fs::read(&files[0]).unwrap();
-        bad[4 * (64 << 10) + 5] ^= 0x01;
-        std::fs::write(&files[0], &bad).unwrap();
+        let ino = released_with_corrupt_copy(&f, b"k", &data, &[4 * (64 << 10) + 5]);
         f.meta.hsm_request(ino, HsmAction::Restore, None).unwrap();
         let t = take_one(&f, HsmAction::Restore);
         match f.mover.run(f.agent, &t).unwrap() {
