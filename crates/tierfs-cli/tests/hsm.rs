@@ -333,6 +333,14 @@ fn release_keeps_stat_and_is_refused_for_a_dirty_file() {
 
 extern "C" fn on_alarm(_: libc::c_int) {}
 
+/// In a forked child: SIGALRM interrupts a blocked system call (EINTR, no SA_RESTART).
+unsafe fn alarm_interrupts() {
+    let mut sa: libc::sigaction = std::mem::zeroed();
+    sa.sa_sigaction = on_alarm as *const () as usize;
+    sa.sa_flags = 0; // no SA_RESTART
+    libc::sigaction(libc::SIGALRM, &sa, std::ptr::null_mut());
+}
+
 /// With no agent, a write open of a released file waits for its restore (queued at top
 /// priority) without holding up the mount: other requests are answered meanwhile; a signal
 /// interrupts the wait (EINTR), and the restore stays queued. A read-only open returns at once
@@ -352,10 +360,7 @@ fn open_of_a_released_file_waits_interruptibly_and_the_mount_keeps_answering() {
 
     let path = cstr(&f);
     let child = RawChild::spawn(|wfd| unsafe {
-        let mut sa: libc::sigaction = std::mem::zeroed();
-        sa.sa_sigaction = on_alarm as *const () as usize;
-        sa.sa_flags = 0; // no SA_RESTART
-        libc::sigaction(libc::SIGALRM, &sa, std::ptr::null_mut());
+        alarm_interrupts();
         libc::alarm(3);
         let fd = libc::open(path.as_ptr(), libc::O_RDWR);
         tell(wfd, if fd < 0 { *libc::__errno_location() } else { 0 });
@@ -384,10 +389,7 @@ fn open_of_a_released_file_waits_interruptibly_and_the_mount_keeps_answering() {
     // A read-only open returns at once; its read waits, and a signal interrupts it.
     let path = cstr(&f);
     let child = RawChild::spawn(|wfd| unsafe {
-        let mut sa: libc::sigaction = std::mem::zeroed();
-        sa.sa_sigaction = on_alarm as *const () as usize;
-        sa.sa_flags = 0; // no SA_RESTART
-        libc::sigaction(libc::SIGALRM, &sa, std::ptr::null_mut());
+        alarm_interrupts();
         let fd = libc::open(path.as_ptr(), libc::O_RDONLY);
         if fd < 0 {
             tell(wfd, 1000 + *libc::__errno_location());
