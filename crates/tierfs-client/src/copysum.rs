@@ -4,8 +4,9 @@
 //!
 //! Recorded as the copy's checksum string (`ArchiveCopy::checksum`):
 //! `crc32:<whole, 8 hex>;chunks:<chunk bytes>:<8 hex per chunk>`. A copy recorded with the
-//! whole checksum only (`crc32:<8 hex>`) is verified at its end (its restore commits nothing
-//! before); one with no checksum (an import) has nothing to verify.
+//! whole checksum only (`crc32:<8 hex>`) is verified at its end ([`SumReader::whole_only`]: its
+//! restore reads it once to verify it before reading it again to commit); one with no
+//! checksum (an import) has nothing to verify.
 
 use tierfs_store::archive::checksum_string;
 
@@ -194,6 +195,12 @@ impl SumReader {
         }
         self.verified = self.read;
         Ok(())
+    }
+
+    /// The copy has a whole checksum and no chunk checksums: nothing is verified before its
+    /// end (a restore reads it once to verify it first).
+    pub fn whole_only(&self) -> bool {
+        self.chunks.is_none() && self.whole_want.is_some()
     }
 
     /// The copy's bytes `0..verified()` are verified (all of them read so far when the copy

@@ -317,6 +317,35 @@ impl Mover {
         let cs = layout.stripe_size.max(1);
         let mut sums = SumReader::new(&copy.checksum, copy.size).map_err(MoverError::Bad)?;
         let mut last = Instant::now();
+        if sums.whole_only() {
+            // A copy recorded with the whole checksum only: read and verified once first, so
+            // that nothing unverified is committed and nothing is held in memory meanwhile
+            // (the copy is immutable under its key).
+            let mut off = 0u64;
+            while off < copy.size {
+                let end = (off + (8 << 20)).min(copy.size);
+                let bytes = rt.block_on(archive.get_range(&copy.key, off, end))?;
+                if bytes.len() as u64 != end - off {
+                    return Err(MoverError::Size {
+                        key: copy.key,
+                        want: copy.size,
+                        got: off + bytes.len() as u64,
+                    });
+                }
+                if let Err(m) = sums.update(&bytes) {
+                    return Err(MoverError::Checksum {
+                        key: copy.key,
+                        want: m.want,
+                        got: m.got,
+                    });
+                }
+                off = end;
+                if self.progress(agent, req.id, 0, &mut last, false)?.is_err() {
+                    return Ok(Step::Stop);
+                }
+            }
+            sums = SumReader::new("", copy.size).map_err(MoverError::Bad)?;
+        }
         // Read and verified but not committed yet: (chunk, target, bytes), in file order.
         let mut batch: Vec<(u64, u32, Bytes)> = Vec::new();
         let mut commit = self
@@ -899,12 +928,13 @@ mod tests {
         f.mover.run(f.agent, &t).unwrap();
         f.meta.hsm_release(ino).unwrap();
         assert!(f.meta.read_chunk(ino, 0).unwrap().is_empty());
-        let files = archive_files(f);
-        let mut bad = std::fs::read(&files[0]).unwrap();
+        let key = f.meta.hsm_state(ino).unwrap().copy.unwrap().key;
+        let copy = f.dir.path().join("archive").join(key);
+        let mut bad = std::fs::read(&copy).unwrap();
         for &at in corrupt {
             bad[at] ^= 0x01;
         }
-        std::fs::write(&files[0], &bad).unwrap();
+        std::fs::write(&copy, &bad).unwrap();
         ino
     }
 
@@ -963,6 +993,35 @@ mod tests {
         f.data.invalidate(ino, None);
         let first = f.data.read(ino, 0, 3 * (64 << 10), false).unwrap();
         assert_eq!(first, data[..3 * (64 << 10)]);
+    }
+
+    #[test]
+    fn a_copy_with_the_whole_checksum_only_is_verified_before_anything_is_committed() {
+        let f = fx(64 << 10);
+        let data = pattern((64 << 10) * 6 + 99);
+        let whole = checksum_string(crc32fast::hash(&data));
+        // corrupt: nothing committed
+        let ino = released_with_corrupt_copy(&f, b"w", &data, &[data.len() - 1]);
+        f.meta.hsm_request(ino, HsmAction::Restore, None).unwrap();
+        let mut t = take_one(&f, HsmAction::Restore);
+        t.copy.as_mut().unwrap().checksum = whole.clone();
+        match f.mover.run(f.agent, &t).unwrap() {
+            Moved::Failed(why) => assert!(why.contains("checksum mismatch"), "{why}"),
+            o => panic!("{o:?}"),
+        }
+        for c in 0..7 {
+            assert!(f.meta.read_chunk(ino, c).unwrap().is_empty(), "chunk {c}");
+        }
+        // intact: restored, byte-identical
+        let ino = released_with_corrupt_copy(&f, b"v", &data, &[]);
+        f.meta.hsm_request(ino, HsmAction::Restore, None).unwrap();
+        let mut t = take_one(&f, HsmAction::Restore);
+        t.copy.as_mut().unwrap().checksum = whole;
+        assert_eq!(
+            f.mover.run(f.agent, &t).unwrap(),
+            Moved::Completed(HsmOutcome::Done)
+        );
+        assert_eq!(read_all(&f, ino), data);
     }
 
     #[test]
