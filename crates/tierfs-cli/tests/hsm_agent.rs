@@ -1,7 +1,8 @@
 //! HSM copytool agents (issue 13, requirement 3): `tierfs agent` archives and restores files of
 //! a mounted filesystem, the data read back on another client is byte-identical, and an agent
 //! killed mid-copy leaves the file as it was (not archived / still released) while another
-//! agent finishes the request once the coordinator requeued it.
+//! agent finishes the request once the coordinator requeued it. A reader of a file being
+//! restored reads the verified restored prefix while the rest moves, and never a corrupt chunk.
 //!
 //! The HSM requests are queued through the engine directly (the `tierfs hsm` commands are
 //! another branch's), as a client would.
