@@ -1,6 +1,7 @@
 //! HSM from the user's side (issue 13): the `tierfs hsm` commands through real mounts, and
-//! transparent restore (an open of a released file queues a restore and waits for it off the
-//! FUSE request thread: interruptible, shared by several openers, EIO when it fails).
+//! transparent restore (an open of a released file queues a restore, shared by several
+//! openers; a write open, a truncate, and a read-only open's reads of bytes not restored yet
+//! wait for it off the FUSE request thread: interruptible, EIO when it fails).
 //!
 //! No agent runs here (the copytool is `tierfs agent`, tested with the movers): where a test
 //! needs a request carried out, it plays the mover itself through the engine's API (register,
