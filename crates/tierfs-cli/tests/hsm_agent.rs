@@ -550,11 +550,11 @@ fn pattern_at(off: usize, len: usize, seed: u8) -> Vec<u8> {
 /// (docs/benchmarks.md): an agent restores while a reader on the mount opens the file
 /// read-only and reads it from the start, 1 MiB at a time, checking every byte. Caches are
 /// dropped first (as root). Run it with a release build:
-/// `cargo test --release -p tierfs-cli --test hsm_agent bench_time_to_first_byte -- --ignored --nocapture`
+/// `cargo test --release -p tierfs-cli --test hsm_agent time_to_first_byte_of_a_released_file -- --ignored --nocapture`
 /// (size with TIERFS_BENCH_HSM_MB, default 1024). Prints figures; asserts only correctness.
 #[test]
 #[ignore]
-fn bench_time_to_first_byte() {
+fn time_to_first_byte_of_a_released_file() {
     use std::io::Read;
     use std::time::Instant;
     let mb: usize = std::env::var("TIERFS_BENCH_HSM_MB")
