@@ -817,17 +817,40 @@ impl FsInner {
     /// A new handle on `attr`'s file; `recorded` when the open is already in the metadata
     /// engine (create + open in one transaction).
     fn open_file(&self, attr: &Attr, flags: i32, recorded: bool) -> Result<(u64, FopenFlags)> {
+        self.open_following(attr, flags, recorded, None)
+    }
+
+    /// [`FsInner::open_file`], of a handle that follows the restore `restoring`, if any.
+    fn open_following(
+        &self,
+        attr: &Attr,
+        flags: i32,
+        recorded: bool,
+        restoring: Option<Restoring>,
+    ) -> Result<(u64, FopenFlags)> {
         let sid = self.session.id();
         if !recorded && !self.data.cancel_queued_close(attr.ino, sid) {
             self.session
                 .watch(sid, self.meta.open_file(sid, attr.ino))?;
         }
-        Ok(self.open_handle(attr, flags, !recorded, sid))
+        Ok(self.new_open_handle(attr, flags, !recorded, sid, restoring))
     }
 
     /// A new handle on `attr`'s file whose open is counted in the metadata engine already,
     /// under session `sid`; `seen`: the file existed before this open (not created by it).
     fn open_handle(&self, attr: &Attr, flags: i32, seen: bool, sid: u64) -> (u64, FopenFlags) {
+        self.new_open_handle(attr, flags, seen, sid, None)
+    }
+
+    /// [`FsInner::open_handle`], of a handle that follows the restore `restoring`, if any.
+    fn new_open_handle(
+        &self,
+        attr: &Attr,
+        flags: i32,
+        seen: bool,
+        sid: u64,
+        restoring: Option<Restoring>,
+    ) -> (u64, FopenFlags) {
         let keep = self.data.open(attr);
         if !keep && seen {
             // The data changed since this client last saw it: make the kernel drop its cached
@@ -842,6 +865,11 @@ impl FsInner {
         if append {
             // Appends go where the filesystem says the end is, not the kernel's cached size.
             fl |= FopenFlags::FOPEN_DIRECT_IO;
+        } else if restoring.is_some() {
+            // Following a restore: each read(2) comes here as a request of its own, which waits
+            // for its bytes interruptibly (the kernel's page-cache reads wait for a FUSE answer
+            // only killably), and the kernel keeps no pages of the file from this handle.
+            fl |= FopenFlags::FOPEN_DIRECT_IO;
         } else if keep {
             fl |= FopenFlags::FOPEN_KEEP_CACHE;
         }
@@ -852,7 +880,7 @@ impl FsInner {
             cache: None,
             caller: tierfs_meta::changelog::current(),
             session: sid,
-            restoring: None,
+            restoring,
         });
         (fh, fl)
     }
@@ -1121,22 +1149,17 @@ impl FsInner {
         if !a.hsm.released() {
             return Ok(None);
         }
-        let (fh, mut fl) = self.open_file(&a, flags, false)?;
-        // Direct I/O: each read(2) comes here as a request of its own, which waits for its
-        // bytes interruptibly (the kernel's page-cache reads wait for a FUSE answer only
-        // killably), and the kernel keeps no pages of the file from this handle.
-        fl.remove(FopenFlags::FOPEN_KEEP_CACHE);
-        fl |= FopenFlags::FOPEN_DIRECT_IO;
-        if let Some(h) = self.handles.lock().get_mut(&fh) {
-            if let Some(h) = Arc::get_mut(h) {
-                h.restoring = Some(Restoring {
-                    request: AtomicU64::new(r.id),
-                    prefix: AtomicU64::new(0),
-                    size: a.size,
-                });
-            }
-        }
-        Ok(Some((fh, fl)))
+        let following = Restoring {
+            request: AtomicU64::new(r.id),
+            prefix: AtomicU64::new(0),
+            size: a.size,
+        };
+        Ok(Some(self.open_following(
+            &a,
+            flags,
+            false,
+            Some(following),
+        )?))
     }
 
     /// Whether a read of `size` bytes at `off` on handle `h` may be served now: always for a
