@@ -317,6 +317,24 @@ impl Mover {
         let cs = layout.stripe_size.max(1);
         let mut sums = SumReader::new(&copy.checksum, copy.size).map_err(MoverError::Bad)?;
         let mut last = Instant::now();
+        // Bytes `off..end` of the copy, verified as far as the checksums allow: Err when a
+        // chunk (or the whole copy) does not match, or the copy is short.
+        let read = |sums: &mut SumReader, off: u64, end: u64| -> R<Bytes> {
+            let bytes = rt.block_on(archive.get_range(&copy.key, off, end))?;
+            if bytes.len() as u64 != end - off {
+                return Err(MoverError::Size {
+                    key: copy.key.clone(),
+                    want: copy.size,
+                    got: off + bytes.len() as u64,
+                });
+            }
+            sums.update(&bytes).map_err(|m| MoverError::Checksum {
+                key: copy.key.clone(),
+                want: format!("{} at byte {}", m.want, m.at),
+                got: m.got,
+            })?;
+            Ok(bytes)
+        };
         if sums.whole_only() {
             // A copy recorded with the whole checksum only: read and verified once first, so
             // that nothing unverified is committed and nothing is held in memory meanwhile
@@ -324,21 +342,7 @@ impl Mover {
             let mut off = 0u64;
             while off < copy.size {
                 let end = (off + (8 << 20)).min(copy.size);
-                let bytes = rt.block_on(archive.get_range(&copy.key, off, end))?;
-                if bytes.len() as u64 != end - off {
-                    return Err(MoverError::Size {
-                        key: copy.key,
-                        want: copy.size,
-                        got: off + bytes.len() as u64,
-                    });
-                }
-                if let Err(m) = sums.update(&bytes) {
-                    return Err(MoverError::Checksum {
-                        key: copy.key,
-                        want: m.want,
-                        got: m.got,
-                    });
-                }
+                read(&mut sums, off, end)?;
                 off = end;
                 if self.progress(agent, req.id, 0, &mut last, false)?.is_err() {
                     return Ok(Step::Stop);
@@ -358,23 +362,9 @@ impl Mover {
         while off < copy.size {
             let chunk = off / cs;
             let end = ((chunk + 1) * cs).min(copy.size);
-            let bytes = rt.block_on(archive.get_range(&copy.key, off, end))?;
-            if bytes.len() as u64 != end - off {
-                return Err(MoverError::Size {
-                    key: copy.key,
-                    want: copy.size,
-                    got: off + bytes.len() as u64,
-                });
-            }
             // Verified before anything of it is committed: a bad chunk fails the request
             // with the verified prefix committed and nothing after it.
-            if let Err(m) = sums.update(&bytes) {
-                return Err(MoverError::Checksum {
-                    key: copy.key,
-                    want: format!("{} at byte {}", m.want, m.at),
-                    got: m.got,
-                });
-            }
+            let bytes = read(&mut sums, off, end)?;
             batch.push((chunk, layout.target_of_chunk(chunk), bytes));
             off = end;
             if self
