@@ -448,14 +448,20 @@ fn state_word(s: RequestState) -> &'static str {
     }
 }
 
-/// `ARCHIVE RUNNING (104857600 bytes moved)`, then why the last attempt failed, if it did.
+/// `ARCHIVE RUNNING (104857600 bytes moved)` (an active RESTORE adds its restored prefix,
+/// `, 8388608 restored`: what readers may read already), then why the last attempt failed, if
+/// it did.
 fn action_text(r: &HsmRequest) -> String {
     let mut s = format!(
-        "{} {} ({} bytes moved)",
+        "{} {} ({} bytes moved",
         r.action.name(),
         state_word(r.state),
         r.bytes_moved
     );
+    if r.action == HsmAction::Restore && r.state.is_active() && r.restored > 0 {
+        s.push_str(&format!(", {} restored", r.restored));
+    }
+    s.push(')');
     if let Some(e) = &r.last_error {
         if r.state != RequestState::Succeeded {
             s.push_str(&format!(": {e}"));

@@ -1,6 +1,7 @@
 //! HSM from the user's side (issue 13): the `tierfs hsm` commands through real mounts, and
-//! transparent restore (an open of a released file queues a restore and waits for it off the
-//! FUSE request thread: interruptible, shared by several openers, EIO when it fails).
+//! transparent restore (an open of a released file queues a restore, shared by several
+//! openers; a write open, a truncate, and a read-only open's reads of bytes not restored yet
+//! wait for it off the FUSE request thread: interruptible, EIO when it fails).
 //!
 //! No agent runs here (the copytool is `tierfs agent`, tested with the movers): where a test
 //! needs a request carried out, it plays the mover itself through the engine's API (register,
@@ -12,7 +13,7 @@ mod common;
 use common::*;
 use std::fs;
 use std::os::unix::fs::MetadataExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -123,6 +124,19 @@ fn restore_by_hand(e: &dyn MetaEngine, ino: u64, data: &[u8]) {
         HsmOutcome::Done
     );
     e.hsm_agent_unregister(a).unwrap();
+}
+
+/// Archive 1 and file `f` of mount 0 (`len` bytes of pattern `seed`) archived by hand and
+/// released: the engine, the file's path and its data.
+fn released_file(t: &TestFs, seed: u64, len: usize) -> (Arc<dyn MetaEngine>, PathBuf, Vec<u8>) {
+    add_archive(t);
+    let e = engine(t);
+    let f = t.p(0, "f");
+    let data = pattern(seed, 0, len);
+    fs::write(&f, &data).unwrap();
+    archive_by_hand(t, &*e, &f);
+    hsm(t, &["release", &s(&f)]).assert_ok();
+    (e, f, data)
 }
 
 /// Bad input and the queue, with no mover: archives, archive requests (deduplicated, visible
@@ -320,9 +334,19 @@ fn release_keeps_stat_and_is_refused_for_a_dirty_file() {
 
 extern "C" fn on_alarm(_: libc::c_int) {}
 
-/// With no agent, an open of a released file waits for its restore (queued at top priority)
-/// without holding up the mount: other requests are answered meanwhile; a signal interrupts
-/// the wait (EINTR), and the restore stays queued.
+/// In a forked child: SIGALRM interrupts a blocked system call (EINTR, no SA_RESTART).
+unsafe fn alarm_interrupts() {
+    let mut sa: libc::sigaction = std::mem::zeroed();
+    sa.sa_sigaction = on_alarm as *const () as usize;
+    sa.sa_flags = 0; // no SA_RESTART
+    libc::sigaction(libc::SIGALRM, &sa, std::ptr::null_mut());
+}
+
+/// With no agent, a write open of a released file waits for its restore (queued at top
+/// priority) without holding up the mount: other requests are answered meanwhile; a signal
+/// interrupts the wait (EINTR), and the restore stays queued. A read-only open returns at once
+/// (it follows the restore); its read of bytes not restored yet waits the same way, and is
+/// interrupted the same way.
 #[test]
 fn open_of_a_released_file_waits_interruptibly_and_the_mount_keeps_answering() {
     let t = TestFs::new(1);
@@ -337,12 +361,9 @@ fn open_of_a_released_file_waits_interruptibly_and_the_mount_keeps_answering() {
 
     let path = cstr(&f);
     let child = RawChild::spawn(|wfd| unsafe {
-        let mut sa: libc::sigaction = std::mem::zeroed();
-        sa.sa_sigaction = on_alarm as *const () as usize;
-        sa.sa_flags = 0; // no SA_RESTART
-        libc::sigaction(libc::SIGALRM, &sa, std::ptr::null_mut());
+        alarm_interrupts();
         libc::alarm(3);
-        let fd = libc::open(path.as_ptr(), libc::O_RDONLY);
+        let fd = libc::open(path.as_ptr(), libc::O_RDWR);
         tell(wfd, if fd < 0 { *libc::__errno_location() } else { 0 });
         loop {
             libc::pause();
@@ -365,6 +386,28 @@ fn open_of_a_released_file_waits_interruptibly_and_the_mount_keeps_answering() {
         .report(Duration::from_secs(10))
         .expect("the open of the released file was not interrupted by SIGALRM within 10 s");
     assert_eq!(got, libc::EINTR, "interrupted open: {}", errname(got));
+    drop(child);
+    // A read-only open returns at once; its read waits, and a signal interrupts it.
+    let path = cstr(&f);
+    let child = RawChild::spawn(|wfd| unsafe {
+        alarm_interrupts();
+        let fd = libc::open(path.as_ptr(), libc::O_RDONLY);
+        if fd < 0 {
+            tell(wfd, 1000 + *libc::__errno_location());
+        } else {
+            libc::alarm(2);
+            let mut buf = [0u8; 4096];
+            let r = libc::pread(fd, buf.as_mut_ptr().cast(), buf.len(), 0);
+            tell(wfd, if r < 0 { *libc::__errno_location() } else { 0 });
+        }
+        loop {
+            libc::pause();
+        }
+    });
+    let got = child
+        .report(Duration::from_secs(10))
+        .expect("the read of the released file was not interrupted by SIGALRM within 10 s");
+    assert_eq!(got, libc::EINTR, "interrupted read: {got}");
     drop(child);
     // the restore stays queued for whoever opens next (or an agent)
     assert_eq!(restores(&*e, n).len(), 1);
@@ -414,8 +457,8 @@ fn openers_on_two_clients_share_one_restore_and_read_the_data() {
     );
 }
 
-/// A restore that fails for good gives the waiting opener EIO, and `tierfs hsm action` says
-/// why.
+/// A restore that fails for good gives the waiting opener (a write open) and the waiting
+/// reader (of a read-only open, which returned at once) EIO, and `tierfs hsm action` says why.
 #[test]
 fn a_failed_restore_gives_eio_and_action_shows_why() {
     let t = TestFs::new(1);
@@ -427,10 +470,23 @@ fn a_failed_restore_gives_eio_and_action_shows_why() {
     hsm(&t, &["release", &s(&f)]).assert_ok();
     let n = ino(&f);
     let p = f.clone();
-    let reader = thread::spawn(move || fs::File::open(p).map(|_| ()));
+    let opener = thread::spawn(move || {
+        fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(p)
+            .map(|_| ())
+    });
+    let p = f.clone();
+    let reader = thread::spawn(move || fs::read(p).map(|_| ()));
     assert!(
         wait_until(Duration::from_secs(5), || restores(&*e, n).len() == 1),
         "no restore queued by the open"
+    );
+    thread::sleep(Duration::from_millis(300));
+    assert!(
+        !opener.is_finished() && !reader.is_finished(),
+        "the write open or the read did not wait"
     );
     let a = agent(&*e);
     let k = take(&*e, a, n, HsmAction::Restore);
@@ -438,8 +494,11 @@ fn a_failed_restore_gives_eio_and_action_shows_why() {
         .hsm_fail(a, k.request.id, "archive copy checksum mismatch", false)
         .unwrap();
     assert_eq!(st, RequestState::Failed);
-    let got = reader.join().unwrap();
+    let got = opener.join().unwrap();
     let err = got.expect_err("the open succeeded after a failed restore");
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+    let got = reader.join().unwrap();
+    let err = got.expect_err("the read succeeded after a failed restore");
     assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
     let out = hsm(&t, &["action", &s(&f)]);
     assert!(
@@ -636,13 +695,7 @@ fn a_released_file_is_restored_before_the_cache_gets_it() {
 #[test]
 fn truncate_of_a_released_file_restores_it_first() {
     let t = TestFs::new(1);
-    add_archive(&t);
-    let e = engine(&t);
-    let f = t.p(0, "f");
-    let data = pattern(10, 0, 100_000);
-    fs::write(&f, &data).unwrap();
-    archive_by_hand(&t, &*e, &f);
-    hsm(&t, &["release", &s(&f)]).assert_ok();
+    let (e, f, data) = released_file(&t, 10, 100_000);
     let n = ino(&f);
     let p = f.clone();
     let truncater = thread::spawn(move || {
@@ -665,4 +718,39 @@ fn truncate_of_a_released_file_restores_it_first() {
         fs::read(&f).unwrap() == data[..1000],
         "truncated restored data"
     );
+}
+
+/// A read-only handle of a released file (direct I/O while it follows the restore) can be
+/// mapped shared (FUSE_DIRECT_IO_ALLOW_MMAP): a page fault waits for the restore like a read,
+/// and the mapping shows the restored data.
+#[test]
+fn mmap_of_a_file_being_restored_shows_the_restored_data() {
+    use std::os::fd::AsRawFd;
+    let t = TestFs::new(1);
+    let (e, f, data) = released_file(&t, 11, 70_000);
+    let n = ino(&f);
+    let file = fs::File::open(&f).expect("read-only open of a released file");
+    let len = data.len();
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            file.as_raw_fd(),
+            0,
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED, "mmap: {}", errname(errno()));
+    let addr = p as usize;
+    let reader = thread::spawn(move || {
+        let m = unsafe { std::slice::from_raw_parts(addr as *const u8, len) };
+        m.to_vec()
+    });
+    thread::sleep(Duration::from_millis(500));
+    assert!(!reader.is_finished(), "the page fault did not wait");
+    restore_by_hand(&*e, n, &data);
+    let got = reader.join().unwrap();
+    unsafe { libc::munmap(p, len) };
+    assert!(got == data, "the mapping shows other bytes");
 }

@@ -1,7 +1,8 @@
 //! HSM copytool agents (issue 13, requirement 3): `tierfs agent` archives and restores files of
 //! a mounted filesystem, the data read back on another client is byte-identical, and an agent
 //! killed mid-copy leaves the file as it was (not archived / still released) while another
-//! agent finishes the request once the coordinator requeued it.
+//! agent finishes the request once the coordinator requeued it. A reader of a file being
+//! restored reads the verified restored prefix while the rest moves, and never a corrupt chunk.
 //!
 //! The HSM requests are queued through the engine directly (the `tierfs hsm` commands are
 //! another branch's), as a client would.
@@ -829,5 +830,236 @@ fn bench_archive_restore_vs_cp() {
         rate(restore),
         rate(cp_in),
         cp_in.as_secs_f64() / restore.as_secs_f64(),
+    );
+}
+
+/// Archives `p` (inode `ino`) with an agent of its own, then releases it: what the early
+/// readers below start from.
+fn archive_and_release(t: &TestFs, meta: &dyn MetaEngine, ino: u64) -> String {
+    let mut agent = Agent::start(t, 0);
+    let req = meta
+        .hsm_request(ino, HsmAction::Archive, Some(1))
+        .unwrap()
+        .unwrap();
+    wait_request(
+        meta,
+        req.id,
+        RequestState::Succeeded,
+        Duration::from_secs(60),
+    );
+    assert!(agent.term().success());
+    release(meta, ino);
+    meta.hsm_state(ino).unwrap().copy.unwrap().key
+}
+
+/// Beyond Lustre (docs/hsm.md, "Transparent restore"): a read-only open of a released file on
+/// another client returns while its restore is still queued or running, the first bytes are
+/// read while the rest still moves (the agent is slowed down by its test hook), a read of the
+/// end waits until the restored prefix covers it, and everything reads back byte-identical.
+/// (About 13 s: the slowed restore of 12 MiB.)
+#[test]
+fn a_reader_reads_the_restored_prefix_while_the_rest_moves() {
+    use std::os::unix::fs::FileExt;
+    let t = TestFs::with(Opts {
+        clients: 2,
+        stripe_size: Some("256K".into()),
+        ..Opts::default()
+    });
+    let meta = engine(&t);
+    let data = pattern(12 << 20, 7);
+    write_file(&t.p(0, "f"), &data);
+    let ino = fs::metadata(t.p(0, "f")).unwrap().ino();
+    archive_and_release(&t, meta.as_ref(), ino);
+
+    // 200 ms per 256 KiB read: the whole restore takes ~10 s, its first commit (4 MiB) ~3 s
+    let _agent = Agent::start(&t, 200);
+    let f = fs::File::open(t.p(1, "f")).expect("read-only open of a released file");
+    let r = meta
+        .hsm_action(ino)
+        .unwrap()
+        .expect("the open queued a restore");
+    assert_eq!(r.action, HsmAction::Restore);
+    assert!(
+        r.state.is_active(),
+        "the open waited for the restore: {r:?}"
+    );
+    let mut first = vec![0u8; 64 << 10];
+    f.read_exact_at(&mut first, 0)
+        .expect("read of the first bytes");
+    let r = meta.hsm_get_request(r.id).unwrap();
+    assert!(first == data[..64 << 10], "the first bytes differ");
+    assert!(
+        r.state == RequestState::Started && r.restored < data.len() as u64,
+        "the first bytes came only once the restore was over: {r:?}"
+    );
+    assert!(r.restored >= 64 << 10, "{r:?}");
+    let out = t.tierfs(&["hsm", "action", &t.p(1, "f").to_string_lossy()]);
+    assert!(
+        out.stdout.contains("RESTORE RUNNING") && out.stdout.contains(" restored)"),
+        "{}",
+        out.describe()
+    );
+    // the end of the file: waits for the prefix to reach it (holes otherwise)
+    let mut last = vec![0u8; 4096];
+    f.read_exact_at(&mut last, data.len() as u64 - 4096)
+        .expect("read of the last bytes");
+    assert!(last == data[data.len() - 4096..], "the last bytes differ");
+    wait_request(
+        meta.as_ref(),
+        r.id,
+        RequestState::Succeeded,
+        Duration::from_secs(60),
+    );
+    // the handle opened early reads the whole file, and so does the other client
+    let mut all = vec![0u8; data.len()];
+    f.read_exact_at(&mut all, 0).unwrap();
+    assert!(all == data, "the early handle reads other bytes");
+    assert!(fs::read(t.p(0, "f")).unwrap() == data);
+    assert!(!meta.getattr(ino).unwrap().hsm.released());
+}
+
+/// Verified prefix: a chunk of the archive copy is corrupt. The restore commits only chunks
+/// whose checksum matched, so the bytes before it are read correctly while the restore runs,
+/// the corrupt chunk and everything after it are never committed (a read there gets EIO once
+/// the restore failed), and `tierfs hsm action` says why. (About 8 s: a slowed restore.)
+#[test]
+fn a_corrupt_chunk_of_the_copy_never_becomes_readable() {
+    use std::os::unix::fs::FileExt;
+    let t = TestFs::with(Opts {
+        clients: 1,
+        stripe_size: Some("256K".into()),
+        ..Opts::default()
+    });
+    let meta = engine(&t);
+    let data = pattern(12 << 20, 9);
+    write_file(&t.p(0, "f"), &data);
+    let ino = fs::metadata(t.p(0, "f")).unwrap().ino();
+    let key = archive_and_release(&t, meta.as_ref(), ino);
+    let bad_at = (10 << 20) + 5;
+    let copy = t.root().join("archive").join(&key);
+    let mut bytes = fs::read(&copy).unwrap();
+    bytes[bad_at] ^= 0x40;
+    fs::write(&copy, &bytes).unwrap();
+    drop(bytes);
+
+    let _agent = Agent::start(&t, 150);
+    let f = fs::File::open(t.p(0, "f")).expect("read-only open of a released file");
+    let mut first = vec![0u8; 64 << 10];
+    f.read_exact_at(&mut first, 0)
+        .expect("read of the verified first bytes");
+    assert!(first == data[..64 << 10], "the first bytes differ");
+    let mut there = vec![0u8; 4096];
+    let err = f
+        .read_exact_at(&mut there, bad_at as u64 - 5)
+        .expect_err("the corrupt chunk was read");
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+    let r = meta.hsm_action(ino).unwrap().unwrap();
+    assert_eq!(r.state, RequestState::Failed, "{r:?}");
+    assert!(
+        r.last_error
+            .as_deref()
+            .unwrap_or("")
+            .contains("checksum mismatch"),
+        "{r:?}"
+    );
+    // Nothing of the corrupt checksum chunk (4 MiB: 8..12 MiB) or after it was committed;
+    // the file stays released.
+    let sum_chunk = 4 << 20;
+    let from = (bad_at as u64 / sum_chunk) * sum_chunk;
+    assert!(r.restored <= from, "{r:?}");
+    let chunk = 256 << 10;
+    for c in (from / chunk)..(data.len() as u64 / chunk) {
+        assert!(meta.read_chunk(ino, c).unwrap().is_empty(), "chunk {c}");
+    }
+    assert!(meta.getattr(ino).unwrap().hsm.released());
+    let out = t.tierfs(&["hsm", "action", &t.p(0, "f").to_string_lossy()]);
+    assert!(
+        out.stdout.contains("RESTORE FAILED") && out.stdout.contains("checksum mismatch"),
+        "{}",
+        out.describe()
+    );
+}
+
+/// Bytes `off..off + len` of the file [`pattern`]`(_, seed)` makes, without making all of it.
+fn pattern_at(off: usize, len: usize, seed: u8) -> Vec<u8> {
+    (off..off + len)
+        .map(|i| ((i * 131 + i / 4093) as u8).wrapping_add(seed))
+        .collect()
+}
+
+/// Time to first byte of a released file vs time to read all of it, in the same run
+/// (docs/benchmarks.md): an agent restores while a reader on the mount opens the file
+/// read-only and reads it from the start, 1 MiB at a time, checking every byte. Caches are
+/// dropped first (as root). Run it with a release build:
+/// `cargo test --release -p tierfs-cli --test hsm_agent time_to_first_byte_of_a_released_file -- --ignored --nocapture`
+/// (size with TIERFS_BENCH_HSM_MB, default 1024). Prints figures; asserts only correctness.
+#[test]
+#[ignore]
+fn time_to_first_byte_of_a_released_file() {
+    use std::io::Read;
+    use std::time::Instant;
+    let mb: usize = std::env::var("TIERFS_BENCH_HSM_MB")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1024);
+    let t = TestFs::with(Opts {
+        clients: 1,
+        timeout: Duration::from_secs(900),
+        ..Opts::default()
+    });
+    let meta = engine(&t);
+    let size = mb << 20;
+    let piece = 8 << 20;
+    {
+        let mut f = fs::File::create(t.p(0, "f")).unwrap();
+        for off in (0..size).step_by(piece) {
+            f.write_all(&pattern_at(off, piece.min(size - off), 4))
+                .unwrap();
+        }
+        f.sync_all().unwrap();
+    }
+    let ino = fs::metadata(t.p(0, "f")).unwrap().ino();
+    archive_and_release(&t, meta.as_ref(), ino);
+    let _agent = Agent::start(&t, 0);
+    std::thread::sleep(Duration::from_millis(500)); // registered, polling
+    unsafe { libc::sync() };
+    let dropped = fs::write("/proc/sys/vm/drop_caches", "3").is_ok();
+
+    let t0 = Instant::now();
+    let mut f = fs::File::open(t.p(0, "f")).unwrap();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut off = 0usize;
+    let mut first = None;
+    while off < size {
+        let n = f.read(&mut buf).unwrap();
+        assert!(n > 0, "EOF at {off} of {size}");
+        first.get_or_insert_with(|| t0.elapsed());
+        assert!(
+            buf[..n] == pattern_at(off, n, 4)[..],
+            "bytes at {off} differ"
+        );
+        off += n;
+    }
+    let all = t0.elapsed();
+    let first = first.unwrap();
+    let r = meta.hsm_action(ino).unwrap().unwrap();
+    wait_request(
+        meta.as_ref(),
+        r.id,
+        RequestState::Succeeded,
+        Duration::from_secs(600),
+    );
+    // queued (by the open) to succeeded, by the database's clock: what an opener that waits
+    // for the whole restore waits
+    let r = meta.hsm_get_request(r.id).unwrap();
+    let restore = (r.updated - r.created) as f64 / 1e9;
+    println!(
+        "HSM time to first byte, released {mb} MiB file (caches dropped: {dropped}): \
+         first byte {:.3} s, whole file {:.2} s ({:.0} MiB/s; first byte at {:.1}% of it), \
+         restore queued to succeeded {restore:.2} s",
+        first.as_secs_f64(),
+        all.as_secs_f64(),
+        mb as f64 / all.as_secs_f64(),
+        100.0 * first.as_secs_f64() / all.as_secs_f64(),
     );
 }

@@ -19,7 +19,7 @@ use fuser::{
 use parking_lot::{Condvar, Mutex};
 use tierfs_meta::changelog::{Caller, CallerGuard};
 
-use tierfs_meta::hsm::{HsmAction, HsmError, RequestState};
+use tierfs_meta::hsm::{HsmAction, HsmError, HsmRequest, RequestState};
 use tierfs_meta::{
     Attr, Ino, Kind, LockRange, LockType, MetaEngine, MetaError, NewNode, PccLease, PccOpen,
     SetAttr, TimeSet,
@@ -81,6 +81,20 @@ struct Handle {
     /// The session it was opened under: once this client was fenced (that session reaped or
     /// evicted, its opens and locks dropped), the handle fails with EIO (close succeeds).
     session: u64,
+    /// A read-only handle of a released file opened while its restore runs
+    /// ([`FsInner::open_restoring`]): reads inside the restored prefix are served at once,
+    /// others wait for it ([`FsInner::restore_covers`]). None for every other handle.
+    restoring: Option<Restoring>,
+}
+
+/// The restore a read-only handle of a released file follows.
+struct Restoring {
+    /// The RESTORE request (0 once it succeeded: the handle reads as any other).
+    request: AtomicU64,
+    /// The restored prefix this handle last saw: bytes `0..prefix` are readable.
+    prefix: AtomicU64,
+    /// The file's size (a released file's size does not change while it is open).
+    size: u64,
 }
 
 struct CachedHandle {
@@ -124,6 +138,19 @@ const RESTORE_POLL_MAX: Duration = Duration::from_millis(500);
 /// it first ([`FsInner::wait_restored`]).
 fn is_released(e: &ClientError) -> bool {
     matches!(e, ClientError::Meta(MetaError::Hsm(HsmError::Released)))
+}
+
+/// The error of a restore that failed for good or was canceled: EIO (`tierfs hsm action` says
+/// why).
+fn restore_ended(r: &HsmRequest) -> ClientError {
+    let why = match r.state {
+        RequestState::Canceled => "was canceled".to_string(),
+        _ => format!(
+            "failed: {}",
+            r.last_error.as_deref().unwrap_or("no reason given")
+        ),
+    };
+    ClientError::Failed(format!("restore of inode {} {why}", r.ino), libc::EIO)
 }
 
 /// A new handle: its number, open flags and passthrough backing file.
@@ -188,6 +215,11 @@ impl Answer for ReplyOpen {
     }
 }
 impl Answer for ReplyAttr {
+    fn fail(self, e: Errno) {
+        self.error(e)
+    }
+}
+impl Answer for ReplyData {
     fn fail(self, e: Errno) {
         self.error(e)
     }
@@ -801,17 +833,40 @@ impl FsInner {
     /// A new handle on `attr`'s file; `recorded` when the open is already in the metadata
     /// engine (create + open in one transaction).
     fn open_file(&self, attr: &Attr, flags: i32, recorded: bool) -> Result<(u64, FopenFlags)> {
+        self.open_following(attr, flags, recorded, None)
+    }
+
+    /// [`FsInner::open_file`], of a handle that follows the restore `restoring`, if any.
+    fn open_following(
+        &self,
+        attr: &Attr,
+        flags: i32,
+        recorded: bool,
+        restoring: Option<Restoring>,
+    ) -> Result<(u64, FopenFlags)> {
         let sid = self.session.id();
         if !recorded && !self.data.cancel_queued_close(attr.ino, sid) {
             self.session
                 .watch(sid, self.meta.open_file(sid, attr.ino))?;
         }
-        Ok(self.open_handle(attr, flags, !recorded, sid))
+        Ok(self.new_open_handle(attr, flags, !recorded, sid, restoring))
     }
 
     /// A new handle on `attr`'s file whose open is counted in the metadata engine already,
     /// under session `sid`; `seen`: the file existed before this open (not created by it).
     fn open_handle(&self, attr: &Attr, flags: i32, seen: bool, sid: u64) -> (u64, FopenFlags) {
+        self.new_open_handle(attr, flags, seen, sid, None)
+    }
+
+    /// [`FsInner::open_handle`], of a handle that follows the restore `restoring`, if any.
+    fn new_open_handle(
+        &self,
+        attr: &Attr,
+        flags: i32,
+        seen: bool,
+        sid: u64,
+        restoring: Option<Restoring>,
+    ) -> (u64, FopenFlags) {
         let keep = self.data.open(attr);
         if !keep && seen {
             // The data changed since this client last saw it: make the kernel drop its cached
@@ -826,6 +881,11 @@ impl FsInner {
         if append {
             // Appends go where the filesystem says the end is, not the kernel's cached size.
             fl |= FopenFlags::FOPEN_DIRECT_IO;
+        } else if restoring.is_some() {
+            // Following a restore: each read(2) comes here as a request of its own, which waits
+            // for its bytes interruptibly (the kernel's page-cache reads wait for a FUSE answer
+            // only killably), and the kernel keeps no pages of the file from this handle.
+            fl |= FopenFlags::FOPEN_DIRECT_IO;
         } else if keep {
             fl |= FopenFlags::FOPEN_KEEP_CACHE;
         }
@@ -836,6 +896,7 @@ impl FsInner {
             cache: None,
             caller: tierfs_meta::changelog::current(),
             session: sid,
+            restoring,
         });
         (fh, fl)
     }
@@ -1048,16 +1109,9 @@ impl FsInner {
                 return Err(interrupted());
             }
             let r = match request {
-                None => match self.meta.hsm_request(ino, HsmAction::Restore, None) {
-                    Ok(None) => return Ok(()), // not released (any more)
-                    Ok(Some(r)) => r,
-                    Err(MetaError::Hsm(e)) => {
-                        return Err(ClientError::Failed(
-                            format!("restore of inode {ino} refused: {e}"),
-                            libc::EIO,
-                        ))
-                    }
-                    Err(e) => return Err(e.into()),
+                None => match self.queue_restore(ino)? {
+                    None => return Ok(()), // not released (any more)
+                    Some(r) => r,
                 },
                 Some(id) => match self.meta.hsm_get_request(id) {
                     Ok(r) => r,
@@ -1077,24 +1131,119 @@ impl FsInner {
                     request = None;
                     continue;
                 }
-                RequestState::Failed => {
-                    return Err(ClientError::Failed(
-                        format!(
-                            "restore of inode {ino} failed: {}",
-                            r.last_error.as_deref().unwrap_or("no reason given")
-                        ),
-                        libc::EIO,
-                    ))
-                }
-                RequestState::Canceled => {
-                    return Err(ClientError::Failed(
-                        format!("restore of inode {ino} was canceled"),
-                        libc::EIO,
-                    ))
-                }
+                RequestState::Failed | RequestState::Canceled => return Err(restore_ended(&r)),
             }
             std::thread::sleep(pause);
             pause = (pause * 2).min(RESTORE_POLL_MAX);
+        }
+    }
+
+    /// Queues a restore of `ino` at top priority, or joins the one queued (the coordinator
+    /// dedupes): the request, or None when the file is not released (any more). EIO when the
+    /// restore is refused (copy lost, no copy; `tierfs hsm action` says why).
+    fn queue_restore(&self, ino: Ino) -> Result<Option<HsmRequest>> {
+        match self.meta.hsm_request(ino, HsmAction::Restore, None) {
+            Ok(r) => Ok(r),
+            Err(MetaError::Hsm(e)) => Err(ClientError::Failed(
+                format!("restore of inode {ino} refused: {e}"),
+                libc::EIO,
+            )),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// A read-only open of released file `ino` (docs/hsm.md, "Transparent restore"): queues
+    /// its restore at top priority (or joins the one queued) and opens a handle at once that
+    /// follows it: reads inside the restored prefix are served as the prefix grows, reads past
+    /// it wait ([`FsInner::restore_covers`]). None when the file is not released (any more):
+    /// the caller opens it as any file. EIO when the restore is refused (copy lost, no copy).
+    fn open_restoring(&self, ino: Ino, flags: i32) -> Result<Option<(u64, FopenFlags)>> {
+        let Some(r) = self.queue_restore(ino)? else {
+            return Ok(None);
+        };
+        let a = self.meta.getattr(ino)?;
+        if !a.hsm.released() {
+            return Ok(None);
+        }
+        let following = Restoring {
+            request: AtomicU64::new(r.id),
+            prefix: AtomicU64::new(0),
+            size: a.size,
+        };
+        Ok(Some(self.open_following(
+            &a,
+            flags,
+            false,
+            Some(following),
+        )?))
+    }
+
+    /// Whether a read of `size` bytes at `off` on handle `h` may be served now: always for a
+    /// handle that follows no restore; else when the bytes are inside the restored prefix or
+    /// past the end of the file, or the restore succeeded (the handle then reads as any
+    /// other). The data path forgets the file's slice lists and cached chunks whenever the
+    /// prefix grows (they were read while the bytes past the prefix were holes). EIO when the
+    /// restore failed or was canceled (`tierfs hsm action` says why).
+    fn restore_covers(&self, h: &Handle, ino: Ino, off: u64, size: u32) -> Result<bool> {
+        let Some(rs) = &h.restoring else {
+            return Ok(true);
+        };
+        let id = rs.request.load(Ordering::Acquire);
+        if id == 0 || off >= rs.size {
+            return Ok(true);
+        }
+        let end = rs.size.min(off + size as u64);
+        if end <= rs.prefix.load(Ordering::Acquire) {
+            return Ok(true);
+        }
+        let r = match self.meta.hsm_get_request(id) {
+            Ok(r) => r,
+            // purged already: the file's restore is over, or another one follows
+            Err(MetaError::Hsm(HsmError::UnknownRequest(_))) => match self.queue_restore(ino)? {
+                None => {
+                    self.restore_over(rs, ino);
+                    return Ok(true);
+                }
+                Some(r) => {
+                    rs.request.store(r.id, Ordering::Release);
+                    r
+                }
+            },
+            Err(e) => return Err(e.into()),
+        };
+        match r.state {
+            RequestState::Succeeded => {
+                self.restore_over(rs, ino);
+                Ok(true)
+            }
+            RequestState::Waiting | RequestState::Started => {
+                if r.restored > rs.prefix.fetch_max(r.restored, Ordering::AcqRel) {
+                    self.data.refresh_slices(ino);
+                }
+                Ok(end <= r.restored)
+            }
+            RequestState::Failed | RequestState::Canceled => Err(restore_ended(&r)),
+        }
+    }
+
+    /// A read through the data path on handle `h` (sequential readers get read-ahead, except
+    /// while the handle follows a restore: chunks past the restored prefix are holes yet and
+    /// must not be fetched ahead or cached).
+    fn read_following(&self, h: &Handle, ino: Ino, off: u64, size: u32) -> Result<Vec<u8>> {
+        let prev = h.last_read_end.swap(off + size as u64, Ordering::Relaxed);
+        let following = h
+            .restoring
+            .as_ref()
+            .is_some_and(|r| r.request.load(Ordering::Acquire) != 0);
+        let sequential = (prev == off || off == 0) && !following;
+        self.data.read(ino, off, size, sequential)
+    }
+
+    /// The restore a handle followed succeeded: it reads as any other handle from now on.
+    fn restore_over(&self, rs: &Restoring, ino: Ino) {
+        rs.prefix.store(rs.size, Ordering::Release);
+        if rs.request.swap(0, Ordering::AcqRel) != 0 {
+            self.data.refresh_slices(ino);
         }
     }
 
@@ -1133,6 +1282,20 @@ impl FsInner {
 
     /// Up to `len` bytes of a file at `off` for copy_file_range (fewer at its end).
     fn read_for_copy(&self, h: &Handle, ino: Ino, off: u64, len: u64) -> Result<Vec<u8>> {
+        if h.restoring.is_some() {
+            // A copy from a file being restored waits for its bytes on this thread (rare: the
+            // kernel's copy_file_range has no way to be parked), then reads them uncached.
+            let mut pause = RESTORE_POLL_MIN;
+            while !self.restore_covers(h, ino, off, len as u32)? {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(RESTORE_POLL_MAX);
+            }
+            let following = h
+                .restoring
+                .as_ref()
+                .is_some_and(|r| r.request.load(Ordering::Acquire) != 0);
+            return self.data.read(ino, off, len as u32, !following);
+        }
         if let Some(c) = &h.cache {
             use std::os::unix::fs::FileExt;
             let mut buf = vec![0u8; len as usize];
@@ -1440,6 +1603,7 @@ impl FsInner {
             }),
             caller: tierfs_meta::changelog::current(),
             session: sid,
+            restoring: None,
         });
         Ok((fh, fl, backing))
     }
@@ -1580,6 +1744,9 @@ impl Filesystem for TierFs {
             // The mode of a create comes without the umask (and the umask beside it): the
             // umask does not apply under a directory with a default ACL.
             InitFlags::FUSE_DONT_MASK,
+            // mmap(MAP_SHARED) of a direct-I/O handle (an O_APPEND one, a read-only one of a
+            // file being restored) through the page cache, instead of ENODEV (Linux 6.6+).
+            InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP,
         ] {
             if config.add_capabilities(flag).is_err() {
                 tracing::info!("kernel lacks FUSE capability {flag:?}");
@@ -2003,6 +2170,7 @@ impl Filesystem for TierFs {
                 cache: None,
                 caller: Caller::default(),
                 session: self.session.id(),
+                restoring: None,
             });
             reply.opened(FileHandle(fh), FopenFlags::FOPEN_DIRECT_IO);
             return;
@@ -2013,8 +2181,21 @@ impl Filesystem for TierFs {
             Ok(Step::Done(o)) => return answer_open(reply, Ok(o)),
             Ok(Step::Wait(l)) => (Some(l), false),
             Ok(Step::Busy) => (None, false),
-            // released: restored first, below
-            Err(e) if is_released(&e) => (None, true),
+            // released: a read-only open (without a client cache) follows the restore and
+            // reads its prefix as it grows; others wait for all of it, below
+            Err(e) if is_released(&e) => {
+                if flags.0 & libc::O_ACCMODE == libc::O_RDONLY && self.pcc.is_none() {
+                    match self.run("open_restoring", || self.open_restoring(ino.0, flags.0)) {
+                        Ok(Some((fh, fl))) => {
+                            return reply.opened(FileHandle(fh), fl);
+                        }
+                        // restored meanwhile: opened as any file, below (nothing to wait for)
+                        Ok(None) => {}
+                        Err(e) => return reply.error(ino_errno(&e)),
+                    }
+                }
+                (None, true)
+            }
             Err(e) => return reply.error(ino_errno(&e)),
         };
         let (waiting, restore) = waiting;
@@ -2136,7 +2317,7 @@ impl Filesystem for TierFs {
 
     fn read(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -2179,13 +2360,42 @@ impl Filesystem for TierFs {
             }
             return;
         }
-        let r = self.run("read", || {
-            let prev = h
-                .last_read_end
-                .swap(offset + size as u64, Ordering::Relaxed);
-            let sequential = prev == offset || offset == 0;
-            self.data.read(ino.0, offset, size, sequential)
-        });
+        if h.restoring.is_some() {
+            // A file being restored: bytes inside the restored prefix now; others wait off
+            // the FUSE thread for the prefix to cover them (interruptible: EINTR).
+            match self.run("read", || self.restore_covers(&h, ino.0, offset, size)) {
+                Ok(true) => {}
+                Ok(false) => {
+                    let Some(mut p) = self.park(req) else {
+                        return reply.error(Errno::EAGAIN);
+                    };
+                    let Some(held) = p.hold(reply) else { return };
+                    p.spawn("read", move |fs| {
+                        let answered = || held.0.try_lock().is_some_and(|g| g.is_none());
+                        let mut pause = RESTORE_POLL_MIN;
+                        let r = fs.run("read_restoring", || loop {
+                            if answered() {
+                                return Err(interrupted());
+                            }
+                            if fs.restore_covers(&h, ino.0, offset, size)? {
+                                return fs.read_following(&h, ino.0, offset, size);
+                            }
+                            std::thread::sleep(pause);
+                            pause = (pause * 2).min(RESTORE_POLL_MAX);
+                        });
+                        if let Some(reply) = held.take() {
+                            match r {
+                                Ok(d) => reply.data(&d),
+                                Err(e) => reply.error(errno(&e)),
+                            }
+                        }
+                    });
+                    return;
+                }
+                Err(e) => return reply.error(errno(&e)),
+            }
+        }
+        let r = self.run("read", || self.read_following(&h, ino.0, offset, size));
         match r {
             Ok(d) => reply.data(&d),
             Err(e) => reply.error(errno(&e)),

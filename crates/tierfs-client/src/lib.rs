@@ -20,6 +20,7 @@
 pub mod acl;
 pub mod caller;
 pub mod config;
+pub mod copysum;
 pub mod daemon;
 pub mod data;
 pub mod error;

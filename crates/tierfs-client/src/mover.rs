@@ -3,17 +3,19 @@
 //!
 //! - ARCHIVE: notes the file's data version, reads the file through the data path (as any
 //!   reader), writes the copy to the archive under a key of its own (`<ino>/v<version>.r<request>`)
-//!   with a CRC-32 of the bytes, and completes the request: the engine records the copy only if
+//!   with the CRC-32s of the whole and of each chunk ([`crate::copysum`]), and completes the request: the engine records the copy only if
 //!   the file's data version is still the one noted (else `Stale`), and only a completed request
 //!   marks the file archived. A mover killed before completing leaves the file as it was; the
 //!   request is requeued after the coordinator's timeout. A copy that does not count (stale,
 //!   canceled, failed) is deleted by the mover that wrote it.
-//! - RESTORE: reads the copy chunk by chunk, writes each chunk as a new object on the target
-//!   the file's layout gives it, and commits the objects with `hsm_restore_slices` every
-//!   [`MoverConfig::commit_bytes`] (the restored prefix is readable while the rest moves); at
-//!   the end checks the copy's size and checksum and completes (RELEASED is cleared). A
-//!   checksum mismatch fails the request for good (the file stays released; `hsm action` says
-//!   why).
+//! - RESTORE: reads the copy chunk by chunk, verifies each checksum chunk of it
+//!   ([`crate::copysum`]) as soon as it is read, writes the pieces as new objects on the
+//!   targets the file's layout gives them, and commits with `hsm_restore_slices` only pieces
+//!   inside the verified prefix, [`MoverConfig::first_commit_bytes`] first, doubling up to
+//!   [`MoverConfig::commit_bytes`] (the restored prefix is readable while the rest moves, and
+//!   never holds an unverified byte); at the end checks the whole copy's checksum and
+//!   completes (RELEASED is cleared). A mismatch fails the request for good at the chunk where
+//!   it is found (the file stays released; `hsm action` says why).
 //! - REMOVE: deletes the copy; completes.
 //!
 //! Progress is reported at least every [`MoverConfig::progress_interval`]; a `Stop` answer
@@ -30,7 +32,9 @@ use thiserror::Error;
 
 use tierfs_meta::hsm::{HsmAction, HsmDone, HsmError, HsmOutcome, HsmTask, Progress};
 use tierfs_meta::{MetaEngine, MetaError, Slice};
-use tierfs_store::archive::{checksum_string, ArchiveEntry, ArchiveStore};
+use tierfs_store::archive::{ArchiveEntry, ArchiveStore};
+
+use crate::copysum::{chunk_for, SumReader, SumWriter};
 use tierfs_store::StoreError;
 
 use crate::data::DataPath;
@@ -41,8 +45,13 @@ use crate::error::ClientError;
 pub struct MoverConfig {
     /// Bytes read from the file (ARCHIVE) per data-path read.
     pub read_size: u32,
-    /// RESTORE: restored bytes committed with one `hsm_restore_slices`.
+    /// RESTORE: most restored bytes committed with one `hsm_restore_slices`.
     pub commit_bytes: u64,
+    /// RESTORE: the first commit's bytes (once verified), doubling up to
+    /// [`MoverConfig::commit_bytes`]: the first bytes of a file come back fast.
+    pub first_commit_bytes: u64,
+    /// ARCHIVE: bytes per chunk checksum of a copy (0: [`crate::copysum::chunk_for`] its size).
+    pub sum_chunk: u64,
     /// Longest time between two progress reports of a running move.
     pub progress_interval: Duration,
     /// Within a move, the pause after each piece (a data-path read and its write to the
@@ -58,6 +67,8 @@ impl Default for MoverConfig {
         MoverConfig {
             read_size: 4 << 20,
             commit_bytes: 64 << 20,
+            first_commit_bytes: crate::copysum::SUM_CHUNK,
+            sum_chunk: 0,
             progress_interval: Duration::from_secs(1),
             tranquility: 0.0,
         }
@@ -306,7 +317,10 @@ impl Mover {
         self.data.invalidate(ino, Some(&attr));
         let rt = self.data.rt.clone();
         let mut w = rt.block_on(archive.writer(&key))?;
-        let mut crc = crc32fast::Hasher::new();
+        let mut sums = SumWriter::new(match self.cfg.sum_chunk {
+            0 => chunk_for(attr.size),
+            n => n,
+        });
         let mut off = 0u64;
         let mut last = Instant::now();
         let result: R<std::result::Result<(), StopNow>> = (|| {
@@ -317,7 +331,7 @@ impl Mover {
                 if buf.is_empty() {
                     break; // truncated meanwhile: the completion is Stale
                 }
-                crc.update(&buf);
+                sums.update(&buf);
                 rt.block_on(w.write(&buf))?;
                 off += buf.len() as u64;
                 if let Err(s) = self.progress(agent, req.id, off, &mut last, false)? {
@@ -344,7 +358,7 @@ impl Mover {
             key: key.clone(),
             data_version: version,
             size: off,
-            checksum: checksum_string(crc.finalize()),
+            checksum: sums.finish(),
             bytes_moved: off,
         };
         let outcome = match self.meta.hsm_complete(agent, req.id, &done) {
@@ -388,25 +402,59 @@ impl Mover {
             .clone()
             .ok_or_else(|| MoverError::Bad("the file has no layout".into()))?;
         let cs = layout.stripe_size.max(1);
-        let mut crc = crc32fast::Hasher::new();
+        let mut sums = SumReader::new(&copy.checksum, copy.size).map_err(MoverError::Bad)?;
         let mut last = Instant::now();
+        // Bytes `off..end` of the copy, verified as far as the checksums allow: Err when a
+        // chunk (or the whole copy) does not match, or the copy is short.
+        let read = |sums: &mut SumReader, off: u64, end: u64| -> R<Bytes> {
+            let bytes = rt.block_on(archive.get_range(&copy.key, off, end))?;
+            if bytes.len() as u64 != end - off {
+                return Err(MoverError::Size {
+                    key: copy.key.clone(),
+                    want: copy.size,
+                    got: off + bytes.len() as u64,
+                });
+            }
+            sums.update(&bytes).map_err(|m| MoverError::Checksum {
+                key: copy.key.clone(),
+                want: format!("{} at byte {}", m.want, m.at),
+                got: m.got,
+            })?;
+            Ok(bytes)
+        };
+        if sums.whole_only() {
+            // A copy recorded with the whole checksum only: read and verified once first, so
+            // that nothing unverified is committed and nothing is held in memory meanwhile
+            // (the copy is immutable under its key).
+            let mut off = 0u64;
+            while off < copy.size {
+                let t0 = Instant::now();
+                let end = (off + (8 << 20)).min(copy.size);
+                read(&mut sums, off, end)?;
+                off = end;
+                if self.progress(agent, req.id, 0, &mut last, false)?.is_err() {
+                    return Ok(Step::Stop);
+                }
+                self.tranquil(req.id, t0.elapsed());
+            }
+            sums = SumReader::new("", copy.size).map_err(MoverError::Bad)?;
+        }
+        // Read and verified but not committed yet: (chunk, target, bytes), in file order.
         let mut batch: Vec<(u64, u32, Bytes)> = Vec::new();
-        let mut batch_bytes = 0u64;
+        let mut commit = self
+            .cfg
+            .first_commit_bytes
+            .min(self.cfg.commit_bytes)
+            .max(1);
+        let mut committed = 0u64;
         let mut off = 0u64;
         while off < copy.size {
             let t0 = Instant::now();
             let chunk = off / cs;
             let end = ((chunk + 1) * cs).min(copy.size);
-            let bytes = rt.block_on(archive.get_range(&copy.key, off, end))?;
-            if bytes.len() as u64 != end - off {
-                return Err(MoverError::Size {
-                    key: copy.key,
-                    want: copy.size,
-                    got: off + bytes.len() as u64,
-                });
-            }
-            crc.update(&bytes);
-            batch_bytes += bytes.len() as u64;
+            // Verified before anything of it is committed: a bad chunk fails the request
+            // with the verified prefix committed and nothing after it.
+            let bytes = read(&mut sums, off, end)?;
             batch.push((chunk, layout.target_of_chunk(chunk), bytes));
             off = end;
             if self
@@ -415,33 +463,47 @@ impl Mover {
             {
                 return Ok(Step::Stop);
             }
-            if batch_bytes >= self.cfg.commit_bytes || off >= copy.size {
-                let pieces: Vec<(u32, Bytes)> =
-                    batch.iter().map(|(_, t, b)| (*t, b.clone())).collect();
-                let ids = self.data.put_objects(pieces)?;
-                let slices: Vec<Slice> = batch
+            let verified = sums.verified();
+            // Commit the pieces that end inside the verified prefix, once enough gathered.
+            let n = if verified < committed + commit && off < copy.size {
+                0
+            } else {
+                batch
                     .iter()
-                    .zip(ids)
-                    .map(|((c, t, b), obj)| Slice::whole_object(*c, 0, *t, obj, b.len() as u64))
-                    .collect();
-                batch.clear();
-                batch_bytes = 0;
-                if self.meta.hsm_restore_slices(agent, req.id, &slices)? == Progress::Stop {
-                    return Ok(Step::Stop);
-                }
-                if self.progress(agent, req.id, off, &mut last, true)?.is_err() {
-                    return Ok(Step::Stop);
-                }
+                    .take_while(|(c, _, b)| c * cs + b.len() as u64 <= verified)
+                    .count()
+            };
+            if n == 0 {
+                self.tranquil(req.id, t0.elapsed());
+                continue;
+            }
+            let ready: Vec<(u64, u32, Bytes)> = batch.drain(..n).collect();
+            let pieces: Vec<(u32, Bytes)> = ready.iter().map(|(_, t, b)| (*t, b.clone())).collect();
+            let ids = self.data.put_objects(pieces)?;
+            let slices: Vec<Slice> = ready
+                .iter()
+                .zip(ids)
+                .map(|((c, t, b), obj)| Slice::whole_object(*c, 0, *t, obj, b.len() as u64))
+                .collect();
+            if self.meta.hsm_restore_slices(agent, req.id, &slices)? == Progress::Stop {
+                return Ok(Step::Stop);
+            }
+            committed = ready
+                .last()
+                .map_or(committed, |(c, _, b)| c * cs + b.len() as u64);
+            commit = (commit * 2).min(self.cfg.commit_bytes);
+            if self.progress(agent, req.id, off, &mut last, true)?.is_err() {
+                return Ok(Step::Stop);
             }
             self.tranquil(req.id, t0.elapsed());
         }
-        let got = checksum_string(crc.finalize());
-        if !copy.checksum.is_empty() && got != copy.checksum {
-            return Err(MoverError::Checksum {
-                key: copy.key,
-                want: copy.checksum,
-                got,
-            });
+        if !batch.is_empty() || sums.verified() < copy.size {
+            return Err(MoverError::Bad(format!(
+                "archive copy {}: {} of {} bytes verified at its end",
+                copy.key,
+                sums.verified(),
+                copy.size
+            )));
         }
         self.data.forget(ino);
         let done = HsmDone {
@@ -1016,6 +1078,7 @@ mod tests {
     use crate::metrics::Metrics;
     use tierfs_meta::hsm::{HsmAgentInfo, RequestState};
     use tierfs_meta::{format_engine, FormatParams, Kind, NewNode, ROOT_INO};
+    use tierfs_store::archive::checksum_string;
     use tierfs_store::TargetSet;
 
     struct Fx {
@@ -1080,6 +1143,8 @@ mod tests {
         let cfg = MoverConfig {
             read_size: 64 << 10,
             commit_bytes: 3 * stripe_size,
+            first_commit_bytes: stripe_size,
+            sum_chunk: stripe_size,
             progress_interval: Duration::ZERO,
             tranquility: 0.0,
         };
@@ -1178,7 +1243,12 @@ mod tests {
         assert!(st.flags.archived() && !st.flags.dirty(), "{}", st.flags);
         let copy = st.copy.unwrap();
         assert_eq!(copy.size, data.len() as u64);
-        assert_eq!(copy.checksum, checksum_string(crc32fast::hash(&data)));
+        assert!(
+            copy.checksum
+                .starts_with(&checksum_string(crc32fast::hash(&data))),
+            "{}",
+            copy.checksum
+        );
         // the copy is the file's bytes, alone in the archive
         let files = archive_files(&f);
         assert_eq!(files.len(), 1, "{files:?}");
@@ -1219,25 +1289,35 @@ mod tests {
         assert!(!f.meta.hsm_state(ino).unwrap().flags.archived());
     }
 
-    #[test]
-    fn restore_commits_the_prefix_as_it_goes() {
-        // The copy's last byte is corrupt: the checksum, known only at the end, fails the
-        // restore, but by then the chunks read before were committed one batch at a time
-        // (readable while the rest moved). The file stays released; `hsm action` says why.
-        let f = fx(64 << 10);
-        let data = pattern((64 << 10) * 10);
-        let ino = file(&f, b"p", &data);
+    /// Archives `data` as file `name` with the mover, releases it, and flips bit 0 of every
+    /// byte at `corrupt` in the copy: the released file's inode.
+    fn released_with_corrupt_copy(f: &Fx, name: &[u8], data: &[u8], corrupt: &[usize]) -> u64 {
+        let ino = file(f, name, data);
         f.meta
             .hsm_request(ino, HsmAction::Archive, Some(1))
             .unwrap();
-        let t = take_one(&f, HsmAction::Archive);
+        let t = take_one(f, HsmAction::Archive);
         f.mover.run(f.agent, &t).unwrap();
         f.meta.hsm_release(ino).unwrap();
         assert!(f.meta.read_chunk(ino, 0).unwrap().is_empty());
-        let files = archive_files(&f);
-        let mut bad = std::fs::read(&files[0]).unwrap();
-        *bad.last_mut().unwrap() ^= 0xff;
-        std::fs::write(&files[0], &bad).unwrap();
+        let key = f.meta.hsm_state(ino).unwrap().copy.unwrap().key;
+        let copy = f.dir.path().join("archive").join(key);
+        let mut bad = std::fs::read(&copy).unwrap();
+        for &at in corrupt {
+            bad[at] ^= 0x01;
+        }
+        std::fs::write(&copy, &bad).unwrap();
+        ino
+    }
+
+    #[test]
+    fn restore_commits_the_prefix_as_it_goes() {
+        // The copy's last byte is corrupt: its chunk's checksum fails the restore, but by
+        // then the chunks read (and verified) before were committed one batch at a time
+        // (readable while the rest moved). The file stays released; `hsm action` says why.
+        let f = fx(64 << 10);
+        let data = pattern((64 << 10) * 10);
+        let ino = released_with_corrupt_copy(&f, b"p", &data, &[data.len() - 1]);
         f.meta.hsm_request(ino, HsmAction::Restore, None).unwrap();
         let t = take_one(&f, HsmAction::Restore);
         assert!(matches!(
@@ -1248,6 +1328,11 @@ mod tests {
         for c in 0..9 {
             assert_eq!(f.meta.read_chunk(ino, c).unwrap().len(), 1, "chunk {c}");
         }
+        assert!(f.meta.read_chunk(ino, 9).unwrap().is_empty());
+        assert_eq!(
+            f.meta.hsm_get_request(t.request.id).unwrap().restored,
+            9 * (64 << 10)
+        );
         f.data.invalidate(ino, None);
         let first = f.data.read(ino, 0, 64 << 10, false).unwrap();
         assert_eq!(first, data[..64 << 10]);
@@ -1266,6 +1351,8 @@ mod tests {
                 MoverConfig {
                     read_size: 64 << 10,
                     commit_bytes: 3 * (64 << 10),
+                    first_commit_bytes: 64 << 10,
+                    sum_chunk: 64 << 10,
                     progress_interval: Duration::ZERO,
                     tranquility,
                 },
@@ -1337,6 +1424,8 @@ mod tests {
             MoverConfig {
                 read_size: 64 << 10,
                 commit_bytes: 1 << 20,
+                first_commit_bytes: 64 << 10,
+                sum_chunk: 64 << 10,
                 progress_interval: Duration::from_secs(3600),
                 tranquility: 4.0,
             },
@@ -1363,6 +1452,64 @@ mod tests {
         // a notice about a request not moved here is forgotten at once
         f.mover.cancel(12345);
         assert!(f.mover.moves.lock().is_empty());
+    }
+
+    #[test]
+    fn a_corrupt_chunk_is_never_committed_nor_anything_after_it() {
+        // Chunk 4 of 10 is corrupt: it and every chunk after it are never committed (per-chunk
+        // checksums checked before each commit); what was committed before is verified data.
+        let f = fx(64 << 10);
+        let data = pattern((64 << 10) * 10);
+        let ino = released_with_corrupt_copy(&f, b"k", &data, &[4 * (64 << 10) + 5]);
+        f.meta.hsm_request(ino, HsmAction::Restore, None).unwrap();
+        let t = take_one(&f, HsmAction::Restore);
+        match f.mover.run(f.agent, &t).unwrap() {
+            Moved::Failed(why) => assert!(why.contains("at byte 262144"), "{why}"),
+            o => panic!("{o:?}"),
+        }
+        let r = f.meta.hsm_get_request(t.request.id).unwrap();
+        assert_eq!(r.state, RequestState::Failed);
+        // commits of 1, 2, 3 chunks: chunks 0..3 went, chunk 3 (verified) waited for more
+        assert_eq!(r.restored, 3 * (64 << 10));
+        for c in 0..10 {
+            assert_eq!(
+                f.meta.read_chunk(ino, c).unwrap().len(),
+                usize::from(c < 3),
+                "chunk {c}"
+            );
+        }
+        f.data.invalidate(ino, None);
+        let first = f.data.read(ino, 0, 3 * (64 << 10), false).unwrap();
+        assert_eq!(first, data[..3 * (64 << 10)]);
+    }
+
+    #[test]
+    fn a_copy_with_the_whole_checksum_only_is_verified_before_anything_is_committed() {
+        let f = fx(64 << 10);
+        let data = pattern((64 << 10) * 6 + 99);
+        let whole = checksum_string(crc32fast::hash(&data));
+        // corrupt: nothing committed
+        let ino = released_with_corrupt_copy(&f, b"w", &data, &[data.len() - 1]);
+        f.meta.hsm_request(ino, HsmAction::Restore, None).unwrap();
+        let mut t = take_one(&f, HsmAction::Restore);
+        t.copy.as_mut().unwrap().checksum = whole.clone();
+        match f.mover.run(f.agent, &t).unwrap() {
+            Moved::Failed(why) => assert!(why.contains("checksum mismatch"), "{why}"),
+            o => panic!("{o:?}"),
+        }
+        for c in 0..7 {
+            assert!(f.meta.read_chunk(ino, c).unwrap().is_empty(), "chunk {c}");
+        }
+        // intact: restored, byte-identical
+        let ino = released_with_corrupt_copy(&f, b"v", &data, &[]);
+        f.meta.hsm_request(ino, HsmAction::Restore, None).unwrap();
+        let mut t = take_one(&f, HsmAction::Restore);
+        t.copy.as_mut().unwrap().checksum = whole;
+        assert_eq!(
+            f.mover.run(f.agent, &t).unwrap(),
+            Moved::Completed(HsmOutcome::Done)
+        );
+        assert_eq!(read_all(&f, ino), data);
     }
 
     #[test]

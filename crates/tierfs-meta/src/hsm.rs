@@ -105,7 +105,8 @@ pub struct ArchiveCopy {
     pub data_version: u64,
     /// Bytes in the copy (the file's size when it was copied).
     pub size: u64,
-    /// The copy's checksum as `algorithm:hex` (restore verifies it).
+    /// The copy's checksums as `algorithm:hex`, with the per-chunk ones the movers write
+    /// (`crc32:<whole>;chunks:<bytes>:<hex...>`, tierfs-client's `copysum`); restore verifies them.
     pub checksum: String,
     /// When the copy was recorded (database clock).
     pub archived_at: Nanos,
@@ -251,6 +252,10 @@ pub struct HsmRequest {
     /// REMOVE (and RESTORE): the archive copy's key when queued; ARCHIVE: the key it recorded
     /// (once succeeded with outcome Done), else none.
     pub key: Option<String>,
+    /// RESTORE: the end of the restored prefix, the file's bytes `0..restored` committed by
+    /// [`crate::engine::Hsm::hsm_restore_slices`] (verified by the mover before it commits):
+    /// readable while the rest still moves. 0 for other actions.
+    pub restored: u64,
 }
 
 /// A request taken by an agent ([`crate::engine::Hsm::hsm_take`]): the request and what the
@@ -290,7 +295,7 @@ pub struct HsmDone {
     pub data_version: u64,
     /// ARCHIVE: bytes in the copy.
     pub size: u64,
-    /// ARCHIVE: the copy's checksum, `algorithm:hex`.
+    /// ARCHIVE: the copy's checksums, `algorithm:hex[;chunks:...]` ([`ArchiveCopy::checksum`]).
     pub checksum: String,
     /// Bytes moved in all.
     pub bytes_moved: u64,

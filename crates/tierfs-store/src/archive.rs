@@ -371,7 +371,10 @@ mod tests {
             }
             w.finish().await.unwrap();
             let got = a.get_range("y/copy", 0, data.len() as u64).await.unwrap();
-            assert!(got[..] == data[..], "the copy differs from what was written");
+            assert!(
+                got[..] == data[..],
+                "the copy differs from what was written"
+            );
         });
     }
 

@@ -939,6 +939,15 @@ impl DataPath {
         }
     }
 
+    /// Forgets the file's slice lists and cached chunks, keeping its attributes: a file being
+    /// restored got more slices (docs/hsm.md, "Transparent restore").
+    pub fn refresh_slices(&self, ino: Ino) {
+        if let Some(st) = self.existing(ino) {
+            st.inner.lock().chunk_slices.clear();
+        }
+        self.cache.remove_file(ino);
+    }
+
     // ------------------------------------------------------------------ reads
 
     fn slices(&self, st: &FileState, ino: Ino, chunk: u64) -> Result<Arc<Vec<Slice>>> {

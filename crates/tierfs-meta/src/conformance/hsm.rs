@@ -331,8 +331,12 @@ pub fn hsm_archive_release_restore(e: &dyn MetaEngine) {
         (5000, 3000, a.data_version)
     );
     assert_eq!(e.read_chunk(f.ino, 0).unwrap().len(), 1);
+    // The request shows the restored prefix (what an early reader may read).
+    assert_eq!(e.hsm_get_request(r1.id).unwrap().restored, 3000);
+    assert_eq!(e.hsm_action(f.ino).unwrap().unwrap().restored, 3000);
     e.hsm_restore_slices(ag, r1.id, &[obj_slice(0, 3000, 2000, o1 + 1)])
         .unwrap();
+    assert_eq!(e.hsm_get_request(r1.id).unwrap().restored, 5000);
     // Sent again (its answer lost): not added twice, not counted twice.
     let used = e.targets().unwrap()[0].used;
     e.hsm_restore_slices(ag, r1.id, &[obj_slice(0, 3000, 2000, o1 + 1)])

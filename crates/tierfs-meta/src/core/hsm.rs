@@ -43,7 +43,9 @@ use crate::vals;
 ///   [`RequestState`]'s; `agent` the agent holding it (started) or that held it last;
 ///   `copy_key` the copy's key for REMOVE/RESTORE (a REMOVE queued by an unlink outlives the
 ///   file and its `hsm_files` row); `outcome` what a completion did (1 done, 2 stale), so
-///   that a completion sent again (its answer lost) gets the same answer.
+///   that a completion sent again (its answer lost) gets the same answer; `restored` (RESTORE)
+///   the end of the restored prefix: the file's bytes `0..restored` are committed (kept across
+///   a requeue: the committed slices stay).
 /// - `hsm_agents`: registered copytool agents; `archives` the ids it serves, comma separated.
 pub const SCHEMA: super::schema::Ddl = &[
     "CREATE TABLE hsm_archives (
@@ -78,7 +80,8 @@ pub const SCHEMA: super::schema::Ddl = &[
         next_try INT NOT NULL DEFAULT 0,
         last_error TEXT,
         copy_key TEXT,
-        outcome INT NOT NULL DEFAULT 0
+        outcome INT NOT NULL DEFAULT 0,
+        restored INT NOT NULL DEFAULT 0
     )",
     "CREATE INDEX hsm_requests_waiting ON hsm_requests(priority DESC, created, id) WHERE state = 0",
     "CREATE INDEX hsm_requests_ino ON hsm_requests(ino, state)",
@@ -112,7 +115,7 @@ pub const HSM_DIRTY: &str = hsm_dirty_sql!();
 pub const TAKE_LOCK: i64 = 0x7469_6572_6668_736d; // "tierfhsm"
 
 const REQ_COLS: &str = "id, ino, action, archive_id, priority, state, agent, created, started, \
-    updated, bytes_moved, bytes_total, attempts, next_try, last_error, copy_key";
+    updated, bytes_moved, bytes_total, attempts, next_try, last_error, copy_key, restored";
 
 fn req_from_row(r: &Row) -> Result<HsmRequest> {
     let action = r.i64(2)?;
@@ -136,6 +139,7 @@ fn req_from_row(r: &Row) -> Result<HsmRequest> {
         next_try: r.i64(13)?,
         last_error: r.opt_text(14)?,
         key: r.opt_text(15)?,
+        restored: r.u64(16)?,
     })
 }
 
@@ -1202,9 +1206,21 @@ impl<D: Driver> Hsm for SqlMeta<D> {
             let delta = super::common::add_slices(tx, ino, slices)?;
             super::common::apply_allocated(tx, ino, delta)?;
             super::data::account_objects(tx, &objs)?;
+            // The restored prefix grows when these slices start inside it (a mover commits in
+            // file order; slices past a gap leave it where it is).
+            let cs = a
+                .as_ref()
+                .and_then(|a| a.layout.as_ref())
+                .map_or(0, |l| l.stripe_size);
+            let (lo, hi) = slices.iter().fold((u64::MAX, 0u64), |(lo, hi), s| {
+                let start = s.chunk * cs + s.off;
+                (lo.min(start), hi.max(start + s.len))
+            });
             tx.exec(
-                "UPDATE hsm_requests SET updated = $2 WHERE id = $1",
-                vals![request, now],
+                "UPDATE hsm_requests SET updated = $2, \
+                 restored = CASE WHEN $3 <= restored AND $4 > restored THEN $4 ELSE restored END \
+                 WHERE id = $1",
+                vals![request, now, lo.min(i64::MAX as u64), hi],
             )?;
             Ok(Progress::Continue)
         })
