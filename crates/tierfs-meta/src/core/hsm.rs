@@ -1388,6 +1388,8 @@ impl<D: Driver> Hsm for SqlMeta<D> {
             let ended_before = now(tx)?.saturating_sub(grace_ns.max(0));
             let mut out = Vec::with_capacity(items.len());
             let sql = format!("SELECT {REQ_COLS}, outcome FROM hsm_requests WHERE id = $1");
+            // the column after REQ_COLS
+            let outcome_col = REQ_COLS.split(',').count();
             for it in items {
                 let Some(row) = tx.query_opt(&sql, vals![it.request])? else {
                     out.push(false);
@@ -1395,7 +1397,7 @@ impl<D: Driver> Hsm for SqlMeta<D> {
                 };
                 let r = req_from_row(&row)?;
                 let recorded_here = r.state == RequestState::Succeeded
-                    && row.i64(16)? == outcome_num(HsmOutcome::Done)
+                    && row.i64(outcome_col)? == outcome_num(HsmOutcome::Done)
                     && r.key.as_deref() == Some(it.key.as_str());
                 let ours = r.ino == it.ino
                     && r.action == HsmAction::Archive
