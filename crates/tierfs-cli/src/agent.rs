@@ -94,7 +94,7 @@ pub fn agent(a: AgentArgs) -> Result<()> {
         )));
     }
     // Signals go to the thread that waits for them (blocked before any other thread exists).
-    let sigs = signals::block();
+    let sigs = tierfs_client::daemon::signals::block(&[libc::SIGTERM, libc::SIGINT]);
     let meta = open_engine(&a.meta)?;
     let known: Vec<u32> = meta.hsm_archives()?.into_iter().map(|x| x.id).collect();
     if let Some(bad) = a.archives.iter().find(|id| !known.contains(id)) {
@@ -185,33 +185,4 @@ fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_string())
         .unwrap_or_else(|_| "localhost".into())
-}
-
-/// sigwait on SIGTERM/SIGINT, blocked in every thread.
-mod signals {
-    pub struct SigSet(libc::sigset_t);
-
-    pub fn block() -> SigSet {
-        // SAFETY: plain libc signal-set manipulation on a local sigset_t.
-        unsafe {
-            let mut set: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&mut set);
-            libc::sigaddset(&mut set, libc::SIGTERM);
-            libc::sigaddset(&mut set, libc::SIGINT);
-            libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-            SigSet(set)
-        }
-    }
-
-    // SAFETY: sigset_t is plain data.
-    unsafe impl Send for SigSet {}
-
-    impl SigSet {
-        pub fn wait(&self) -> i32 {
-            let mut sig: libc::c_int = 0;
-            // SAFETY: the set is initialised and blocked in every thread.
-            unsafe { libc::sigwait(&self.0, &mut sig) };
-            sig
-        }
-    }
 }

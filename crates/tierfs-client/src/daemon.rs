@@ -143,22 +143,24 @@ pub fn prepare_mountpoint(mp: &Path) -> Result<PathBuf, DaemonError> {
     Ok(abs)
 }
 
-fn block_signals() -> nix_signals::SigSet {
-    nix_signals::block()
+fn block_signals() -> signals::SigSet {
+    signals::block(&[libc::SIGTERM, libc::SIGINT, libc::SIGHUP])
 }
 
-/// Tiny wrapper around sigprocmask/sigwait so the daemon can wait for signals on a thread.
-mod nix_signals {
+/// Tiny wrapper around sigprocmask/sigwait so that a process (the daemon, `tierfs agent`) can
+/// wait for signals on one thread: block them first, before any other thread exists.
+pub mod signals {
     pub struct SigSet(libc::sigset_t);
 
-    pub fn block() -> SigSet {
+    /// Blocks `sigs` in the calling thread (and the threads it starts later).
+    pub fn block(sigs: &[libc::c_int]) -> SigSet {
         // SAFETY: plain libc signal-set manipulation on a local sigset_t.
         unsafe {
             let mut set: libc::sigset_t = std::mem::zeroed();
             libc::sigemptyset(&mut set);
-            libc::sigaddset(&mut set, libc::SIGTERM);
-            libc::sigaddset(&mut set, libc::SIGINT);
-            libc::sigaddset(&mut set, libc::SIGHUP);
+            for &sig in sigs {
+                libc::sigaddset(&mut set, sig);
+            }
             libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
             SigSet(set)
         }
@@ -168,6 +170,7 @@ mod nix_signals {
     unsafe impl Send for SigSet {}
 
     impl SigSet {
+        /// Waits for one of the blocked signals: its number.
         pub fn wait(&self) -> i32 {
             let mut sig: libc::c_int = 0;
             // SAFETY: the set is initialised and blocked in every thread.
