@@ -37,7 +37,7 @@ use tierfs_store::archive::{ArchiveEntry, ArchiveStore};
 use crate::copysum::{chunk_for, SumReader, SumWriter};
 use tierfs_store::StoreError;
 
-use crate::data::DataPath;
+use crate::data::{DataPath, StartedObject};
 use crate::error::ClientError;
 
 /// Tunables of a mover.
@@ -439,8 +439,11 @@ impl Mover {
             }
             sums = SumReader::new("", copy.size).map_err(MoverError::Bad)?;
         }
-        // Read and verified but not committed yet: (chunk, target, bytes), in file order.
+        // Read, not yet verified: (chunk, target, bytes), in file order.
         let mut batch: Vec<(u64, u32, Bytes)> = Vec::new();
+        // Verified, uploading as a new object while the next chunks are read: (chunk, target,
+        // bytes in it, upload), in file order, committed together once enough gathered.
+        let mut started: Vec<(u64, u32, u64, StartedObject)> = Vec::new();
         let mut commit = self
             .cfg
             .first_commit_bytes
@@ -452,52 +455,53 @@ impl Mover {
             let t0 = Instant::now();
             let chunk = off / cs;
             let end = ((chunk + 1) * cs).min(copy.size);
-            // Verified before anything of it is committed: a bad chunk fails the request
-            // with the verified prefix committed and nothing after it.
+            // Verified before anything of it is uploaded or committed: a bad chunk fails the
+            // request with the verified prefix committed and nothing after it.
             let bytes = read(&mut sums, off, end)?;
             batch.push((chunk, layout.target_of_chunk(chunk), bytes));
             off = end;
+            let verified = sums.verified();
+            let n = batch
+                .iter()
+                .take_while(|(c, _, b)| c * cs + b.len() as u64 <= verified)
+                .count();
+            for (c, t, b) in batch.drain(..n) {
+                let len = b.len() as u64;
+                started.push((c, t, len, self.data.start_object(t, b)?));
+            }
             if self
                 .progress(agent, req.id, off, &mut last, false)?
                 .is_err()
             {
                 return Ok(Step::Stop);
             }
-            let verified = sums.verified();
-            // Commit the pieces that end inside the verified prefix, once enough gathered.
-            let n = if verified < committed + commit && off < copy.size {
-                0
-            } else {
-                batch
-                    .iter()
-                    .take_while(|(c, _, b)| c * cs + b.len() as u64 <= verified)
-                    .count()
-            };
-            if n == 0 {
+            let due = verified >= committed + commit || off >= copy.size;
+            if !due || started.is_empty() {
                 self.tranquil(req.id, t0.elapsed());
                 continue;
             }
-            let ready: Vec<(u64, u32, Bytes)> = batch.drain(..n).collect();
-            let pieces: Vec<(u32, Bytes)> = ready.iter().map(|(_, t, b)| (*t, b.clone())).collect();
-            let ids = self.data.put_objects(pieces)?;
-            let slices: Vec<Slice> = ready
+            let ready = std::mem::take(&mut started);
+            let placed: Vec<(u64, u32, u64)> =
+                ready.iter().map(|(c, t, l, _)| (*c, *t, *l)).collect();
+            let ids = self
+                .data
+                .wait_objects(ready.into_iter().map(|(.., s)| s).collect())?;
+            let slices: Vec<Slice> = placed
                 .iter()
                 .zip(ids)
-                .map(|((c, t, b), obj)| Slice::whole_object(*c, 0, *t, obj, b.len() as u64))
+                .map(|((c, t, l), obj)| Slice::whole_object(*c, 0, *t, obj, *l))
                 .collect();
             if self.meta.hsm_restore_slices(agent, req.id, &slices)? == Progress::Stop {
                 return Ok(Step::Stop);
             }
-            committed = ready
-                .last()
-                .map_or(committed, |(c, _, b)| c * cs + b.len() as u64);
+            committed = placed.last().map_or(committed, |(c, _, l)| c * cs + l);
             commit = (commit * 2).min(self.cfg.commit_bytes);
             if self.progress(agent, req.id, off, &mut last, true)?.is_err() {
                 return Ok(Step::Stop);
             }
             self.tranquil(req.id, t0.elapsed());
         }
-        if !batch.is_empty() || sums.verified() < copy.size {
+        if !batch.is_empty() || !started.is_empty() || sums.verified() < copy.size {
             return Err(MoverError::Bad(format!(
                 "archive copy {}: {} of {} bytes verified at its end",
                 copy.key,

@@ -71,6 +71,12 @@ impl Default for DataConfig {
 /// A running upload of one object.
 type Upload = JoinHandle<std::result::Result<(), StoreError>>;
 
+/// An object being uploaded ([`DataPath::start_object`]).
+pub struct StartedObject {
+    obj: u64,
+    upload: Upload,
+}
+
 /// A write not yet committed: bytes at `off` inside `chunk`.
 struct Pending {
     chunk: u64,
@@ -639,13 +645,29 @@ impl DataPath {
     /// objects' ids, in order. Objects of a failed call that were uploaded are never referenced
     /// and go with the garbage collection of unreferenced objects.
     pub fn put_objects(&self, pieces: Vec<(u32, Bytes)>) -> Result<Vec<u64>> {
-        let mut ids = Vec::with_capacity(pieces.len());
-        let mut waits = Vec::with_capacity(pieces.len());
+        let mut started = Vec::with_capacity(pieces.len());
         for (target, bytes) in pieces {
-            let obj = self.next_object_id()?;
-            ids.push(obj);
-            waits.push(self.spawn_upload(target, obj, bytes));
+            started.push(self.start_object(target, bytes)?);
         }
+        self.wait_objects(started)
+    }
+
+    /// Starts the upload of `bytes` as a new object on `target` (in the background, as
+    /// [`DataPath::put_objects`] uploads): the caller goes on (an HSM restore reads the next
+    /// chunk of the copy meanwhile) and waits for it with [`DataPath::wait_objects`].
+    pub fn start_object(&self, target: u32, bytes: Bytes) -> Result<StartedObject> {
+        let obj = self.next_object_id()?;
+        Ok(StartedObject {
+            obj,
+            upload: self.spawn_upload(target, obj, bytes),
+        })
+    }
+
+    /// Waits until every started object is durable: their ids, in order; the first error
+    /// otherwise (objects uploaded all the same are never referenced: garbage collection).
+    pub fn wait_objects(&self, started: Vec<StartedObject>) -> Result<Vec<u64>> {
+        let ids = started.iter().map(|s| s.obj).collect();
+        let waits = started.into_iter().map(|s| s.upload);
         for r in self.rt.block_on(futures::future::join_all(waits)) {
             r.map_err(|e| StoreError::Io(e.to_string()))??;
         }
