@@ -22,6 +22,7 @@ use tierfs_meta::{now_nanos, open_engine, MetaEngine, MetaError, MetaUrl};
 use crate::changelog::FsArgs;
 use crate::error::{CliError, Result};
 use crate::locate::mount_of;
+use tierfs_store::archive::ArchiveStore;
 
 /// The first schema with HSM.
 const HSM_SCHEMA: i64 = 8;
@@ -119,7 +120,8 @@ pub enum HsmCmd {
     /// Make each file under SRC_PREFIX of archive N a released file under DEST_DIR (a directory
     /// in a tierfs mount), with the size, mtime, mode and owner the archive gives, without
     /// copying data: an open restores it. Subdirectories are made in DEST_DIR. Reads file://
-    /// archives (s3:// ones are not listed yet). An existing name fails its batch of files.
+    /// archives; an s3:// archive's objects become files of mode 0644 owned by the caller, with the
+    /// object's size and LastModified time. An existing name fails its batch of files.
     Import {
         /// The archive holding the data.
         #[arg(long, short = 'a')]
@@ -653,13 +655,6 @@ fn import(archive: u32, prefix: &str, dest: &Path) -> Result<()> {
         .into_iter()
         .find(|a| a.id == archive)
         .ok_or(MetaError::from(HsmError::UnknownArchive(archive)))?;
-    let Some(base) = a.url.strip_prefix("file://") else {
-        return Err(CliError::Usage(format!(
-            "archive {archive} is {}: import lists file:// archives only for now",
-            a.url
-        )));
-    };
-    let base = PathBuf::from(base.split('?').next().unwrap_or(base));
     let prefix = prefix.trim_matches('/');
     if Path::new(prefix)
         .components()
@@ -667,21 +662,121 @@ fn import(archive: u32, prefix: &str, dest: &Path) -> Result<()> {
     {
         return Err(CliError::Usage(format!("{prefix:?}: .. is not allowed")));
     }
-    let src = if prefix.is_empty() || prefix == "." {
-        base.clone()
+    let prefix = if prefix == "." { "" } else { prefix };
+    let mut imp = Importer {
+        e: Arc::clone(&e),
+        archive,
+        targets: e.targets()?,
+        batch: Vec::new(),
+        files: 0,
+        bytes: 0,
+    };
+    if let Some(base) = a.url.strip_prefix("file://") {
+        let base = PathBuf::from(base.split('?').next().unwrap_or(base));
+        import_dir(&mut imp, &base, prefix, dest)?;
+    } else {
+        import_s3(&mut imp, &a.url, prefix, dest)?;
+    }
+    imp.flush()?;
+    println!(
+        "imported {} files ({} bytes) from archive {archive} into {}",
+        imp.files,
+        imp.bytes,
+        dest.display()
+    );
+    Ok(())
+}
+
+/// Gathers the released files of an import and makes them in batches of [`IMPORT_BATCH`]
+/// (one engine transaction each), whatever the archive's kind.
+struct Importer {
+    e: Arc<dyn MetaEngine>,
+    archive: u32,
+    targets: Vec<tierfs_meta::TargetInfo>,
+    batch: Vec<tierfs_meta::hsm::HsmImport>,
+    files: u64,
+    bytes: u64,
+}
+
+/// One archived file to import: where in the archive, and what the archive says of it.
+struct ImportItem {
+    key: String,
+    name: Vec<u8>,
+    perm: u32,
+    uid: u32,
+    gid: u32,
+    size: u64,
+    mtime_ns: i64,
+}
+
+impl Importer {
+    /// Adds `it` as a released file in the directory `dir` of the mount.
+    fn add(&mut self, dir: &Path, it: ImportItem) -> Result<()> {
+        let parent = std::fs::metadata(dir)
+            .map_err(|e| CliError::Io(dir.display().to_string(), e))?
+            .ino();
+        let def = self.e.resolve_stripe_default(parent)?;
+        // stripes over the targets in turn, as the allocator would for an empty fs
+        let nt = self.targets.len().max(1);
+        let n = (def.stripe_count as usize).clamp(1, nt);
+        let first = self.files as usize;
+        let layout = tierfs_meta::Layout {
+            stripe_size: def.stripe_size,
+            targets: (0..n)
+                .filter_map(|i| self.targets.get((first + i) % nt))
+                .map(|t| t.id)
+                .collect(),
+        };
+        self.files += 1;
+        self.bytes += it.size;
+        self.batch.push(tierfs_meta::hsm::HsmImport {
+            parent,
+            name: it.name,
+            perm: it.perm,
+            uid: it.uid,
+            gid: it.gid,
+            size: it.size,
+            mtime: it.mtime_ns,
+            key: it.key,
+            checksum: String::new(),
+            layout,
+        });
+        if self.batch.len() >= IMPORT_BATCH {
+            self.flush()?;
+            eprintln!("tierfs: imported {} files so far", self.files);
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<()> {
+        if !self.batch.is_empty() {
+            self.e.hsm_import(self.archive, &self.batch)?;
+            self.batch.clear();
+        }
+        Ok(())
+    }
+}
+
+/// Makes directory `p` in the mount (one already there is fine).
+fn mkdir_in_mount(p: &Path) -> Result<()> {
+    match std::fs::create_dir(p) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(CliError::Io(p.display().to_string(), e)),
+    }
+}
+
+/// Imports a directory archive's tree under `prefix`: each regular file with its mode, owner,
+/// size and mtime; each directory made in `dest` (empty ones too).
+fn import_dir(imp: &mut Importer, base: &Path, prefix: &str, dest: &Path) -> Result<()> {
+    let src = if prefix.is_empty() {
+        base.to_path_buf()
     } else {
         base.join(prefix)
     };
-    let targets = e.targets()?;
-    let (mut files, mut bytes) = (0u64, 0u64);
-    let mut batch = Vec::new();
     // (directory in the archive, its directory in the mount)
-    let mut dirs = vec![(src.clone(), dest.to_path_buf())];
+    let mut dirs = vec![(src, dest.to_path_buf())];
     while let Some((from, to)) = dirs.pop() {
-        let parent = std::fs::metadata(&to)
-            .map_err(|e| CliError::Io(to.display().to_string(), e))?
-            .ino();
-        let def = e.resolve_stripe_default(parent)?;
         let rd =
             std::fs::read_dir(&from).map_err(|e| CliError::Io(from.display().to_string(), e))?;
         let mut names: Vec<_> = rd.filter_map(|d| d.ok()).collect();
@@ -692,57 +787,75 @@ fn import(archive: u32, prefix: &str, dest: &Path) -> Result<()> {
                 .map_err(|e| CliError::Io(p.display().to_string(), e))?;
             if m.is_dir() {
                 let sub = to.join(d.file_name());
-                match std::fs::create_dir(&sub) {
-                    Ok(()) => {}
-                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-                    Err(e) => return Err(CliError::Io(sub.display().to_string(), e)),
-                }
+                mkdir_in_mount(&sub)?;
                 dirs.push((p, sub));
             } else if m.is_file() {
                 let key = p
-                    .strip_prefix(&base)
+                    .strip_prefix(base)
                     .map_err(|_| CliError::Other(format!("{}: outside the archive", p.display())))?
                     .to_string_lossy()
                     .into_owned();
-                // stripes over the targets in turn, as the allocator would for an empty fs
-                let n = (def.stripe_count as usize).clamp(1, targets.len().max(1));
-                let first = files as usize;
-                let layout = tierfs_meta::Layout {
-                    stripe_size: def.stripe_size,
-                    targets: (0..n)
-                        .filter_map(|i| targets.get((first + i) % targets.len().max(1)))
-                        .map(|t| t.id)
-                        .collect(),
-                };
-                batch.push(tierfs_meta::hsm::HsmImport {
-                    parent,
-                    name: d.file_name().as_encoded_bytes().to_vec(),
-                    perm: m.mode() & 0o7777,
-                    uid: m.uid(),
-                    gid: m.gid(),
-                    size: m.len(),
-                    mtime: m.mtime() * 1_000_000_000 + m.mtime_nsec(),
-                    key,
-                    checksum: String::new(),
-                    layout,
-                });
-                files += 1;
-                bytes += m.len();
-                if batch.len() >= IMPORT_BATCH {
-                    e.hsm_import(archive, &batch)?;
-                    batch.clear();
-                    eprintln!("tierfs: imported {files} files so far");
-                }
+                imp.add(
+                    &to,
+                    ImportItem {
+                        key,
+                        name: d.file_name().as_encoded_bytes().to_vec(),
+                        perm: m.mode() & 0o7777,
+                        uid: m.uid(),
+                        gid: m.gid(),
+                        size: m.len(),
+                        mtime_ns: m.mtime() * 1_000_000_000 + m.mtime_nsec(),
+                    },
+                )?;
             }
         }
     }
-    if !batch.is_empty() {
-        e.hsm_import(archive, &batch)?;
+    Ok(())
+}
+
+/// Imports an S3 archive's objects under the key prefix `prefix/`: each object a released
+/// file of its size and LastModified time, mode 0644 owned by the caller (S3 keeps neither),
+/// its key's "directories" made in `dest`.
+fn import_s3(imp: &mut Importer, url: &str, prefix: &str, dest: &Path) -> Result<()> {
+    let store = ArchiveStore::open(url)?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| CliError::Other(format!("tokio runtime: {e}")))?;
+    let objects = rt.block_on(store.list_objects(prefix))?;
+    // SAFETY: getuid/getgid cannot fail.
+    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    for o in objects {
+        let rel = if prefix.is_empty() {
+            o.key.as_str()
+        } else {
+            match o.key.strip_prefix(prefix).and_then(|r| r.strip_prefix('/')) {
+                Some(r) => r,
+                None => continue, // "prefixfoo/x" under prefix "prefix"
+            }
+        };
+        let mut parts: Vec<&str> = rel.split('/').collect();
+        let Some(name) = parts.pop().filter(|n| !n.is_empty()) else {
+            continue; // a "directory marker" object (key ending in /)
+        };
+        let mut dir = dest.to_path_buf();
+        for p in parts {
+            dir.push(p);
+            mkdir_in_mount(&dir)?;
+        }
+        imp.add(
+            &dir,
+            ImportItem {
+                key: o.key.clone(),
+                name: name.as_bytes().to_vec(),
+                perm: 0o644,
+                uid,
+                gid,
+                size: o.size,
+                mtime_ns: o.mtime_ns,
+            },
+        )?;
     }
-    println!(
-        "imported {files} files ({bytes} bytes) from archive {archive} into {}",
-        dest.display()
-    );
     Ok(())
 }
 

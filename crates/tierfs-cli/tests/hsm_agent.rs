@@ -662,8 +662,9 @@ fn agent_on_postgres_takes_requests_on_a_notice() {
 }
 
 /// An agent against a real S3 server (Garage, or TIERFS_S3_ENDPOINT): archive to an
-/// s3:// archive, release, restore on another client (byte-identical, checksum verified), and
-/// the sweep deletes an unrecorded copy in the bucket while the recorded one stays.
+/// s3:// archive, release, restore on another client (byte-identical, checksum verified), the
+/// sweep deletes an unrecorded copy in the bucket while the recorded one stays, and `tierfs
+/// hsm import` makes the objects under a key prefix released files that restore on open.
 #[test]
 fn agent_archives_to_and_restores_from_s3() {
     let Some(s3) = S3Server::start("agent_archives_to_and_restores_from_s3") else {
@@ -749,6 +750,61 @@ fn agent_archives_to_and_restores_from_s3() {
         rt.block_on(store.size(&copy.key)).unwrap(),
         data.len() as u64
     );
+
+    // Import: the objects under imp/ become released files (the "directories" of their keys
+    // made), restored on open from the bucket; an object under impx/ is not under imp/.
+    let a_bytes = pattern((1 << 20) + 77, 5);
+    for (k, b) in [
+        ("imp/sub/a.dat", &a_bytes[..]),
+        ("imp/b.dat", &b"bee"[..]),
+        ("impx/c", &b"not under imp/"[..]),
+    ] {
+        rt.block_on(async {
+            let mut w = store.writer(k).await.unwrap();
+            w.write(b).await.unwrap();
+            w.finish().await.unwrap();
+        });
+    }
+    let dest = t.p(0, "imported");
+    fs::create_dir(&dest).unwrap();
+    let out = t.tierfs(&[
+        "hsm",
+        "import",
+        "--archive",
+        "1",
+        "imp",
+        dest.to_str().unwrap(),
+        "--s3-credentials",
+        s3.credentials.as_str(),
+    ]);
+    out.assert_ok();
+    assert!(
+        out.stdout
+            .contains(&format!("imported 2 files ({} bytes)", a_bytes.len() + 3)),
+        "{}",
+        out.describe()
+    );
+    let mut names: Vec<String> = fs::read_dir(t.p(1, "imported"))
+        .unwrap()
+        .map(|d| d.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["b.dat", "sub"]);
+    let m = fs::metadata(t.p(1, "imported/sub/a.dat")).unwrap();
+    assert_eq!((m.len(), m.mode() & 0o7777), (a_bytes.len() as u64, 0o644));
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    assert!(
+        (now - 600..=now + 60).contains(&m.mtime()),
+        "mtime {} is not the object's LastModified (now {now})",
+        m.mtime()
+    );
+    assert!(meta.getattr(m.ino()).unwrap().hsm.released());
+    let back = fs::read(t.p(1, "imported/sub/a.dat")).unwrap();
+    assert!(back == a_bytes, "the imported file read back differs");
+    assert_eq!(fs::read(t.p(1, "imported/b.dat")).unwrap(), b"bee");
     // leave the bucket clean
     for e in rt.block_on(store.list()).unwrap() {
         rt.block_on(store.remove_listed(&e)).unwrap();

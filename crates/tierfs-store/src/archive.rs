@@ -39,6 +39,15 @@ pub struct ArchiveEntry {
     pub staged: bool,
 }
 
+/// An object of an archive ([`ArchiveStore::list_objects`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ArchivedObject {
+    pub key: String,
+    pub size: u64,
+    /// Its modification time (S3: LastModified), in nanoseconds since the epoch.
+    pub mtime_ns: i64,
+}
+
 /// Bytes of a part of a copy's upload (S3 wants at least 5 MiB but for the last).
 pub const ARCHIVE_PART: usize = s3::PART_SIZE;
 
@@ -124,6 +133,38 @@ impl ArchiveStore {
                 staged: false,
             });
         }
+        Ok(out)
+    }
+
+    /// The objects of the archive whose keys start with the directory `prefix` (`""`: all),
+    /// with their size and modification time, in key order: what `tierfs hsm import` makes
+    /// released files of. The archive's own probe objects are left out.
+    pub async fn list_objects(&self, prefix: &str) -> Result<Vec<ArchivedObject>> {
+        use futures::StreamExt;
+        let prefix = prefix.trim_matches('/');
+        let p = if prefix.is_empty() {
+            None
+        } else {
+            Some(Self::path(prefix)?)
+        };
+        let mut list = self.store.list(p.as_ref());
+        let mut out = Vec::new();
+        while let Some(m) = list.next().await {
+            let m = m?;
+            let key = m.location.to_string();
+            if key.starts_with(".tierfs-probe") {
+                continue;
+            }
+            out.push(ArchivedObject {
+                key,
+                size: m.size,
+                mtime_ns: m
+                    .last_modified
+                    .timestamp_nanos_opt()
+                    .unwrap_or(m.last_modified.timestamp() * 1_000_000_000),
+            });
+        }
+        out.sort_by(|a, b| a.key.cmp(&b.key));
         Ok(out)
     }
 
