@@ -18,7 +18,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tierfs_meta::hsm::{HsmAction, HsmSettings, RequestState};
+use tierfs_meta::hsm::{HsmAction, HsmRequest, HsmSettings, RequestState};
 use tierfs_meta::{open_engine, MetaEngine};
 
 /// A `tierfs agent` process, killed (SIGKILL) when dropped if still running.
@@ -129,6 +129,34 @@ fn wait_request(meta: &dyn MetaEngine, id: u64, want: RequestState, limit: Durat
 }
 
 /// Release, retried while the writer's close is still on its way to the engine.
+/// Queues `action` on `ino` and waits (up to `secs`) until it succeeded: the request.
+fn request_done(
+    meta: &dyn MetaEngine,
+    ino: u64,
+    action: HsmAction,
+    archive: Option<u32>,
+    secs: u64,
+) -> HsmRequest {
+    let req = meta.hsm_request(ino, action, archive).unwrap().unwrap();
+    wait_request(
+        meta,
+        req.id,
+        RequestState::Succeeded,
+        Duration::from_secs(secs),
+    );
+    req
+}
+
+/// Asserts `got` is `want`, naming `what` and both lengths (not the bytes) when not.
+fn assert_same(got: &[u8], want: &[u8], what: &str) {
+    assert!(
+        got == want,
+        "{what} differs (len {} vs {})",
+        got.len(),
+        want.len()
+    );
+}
+
 fn release(meta: &dyn MetaEngine, ino: u64) {
     let mut last = None;
     let ok = wait_until(Duration::from_secs(10), || match meta.hsm_release(ino) {
@@ -154,16 +182,7 @@ fn agent_archive_release_restore_reads_back_identical_on_another_client() {
     let ino = fs::metadata(t.p(0, "f")).unwrap().ino();
     let mut agent = Agent::start(&t, 0);
 
-    let req = meta
-        .hsm_request(ino, HsmAction::Archive, Some(1))
-        .unwrap()
-        .unwrap();
-    wait_request(
-        meta.as_ref(),
-        req.id,
-        RequestState::Succeeded,
-        Duration::from_secs(60),
-    );
+    request_done(meta.as_ref(), ino, HsmAction::Archive, Some(1), 60);
     let st = meta.hsm_state(ino).unwrap();
     assert!(st.flags.archived() && !st.flags.dirty(), "{}", st.flags);
     let copy = st.copy.unwrap();
@@ -184,24 +203,10 @@ fn agent_archive_release_restore_reads_back_identical_on_another_client() {
     );
     assert_eq!(fs::metadata(t.p(1, "f")).unwrap().len(), data.len() as u64);
 
-    let req = meta
-        .hsm_request(ino, HsmAction::Restore, None)
-        .unwrap()
-        .unwrap();
-    wait_request(
-        meta.as_ref(),
-        req.id,
-        RequestState::Succeeded,
-        Duration::from_secs(60),
-    );
+    request_done(meta.as_ref(), ino, HsmAction::Restore, None, 60);
     assert!(!meta.getattr(ino).unwrap().hsm.released());
     let back = fs::read(t.p(1, "f")).unwrap();
-    assert!(
-        back == data,
-        "restored data differs (len {} vs {})",
-        back.len(),
-        data.len()
-    );
+    assert_same(&back, &data, "restored data");
 
     let status = agent.term();
     assert!(status.success(), "agent exit on SIGTERM: {status}");
@@ -282,12 +287,7 @@ fn agent_killed_mid_archive_and_mid_restore_leaves_the_file_as_it_was() {
     );
     assert!(!meta.getattr(ino).unwrap().hsm.released());
     let back = fs::read(t.p(0, "big")).unwrap();
-    assert!(
-        back == data,
-        "restored data differs (len {} vs {})",
-        back.len(),
-        data.len()
-    );
+    assert_same(&back, &data, "restored data");
 }
 
 #[test]
@@ -308,16 +308,7 @@ fn client_daemon_moves_data_when_configured() {
     let data = pattern((3 << 20) + 5, 7);
     write_file(&t.p(0, "w"), &data);
     let ino = fs::metadata(t.p(0, "w")).unwrap().ino();
-    let req = meta
-        .hsm_request(ino, HsmAction::Archive, Some(1))
-        .unwrap()
-        .unwrap();
-    wait_request(
-        meta.as_ref(),
-        req.id,
-        RequestState::Succeeded,
-        Duration::from_secs(60),
-    );
+    let req = request_done(meta.as_ref(), ino, HsmAction::Archive, Some(1), 60);
     let r = meta.hsm_get_request(req.id).unwrap();
     let agents = meta.hsm_agents().unwrap();
     assert_eq!(agents.len(), 1, "{agents:?}");
@@ -365,16 +356,7 @@ fn an_agent_takes_more_while_a_long_move_runs() {
         RequestState::Succeeded,
         Duration::from_secs(30),
     );
-    let rc = meta
-        .hsm_request(c, HsmAction::Archive, Some(1))
-        .unwrap()
-        .unwrap();
-    wait_request(
-        meta.as_ref(),
-        rc.id,
-        RequestState::Succeeded,
-        Duration::from_secs(30),
-    );
+    request_done(meta.as_ref(), c, HsmAction::Archive, Some(1), 30);
     let a = meta.hsm_get_request(ra.id).unwrap();
     assert_eq!(
         a.state,
@@ -623,16 +605,7 @@ fn agent_on_postgres_takes_requests_on_a_notice() {
     );
     // its first look (at start) found nothing; the next poll would be 300 s away
     std::thread::sleep(Duration::from_millis(300));
-    let req = meta
-        .hsm_request(ino, HsmAction::Archive, Some(1))
-        .unwrap()
-        .unwrap();
-    wait_request(
-        meta.as_ref(),
-        req.id,
-        RequestState::Succeeded,
-        Duration::from_secs(15),
-    );
+    request_done(meta.as_ref(), ino, HsmAction::Archive, Some(1), 15);
     let copy = meta.hsm_state(ino).unwrap().copy.unwrap();
     assert_eq!(
         fs::read(t.root().join("archive").join(&copy.key)).unwrap(),
@@ -718,16 +691,7 @@ fn agent_archives_to_and_restores_from_s3() {
         &["--poll", "0.1", "--sweep", "0.3", "--sweep-grace", "1"],
         &[("TIERFS_S3_CREDENTIALS", s3.credentials.as_str())],
     );
-    let req = meta
-        .hsm_request(ino, HsmAction::Archive, Some(1))
-        .unwrap()
-        .unwrap();
-    wait_request(
-        meta.as_ref(),
-        req.id,
-        RequestState::Succeeded,
-        Duration::from_secs(60),
-    );
+    request_done(meta.as_ref(), ino, HsmAction::Archive, Some(1), 60);
     let copy = meta.hsm_state(ino).unwrap().copy.unwrap();
     let got = rt
         .block_on(store.get_range(&copy.key, 0, data.len() as u64))
@@ -843,31 +807,13 @@ fn bench_archive_restore_vs_cp() {
 
     let _agent = Agent::start(&t, 0);
     let t0 = std::time::Instant::now();
-    let req = meta
-        .hsm_request(ino, HsmAction::Archive, Some(1))
-        .unwrap()
-        .unwrap();
-    wait_request(
-        meta.as_ref(),
-        req.id,
-        RequestState::Succeeded,
-        Duration::from_secs(600),
-    );
+    request_done(meta.as_ref(), ino, HsmAction::Archive, Some(1), 600);
     let archive = t0.elapsed();
     let copy = meta.hsm_state(ino).unwrap().copy.unwrap();
 
     release(meta.as_ref(), ino);
     let t0 = std::time::Instant::now();
-    let req = meta
-        .hsm_request(ino, HsmAction::Restore, None)
-        .unwrap()
-        .unwrap();
-    wait_request(
-        meta.as_ref(),
-        req.id,
-        RequestState::Succeeded,
-        Duration::from_secs(600),
-    );
+    request_done(meta.as_ref(), ino, HsmAction::Restore, None, 600);
     let restore = t0.elapsed();
 
     // cp back: the archive copy written into the filesystem through the mount
