@@ -72,6 +72,20 @@ pub struct FsArgs {
     pub mount: Option<PathBuf>,
 }
 
+impl FsArgs {
+    /// The metadata URL asked for: `--meta`, else that of the mount holding `--mount` (or the
+    /// current directory).
+    pub fn meta_url(&self) -> Result<String> {
+        match (&self.meta, &self.mount) {
+            (Some(m), _) => Ok(m.clone()),
+            (None, p) => {
+                let p = p.clone().unwrap_or_else(|| PathBuf::from("."));
+                Ok(mount_of(&p)?.1.meta)
+            }
+        }
+    }
+}
+
 #[derive(Debug, Subcommand)]
 pub enum ChangelogCmd {
     /// Register a reader; prints its id (cl1, cl2, ...). From now on records of its types are
@@ -132,13 +146,7 @@ fn reader_id(s: &str) -> Result<u64> {
 /// The engine of the filesystem asked for; refuses (without upgrading it) a filesystem whose
 /// schema predates the changelog.
 fn engine(fs: &FsArgs) -> Result<Arc<dyn MetaEngine>> {
-    let url = match (&fs.meta, &fs.mount) {
-        (Some(m), _) => m.clone(),
-        (None, p) => {
-            let p = p.clone().unwrap_or_else(|| PathBuf::from("."));
-            mount_of(&p)?.1.meta
-        }
-    };
+    let url = fs.meta_url()?;
     MetaUrl::parse(&url)?;
     if let Some(found) = tierfs_meta::url::schema_version(&url)? {
         if found < CHANGELOG_SCHEMA {

@@ -303,14 +303,7 @@ fn open_checked(url: &str) -> Result<Arc<dyn MetaEngine>> {
 }
 
 fn engine(fs: &FsArgs) -> Result<Arc<dyn MetaEngine>> {
-    let url = match (&fs.meta, &fs.mount) {
-        (Some(m), _) => m.clone(),
-        (None, p) => {
-            let p = p.clone().unwrap_or_else(|| PathBuf::from("."));
-            mount_of(&p)?.1.meta
-        }
-    };
-    open_checked(&url)
+    open_checked(&fs.meta_url()?)
 }
 
 /// The engines of the files' filesystems (one per metadata URL) and each file's inode.
