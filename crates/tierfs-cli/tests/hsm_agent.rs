@@ -775,66 +775,6 @@ fn agent_archives_to_and_restores_from_s3() {
     }
 }
 
-/// Throughput of `tierfs agent` against `cp` of the same data between the same places, for
-/// docs/benchmarks.md (ignored: run it on a release build,
-/// `cargo test --release -p tierfs-cli --test hsm_agent bench -- --ignored --nocapture`;
-/// size with TIERFS_BENCH_HSM_MB, default 512). Prints figures; asserts only correctness.
-#[test]
-#[ignore]
-fn bench_archive_restore_vs_cp() {
-    let mb: usize = std::env::var("TIERFS_BENCH_HSM_MB")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(512);
-    let t = TestFs::with(Opts {
-        clients: 1,
-        timeout: Duration::from_secs(900),
-        ..Opts::default()
-    });
-    let meta = engine(&t);
-    let data = pattern(mb << 20, 1);
-    write_file(&t.p(0, "f"), &data);
-    drop(data);
-    let ino = fs::metadata(t.p(0, "f")).unwrap().ino();
-    let rate = |d: Duration| (mb as f64) / d.as_secs_f64();
-    let cpdir = t.root().join("archive").join("cp");
-    fs::create_dir_all(&cpdir).unwrap();
-
-    // cp: the file read through the mount, written into the archive directory
-    let t0 = std::time::Instant::now();
-    fs::copy(t.p(0, "f"), cpdir.join("f")).unwrap();
-    let cp_out = t0.elapsed();
-
-    let _agent = Agent::start(&t, 0);
-    let t0 = std::time::Instant::now();
-    request_done(meta.as_ref(), ino, HsmAction::Archive, Some(1), 600);
-    let archive = t0.elapsed();
-    let copy = meta.hsm_state(ino).unwrap().copy.unwrap();
-
-    release(meta.as_ref(), ino);
-    let t0 = std::time::Instant::now();
-    request_done(meta.as_ref(), ino, HsmAction::Restore, None, 600);
-    let restore = t0.elapsed();
-
-    // cp back: the archive copy written into the filesystem through the mount
-    let t0 = std::time::Instant::now();
-    fs::copy(t.root().join("archive").join(&copy.key), t.p(0, "g")).unwrap();
-    fs::File::open(t.p(0, "g")).unwrap().sync_all().unwrap();
-    let cp_in = t0.elapsed();
-
-    assert!(fs::read(t.p(0, "f")).unwrap() == fs::read(t.p(0, "g")).unwrap());
-    println!(
-        "HSM bench {mb} MiB: archive {:.0} MiB/s vs cp out {:.0} MiB/s ({:.2}x); \
-         restore {:.0} MiB/s vs cp in {:.0} MiB/s ({:.2}x)",
-        rate(archive),
-        rate(cp_out),
-        cp_out.as_secs_f64() / archive.as_secs_f64(),
-        rate(restore),
-        rate(cp_in),
-        cp_in.as_secs_f64() / restore.as_secs_f64(),
-    );
-}
-
 /// Archives `p` (inode `ino`) with an agent of its own, then releases it: what the early
 /// readers below start from.
 fn archive_and_release(t: &TestFs, meta: &dyn MetaEngine, ino: u64) -> String {
