@@ -147,16 +147,6 @@ fn request_done(
     req
 }
 
-/// Asserts `got` is `want`, naming `what` and both lengths (not the bytes) when not.
-fn assert_same(got: &[u8], want: &[u8], what: &str) {
-    assert!(
-        got == want,
-        "{what} differs (len {} vs {})",
-        got.len(),
-        want.len()
-    );
-}
-
 fn release(meta: &dyn MetaEngine, ino: u64) {
     let mut last = None;
     let ok = wait_until(Duration::from_secs(10), || match meta.hsm_release(ino) {
@@ -206,7 +196,7 @@ fn agent_archive_release_restore_reads_back_identical_on_another_client() {
     request_done(meta.as_ref(), ino, HsmAction::Restore, None, 60);
     assert!(!meta.getattr(ino).unwrap().hsm.released());
     let back = fs::read(t.p(1, "f")).unwrap();
-    assert_same(&back, &data, "restored data");
+    assert_same_bytes(&back, &data, 0, "restored data");
 
     let status = agent.term();
     assert!(status.success(), "agent exit on SIGTERM: {status}");
@@ -287,7 +277,7 @@ fn agent_killed_mid_archive_and_mid_restore_leaves_the_file_as_it_was() {
     );
     assert!(!meta.getattr(ino).unwrap().hsm.released());
     let back = fs::read(t.p(0, "big")).unwrap();
-    assert_same(&back, &data, "restored data");
+    assert_same_bytes(&back, &data, 0, "restored data");
 }
 
 #[test]
