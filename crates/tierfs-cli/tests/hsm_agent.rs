@@ -84,12 +84,6 @@ fn agent_log(t: &TestFs) -> std::path::PathBuf {
     t.root().join("agent.log")
 }
 
-fn pattern(n: usize, seed: u8) -> Vec<u8> {
-    (0..n)
-        .map(|i| ((i * 131 + i / 4093) as u8).wrapping_add(seed))
-        .collect()
-}
-
 fn write_file(p: &Path, data: &[u8]) {
     let mut f = fs::File::create(p).unwrap();
     f.write_all(data).unwrap();
@@ -167,7 +161,7 @@ fn agent_archive_release_restore_reads_back_identical_on_another_client() {
         ..Opts::default()
     });
     let meta = engine(&t);
-    let data = pattern((5 << 20) + 777, 3);
+    let data = pattern(3, 0, (5 << 20) + 777);
     write_file(&t.p(0, "f"), &data);
     let ino = fs::metadata(t.p(0, "f")).unwrap().ino();
     let mut agent = Agent::start(&t, 0);
@@ -214,7 +208,7 @@ fn agent_killed_mid_archive_and_mid_restore_leaves_the_file_as_it_was() {
         ..Opts::default()
     });
     let meta = engine(&t);
-    let data = pattern(24 << 20, 9);
+    let data = pattern(9, 0, 24 << 20);
     write_file(&t.p(0, "big"), &data);
     let ino = fs::metadata(t.p(0, "big")).unwrap().ino();
 
@@ -295,7 +289,7 @@ fn client_daemon_moves_data_when_configured() {
         config: Some("hsm_mover_archives = [1]\n".into()),
         ..Default::default()
     });
-    let data = pattern((3 << 20) + 5, 7);
+    let data = pattern(7, 0, (3 << 20) + 5);
     write_file(&t.p(0, "w"), &data);
     let ino = fs::metadata(t.p(0, "w")).unwrap().ino();
     let req = request_done(meta.as_ref(), ino, HsmAction::Archive, Some(1), 60);
@@ -326,9 +320,9 @@ fn an_agent_takes_more_while_a_long_move_runs() {
         ..Opts::default()
     });
     let meta = engine(&t);
-    write_file(&t.p(0, "long"), &pattern(64 << 20, 1));
-    write_file(&t.p(0, "b"), &pattern(1000, 2));
-    write_file(&t.p(0, "c"), &pattern(1000, 3));
+    write_file(&t.p(0, "long"), &pattern(1, 0, 64 << 20));
+    write_file(&t.p(0, "b"), &pattern(2, 0, 1000));
+    write_file(&t.p(0, "c"), &pattern(3, 0, 1000));
     let ino = |n: &str| fs::metadata(t.p(0, n)).unwrap().ino();
     let (long, b, c) = (ino("long"), ino("b"), ino("c"));
     let ra = meta
@@ -382,7 +376,7 @@ fn a_busy_agent_waits_without_spinning() {
         ..Opts::default()
     });
     let meta = engine(&t);
-    write_file(&t.p(0, "long"), &pattern(32 << 20, 4));
+    write_file(&t.p(0, "long"), &pattern(4, 0, 32 << 20));
     let ino = fs::metadata(t.p(0, "long")).unwrap().ino();
     let agent = Agent::start_with(&t, 1000, &["--poll", "0.1", "--parallel", "1"], &[]);
     let req = meta
@@ -477,7 +471,7 @@ fn a_killed_agents_leftovers_are_swept_and_nothing_else() {
     });
     let meta = engine(&t);
     let arch = t.root().join("archive");
-    let data = pattern(24 << 20, 5);
+    let data = pattern(5, 0, 24 << 20);
     write_file(&t.p(0, "f"), &data);
     let f = fs::metadata(t.p(0, "f")).unwrap().ino();
 
@@ -580,7 +574,7 @@ fn agent_on_postgres_takes_requests_on_a_notice() {
     });
     assert!(t.meta_url().starts_with("postgres"), "{}", t.meta_url());
     let meta = engine(&t);
-    let data = pattern((5 << 20) + 777, 11);
+    let data = pattern(11, 0, (5 << 20) + 777);
     write_file(&t.p(0, "f"), &data);
     let ino = fs::metadata(t.p(0, "f")).unwrap().ino();
     let mut agent = Agent::start_with(&t, 0, &["--poll", "30"], &[]);
@@ -656,7 +650,7 @@ fn agent_archives_to_and_restores_from_s3() {
         .build()
         .unwrap();
 
-    let data = pattern((9 << 20) + 12_345, 21);
+    let data = pattern(21, 0, (9 << 20) + 12_345);
     write_file(&t.p(0, "f"), &data);
     let ino = fs::metadata(t.p(0, "f")).unwrap().ino();
     // An unrecorded copy of a canceled request, as a mover killed after its upload leaves.
@@ -707,7 +701,7 @@ fn agent_archives_to_and_restores_from_s3() {
 
     // Import: the objects under imp/ become released files (the "directories" of their keys
     // made), restored on open from the bucket; an object under impx/ is not under imp/.
-    let a_bytes = pattern((1 << 20) + 77, 5);
+    let a_bytes = pattern(5, 0, (1 << 20) + 77);
     for (k, b) in [
         ("imp/sub/a.dat", &a_bytes[..]),
         ("imp/b.dat", &b"bee"[..]),
@@ -798,7 +792,7 @@ fn a_reader_reads_the_restored_prefix_while_the_rest_moves() {
         ..Opts::default()
     });
     let meta = engine(&t);
-    let data = pattern(12 << 20, 7);
+    let data = pattern(7, 0, 12 << 20);
     write_file(&t.p(0, "f"), &data);
     let ino = fs::metadata(t.p(0, "f")).unwrap().ino();
     archive_and_release(&t, meta.as_ref(), ino);
@@ -863,7 +857,7 @@ fn a_corrupt_chunk_of_the_copy_never_becomes_readable() {
         ..Opts::default()
     });
     let meta = engine(&t);
-    let data = pattern(12 << 20, 9);
+    let data = pattern(9, 0, 12 << 20);
     write_file(&t.p(0, "f"), &data);
     let ino = fs::metadata(t.p(0, "f")).unwrap().ino();
     let key = archive_and_release(&t, meta.as_ref(), ino);
@@ -912,13 +906,6 @@ fn a_corrupt_chunk_of_the_copy_never_becomes_readable() {
     );
 }
 
-/// Bytes `off..off + len` of the file [`pattern`]`(_, seed)` makes, without making all of it.
-fn pattern_at(off: usize, len: usize, seed: u8) -> Vec<u8> {
-    (off..off + len)
-        .map(|i| ((i * 131 + i / 4093) as u8).wrapping_add(seed))
-        .collect()
-}
-
 /// Time to first byte of a released file vs time to read all of it, in the same run
 /// (docs/benchmarks.md): an agent restores while a reader on the mount opens the file
 /// read-only and reads it from the start, 1 MiB at a time, checking every byte. Caches are
@@ -945,7 +932,7 @@ fn time_to_first_byte_of_a_released_file() {
     {
         let mut f = fs::File::create(t.p(0, "f")).unwrap();
         for off in (0..size).step_by(piece) {
-            f.write_all(&pattern_at(off, piece.min(size - off), 4))
+            f.write_all(&pattern(4, off as u64, piece.min(size - off)))
                 .unwrap();
         }
         f.sync_all().unwrap();
@@ -967,7 +954,7 @@ fn time_to_first_byte_of_a_released_file() {
         assert!(n > 0, "EOF at {off} of {size}");
         first.get_or_insert_with(|| t0.elapsed());
         assert!(
-            buf[..n] == pattern_at(off, n, 4)[..],
+            buf[..n] == pattern(4, off as u64, n)[..],
             "bytes at {off} differ"
         );
         off += n;
