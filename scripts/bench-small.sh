@@ -2,11 +2,14 @@
 # Issue 14: small files and metadata, uncached tierfs against a plain directory on the same
 # disk, measured right after each other (native first, then tierfs, per workload), one run.
 #
-#   scripts/bench-small.sh [--bin PATH] [--config CLIENT.toml] [--files N] [--src DIR] [--keep-trace]
+#   scripts/bench-small.sh [--bin PATH] [--config CLIENT.toml] [--rw-pcc] [--files N] [--src DIR] [--keep-trace]
 #
 # Workloads: `tar xf` of a tarball of /usr/include + sync; `ls -l` of a directory of N
-# (10,000) empty files, cold; `find | wc -l`, `du -s` of the untarred tree, cold; `cp -a` of the
-# tree; `rm -rf` of the tree and its copy. "Cold": page, dentry and inode caches dropped
+# (10,000) empty files, cold; `find | wc -l`, `du -s` of the untarred tree, cold; `cp -a` and
+# `rsync -a` of the tree; `diff -r` of the tree and its copy, cold; `git clone` of this
+# repository (file://, no hardlinks); `rm -rf` of all of it.
+# --rw-pcc: the mount has a client cache and every new file is attached to RW-PCC at create
+# (a rule on a project id set on the mount's root, as `tierfs bench`'s tierfs+rw-pcc mode). "Cold": page, dentry and inode caches dropped
 # (echo 3 > /proc/sys/vm/drop_caches, which also makes the kernel FORGET the mount's inodes).
 #
 # Printed per workload: native seconds, tierfs seconds, tierfs/native, and the FUSE requests
@@ -20,6 +23,8 @@ BIN=${CARGO_TARGET_DIR:-target}/release/tierfs
 FILES=10000
 SRC=/usr/include
 KEEP=0
+RWPCC=0
+REPO=$PWD
 CONFIG=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -28,6 +33,7 @@ while [ $# -gt 0 ]; do
     --files) FILES=$2; shift 2;;
     --src) SRC=$2; shift 2;;
     --keep-trace) KEEP=1; shift;;
+    --rw-pcc) RWPCC=1; shift;;
     *) echo "unknown option $1" >&2; exit 2;;
   esac
 done
@@ -48,8 +54,15 @@ cleanup() {
 trap cleanup EXIT
 
 "$BIN" format --meta "sqlite://$W/meta.db" --target "file://$W/ost0" >/dev/null
-mount_it() { "$BIN" mount --meta "sqlite://$W/meta.db" "$MNT" --client-name small --log-file "$W/mount.log" "${CONFIG[@]}"; }
+PCC=()
+if [ "$RWPCC" = 1 ]; then
+  mkdir "$W/cache"
+  PCC=(--cache-dir "$W/cache" --cache-size 16G)
+  "$BIN" pcc rule add --meta "sqlite://$W/meta.db" --mode rw 'projid={4701}' >/dev/null
+fi
+mount_it() { "$BIN" mount --meta "sqlite://$W/meta.db" "$MNT" --client-name small --log-file "$W/mount.log" "${PCC[@]}" "${CONFIG[@]}"; }
 mount_it
+[ "$RWPCC" = 1 ] && "$BIN" project -s -p 4701 "$MNT" >/dev/null
 
 # The tracepoint's `connection` is the mount's kernel dev_t (MAJOR << 20 | MINOR).
 connection() {
@@ -100,14 +113,21 @@ ls_l() { ls -l many > /dev/null; }
 find_n() { find "$TREE" | wc -l > /dev/null; }
 du_s() { du -s "$TREE" > /dev/null; }
 cp_a() { cp -a "$TREE" copy; }
-rm_rf() { rm -rf "$TREE" copy; }
+rsync_a() { rsync -a "$TREE/" synced/; }
+diff_r() { diff -r "$TREE" copy > /dev/null; }
+git_clone() { git clone -q --no-local "file://$REPO" clone; }
+rm_rf() { rm -rf "$TREE" copy synced clone; }
 
 echo "$ENTRIES entries in the tarball of $SRC; ls -l of $FILES files; bench dir $W (both on the same disk)"
-echo "client config: ${CONFIG[1]:-none}${CONFIG[1]:+ ($(tr '\n' ' ' < "${CONFIG[1]}"))}"
+echo "mode: $([ "$RWPCC" = 1 ] && echo "RW-PCC at create" || echo uncached); client config: ${CONFIG[1]:-none}${CONFIG[1]:+ ($(tr '\n' ' ' < "${CONFIG[1]}"))}"
 echo "$(nproc) cores; load $(cut -d' ' -f1-3 /proc/loadavg); binary $BIN ($(stat -c %y "$BIN" | cut -c1-19))"
 run untar "$ENTRIES" untar
 run ls-l "$FILES" ls_l
 run find "$ENTRIES" find_n
 run du "$ENTRIES" du_s
 run cp-a "$ENTRIES" cp_a
-run rm-rf "$((2 * ENTRIES))" rm_rf
+run rsync "$ENTRIES" rsync_a
+run diff-r "$((2 * ENTRIES))" diff_r
+CLONE_FILES=$(git -C "$REPO" ls-files | wc -l)
+run clone "$CLONE_FILES" git_clone
+run rm-rf "$((3 * ENTRIES + CLONE_FILES))" rm_rf
