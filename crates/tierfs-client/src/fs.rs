@@ -408,6 +408,9 @@ pub struct FsInner {
     pub posix_acl: bool,
     /// When listings carry attributes (`readdirplus` in the client config).
     pub readdirplus: ReaddirPlus,
+    /// Ask the kernel for its writeback cache (`writeback_cache` in the client config; never
+    /// with a persistent client cache: the daemon leaves it off then).
+    pub writeback_cache: bool,
     /// Who makes each request, for changelog records (uid/gid, job id).
     pub callers: crate::caller::Callers,
     /// Who may attach, detach, pin and unpin by hand (`pcc_attach`).
@@ -552,6 +555,7 @@ impl TierFs {
             names: Mutex::new(HashMap::new()),
             posix_acl: true,
             readdirplus: ReaddirPlus::Always,
+            writeback_cache: false,
             callers: crate::caller::Callers::new(crate::caller::JobIdSource::Disabled),
             pcc_attach: crate::config::AttachPolicy::Root,
             parked: AtomicUsize::new(0),
@@ -1769,6 +1773,21 @@ impl Filesystem for TierFs {
         if self.posix_acl && config.add_capabilities(InitFlags::FUSE_POSIX_ACL).is_err() {
             tracing::warn!("the kernel refused FUSE_POSIX_ACL: ACLs are stored but not enforced");
         }
+        // The kernel's writeback cache: writes gather in the page cache and come here in large
+        // WRITEs (at close, fsync, writeback), through any writable handle of the file; the
+        // kernel keeps size, mtime and ctime of the files it caches and sends them by SETATTR.
+        // Never beside PCC (the daemon does not set it then): passthrough files bypass the
+        // page cache the kernel would trust.
+        if self.writeback_cache && self.pcc.is_none() {
+            if config
+                .add_capabilities(InitFlags::FUSE_WRITEBACK_CACHE)
+                .is_err()
+            {
+                tracing::warn!("the kernel refused FUSE_WRITEBACK_CACHE: writes are not cached");
+            } else {
+                tracing::info!("kernel writeback cache on (writeback_cache = true)");
+            }
+        }
         if self
             .pcc
             .as_ref()
@@ -2463,7 +2482,9 @@ impl Filesystem for TierFs {
                 }
                 return Ok(());
             }
-            let off = if h.append {
+            // A write from the page cache (the writeback cache) comes through any writable
+            // handle of the file, an O_APPEND one too: it goes where the kernel says.
+            let off = if h.append && !write_flags.contains(WriteFlags::FUSE_WRITE_CACHE) {
                 // Append at the end the filesystem knows, including our buffered writes.
                 self.data.flush(ino.0)?;
                 let a = self.meta.getattr(ino.0)?;
