@@ -14,6 +14,8 @@ use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::time::Duration;
 
 const WB: &str = "writeback_cache = true\n";
+/// (so even with `TIERFS_IT_CLIENT_CONFIG='writeback_cache = true'`)
+const PLAIN: &str = "writeback_cache = false\n";
 
 /// A filesystem with client 0 on the writeback cache and client 1 without it.
 fn wb_and_plain() -> TestFs {
@@ -26,7 +28,11 @@ fn wb_and_plain() -> TestFs {
         config: Some(WB.into()),
         ..Default::default()
     });
-    t.mount_client("plain", None);
+    t.mount_with(&ClientOpts {
+        name: "plain".into(),
+        config: Some(PLAIN.into()),
+        ..Default::default()
+    });
     t
 }
 
@@ -109,6 +115,19 @@ fn writeback_cache_keeps_an_explicit_mtime_set_before_close() {
     // after its cache is gone would read this.
     let st = stat(&t.p(1, "tarred")).unwrap();
     assert_eq!(mtime(&st).0, 1_000_000_000);
+}
+
+/// chown(-1, -1) drops setuid/setgid of a file (Linux's rule); with the writeback cache the
+/// kernel sends it as a setattr of ctime alone, not an empty one.
+#[test]
+fn writeback_cache_chown_minus_one_drops_setuid() {
+    let t = wb_and_plain();
+    let p = t.p(0, "suid");
+    fs::write(&p, b"x").unwrap();
+    fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o6755)).unwrap();
+    let c = cstr(&p);
+    io_res(unsafe { libc::chown(c.as_ptr(), u32::MAX, u32::MAX) }).unwrap();
+    assert_eq!(stat(&p).unwrap().st_mode & 0o7777, 0o755, "chown(-1, -1)");
 }
 
 /// A write of part of a page through a write-only handle: the kernel reads the rest of the
@@ -296,7 +315,12 @@ fn writeback_cache_client_keeps_its_size_of_a_cached_file() {
         config: Some(WB.into()),
         ..Default::default()
     });
-    t.mount_client("plain", Some(0.1));
+    t.mount_with(&ClientOpts {
+        name: "plain".into(),
+        attr_ttl: Some(0.1),
+        config: Some(PLAIN.into()),
+        ..Default::default()
+    });
     fs::write(t.p(1, "shared"), pattern(61, 0, 1000)).unwrap();
     // the writeback client holds the inode (an open file)
     let held = fs::File::open(t.p(0, "shared")).unwrap();

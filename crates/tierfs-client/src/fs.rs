@@ -924,12 +924,9 @@ impl FsInner {
         // rules (fs/attr.c): a chown of anything but a directory clears them (setuid for
         // root too), and so does a truncate of a regular file by anyone but root. A chown
         // to -1, -1 (which changes nothing else) reaches us as a setattr that sets nothing:
-        // it is the only call that sends one.
-        let nothing = mode.is_none()
-            && size.is_none()
-            && atime.is_none()
-            && mtime.is_none()
-            && ctime.is_none();
+        // it is the only call that sends one. With the writeback cache the kernel owns ctime
+        // and sends it with every setattr: that chown then comes as a setattr of ctime alone.
+        let nothing = mode.is_none() && size.is_none() && atime.is_none() && mtime.is_none();
         let chown = uid.is_some() || gid.is_some() || nothing;
         if mode.is_none() && (chown || (size.is_some() && asker.uid != 0)) {
             let a = self.meta.getattr(ino)?;
@@ -962,6 +959,19 @@ impl FsInner {
                 // Leased to this client, but not RW-cached here: its data is not here.
                 Lease::Ours(l) => self.recaller.ours_without_data(&l)?,
                 Lease::Free | Lease::Recalled => {}
+            }
+        }
+        if let (Some(TimeOrNow::SpecificTime(m)), Some(c), None, None, None, None, None) =
+            (mtime, ctime, mode, uid, gid, size, atime)
+        {
+            // The writeback cache's SETATTR after its writes: the kernel's mtime and ctime of
+            // them (equal, file_update_time). The commit of the buffered writes sets both:
+            // one transaction, not a commit and then a setattr.
+            let m = from_time(m);
+            if m == from_time(c) {
+                if let Some(a) = self.data.flush_stamped(ino, Some(m))? {
+                    return Ok(Step::Done(a));
+                }
             }
         }
         if size.is_some() || mtime.is_some() || atime.is_some() {

@@ -768,13 +768,23 @@ impl TestFs {
     }
 
     /// The `--config` file of client `name`, written to `<tmp>/<name>.toml`: `text` and the
-    /// lines of `TIERFS_IT_CLIENT_CONFIG`, if any; None when there are neither.
+    /// lines of `TIERFS_IT_CLIENT_CONFIG` (but those of a key `text` sets: the test's own
+    /// setting wins), if any; None when there are neither.
     fn config_file(&self, name: &str, text: Option<&str>) -> Option<PathBuf> {
         let extra = std::env::var("TIERFS_IT_CLIENT_CONFIG").ok();
+        let key = |l: &str| l.split('=').next().unwrap_or("").trim().to_string();
         let text = match (text, extra.as_deref()) {
             (None, None) => return None,
             (Some(t), None) | (None, Some(t)) => t.to_string(),
-            (Some(t), Some(e)) => format!("{t}\n{e}\n"),
+            (Some(t), Some(e)) => {
+                let own: Vec<String> = t.lines().filter(|l| l.contains('=')).map(key).collect();
+                let mut text = format!("{t}\n");
+                for l in e.lines().filter(|l| !own.contains(&key(l))) {
+                    text.push_str(l);
+                    text.push('\n');
+                }
+                text
+            }
         };
         let p = self.root().join(format!("{name}.toml"));
         fs::write(&p, text).expect("write client config");
