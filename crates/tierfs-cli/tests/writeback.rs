@@ -147,7 +147,12 @@ fn writeback_cache_partial_page_write_through_a_write_only_handle() {
     let mut want = old.clone();
     want[4100..4110].copy_from_slice(&patch);
     let got = fs::read(t.p(1, "partial")).unwrap();
-    assert_same_bytes(&got, &want, 0, "after a partial-page write through O_WRONLY");
+    assert_same_bytes(
+        &got,
+        &want,
+        0,
+        "after a partial-page write through O_WRONLY",
+    );
 }
 
 /// The kernel writes dirty pages back through the most recently opened writable handle of the
@@ -199,7 +204,12 @@ fn writeback_cache_truncate_with_dirty_pages() {
     want.resize(9000, 0);
     want.extend_from_slice(&pattern(32, 9000, 10));
     let got = fs::read(t.p(1, "trunc")).unwrap();
-    assert_same_bytes(&got, &want, 0, "after truncate down and a write past the end");
+    assert_same_bytes(
+        &got,
+        &want,
+        0,
+        "after truncate down and a write past the end",
+    );
 }
 
 /// Writes through a shared mapping reach the other client at msync + close.
@@ -224,7 +234,12 @@ fn writeback_cache_mmap_writes_reach_the_other_client() {
             0,
         )
     };
-    assert_ne!(m, libc::MAP_FAILED, "mmap: {}", std::io::Error::last_os_error());
+    assert_ne!(
+        m,
+        libc::MAP_FAILED,
+        "mmap: {}",
+        std::io::Error::last_os_error()
+    );
     let patch = pattern(42, 5000, 300);
     unsafe {
         std::ptr::copy_nonoverlapping(patch.as_ptr(), (m as *mut u8).add(5000), patch.len());
@@ -256,7 +271,12 @@ fn writeback_cache_o_direct_sees_cached_writes() {
     let off = buf.as_ptr().align_offset(4096);
     let n = direct.read_at(&mut buf[off..off + 8192], 0).unwrap();
     assert_eq!(n, 8192);
-    assert_same_bytes(&buf[off..off + 8192], &want, 0, "O_DIRECT read of cached writes");
+    assert_same_bytes(
+        &buf[off..off + 8192],
+        &want,
+        0,
+        "O_DIRECT read of cached writes",
+    );
     drop(direct);
     drop(cached);
 }
