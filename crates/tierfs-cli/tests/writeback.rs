@@ -363,3 +363,34 @@ fn writeback_cache_client_keeps_its_size_of_a_cached_file() {
     drop(again);
     drop(held);
 }
+
+/// The kernel's SETATTR of its mtime and ctime after the pages of a small file is folded into
+/// the commit of those pages: one MTIME record (one transaction), not a commit and then a
+/// utimes (two MTIME records), and the commit carries the kernel's time.
+#[test]
+fn writeback_cache_times_after_the_pages_are_committed_with_them() {
+    let t = wb_and_plain();
+    let url = t.meta_url();
+    t.tierfs(&["changelog", "register", "--meta", &url])
+        .assert_ok();
+    let p = t.p(0, "stamped");
+    fs::write(&p, pattern(71, 0, 3000)).unwrap();
+    let ino = stat(&p).unwrap().st_ino;
+    let out = t.tierfs(&["changelog", "--meta", &url, "--json"]);
+    out.assert_ok();
+    let mtimes = out
+        .stdout
+        .lines()
+        .filter(|l| l.contains("\"MTIME\"") && l.contains(&format!("\"target\":{ino}")))
+        .count();
+    assert_eq!(
+        mtimes, 1,
+        "MTIME records of one small file:\n{}",
+        out.stdout
+    );
+    // what the other client reads is the writer's kernel time
+    assert_eq!(
+        mtime(&stat(&t.p(1, "stamped")).unwrap()),
+        mtime(&stat(&p).unwrap())
+    );
+}
