@@ -137,6 +137,13 @@ pub fn mount(a: MountArgs, log_level: &str) -> Result<()> {
         return r.map_err(CliError::from);
     }
 
+    if cfg.writeback_cache && cfg.cache_dir.is_some() {
+        // (the daemon logs it too)
+        eprintln!(
+            "tierfs mount: writeback_cache = true is ignored with a persistent client cache \
+             (cache_dir): this mount does not use the kernel's writeback cache"
+        );
+    }
     // Check what we can before starting a daemon, for clear errors.
     let engine = open_engine(&a.meta)?;
     drop(engine);

@@ -21,6 +21,13 @@
 //! readdirplus = "always"       # directory listings carry attributes (READDIRPLUS): "always",
 //!                              # "auto" (when the kernel guesses the caller stats: the first
 //!                              # read of a directory, and after a stat of an entry), or "off"
+//! writeback_cache = false      # the kernel's writeback cache (FUSE_WRITEBACK_CACHE): writes
+//!                              # gather in the page cache and reach the daemon in large
+//!                              # WRITEs at close, fsync or writeback; the kernel owns size,
+//!                              # mtime and ctime of files it has cached. Off by default: a
+//!                              # client then never sees another client's new size or mtime
+//!                              # of a file whose inode its kernel keeps (docs/semantics.md);
+//!                              # for one-client filesystems. Ignored (logged) with cache_dir.
 //! metrics = "127.0.0.1:9567"   # serve Prometheus metrics here (off by default)
 //! # persistent client cache (off unless cache_dir is set)
 //! cache_dir = "/nvme/pcc"      # where cached files live (a local disk)
@@ -68,6 +75,7 @@ pub struct ClientConfig {
     pub log_level: String,
     pub posix_acl: bool,
     pub readdirplus: String,
+    pub writeback_cache: bool,
     pub metrics: Option<String>,
     pub cache_dir: Option<std::path::PathBuf>,
     pub cache_size: String,
@@ -160,6 +168,7 @@ impl Default for ClientConfig {
             log_level: "info".into(),
             posix_acl: true,
             readdirplus: "always".into(),
+            writeback_cache: false,
             metrics: None,
             cache_dir: None,
             cache_size: "10G".into(),
@@ -330,6 +339,17 @@ mod tests {
         }
         let e = ClientConfig::from_toml("readdirplus = \"sometimes\"").unwrap_err();
         assert!(e.contains("readdirplus"), "{e}");
+    }
+
+    #[test]
+    fn writeback_cache_defaults_to_off() {
+        assert!(!ClientConfig::default().writeback_cache);
+        assert!(
+            ClientConfig::from_toml("writeback_cache = true")
+                .unwrap()
+                .writeback_cache
+        );
+        assert!(ClientConfig::from_toml("writeback_cache = \"yes\"").is_err());
     }
 
     #[test]

@@ -360,6 +360,15 @@ pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Resul
     fs.pcc = pcc.clone();
     fs.posix_acl = cfg.posix_acl;
     fs.readdirplus = cfg.readdir_plus().map_err(DaemonError::Other)?;
+    if cfg.writeback_cache && pcc.is_some() {
+        // Passthrough and cached files bypass the page cache the kernel would trust for size
+        // and times: one mount has one or the other (docs/configuration.md).
+        tracing::warn!(
+            "writeback_cache = true is ignored on a mount with a persistent client cache \
+             (cache_dir): writes are not cached by the kernel"
+        );
+    }
+    fs.writeback_cache = cfg.writeback_cache && pcc.is_none();
     fs.pcc_attach = cfg.attach_policy().map_err(DaemonError::Other)?;
     fs.callers = crate::caller::Callers::new(cfg.jobid_source().map_err(DaemonError::Other)?);
     fs.info_json = serde_json::json!({

@@ -408,6 +408,9 @@ pub struct FsInner {
     pub posix_acl: bool,
     /// When listings carry attributes (`readdirplus` in the client config).
     pub readdirplus: ReaddirPlus,
+    /// Ask the kernel for its writeback cache (`writeback_cache` in the client config; never
+    /// with a persistent client cache: the daemon leaves it off then).
+    pub writeback_cache: bool,
     /// Who makes each request, for changelog records (uid/gid, job id).
     pub callers: crate::caller::Callers,
     /// Who may attach, detach, pin and unpin by hand (`pcc_attach`).
@@ -552,6 +555,7 @@ impl TierFs {
             names: Mutex::new(HashMap::new()),
             posix_acl: true,
             readdirplus: ReaddirPlus::Always,
+            writeback_cache: false,
             callers: crate::caller::Callers::new(crate::caller::JobIdSource::Disabled),
             pcc_attach: crate::config::AttachPolicy::Root,
             parked: AtomicUsize::new(0),
@@ -920,12 +924,9 @@ impl FsInner {
         // rules (fs/attr.c): a chown of anything but a directory clears them (setuid for
         // root too), and so does a truncate of a regular file by anyone but root. A chown
         // to -1, -1 (which changes nothing else) reaches us as a setattr that sets nothing:
-        // it is the only call that sends one.
-        let nothing = mode.is_none()
-            && size.is_none()
-            && atime.is_none()
-            && mtime.is_none()
-            && ctime.is_none();
+        // it is the only call that sends one. With the writeback cache the kernel owns ctime
+        // and sends it with every setattr: that chown then comes as a setattr of ctime alone.
+        let nothing = mode.is_none() && size.is_none() && atime.is_none() && mtime.is_none();
         let chown = uid.is_some() || gid.is_some() || nothing;
         if mode.is_none() && (chown || (size.is_some() && asker.uid != 0)) {
             let a = self.meta.getattr(ino)?;
@@ -958,6 +959,19 @@ impl FsInner {
                 // Leased to this client, but not RW-cached here: its data is not here.
                 Lease::Ours(l) => self.recaller.ours_without_data(&l)?,
                 Lease::Free | Lease::Recalled => {}
+            }
+        }
+        if let (Some(TimeOrNow::SpecificTime(m)), Some(c), None, None, None, None, None) =
+            (mtime, ctime, mode, uid, gid, size, atime)
+        {
+            // The writeback cache's SETATTR after its writes: the kernel's mtime and ctime of
+            // them (equal, file_update_time). The commit of the buffered writes sets both:
+            // one transaction, not a commit and then a setattr.
+            let m = from_time(m);
+            if m == from_time(c) {
+                if let Some(a) = self.data.flush_stamped(ino, Some(m))? {
+                    return Ok(Step::Done(a));
+                }
             }
         }
         if size.is_some() || mtime.is_some() || atime.is_some() {
@@ -1769,6 +1783,21 @@ impl Filesystem for TierFs {
         if self.posix_acl && config.add_capabilities(InitFlags::FUSE_POSIX_ACL).is_err() {
             tracing::warn!("the kernel refused FUSE_POSIX_ACL: ACLs are stored but not enforced");
         }
+        // The kernel's writeback cache: writes gather in the page cache and come here in large
+        // WRITEs (at close, fsync, writeback), through any writable handle of the file; the
+        // kernel keeps size, mtime and ctime of the files it caches and sends them by SETATTR.
+        // Never beside PCC (the daemon does not set it then): passthrough files bypass the
+        // page cache the kernel would trust.
+        if self.writeback_cache && self.pcc.is_none() {
+            if config
+                .add_capabilities(InitFlags::FUSE_WRITEBACK_CACHE)
+                .is_err()
+            {
+                tracing::warn!("the kernel refused FUSE_WRITEBACK_CACHE: writes are not cached");
+            } else {
+                tracing::info!("kernel writeback cache on (writeback_cache = true)");
+            }
+        }
         if self
             .pcc
             .as_ref()
@@ -2463,7 +2492,9 @@ impl Filesystem for TierFs {
                 }
                 return Ok(());
             }
-            let off = if h.append {
+            // A write from the page cache (the writeback cache) comes through any writable
+            // handle of the file, an O_APPEND one too: it goes where the kernel says.
+            let off = if h.append && !write_flags.contains(WriteFlags::FUSE_WRITE_CACHE) {
                 // Append at the end the filesystem knows, including our buffered writes.
                 self.data.flush(ino.0)?;
                 let a = self.meta.getattr(ino.0)?;

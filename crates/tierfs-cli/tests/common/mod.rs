@@ -14,6 +14,10 @@
 //! that bucket; with `TIERFS_IT_NETNS=ns1,ns2,...` client `k` mounts from network namespace
 //! `ns[k % n]` (the daemon talks to the database and the store over that host's network, and
 //! the mount is visible here).
+//!
+//! **An extra client setting for every mount** of `mount_client`/`mount_with`: the TOML lines
+//! of `TIERFS_IT_CLIENT_CONFIG` (e.g. `TIERFS_IT_CLIENT_CONFIG='writeback_cache = true'`) are
+//! added to each client's `--config` file, so the same tests run on mounts with that setting.
 #![allow(dead_code)]
 
 use std::ffi::CString;
@@ -687,6 +691,10 @@ impl TestFs {
             args.push("--attr-ttl".into());
             args.push(format!("{t}"));
         }
+        if let Some(p) = self.config_file(name, None) {
+            args.push("--config".into());
+            args.push(p.to_string_lossy().into());
+        }
         self.finish_mount(&args, mnt)
     }
 
@@ -736,9 +744,7 @@ impl TestFs {
             args.push("--cache-size".into());
             args.push(s.clone());
         }
-        if let Some(text) = &co.config {
-            let p = self.root().join(format!("{}.toml", co.name));
-            fs::write(&p, text).expect("write client config");
+        if let Some(p) = self.config_file(&co.name, co.config.as_deref()) {
             args.push("--config".into());
             args.push(p.to_string_lossy().into());
         }
@@ -759,6 +765,30 @@ impl TestFs {
         args.push("--log-file".into());
         args.push(log.to_string_lossy().into());
         args
+    }
+
+    /// The `--config` file of client `name`, written to `<tmp>/<name>.toml`: `text` and the
+    /// lines of `TIERFS_IT_CLIENT_CONFIG` (but those of a key `text` sets: the test's own
+    /// setting wins), if any; None when there are neither.
+    fn config_file(&self, name: &str, text: Option<&str>) -> Option<PathBuf> {
+        let extra = std::env::var("TIERFS_IT_CLIENT_CONFIG").ok();
+        let key = |l: &str| l.split('=').next().unwrap_or("").trim().to_string();
+        let text = match (text, extra.as_deref()) {
+            (None, None) => return None,
+            (Some(t), None) | (None, Some(t)) => t.to_string(),
+            (Some(t), Some(e)) => {
+                let own: Vec<String> = t.lines().filter(|l| l.contains('=')).map(key).collect();
+                let mut text = format!("{t}\n");
+                for l in e.lines().filter(|l| !own.contains(&key(l))) {
+                    text.push_str(l);
+                    text.push('\n');
+                }
+                text
+            }
+        };
+        let p = self.root().join(format!("{name}.toml"));
+        fs::write(&p, text).expect("write client config");
+        Some(p)
     }
 
     /// Where the daemon of a `mount_with` client without `log_file` logs.

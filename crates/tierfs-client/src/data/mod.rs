@@ -19,7 +19,7 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 
 use tierfs_meta::changelog::Caller;
-use tierfs_meta::{now_nanos, Attr, Ino, Layout, MetaEngine, MetaError, Slice, SliceData};
+use tierfs_meta::{now_nanos, Attr, Ino, Layout, MetaEngine, MetaError, Nanos, Slice, SliceData};
 use tierfs_store::{Allocator, StoreError, TargetSet};
 
 use crate::error::{ClientError, Result};
@@ -676,6 +676,13 @@ impl DataPath {
 
     /// Commits every buffered write of `ino`; returns the new attributes if anything was written.
     pub fn flush(&self, ino: Ino) -> Result<Option<Attr>> {
+        self.flush_stamped(ino, None)
+    }
+
+    /// [`DataPath::flush`], the commit setting mtime and ctime to `mtime` (when given) instead
+    /// of now: the kernel's own times of the writes (the writeback cache sends them by SETATTR
+    /// after the data), recorded by the commit itself rather than by a transaction after it.
+    pub fn flush_stamped(&self, ino: Ino, mtime: Option<Nanos>) -> Result<Option<Attr>> {
         let Some(st) = self.existing(ino) else {
             return Ok(None);
         };
@@ -781,6 +788,7 @@ impl DataPath {
             waits.push(self.spawn_upload(target, obj, Bytes::from(pack)));
         }
         let results = self.rt.block_on(futures::future::join_all(waits));
+        let stamp = mtime.unwrap_or_else(now_nanos);
         let mut failure: Option<ClientError> = None;
         let mut uploaded = vec![false; results.len()];
         for (k, r) in results.into_iter().enumerate() {
@@ -797,7 +805,7 @@ impl DataPath {
             None if session != 0 => {
                 let r = self
                     .meta
-                    .commit_slices_for(session, ino, &slices, end, now_nanos());
+                    .commit_slices_for(session, ino, &slices, end, stamp);
                 match self.session.get() {
                     Some(s) => s.watch(session, r),
                     None => r,
@@ -806,7 +814,7 @@ impl DataPath {
             }
             None => self
                 .meta
-                .commit_slices(ino, &slices, end, now_nanos())
+                .commit_slices(ino, &slices, end, stamp)
                 .map_err(ClientError::from),
         };
         if let Err(ClientError::Meta(MetaError::SessionEnded(_))) = &result {
