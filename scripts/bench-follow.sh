@@ -3,11 +3,12 @@
 # (1 s) and with `follow_changes = true` (follow_ttl 30 s), one after the other, on a fresh
 # SQLite filesystem each, one local-directory target, no PCC. Per mode:
 #   - create N (10,000) empty files in one directory (mdtest's create phase, one process);
-#   - stat each of them once (mdtest's stat phase, right after the create phase);
-#   - `ls -l` of the directory, then again 2 s later ("warm": the page/dentry caches are kept,
-#     the first listing is more than the 1 s TTL old).
-# Printed: seconds per phase and the LOOKUP + GETATTR requests the daemon answered during it
-# (its .tierfs-stats counters). A second client is mounted in both modes (idle) so that the
+#   - stat each of them once (mdtest's stat phase, right after the create phase), and again 2 s
+#     later (past the 1 s TTL);
+#   - `ls -l` of the directory, then again 2 s later ("warm": page and dentry caches kept, the
+#     first listing more than the 1 s TTL old).
+# Printed: seconds per phase and the FUSE requests the daemon answered during it, by kind
+# (its .tierfs-stats counters; the 5 most frequent). A second client is mounted in both modes (idle) so that the
 # follower has another client's session beside it, as in a cluster.
 #
 #   scripts/bench-follow.sh [--bin PATH] [--files N]
@@ -30,10 +31,6 @@ cleanup() {
 }
 trap cleanup EXIT
 
-ops() { # LOOKUP + GETATTR answered so far by the daemon of $1
-  awk '/^tierfs_fuse_ops_total\{op="(lookup|getattr)"\}/ { n += $2 } END { printf "%d", n }' "$1/.tierfs-stats"
-}
-
 run() { # NAME CONFIG_TEXT
   local d=$W/$1
   mkdir -p "$d/m0" "$d/m1"
@@ -48,20 +45,26 @@ d = os.path.join(mnt, "many")
 os.mkdir(d)
 names = [os.path.join(d, "file.%06d" % i) for i in range(n)]
 def ops():
-    t = 0
+    t = {}
     for line in open(os.path.join(mnt, ".tierfs-stats")):
-        if line.startswith('tierfs_fuse_ops_total{op="lookup"}') or line.startswith('tierfs_fuse_ops_total{op="getattr"}'):
-            t += int(float(line.split()[-1]))
+        if line.startswith('tierfs_fuse_ops_total{op="'):
+            op = line.split('"')[1]
+            t[op] = int(float(line.split()[-1]))
     return t
 def phase(name, f):
     o = ops(); t = time.perf_counter(); f(); e = time.perf_counter() - t
-    print("  %-22s %8.3f s  %7d LOOKUP+GETATTR" % (name, e, ops() - o))
-phase("create", lambda: [os.close(os.open(p, os.O_CREAT | os.O_WRONLY, 0o644)) for p in names])
-phase("stat", lambda: [os.stat(p) for p in names])
+    n = ops()
+    d = sorted(((n[k] - o.get(k, 0), k) for k in n if n[k] != o.get(k, 0)), reverse=True)
+    print("  %-22s %7.3f s  %s" % (name, e, ", ".join("%s %d" % (k, v) for v, k in d[:5])))
+stat = lambda: [os.stat(p) for p in names]
 ls = lambda: subprocess.run(["ls", "-l", d], stdout=subprocess.DEVNULL, check=True)
+phase("create", lambda: [os.close(os.open(p, os.O_CREAT | os.O_WRONLY, 0o644)) for p in names])
+phase("stat", stat)
+time.sleep(2)
+phase("stat (2 s later)", stat)
 phase("ls -l", ls)
 time.sleep(2)
-phase("ls -l warm (2 s later)", ls)
+phase("ls -l (2 s later)", ls)
 EOF
   "$BIN" umount "$d/m1"
   "$BIN" umount "$d/m0"

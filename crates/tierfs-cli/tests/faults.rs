@@ -462,7 +462,11 @@ fn the_follower_catches_up_after_an_engine_hiccup() {
         m.plan.injected("changelog_read") > 0,
         "the follower's reads were not hit"
     );
-    assert_eq!(mode(&m.p("g")), 0o644, "g first looked up during the hiccup");
+    assert_eq!(
+        mode(&m.p("g")),
+        0o644,
+        "g first looked up during the hiccup"
+    );
     chmod("f");
     chmod("g");
     fs::write(fs.p(0, "h"), b"h").unwrap();
@@ -478,7 +482,8 @@ fn the_follower_catches_up_after_an_engine_hiccup() {
         "the chmod made during the hiccup was not seen after it"
     );
     assert!(
-        wait_until(Duration::from_millis(2500), || fs::metadata(m.p("h")).is_ok()),
+        wait_until(Duration::from_millis(2500), || fs::metadata(m.p("h"))
+            .is_ok()),
         "the create made during the hiccup was not seen after it"
     );
     assert!(m.plan.calls("changelog_read") > reads);

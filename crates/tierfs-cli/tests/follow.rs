@@ -41,14 +41,7 @@ fn getxattr(p: &Path, name: &str) -> io::Result<Vec<u8>> {
     let n = CString::new(name).unwrap();
     let mut buf = vec![0u8; 256];
     // SAFETY: valid C strings and a buffer of the given length.
-    let r = unsafe {
-        libc::getxattr(
-            c.as_ptr(),
-            n.as_ptr(),
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-        )
-    };
+    let r = unsafe { libc::getxattr(c.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
     if r < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -61,7 +54,9 @@ fn exists(p: &Path) -> bool {
 }
 
 fn mode(p: &Path) -> u32 {
-    fs::metadata(p).map(|m| m.permissions().mode() & 0o7777).unwrap_or(0)
+    fs::metadata(p)
+        .map(|m| m.permissions().mode() & 0o7777)
+        .unwrap_or(0)
 }
 
 fn size(p: &Path) -> u64 {

@@ -365,8 +365,9 @@ pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Resul
     let follow = if cfg.follow_changes {
         match crate::workers::follow::register(meta.as_ref()) {
             Ok(reader) => {
-                let state =
-                    crate::workers::follow::FollowState::new(Duration::from_secs_f64(cfg.follow_ttl));
+                let state = crate::workers::follow::FollowState::new(Duration::from_secs_f64(
+                    cfg.follow_ttl,
+                ));
                 fs.follow = Some(Arc::clone(&state));
                 tracing::info!(
                     "following other clients' changes (changelog reader cl{reader}): names and \

@@ -284,12 +284,10 @@ impl Worker for Follower {
     fn name(&self) -> &'static str {
         "change-follower"
     }
+    /// Between polls (SQLite), and after an error. With a listener the unit itself waits for
+    /// a notification (at most [`LISTEN_WAIT`]) and asks to run again at once.
     fn interval(&self) -> Duration {
-        if self.notifies {
-            Duration::ZERO
-        } else {
-            POLL_INTERVAL
-        }
+        POLL_INTERVAL
     }
     fn work(&mut self, ctx: &Ctx) -> Result<Next, WorkError> {
         self.wait_for_news();
@@ -329,7 +327,7 @@ impl Worker for Follower {
             "at record {}, {} invalidations sent",
             self.last, self.invalidated
         ));
-        Ok(if recs.len() == BATCH {
+        Ok(if recs.len() == BATCH || self.listener.is_some() {
             Next::More
         } else {
             Next::Idle
@@ -337,7 +335,10 @@ impl Worker for Follower {
     }
     fn finish(&mut self, _ctx: &Ctx) {
         if let Err(e) = self.meta.changelog_deregister(self.reader) {
-            tracing::warn!(reader = self.reader, "cannot deregister the changelog reader: {e}");
+            tracing::warn!(
+                reader = self.reader,
+                "cannot deregister the changelog reader: {e}"
+            );
         }
     }
 }
