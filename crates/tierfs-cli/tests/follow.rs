@@ -63,6 +63,9 @@ fn size(p: &Path) -> u64 {
     fs::metadata(p).map(|m| m.len()).unwrap_or(u64::MAX)
 }
 
+/// One visibility check of a change, run until it holds.
+type Check<'a> = Box<dyn Fn() -> bool + 'a>;
+
 /// Requests that reach the daemon when a name is stat'ed.
 fn stat_requests(mnt: &Path) -> u64 {
     fuse_ops(mnt, "lookup") + fuse_ops(mnt, "getattr")
@@ -114,7 +117,7 @@ fn changes_on_one_client_are_seen_on_the_other_within_the_followers_bound() {
     f.write_all(b"67890").unwrap();
     drop(f);
 
-    let checks: Vec<(&str, Box<dyn Fn() -> bool>)> = vec![
+    let checks: Vec<(&str, Check)> = vec![
         (
             "rename: the old name gone",
             Box::new(|| !exists(&t.p(a, "d/r"))),

@@ -323,7 +323,7 @@ impl Worker for Follower {
             self.cleared = self.last;
             self.last_clear = Instant::now();
         }
-        ctx.progress(&format!(
+        ctx.progress(format!(
             "at record {}, {} invalidations sent",
             self.last, self.invalidated
         ));
@@ -353,8 +353,8 @@ mod tests {
             time: 0,
             typ,
             flags: 0,
-            target: target,
-            parent: parent,
+            target,
+            parent,
             name: name.as_bytes().to_vec(),
             source_parent: None,
             source_name: None,
@@ -402,10 +402,7 @@ mod tests {
         assert!(v.contains(&Inval::Entry(2, b"new".to_vec())));
         assert!(v.contains(&Inval::Entry(3, b"old".to_vec())));
         for ino in [2, 3, 7] {
-            assert!(v.contains(&Inval::Inode {
-                ino: ino,
-                pages: false
-            }));
+            assert!(v.contains(&Inval::Inode { ino, pages: false }));
         }
     }
 
