@@ -158,3 +158,55 @@ fn changes_on_one_client_are_seen_on_the_other_within_the_followers_bound() {
     t.umount(b);
     t.umount(a);
 }
+
+/// A follower whose changelog reader is gone (deregistered by hand here; in real life dropped
+/// after 10 minutes without a read) registers a new one and goes on following; what it may have
+/// missed meanwhile is covered by giving replies the short TTL for the next `follow_ttl`.
+#[test]
+fn a_follower_whose_reader_is_gone_registers_again_and_goes_on() {
+    let mut t = TestFs::with(Opts {
+        clients: 0,
+        ..Opts::default()
+    });
+    let a = t.mount_with(&following("a"));
+    let b = t.mount_with(&ClientOpts {
+        name: "b".into(),
+        ..ClientOpts::default()
+    });
+    fs::write(t.p(b, "m"), b"m").unwrap();
+    // A caches that "n" does not exist, with the long TTL (its follower keeps up).
+    assert!(wait_until(Duration::from_secs(5), || {
+        let out = t.tierfs(&["changelog", "readers", "--meta", &t.meta_url()]);
+        out.stdout.contains("cl1")
+    }));
+    thread::sleep(Duration::from_millis(300));
+    assert!(!exists(&t.p(a, "n")));
+
+    t.tierfs(&["changelog", "deregister", "cl1", "--meta", &t.meta_url()])
+        .assert_ok();
+    assert!(
+        wait_until(Duration::from_secs(5), || {
+            let out = t.tierfs(&["changelog", "readers", "--meta", &t.meta_url()]);
+            out.stdout.contains("cl2")
+        }),
+        "the follower did not register a new reader"
+    );
+    // Following goes on: B's create is seen although A cached the name as absent for 600 s.
+    fs::write(t.p(b, "n"), b"n").unwrap();
+    assert!(
+        wait_until(BOUND, || exists(&t.p(a, "n"))),
+        "a create after the new registration was not seen within {BOUND:?}"
+    );
+    // And replies carry the short TTL meanwhile: a name looked up now is asked again once
+    // 1 s has passed.
+    fs::metadata(t.p(a, "m")).unwrap();
+    thread::sleep(Duration::from_millis(1500));
+    let before = stat_requests(t.mnt(a));
+    fs::metadata(t.p(a, "m")).unwrap();
+    assert!(
+        stat_requests(t.mnt(a)) > before,
+        "a name looked up after the reader was lost kept the long TTL"
+    );
+    t.umount(b);
+    t.umount(a);
+}
