@@ -253,8 +253,12 @@ impl Follower {
             reader = self.reader,
             "change follower: its changelog reader is gone ({why}); registering a new one"
         );
+        let old = self.reader;
         self.reader = register(self.meta.as_ref())
             .map_err(|e| format!("cannot register a changelog reader: {e}"))?;
+        // A reader dropped for idleness stays listed (with a warning in `tierfs status`)
+        // until deregistered: this one was ours, so dismiss it (gone already: nothing to do).
+        let _ = self.meta.changelog_deregister(old);
         self.last = 0;
         self.cleared = 0;
         self.state.lost_records();
