@@ -175,6 +175,13 @@ pub fn invalidations(r: &ChangelogRecord) -> Vec<Inval> {
     v
 }
 
+/// Whether a record calls for invalidations in the kernel of client `me`: not for its own
+/// changes, which went through its kernel, except HSM events (its `hsm-mover` worker, when it
+/// runs one, changes files behind its kernel's back).
+pub fn concerns(r: &ChangelogRecord, me: &str) -> bool {
+    r.client != me || r.typ == RecordType::Hsm
+}
+
 /// Registers the follower's changelog reader: at mount, before anything is served, so that no
 /// change made after the mount can be missed.
 pub fn register(meta: &dyn MetaEngine) -> tierfs_meta::Result<u64> {
@@ -225,9 +232,7 @@ impl Follower {
     }
 
     fn apply(&mut self, r: &ChangelogRecord) {
-        // This client's own changes went through its kernel, except HSM events (its mover
-        // worker, when it runs one, changes files behind the kernel's back).
-        if r.client == self.client && r.typ != RecordType::Hsm {
+        if !concerns(r, &self.client) {
             return;
         }
         let Some(n) = self.notifier.get() else {
@@ -433,6 +438,15 @@ mod tests {
                 pages: false
             }]
         );
+    }
+
+    #[test]
+    fn own_changes_are_skipped_but_own_hsm_events_are_not() {
+        let r = rec(RecordType::Sattr, 9, 0, "");
+        assert!(concerns(&r, "a"), "b's chmod, seen by a");
+        assert!(!concerns(&r, "b"), "b's own chmod");
+        let h = rec(RecordType::Hsm, 9, 0, "");
+        assert!(concerns(&h, "b"), "b's own mover released the file");
     }
 
     #[test]
