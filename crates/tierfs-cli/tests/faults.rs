@@ -411,3 +411,80 @@ fn a_slow_pcc_rules_query_holds_up_no_other_open() {
         "f1 opens once its rules query ends"
     );
 }
+
+/// Long kernel TTLs made safe (issue 14, docs/semantics.md "Following other clients"): a client
+/// that follows the others' changes caches names and attributes for `follow_ttl` (600 s here)
+/// while its follower keeps up. When the engine stops answering the follower's reads (a
+/// hiccup: every changelog read times out), replies go back to the short TTL at once, so a name
+/// first looked up during the hiccup shows another client's chmod after `attr_ttl`; once the
+/// engine answers again, the follower reads the records it missed (the changelog kept them)
+/// and invalidates what the kernel had taken with the long TTL before the hiccup.
+#[test]
+fn the_follower_catches_up_after_an_engine_hiccup() {
+    use std::os::unix::fs::PermissionsExt;
+    let fs = TestFs::new(1);
+    let config = ClientConfig {
+        client_name: Some("faulty".to_string()),
+        follow_changes: true,
+        follow_ttl: 600.0,
+        ..ClientConfig::default()
+    };
+    let m = FaultyMount::with_config(&fs, "faulty", config);
+    for f in ["f", "g"] {
+        fs::write(fs.p(0, f), b"x").unwrap();
+    }
+    let mode = |p: &Path| {
+        fs::metadata(p)
+            .map(|md| md.permissions().mode() & 0o7777)
+            .unwrap_or(0)
+    };
+    let chmod = |rel: &str| {
+        fs::set_permissions(fs.p(0, rel), fs::Permissions::from_mode(0o600)).unwrap();
+    };
+    // The follower keeps up: f and "no h" are cached with the long TTL.
+    assert!(wait_until(Duration::from_secs(5), || m
+        .plan
+        .calls("changelog_read")
+        > 0));
+    thread::sleep(Duration::from_millis(300));
+    assert_eq!(mode(&m.p("f")), 0o644);
+    assert!(fs::metadata(m.p("h")).is_err());
+
+    // The hiccup: every read of the changelog times out after 300 ms.
+    let reads = m.plan.calls("changelog_read");
+    m.plan.fail_always(
+        Some("changelog_read"),
+        Fault::Timeout(Duration::from_millis(300)),
+    );
+    // Past the follower's 1 s lag: new replies carry the short TTL (1 s).
+    thread::sleep(Duration::from_millis(1500));
+    assert!(
+        m.plan.injected("changelog_read") > 0,
+        "the follower's reads were not hit"
+    );
+    assert_eq!(
+        mode(&m.p("g")),
+        0o644,
+        "g first looked up during the hiccup"
+    );
+    chmod("f");
+    chmod("g");
+    fs::write(fs.p(0, "h"), b"h").unwrap();
+    assert!(
+        wait_until(Duration::from_millis(2500), || mode(&m.p("g")) == 0o600),
+        "a name looked up while the follower could not read got the long TTL"
+    );
+
+    // The engine answers again: the follower reads what it missed and invalidates.
+    m.plan.clear();
+    assert!(
+        wait_until(Duration::from_millis(2500), || mode(&m.p("f")) == 0o600),
+        "the chmod made during the hiccup was not seen after it"
+    );
+    assert!(
+        wait_until(Duration::from_millis(2500), || fs::metadata(m.p("h"))
+            .is_ok()),
+        "the create made during the hiccup was not seen after it"
+    );
+    assert!(m.plan.calls("changelog_read") > reads);
+}

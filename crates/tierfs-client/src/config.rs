@@ -5,6 +5,11 @@
 //! client_name = "node17"       # default: the host name
 //! attr_ttl = 1.0               # seconds the kernel caches attributes
 //! entry_ttl = 1.0              # seconds the kernel caches names
+//! follow_changes = false       # follow the other clients' changes (a changelog reader of this
+//!                              # client) and invalidate the kernel's names and attributes they
+//!                              # make stale; replies then carry follow_ttl while the follower
+//!                              # keeps up (docs/semantics.md, "Following other clients")
+//! follow_ttl = 30.0            # seconds the kernel caches names and attributes while following
 //! fuse_threads = 8             # threads serving FUSE requests
 //! dirty_limit_mb = 64          # commit buffered writes of a file past this
 //! buffer_limit_mb = 256        # buffered writes of all files together, at most (writers wait)
@@ -62,6 +67,8 @@ pub struct ClientConfig {
     pub client_name: Option<String>,
     pub attr_ttl: f64,
     pub entry_ttl: f64,
+    pub follow_changes: bool,
+    pub follow_ttl: f64,
     pub fuse_threads: usize,
     pub dirty_limit_mb: usize,
     pub buffer_limit_mb: usize,
@@ -155,6 +162,8 @@ impl Default for ClientConfig {
             client_name: None,
             attr_ttl: 1.0,
             entry_ttl: 1.0,
+            follow_changes: false,
+            follow_ttl: 30.0,
             fuse_threads: 8,
             dirty_limit_mb: 64,
             buffer_limit_mb: 256,
@@ -208,6 +217,12 @@ impl ClientConfig {
             return Err(format!(
                 "entry_ttl {} is out of range 0..3600",
                 self.entry_ttl
+            ));
+        }
+        if !(self.follow_ttl >= 0.0 && self.follow_ttl <= 3600.0) {
+            return Err(format!(
+                "follow_ttl {} is out of range 0..3600",
+                self.follow_ttl
             ));
         }
         if self.fuse_threads == 0 || self.fuse_threads > 256 {
@@ -290,6 +305,11 @@ mod tests {
         let e = ClientConfig::from_toml("no_such_key = 1").unwrap_err();
         assert!(e.contains("no_such_key"), "{e}");
         assert!(ClientConfig::from_toml("attr_ttl = -1.0").is_err());
+        assert!(ClientConfig::from_toml("follow_ttl = -1.0").is_err());
+        let c = ClientConfig::from_toml("follow_changes = true\nfollow_ttl = 120.0").unwrap();
+        assert!(c.follow_changes);
+        assert_eq!(c.follow_ttl, 120.0);
+        assert!(!ClientConfig::default().follow_changes);
         assert!(ClientConfig::from_toml("fuse_threads = 0").is_err());
         assert!(ClientConfig::from_toml("attr_ttl = \"x\"").is_err());
     }

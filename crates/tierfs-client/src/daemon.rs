@@ -369,6 +369,34 @@ pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Resul
         );
     }
     fs.writeback_cache = cfg.writeback_cache && pcc.is_none();
+
+    // Following the other clients' changes: the reader is registered before anything is
+    // served, so no change made after the mount is missed.
+    let follow = if cfg.follow_changes {
+        match crate::workers::follow::register(meta.as_ref()) {
+            Ok(reader) => {
+                let state = crate::workers::follow::FollowState::new(Duration::from_secs_f64(
+                    cfg.follow_ttl,
+                ));
+                fs.follow = Some(Arc::clone(&state));
+                tracing::info!(
+                    "following other clients' changes (changelog reader cl{reader}): names and \
+                     attributes cached for {} s while the follower keeps up",
+                    cfg.follow_ttl
+                );
+                Some((reader, state))
+            }
+            Err(e) => {
+                tracing::warn!(
+                    "follow_changes: cannot register a changelog reader ({e}); the kernel \
+                     caches for attr_ttl/entry_ttl only"
+                );
+                None
+            }
+        }
+    } else {
+        None
+    };
     fs.pcc_attach = cfg.attach_policy().map_err(DaemonError::Other)?;
     fs.callers = crate::caller::Callers::new(cfg.jobid_source().map_err(DaemonError::Other)?);
     fs.info_json = serde_json::json!({
@@ -407,7 +435,7 @@ pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Resul
     let mut unmounter = fsession.unmount_callable();
 
     // The background workers, each on its own thread (see workers.rs).
-    let workers = start_workers(
+    let mut workers = start_workers(
         &cfg,
         &session,
         &meta,
@@ -416,6 +444,17 @@ pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Resul
         &metrics,
         publish_reports(meta.clone(), Arc::clone(&session)),
     )?;
+    if let Some((reader, state)) = follow {
+        workers
+            .spawn(crate::workers::follow::Follower::new(
+                meta.clone(),
+                Arc::clone(&notifier),
+                state,
+                client_name.clone(),
+                reader,
+            ))
+            .map_err(|e| DaemonError::Other(format!("cannot start a worker: {e}")))?;
+    }
 
     // Signals: unmount cleanly.
     {
@@ -452,6 +491,7 @@ pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Resul
 /// Names of the workers that stop first at unmount: those that move data or clean up, so that
 /// no unit of theirs runs once the final write-backs begin.
 const STOP_FIRST: &[&str] = &[
+    "change-follower",
     "hsm-mover",
     "pcc-recall",
     "pcc",

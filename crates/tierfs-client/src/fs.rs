@@ -383,6 +383,9 @@ pub struct FsInner {
     pub session: Arc<Session>,
     pub attr_ttl: Duration,
     pub entry_ttl: Duration,
+    /// Set when this client follows the others' changes (`follow_changes`): replies then
+    /// carry the long TTL while the follower keeps up ([`crate::workers::follow`]).
+    pub follow: Option<Arc<crate::workers::follow::FollowState>>,
     handles: Mutex<HashMap<u64, Arc<Handle>>>,
     next_fh: AtomicU64,
     /// Set once mounted: lets an open tell the kernel to drop attributes it cached of a file
@@ -543,6 +546,7 @@ impl TierFs {
             session,
             attr_ttl,
             entry_ttl,
+            follow: None,
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
             notifier: Arc::new(OnceLock::new()),
@@ -587,6 +591,22 @@ impl TierFs {
 }
 
 impl FsInner {
+    /// The attribute TTL of a reply now: the long one while the change follower keeps up.
+    fn attr_ttl_now(&self) -> Duration {
+        match &self.follow {
+            Some(f) => f.ttl(self.attr_ttl),
+            None => self.attr_ttl,
+        }
+    }
+
+    /// The entry TTL of a reply now (see [`FsInner::attr_ttl_now`]).
+    fn entry_ttl_now(&self) -> Duration {
+        match &self.follow {
+            Some(f) => f.ttl(self.entry_ttl),
+            None => self.entry_ttl,
+        }
+    }
+
     fn fattr(&self, a: &Attr) -> FileAttr {
         let mut size = if a.kind == Kind::File {
             self.data.local_size(a)
@@ -1846,7 +1866,7 @@ impl Filesystem for TierFs {
         }) {
             Ok(a) => {
                 self.remember_name(&a, name);
-                reply.entry(&self.entry_ttl, &self.fattr(&a), Generation(0))
+                reply.entry(&self.entry_ttl_now(), &self.fattr(&a), Generation(0))
             }
             Err(ClientError::Meta(MetaError::NotFound)) if self.meta.getattr(parent.0).is_err() => {
                 // The directory itself is gone (removed, maybe re-created, on another client):
@@ -1858,7 +1878,7 @@ impl Filesystem for TierFs {
                 // entry TTL, as it remembers names that exist.
                 let mut none = self.stats_attr(0);
                 none.ino = INodeNo(0);
-                reply.entry(&self.entry_ttl, &none, Generation(0))
+                reply.entry(&self.entry_ttl_now(), &none, Generation(0))
             }
             Err(e) => reply.error(errno(&e)),
         }
@@ -1875,7 +1895,7 @@ impl Filesystem for TierFs {
             return;
         }
         match self.run("getattr", || Ok(self.meta.getattr(ino.0)?)) {
-            Ok(a) => reply.attr(&self.attr_ttl, &self.fattr(&a)),
+            Ok(a) => reply.attr(&self.attr_ttl_now(), &self.fattr(&a)),
             Err(e) => reply.error(ino_errno(&e)),
         }
     }
@@ -1911,7 +1931,7 @@ impl Filesystem for TierFs {
             ctime,
         };
         match self.run("setattr", || self.setattr_now(&asker, ino.0, &args)) {
-            Ok(Step::Done(a)) => reply.attr(&self.attr_ttl, &self.fattr(&a)),
+            Ok(Step::Done(a)) => reply.attr(&self.attr_ttl_now(), &self.fattr(&a)),
             // (setattr_now never answers Busy)
             Ok(Step::Busy) => reply.error(Errno::EAGAIN),
             // Another client holds the file's RW-PCC lease: it is given back before the size
@@ -1939,7 +1959,7 @@ impl Filesystem for TierFs {
                     match r {
                         Ok((a, mut g)) => {
                             if let Some(reply) = g.take() {
-                                reply.attr(&fs.attr_ttl, &fs.fattr(&a));
+                                reply.attr(&fs.attr_ttl_now(), &fs.fattr(&a));
                             }
                         }
                         Err(e) => {
@@ -1985,7 +2005,7 @@ impl Filesystem for TierFs {
                     match r {
                         Ok((a, mut g)) => {
                             if let Some(reply) = g.take() {
-                                reply.attr(&fs.attr_ttl, &fs.fattr(&a));
+                                reply.attr(&fs.attr_ttl_now(), &fs.fattr(&a));
                             }
                         }
                         Err(e) => {
@@ -2032,7 +2052,7 @@ impl Filesystem for TierFs {
             Ok(a)
         });
         match r {
-            Ok(a) => reply.entry(&self.entry_ttl, &self.fattr(&a), Generation(0)),
+            Ok(a) => reply.entry(&self.entry_ttl_now(), &self.fattr(&a), Generation(0)),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -2056,7 +2076,7 @@ impl Filesystem for TierFs {
             Ok(a)
         });
         match r {
-            Ok(a) => reply.entry(&self.entry_ttl, &self.fattr(&a), Generation(0)),
+            Ok(a) => reply.entry(&self.entry_ttl_now(), &self.fattr(&a), Generation(0)),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -2108,7 +2128,7 @@ impl Filesystem for TierFs {
             self.make_node(parent.0, link_name, node, false)
         });
         match r {
-            Ok(a) => reply.entry(&self.entry_ttl, &self.fattr(&a), Generation(0)),
+            Ok(a) => reply.entry(&self.entry_ttl_now(), &self.fattr(&a), Generation(0)),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -2153,7 +2173,7 @@ impl Filesystem for TierFs {
         match self.run("link", || {
             Ok(self.meta.link(ino.0, newparent.0, newname.as_bytes())?)
         }) {
-            Ok(a) => reply.entry(&self.entry_ttl, &self.fattr(&a), Generation(0)),
+            Ok(a) => reply.entry(&self.entry_ttl_now(), &self.fattr(&a), Generation(0)),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -2320,7 +2340,7 @@ impl Filesystem for TierFs {
         });
         match r {
             Ok((a, fh, fl, Some(id))) => reply.created_passthrough(
-                &self.entry_ttl,
+                &self.entry_ttl_now(),
                 &self.fattr(&a),
                 Generation(0),
                 FileHandle(fh),
@@ -2328,7 +2348,7 @@ impl Filesystem for TierFs {
                 &id,
             ),
             Ok((a, fh, fl, None)) => reply.created(
-                &self.entry_ttl,
+                &self.entry_ttl_now(),
                 &self.fattr(&a),
                 Generation(0),
                 FileHandle(fh),
@@ -2743,7 +2763,7 @@ impl Filesystem for TierFs {
                             INodeNo(a.ino),
                             e.offset + 2,
                             name,
-                            &self.entry_ttl,
+                            &self.entry_ttl_now(),
                             &self.fattr(&a),
                             Generation(0),
                         );

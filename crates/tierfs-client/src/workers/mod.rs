@@ -33,6 +33,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use parking_lot::{Condvar, Mutex};
 use thiserror::Error;
 
+pub mod follow;
 pub mod jobs;
 
 /// What went wrong in a unit of work (kept as the worker's last error).
