@@ -816,9 +816,10 @@ impl<D: Driver> Namespace for SqlMeta<D> {
                  ON CONFLICT (ino, name) DO UPDATE SET value = excluded.value",
                 vals![ino, name, value],
             )?;
+            // A new name counts (schema v9); a replaced value does not.
             tx.exec(
-                "UPDATE inodes SET ctime = $2 WHERE ino = $1",
-                vals![ino, now_nanos()],
+                "UPDATE inodes SET ctime = $2, xattr_count = xattr_count + $3 WHERE ino = $1",
+                vals![ino, now_nanos(), (!exists) as i64],
             )?;
             // changelog: XATTR
             changelog::record(tx, &Rec::new(RecordType::Xattr, ino).at(0, name))?;
@@ -853,7 +854,8 @@ impl<D: Driver> Namespace for SqlMeta<D> {
                 return Err(MetaError::NoAttr);
             }
             tx.exec(
-                "UPDATE inodes SET ctime = $2 WHERE ino = $1",
+                "UPDATE inodes SET ctime = $2, xattr_count = GREATEST(0, xattr_count - 1) \
+                 WHERE ino = $1",
                 vals![ino, now_nanos()],
             )?;
             // changelog: XATTR
