@@ -781,6 +781,8 @@ impl FsInner {
         }
         let parsed =
             Acl::decode(value).map_err(|e| ClientError::Failed(e.to_string(), e.errno()))?;
+        // Read from the engine now: an ACL to remove from an inode it counts no xattrs for is
+        // absent already (nothing to do, at the time of this read).
         let a = self.meta.getattr(ino)?;
         if name == acl::DEFAULT {
             if a.kind != Kind::Dir {
@@ -791,25 +793,40 @@ impl FsInner {
             }
             return match parsed {
                 Some(d) => Ok(self.set_xattr(ino, acl::DEFAULT, &d.encode(), 0)?),
-                None => self.remove_acl(ino, acl::DEFAULT),
+                None if a.has_xattrs() => self.remove_acl(ino, acl::DEFAULT),
+                None => Ok(()),
             };
         }
         let Some(access) = parsed else {
-            return self.remove_acl(ino, acl::ACCESS);
+            if a.has_xattrs() {
+                self.remove_acl(ino, acl::ACCESS)?;
+            }
+            return Ok(());
         };
         let mut perm = (a.perm & 0o7000) | access.mode_bits();
         if perm & libc::S_ISGID != 0 && !in_group_or_root(req, a.gid) {
             perm &= !libc::S_ISGID;
         }
-        let set = SetAttr {
-            perm: Some(perm),
-            ..Default::default()
-        };
-        self.meta.setattr(ino, &set)?;
-        if access.is_mode() {
-            self.remove_acl(ino, acl::ACCESS)?;
+        if access.is_mode() && perm == a.perm && !a.has_xattrs() {
+            // An ACL equal to the mode of a file without one (`cp -a` of a plain file):
+            // nothing changes, as on ext4 (not even the ctime).
+            return Ok(());
+        }
+        // The mode is set only when it changes (as on ext4; the ACL's own change moves the
+        // ctime); its reply counts the xattrs in the same transaction.
+        let now = if perm != a.perm {
+            let set = SetAttr {
+                perm: Some(perm),
+                ..Default::default()
+            };
+            self.meta.setattr(ino, &set)?
         } else {
+            a
+        };
+        if !access.is_mode() {
             self.set_xattr(ino, acl::ACCESS, &access.encode(), 0)?;
+        } else if now.has_xattrs() {
+            self.remove_acl(ino, acl::ACCESS)?;
         }
         // The kernel refetches after an ACL change only when it negotiated FUSE_POSIX_ACL.
         if let Some(n) = self.notifier.get() {

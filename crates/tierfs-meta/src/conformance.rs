@@ -535,6 +535,11 @@ fn xattrs(e: &dyn MetaEngine) {
         e.removexattr(f.ino, b"user.a"),
         Err(MetaError::NoAttr)
     ));
+    assert!(matches!(
+        e.removexattr(f.ino + 1000, b"user.b"),
+        Err(MetaError::NotFound)
+    ));
+    assert_eq!(e.getxattr(f.ino, b"user.b").unwrap(), b"");
 }
 
 /// Schema v9: every attribute reply carries the inode's xattr count, which setxattr and

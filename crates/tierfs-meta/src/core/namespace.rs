@@ -844,6 +844,22 @@ impl<D: Driver> Namespace for SqlMeta<D> {
     }
 
     fn removexattr(&self, ino: Ino, name: &[u8]) -> Result<()> {
+        // An absent name (`cp -a` removes the default ACL of every directory it copies, which
+        // few have) is answered by a read, without a write transaction: the answer holds at
+        // that read.
+        let present = self.d.read(|tx| {
+            match tx.query_opt(
+                "SELECT EXISTS (SELECT 1 FROM xattrs WHERE ino = $1 AND name = $2) \
+                 FROM inodes WHERE ino = $1",
+                vals![ino, name],
+            )? {
+                Some(r) => r.bool(0),
+                None => Err(MetaError::NotFound),
+            }
+        })?;
+        if !present {
+            return Err(MetaError::NoAttr);
+        }
         self.d.write(|tx| {
             lock1(tx, ino)?;
             let n = tx.exec(
