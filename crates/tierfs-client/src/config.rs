@@ -3,7 +3,7 @@
 //!
 //! ```toml
 //! client_name = "node17"       # default: the host name
-//! attr_ttl = 1.0               # seconds the kernel caches attributes
+//! attr_ttl = 1.0               # seconds the kernel caches attributes (and the daemon "no xattrs")
 //! entry_ttl = 1.0              # seconds the kernel caches names
 //! fuse_threads = 8             # threads serving FUSE requests
 //! dirty_limit_mb = 64          # commit buffered writes of a file past this
