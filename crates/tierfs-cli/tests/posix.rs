@@ -2640,6 +2640,53 @@ fn acl_off_by_config() {
     assert_eq!(mode_of(&t.p(0, "copy/g")) & 0o7777, 0o644);
 }
 
+/// An access ACL equal to the mode: on a file with an extended ACL it replaces it (the ACL
+/// goes, the mode follows); on a file without one and with that mode already (`cp -a` of a
+/// plain file) it changes nothing, not even the ctime, as on ext4; with another mode it sets
+/// the mode.
+#[test]
+fn acl_equal_to_the_mode_replaces_or_changes_nothing() {
+    let t = TestFs::new(1);
+    let f = t.p(0, "f");
+    fs::write(&f, b"x").unwrap();
+    setxattr(&f, "user.k", b"v", 0).unwrap();
+    let ext = acl_xattr(&[
+        (A_USER_OBJ, 6, NO_ID),
+        (A_USER, 4, U1),
+        (A_GROUP_OBJ, 4, NO_ID),
+        (A_MASK, 4, NO_ID),
+        (A_OTHER, 0, NO_ID),
+    ]);
+    setxattr(&f, ACL_ACCESS, &ext, 0).unwrap();
+    assert_eq!(mode_of(&f) & 0o7777, 0o640);
+    let plain = acl_xattr(&[
+        (A_USER_OBJ, 6, NO_ID),
+        (A_GROUP_OBJ, 4, NO_ID),
+        (A_OTHER, 0, NO_ID),
+    ]);
+    setxattr(&f, ACL_ACCESS, &plain, 0).unwrap();
+    assert_errno(
+        getxattr(&f, ACL_ACCESS),
+        libc::ENODATA,
+        "replaced by the mode",
+    );
+    assert_eq!(listxattr(&f).unwrap(), ["user.k"]);
+    assert_eq!(mode_of(&f) & 0o7777, 0o640);
+    // Again, now that the mode says it all: nothing changes.
+    let before = ctime(&stat(&f).unwrap());
+    std::thread::sleep(Duration::from_millis(20));
+    setxattr(&f, ACL_ACCESS, &plain, 0).unwrap();
+    assert_eq!(ctime(&stat(&f).unwrap()), before, "no change, no ctime");
+    assert_eq!(listxattr(&f).unwrap(), ["user.k"]);
+    // A file without any xattr, another mode: the mode is set.
+    let g = t.p(0, "g");
+    fs::write(&g, b"y").unwrap();
+    chmod(&g, 0o600).unwrap();
+    setxattr(&g, ACL_ACCESS, &plain, 0).unwrap();
+    assert_eq!(mode_of(&g) & 0o7777, 0o640);
+    assert!(listxattr(&g).unwrap().is_empty());
+}
+
 /// New inodes inherit the directory's default ACL: no umask, the default masked by the mode
 /// asked for; subdirectories inherit it as their default too. Compared with what ext4 does.
 #[test]
