@@ -1209,6 +1209,91 @@ fn xattrs_set_get_list_remove() {
     assert_eq!(getxattr(&t.p(0, "g"), "user.bin").unwrap(), bin);
 }
 
+/// A client answers "no such attribute" from memory for a file whose attributes said it has
+/// no xattrs, for attr_ttl (schema v9, docs/semantics.md): another client's setxattr (and
+/// default ACL) is seen within that bound, this client's own at once, and a file with xattrs
+/// lists and reads them everywhere at once.
+#[test]
+fn xattrs_of_another_client_seen_within_attr_ttl() {
+    const TTL: f64 = 0.5;
+    let slack = Duration::from_millis(700);
+    let t = TestFs::with(Opts {
+        clients: 2,
+        attr_ttl: Some(TTL),
+        ..Opts::default()
+    });
+    let local = |i: usize| stat_value(t.mnt(i), "tierfs_xattr_answered_locally_total");
+    fs::write(t.p(0, "f"), b"x").unwrap();
+    fs::create_dir(t.p(0, "d")).unwrap();
+    // c1 looks f up: no xattrs, answered without the engine.
+    stat(&t.p(1, "f")).unwrap();
+    let before = local(1);
+    assert_errno(getxattr(&t.p(1, "f"), "user.k"), libc::ENODATA, "none yet");
+    assert!(listxattr(&t.p(1, "f")).unwrap().is_empty());
+    assert!(
+        local(1) >= before + 2,
+        "c1 answered from the file's attributes ({} -> {})",
+        before,
+        local(1)
+    );
+    // c0 sets one: c1 sees it within attr_ttl.
+    setxattr(&t.p(0, "f"), "user.k", b"v", 0).unwrap();
+    std::thread::sleep(Duration::from_secs_f64(TTL) + slack);
+    assert_eq!(
+        getxattr(&t.p(1, "f"), "user.k").ok().as_deref(),
+        Some(&b"v"[..]),
+        "c0's setxattr seen on c1 after attr_ttl"
+    );
+    assert_eq!(listxattr(&t.p(1, "f")).unwrap(), ["user.k"]);
+    // c1's own setxattr is seen by c1 at once, though it had just learnt the file had none.
+    fs::write(t.p(1, "g"), b"y").unwrap();
+    stat(&t.p(1, "g")).unwrap();
+    assert_errno(getxattr(&t.p(1, "g"), "user.a"), libc::ENODATA, "none yet");
+    setxattr(&t.p(1, "g"), "user.a", b"1", 0).unwrap();
+    assert_eq!(
+        getxattr(&t.p(1, "g"), "user.a").unwrap(),
+        b"1",
+        "own change"
+    );
+    assert_eq!(listxattr(&t.p(1, "g")).unwrap(), ["user.a"]);
+    removexattr(&t.p(1, "g"), "user.a").unwrap();
+    assert_errno(getxattr(&t.p(1, "g"), "user.a"), libc::ENODATA, "removed");
+    // A file made with an xattr on c0 reads and lists it on c1 at once (its attributes, from
+    // the lookup or the listing, count it).
+    fs::write(t.p(0, "d/h"), b"z").unwrap();
+    setxattr(&t.p(0, "d/h"), "user.x", b"2", 0).unwrap();
+    let listed: Vec<String> = fs::read_dir(t.p(1, "d"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(listed, ["h"]);
+    assert_eq!(getxattr(&t.p(1, "d/h"), "user.x").unwrap(), b"2");
+    assert_eq!(listxattr(&t.p(1, "d/h")).unwrap(), ["user.x"]);
+    // A default ACL set on c0 is inherited by what c1 creates after attr_ttl, though c1 had
+    // learnt the directory had no xattrs.
+    stat(&t.p(1, "d")).unwrap();
+    setxattr(
+        &t.p(0, "d"),
+        ACL_DEFAULT,
+        &acl_xattr(&[
+            (A_USER_OBJ, 7, NO_ID),
+            (A_USER, 7, U2),
+            (A_GROUP_OBJ, 5, NO_ID),
+            (A_MASK, 7, NO_ID),
+            (A_OTHER, 0, NO_ID),
+        ]),
+        0,
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_secs_f64(TTL) + slack);
+    fs::write(t.p(1, "d/new"), b"n").unwrap();
+    assert!(
+        getxattr(&t.p(1, "d/new"), ACL_ACCESS).is_ok(),
+        "c1's create after attr_ttl inherits c0's default ACL"
+    );
+    assert!(getxattr(&t.p(0, "d/new"), ACL_ACCESS).is_ok());
+}
+
 #[test]
 fn fallocate_modes() {
     let t = TestFs::new(1);
@@ -2553,6 +2638,53 @@ fn acl_off_by_config() {
     run(&["cp", "-a", &s(&src), &s(&t.p(0, "copy"))]);
     assert_eq!(mode_of(&t.p(0, "copy")) & 0o7777, 0o755);
     assert_eq!(mode_of(&t.p(0, "copy/g")) & 0o7777, 0o644);
+}
+
+/// An access ACL equal to the mode: on a file with an extended ACL it replaces it (the ACL
+/// goes, the mode follows); on a file without one and with that mode already (`cp -a` of a
+/// plain file) it changes nothing, not even the ctime, as on ext4; with another mode it sets
+/// the mode.
+#[test]
+fn acl_equal_to_the_mode_replaces_or_changes_nothing() {
+    let t = TestFs::new(1);
+    let f = t.p(0, "f");
+    fs::write(&f, b"x").unwrap();
+    setxattr(&f, "user.k", b"v", 0).unwrap();
+    let ext = acl_xattr(&[
+        (A_USER_OBJ, 6, NO_ID),
+        (A_USER, 4, U1),
+        (A_GROUP_OBJ, 4, NO_ID),
+        (A_MASK, 4, NO_ID),
+        (A_OTHER, 0, NO_ID),
+    ]);
+    setxattr(&f, ACL_ACCESS, &ext, 0).unwrap();
+    assert_eq!(mode_of(&f) & 0o7777, 0o640);
+    let plain = acl_xattr(&[
+        (A_USER_OBJ, 6, NO_ID),
+        (A_GROUP_OBJ, 4, NO_ID),
+        (A_OTHER, 0, NO_ID),
+    ]);
+    setxattr(&f, ACL_ACCESS, &plain, 0).unwrap();
+    assert_errno(
+        getxattr(&f, ACL_ACCESS),
+        libc::ENODATA,
+        "replaced by the mode",
+    );
+    assert_eq!(listxattr(&f).unwrap(), ["user.k"]);
+    assert_eq!(mode_of(&f) & 0o7777, 0o640);
+    // Again, now that the mode says it all: nothing changes.
+    let before = ctime(&stat(&f).unwrap());
+    std::thread::sleep(Duration::from_millis(20));
+    setxattr(&f, ACL_ACCESS, &plain, 0).unwrap();
+    assert_eq!(ctime(&stat(&f).unwrap()), before, "no change, no ctime");
+    assert_eq!(listxattr(&f).unwrap(), ["user.k"]);
+    // A file without any xattr, another mode: the mode is set.
+    let g = t.p(0, "g");
+    fs::write(&g, b"y").unwrap();
+    chmod(&g, 0o600).unwrap();
+    setxattr(&g, ACL_ACCESS, &plain, 0).unwrap();
+    assert_eq!(mode_of(&g) & 0o7777, 0o640);
+    assert!(listxattr(&g).unwrap().is_empty());
 }
 
 /// New inodes inherit the directory's default ACL: no umask, the default masked by the mode

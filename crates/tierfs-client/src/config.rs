@@ -3,7 +3,7 @@
 //!
 //! ```toml
 //! client_name = "node17"       # default: the host name
-//! attr_ttl = 1.0               # seconds the kernel caches attributes
+//! attr_ttl = 1.0               # seconds the kernel caches attributes (and the daemon "no xattrs")
 //! entry_ttl = 1.0              # seconds the kernel caches names
 //! follow_changes = false       # follow the other clients' changes (a changelog reader of this
 //!                              # client) and invalidate the kernel's names and attributes they

@@ -357,6 +357,7 @@ pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Resul
         recaller,
     );
     fs.notifier = Arc::clone(&notifier);
+    let xattr_hint = Arc::clone(&fs.xattr_hint);
     fs.pcc = pcc.clone();
     fs.posix_acl = cfg.posix_acl;
     fs.readdirplus = cfg.readdir_plus().map_err(DaemonError::Other)?;
@@ -452,6 +453,7 @@ pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Resul
                 state,
                 client_name.clone(),
                 reader,
+                Arc::clone(&xattr_hint),
             ))
             .map_err(|e| DaemonError::Other(format!("cannot start a worker: {e}")))?;
     }

@@ -422,6 +422,8 @@ pub struct FsInner {
     parked: AtomicUsize,
     /// Blocked lock requests waiting on threads of their own.
     lock_waits: Mutex<LockWaits>,
+    /// Inodes known to have no xattrs, for `attr_ttl` ([`crate::xattr_hint`]).
+    pub xattr_hint: Arc<crate::xattr_hint::XattrHint>,
 }
 
 /// The FUSE filesystem: a handle on the shared [`FsInner`] (its methods are reached through
@@ -564,6 +566,7 @@ impl TierFs {
             pcc_attach: crate::config::AttachPolicy::Root,
             parked: AtomicUsize::new(0),
             lock_waits: Mutex::new(LockWaits::default()),
+            xattr_hint: Arc::new(crate::xattr_hint::XattrHint::new(attr_ttl)),
         };
         TierFs {
             inner: Arc::new(inner),
@@ -608,6 +611,8 @@ impl FsInner {
     }
 
     fn fattr(&self, a: &Attr) -> FileAttr {
+        // Every reply with attributes says whether the inode has xattrs.
+        self.xattr_hint.seen(a);
         let mut size = if a.kind == Kind::File {
             self.data.local_size(a)
         } else {
@@ -728,6 +733,10 @@ impl FsInner {
         if kind == Kind::Symlink || !self.posix_acl {
             return Ok(plain);
         }
+        if self.xattr_hint.none(parent) {
+            // No xattrs, so no default ACL (within attr_ttl, as the parent's mode).
+            return Ok(plain);
+        }
         let default = match self.meta.getxattr(parent, acl::DEFAULT) {
             Ok(v) => match Acl::decode(&v) {
                 Ok(d) => d,
@@ -754,12 +763,25 @@ impl FsInner {
     /// Stores the ACLs a new inode inherited.
     fn store_inherited(&self, ino: Ino, inh: &Inherited) -> Result<()> {
         if let Some(v) = &inh.access {
-            self.meta.setxattr(ino, acl::ACCESS, v, 0)?;
+            self.set_xattr(ino, acl::ACCESS, v, 0)?;
         }
         if let Some(v) = &inh.default {
-            self.meta.setxattr(ino, acl::DEFAULT, v, 0)?;
+            self.set_xattr(ino, acl::DEFAULT, v, 0)?;
         }
         Ok(())
+    }
+
+    /// Sets an xattr in the engine; the inode is marked changed first, so that no attribute
+    /// reply read before the change makes this client answer "no xattrs" from memory.
+    fn set_xattr(
+        &self,
+        ino: Ino,
+        name: &[u8],
+        value: &[u8],
+        flags: i32,
+    ) -> tierfs_meta::Result<()> {
+        self.xattr_hint.changed(ino);
+        self.meta.setxattr(ino, name, value, flags)
     }
 
     /// Removes an ACL xattr; absent is fine (as on ext4, removing no ACL succeeds).
@@ -783,6 +805,8 @@ impl FsInner {
         }
         let parsed =
             Acl::decode(value).map_err(|e| ClientError::Failed(e.to_string(), e.errno()))?;
+        // Read from the engine now: an ACL to remove from an inode it counts no xattrs for is
+        // absent already (nothing to do, at the time of this read).
         let a = self.meta.getattr(ino)?;
         if name == acl::DEFAULT {
             if a.kind != Kind::Dir {
@@ -792,26 +816,41 @@ impl FsInner {
                 ));
             }
             return match parsed {
-                Some(d) => Ok(self.meta.setxattr(ino, acl::DEFAULT, &d.encode(), 0)?),
-                None => self.remove_acl(ino, acl::DEFAULT),
+                Some(d) => Ok(self.set_xattr(ino, acl::DEFAULT, &d.encode(), 0)?),
+                None if a.has_xattrs() => self.remove_acl(ino, acl::DEFAULT),
+                None => Ok(()),
             };
         }
         let Some(access) = parsed else {
-            return self.remove_acl(ino, acl::ACCESS);
+            if a.has_xattrs() {
+                self.remove_acl(ino, acl::ACCESS)?;
+            }
+            return Ok(());
         };
         let mut perm = (a.perm & 0o7000) | access.mode_bits();
         if perm & libc::S_ISGID != 0 && !in_group_or_root(req, a.gid) {
             perm &= !libc::S_ISGID;
         }
-        let set = SetAttr {
-            perm: Some(perm),
-            ..Default::default()
-        };
-        self.meta.setattr(ino, &set)?;
-        if access.is_mode() {
-            self.remove_acl(ino, acl::ACCESS)?;
+        if access.is_mode() && perm == a.perm && !a.has_xattrs() {
+            // An ACL equal to the mode of a file without one (`cp -a` of a plain file):
+            // nothing changes, as on ext4 (not even the ctime).
+            return Ok(());
+        }
+        // The mode is set only when it changes (as on ext4; the ACL's own change moves the
+        // ctime); its reply counts the xattrs in the same transaction.
+        let now = if perm != a.perm {
+            let set = SetAttr {
+                perm: Some(perm),
+                ..Default::default()
+            };
+            self.meta.setattr(ino, &set)?
         } else {
-            self.meta.setxattr(ino, acl::ACCESS, &access.encode(), 0)?;
+            a
+        };
+        if !access.is_mode() {
+            self.set_xattr(ino, acl::ACCESS, &access.encode(), 0)?;
+        } else if now.has_xattrs() {
+            self.remove_acl(ino, acl::ACCESS)?;
         }
         // The kernel refetches after an ACL change only when it negotiated FUSE_POSIX_ACL.
         if let Some(n) = self.notifier.get() {
@@ -831,7 +870,7 @@ impl FsInner {
         match Acl::decode(&v) {
             Ok(Some(mut a)) => {
                 a.chmod(mode);
-                self.meta.setxattr(ino, acl::ACCESS, &a.encode(), 0)?;
+                self.set_xattr(ino, acl::ACCESS, &a.encode(), 0)?;
             }
             Ok(None) => self.remove_acl(ino, acl::ACCESS)?,
             Err(e) => tracing::warn!(ino, "chmod leaves a malformed access ACL alone: {e}"),
@@ -1009,7 +1048,8 @@ impl FsInner {
             ctime: ctime.map(from_time),
         };
         let a = self.meta.setattr(ino, &set)?;
-        if let Some(m) = chmod {
+        // The count comes from the same transaction: without xattrs there is no ACL to follow.
+        if let (Some(m), true) = (chmod, a.has_xattrs()) {
             self.chmod_acl(ino, m)?;
         }
         if size.is_some() {
@@ -1886,6 +1926,7 @@ impl Filesystem for TierFs {
 
     fn forget(&self, _req: &Request, ino: INodeNo, _nlookup: u64) {
         self.data.forget(ino.0);
+        self.xattr_hint.forget(ino.0);
         self.recaller.forget(ino.0);
     }
 
@@ -2843,7 +2884,7 @@ impl Filesystem for TierFs {
             if n == acl::ACCESS || n == acl::DEFAULT {
                 return self.set_acl(req, ino.0, n, value);
             }
-            Ok(self.meta.setxattr(ino.0, n, value, flags)?)
+            Ok(self.set_xattr(ino.0, n, value, flags)?)
         }) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(ino_errno(&e)),
@@ -2861,6 +2902,10 @@ impl Filesystem for TierFs {
             if let Some(cmd) = name.as_bytes().strip_prefix(PCC_XATTR) {
                 // The kernel let this through only to a reader of the file.
                 return self.pcc_command(ino.0, cmd, b"", req.uid());
+            }
+            if self.xattr_hint.none(ino.0) {
+                self.metrics.xattr_answered_locally.inc();
+                return Err(MetaError::NoAttr.into());
             }
             Ok(self.meta.getxattr(ino.0, name.as_bytes())?)
         }) {
@@ -2881,7 +2926,13 @@ impl Filesystem for TierFs {
         let names = if is_virtual(ino.0) {
             Ok(Vec::new())
         } else {
-            self.run("listxattr", || Ok(self.meta.listxattr(ino.0)?))
+            self.run("listxattr", || {
+                if self.xattr_hint.none(ino.0) {
+                    self.metrics.xattr_answered_locally.inc();
+                    return Ok(Vec::new());
+                }
+                Ok(self.meta.listxattr(ino.0)?)
+            })
         };
         match names {
             Ok(names) => {

@@ -34,6 +34,7 @@ pub mod pcc_state;
 pub mod recall;
 pub mod session;
 pub mod workers;
+pub mod xattr_hint;
 
 pub use config::ClientConfig;
 pub use daemon::{mount, MountRequest};

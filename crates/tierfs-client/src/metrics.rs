@@ -42,6 +42,8 @@ pub struct Metrics {
     pub buffered_bytes: Gauge,
     /// Commits of buffered writes that failed and were kept for the next attempt.
     pub commits_put_back: Counter,
+    /// GETXATTR and LISTXATTR answered without the engine (the inode has no xattrs).
+    pub xattr_answered_locally: Counter,
     handles: parking_lot::RwLock<std::collections::HashMap<&'static str, OpHandles>>,
 }
 
@@ -176,11 +178,19 @@ impl Metrics {
              answer) and whose data was kept for the next attempt",
             commits_put_back.clone(),
         );
+        let xattr_answered_locally = Counter::default();
+        registry.register(
+            "xattr_answered_locally",
+            "GETXATTR and LISTXATTR answered without reading the metadata engine: the inode \
+             had no xattrs in an attribute reply less than attr_ttl ago",
+            xattr_answered_locally.clone(),
+        );
         Metrics {
             registry,
             file_states,
             buffered_bytes,
             commits_put_back,
+            xattr_answered_locally,
             ops,
             errors,
             misses,

@@ -44,6 +44,10 @@ pub fn run_all(factory: &Factory<'_>) {
         ("readdir_plus_matches_lookup", readdir_plus_matches_lookup),
         ("symlink_and_link", symlink_and_link),
         ("xattrs", xattrs),
+        (
+            "xattr_count_rides_with_the_attributes",
+            xattr_count_rides_with_the_attributes,
+        ),
         ("slices_and_commit_order", slices_and_commit_order),
         ("open_unlinked_file_survives", open_unlinked_file_survives),
         (
@@ -531,6 +535,66 @@ fn xattrs(e: &dyn MetaEngine) {
         e.removexattr(f.ino, b"user.a"),
         Err(MetaError::NoAttr)
     ));
+    assert!(matches!(
+        e.removexattr(f.ino + 1000, b"user.b"),
+        Err(MetaError::NotFound)
+    ));
+    assert_eq!(e.getxattr(f.ino, b"user.b").unwrap(), b"");
+}
+
+/// Schema v9: every attribute reply carries the inode's xattr count, which setxattr and
+/// removexattr keep in their transaction (clients answer "no such attribute" from a count of
+/// 0 without reading the engine).
+fn xattr_count_rides_with_the_attributes(e: &dyn MetaEngine) {
+    let d = e.create(ROOT_INO, b"d", &dir(), None, None).unwrap();
+    let f = e.create(d.ino, b"f", &file(), None, None).unwrap();
+    assert_eq!((d.xattr_count, f.xattr_count), (0, 0));
+    assert!(!f.has_xattrs());
+    let count = |ino| e.getattr(ino).unwrap().xattr_count;
+    e.setxattr(f.ino, b"user.a", b"1", 0).unwrap();
+    assert_eq!(count(f.ino), 1);
+    assert!(e.getattr(f.ino).unwrap().has_xattrs());
+    // A replaced value, and calls that fail, count nothing.
+    e.setxattr(f.ino, b"user.a", b"2", libc::XATTR_REPLACE)
+        .unwrap();
+    e.setxattr(f.ino, b"user.a", b"3", 0).unwrap();
+    assert!(e
+        .setxattr(f.ino, b"user.a", b"4", libc::XATTR_CREATE)
+        .is_err());
+    assert!(e
+        .setxattr(f.ino, b"user.b", b"4", libc::XATTR_REPLACE)
+        .is_err());
+    assert!(e.removexattr(f.ino, b"user.none").is_err());
+    assert_eq!(count(f.ino), 1);
+    e.setxattr(f.ino, b"system.posix_acl_access", b"acl", 0)
+        .unwrap();
+    assert_eq!(count(f.ino), 2);
+    // Every reply with attributes carries it: lookup, listing, setattr, link, rename.
+    assert_eq!(e.lookup(d.ino, b"f").unwrap().xattr_count, 2);
+    let plus = e.readdir_plus(d.ino, 0, 10).unwrap();
+    assert_eq!(plus.len(), 1);
+    assert_eq!(plus[0].1.xattr_count, 2);
+    let set = SetAttr {
+        perm: Some(0o600),
+        ..Default::default()
+    };
+    assert_eq!(e.setattr(f.ino, &set).unwrap().xattr_count, 2);
+    assert_eq!(e.link(f.ino, ROOT_INO, b"h").unwrap().xattr_count, 2);
+    e.rename(d.ino, b"f", ROOT_INO, b"g", 0).unwrap();
+    assert_eq!(e.lookup(ROOT_INO, b"g").unwrap().xattr_count, 2);
+    assert_eq!(count(d.ino), 0, "the directory has none of its own");
+    e.removexattr(f.ino, b"user.a").unwrap();
+    assert_eq!(count(f.ino), 1);
+    e.removexattr(f.ino, b"system.posix_acl_access").unwrap();
+    assert_eq!(count(f.ino), 0);
+    assert!(e.listxattr(f.ino).unwrap().is_empty());
+    // Directories count theirs too (a default ACL is one).
+    e.setxattr(d.ino, b"system.posix_acl_default", b"acl", 0)
+        .unwrap();
+    assert_eq!(e.lookup(ROOT_INO, b"d").unwrap().xattr_count, 1);
+    // A new inode starts at 0 whatever its parent has.
+    let c = e.create(d.ino, b"c", &file(), None, None).unwrap();
+    assert_eq!(c.xattr_count, 0);
 }
 
 fn slices_and_commit_order(e: &dyn MetaEngine) {

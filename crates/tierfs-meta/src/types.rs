@@ -126,6 +126,17 @@ pub struct Attr {
     /// Files: HSM flags (0 for a file HSM never touched; a RELEASED file's data is in the
     /// archive only, an open or read restores it). See [`crate::hsm`].
     pub hsm: crate::hsm::HsmFlags,
+    /// How many extended attributes the inode has (ACLs included; schema v9). Clients answer
+    /// "no such attribute" for an inode whose count is 0 without asking the engine, for as
+    /// long as they trust its other attributes (docs/semantics.md).
+    pub xattr_count: u32,
+}
+
+impl Attr {
+    /// Whether the inode has any extended attribute.
+    pub fn has_xattrs(&self) -> bool {
+        self.xattr_count > 0
+    }
 }
 
 /// A time to set in `setattr`.

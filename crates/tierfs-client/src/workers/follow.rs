@@ -35,6 +35,7 @@ use tierfs_meta::changelog::{ChangelogError, ChangelogRecord, Mask, RecordType};
 use tierfs_meta::{Channel, Ino, Listener, MetaEngine, MetaError};
 
 use super::{Ctx, Next, WorkError, Worker};
+use crate::xattr_hint::XattrHint;
 
 /// How often the follower reads the changelog when it cannot be notified (SQLite).
 pub const POLL_INTERVAL: Duration = Duration::from_millis(100);
@@ -197,6 +198,9 @@ pub struct Follower {
     pub client: String,
     /// The reader registered at mount ([`register`]).
     pub reader: u64,
+    /// The mount's memory of inodes without xattrs: an inode whose attributes another client
+    /// changed is asked of the engine again, as the kernel is.
+    pub xattr_hint: Arc<XattrHint>,
     /// Last record index processed.
     last: u64,
     /// Last index cleared.
@@ -215,6 +219,7 @@ impl Follower {
         state: Arc<FollowState>,
         client: String,
         reader: u64,
+        xattr_hint: Arc<XattrHint>,
     ) -> Follower {
         Follower {
             meta,
@@ -222,6 +227,7 @@ impl Follower {
             state,
             client,
             reader,
+            xattr_hint,
             last: 0,
             cleared: 0,
             last_clear: Instant::now(),
@@ -239,6 +245,9 @@ impl Follower {
             return;
         };
         for i in invalidations(r) {
+            if let Inval::Inode { ino, .. } = &i {
+                self.xattr_hint.forget(*ino);
+            }
             // ENOENT: the kernel holds nothing of it (not an error).
             let _ = match &i {
                 Inval::Entry(p, name) => n.inval_entry(INodeNo(*p), OsStr::from_bytes(name)),

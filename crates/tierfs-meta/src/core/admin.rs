@@ -410,6 +410,8 @@ impl<D: Driver> Admin for SqlMeta<D> {
             }
             // A dump from before v5 has no allocated bytes; one from v5 has them right: count.
             super::common::recount_all(tx)?;
+            // Likewise each inode's xattr count (a dump from before v9 has none).
+            super::common::recount_xattrs(tx)?;
             Ok(n)
         })
     }
@@ -615,7 +617,7 @@ mod tests {
         // CREATE TABLE, then the columns later versions added, in table order.
         let inodes = names("inodes");
         assert_eq!(inodes.first().map(String::as_str), Some("ino"));
-        assert_eq!(inodes.last().map(String::as_str), Some("hsm"));
+        assert_eq!(inodes.last().map(String::as_str), Some("xattr_count"));
         assert!(inodes.contains(&"symlink".to_string()));
         assert_eq!(names("pcc_rules").last().map(String::as_str), Some("quota"));
         // Table constraints are not columns; quoted names lose their quotes.

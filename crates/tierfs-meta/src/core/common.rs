@@ -15,13 +15,13 @@ pub const MAX_LINKS: i64 = 65000;
 pub const ATTR_COLS: &str =
     "ino, kind, perm, uid, gid, nlink, size, rdev, atime, mtime, ctime, crtime, \
      projid, data_version, stripe_size, stripe_targets, def_stripe_count, def_stripe_size, parent, \
-     allocated, hsm";
+     allocated, hsm, xattr_count";
 
 /// [`ATTR_COLS`] qualified by the alias `i` (`i.ino, i.kind, ...`), for joins.
 pub const ATTR_COLS_I: &str =
     "i.ino, i.kind, i.perm, i.uid, i.gid, i.nlink, i.size, i.rdev, i.atime, i.mtime, i.ctime, \
      i.crtime, i.projid, i.data_version, i.stripe_size, i.stripe_targets, i.def_stripe_count, \
-     i.def_stripe_size, i.parent, i.allocated, i.hsm";
+     i.def_stripe_size, i.parent, i.allocated, i.hsm, i.xattr_count";
 
 /// An [`Attr`] from a row whose first columns are [`ATTR_COLS`].
 pub fn attr_from_row(r: &Row) -> Result<Attr> {
@@ -58,6 +58,7 @@ pub fn attr_from_row(r: &Row) -> Result<Attr> {
         parent: r.u64(18)?,
         allocated: r.i64(19)?.max(0) as u64,
         hsm: crate::hsm::HsmFlags(r.u32(20)?),
+        xattr_count: r.u32(21)?,
     })
 }
 
@@ -65,7 +66,7 @@ pub fn attr_from_row(r: &Row) -> Result<Attr> {
 pub fn get_attr(tx: &mut dyn Tx, ino: Ino) -> Result<Attr> {
     const SQL: &str = "SELECT ino, kind, perm, uid, gid, nlink, size, rdev, atime, mtime, ctime, \
         crtime, projid, data_version, stripe_size, stripe_targets, def_stripe_count, \
-        def_stripe_size, parent, allocated, hsm FROM inodes WHERE ino = $1";
+        def_stripe_size, parent, allocated, hsm, xattr_count FROM inodes WHERE ino = $1";
     attr_from_row(&tx.one(SQL, vals![ino])?)
 }
 
@@ -149,6 +150,22 @@ pub fn recount_all(tx: &mut dyn Tx) -> Result<()> {
     for ino in inos {
         recount_file(tx, ino)?;
     }
+    Ok(())
+}
+
+/// Counts every inode's extended attributes into `inodes.xattr_count` (migration to v9, load
+/// of a dump).
+pub fn recount_xattrs(tx: &mut dyn Tx) -> Result<()> {
+    tx.exec(
+        "UPDATE inodes SET xattr_count = 0 WHERE xattr_count <> 0",
+        vals![],
+    )?;
+    tx.exec(
+        "UPDATE inodes SET xattr_count = \
+         (SELECT COUNT(*) FROM xattrs x WHERE x.ino = inodes.ino) \
+         WHERE ino IN (SELECT ino FROM xattrs)",
+        vals![],
+    )?;
     Ok(())
 }
 
@@ -731,7 +748,7 @@ mod tests {
             .split(", ")
             .map(|c| c.trim().trim_start_matches("i.").to_string())
             .collect();
-        assert_eq!(plain.len(), 21);
+        assert_eq!(plain.len(), 22);
         assert_eq!(plain, joined);
     }
 }

@@ -816,9 +816,10 @@ impl<D: Driver> Namespace for SqlMeta<D> {
                  ON CONFLICT (ino, name) DO UPDATE SET value = excluded.value",
                 vals![ino, name, value],
             )?;
+            // A new name counts (schema v9); a replaced value does not.
             tx.exec(
-                "UPDATE inodes SET ctime = $2 WHERE ino = $1",
-                vals![ino, now_nanos()],
+                "UPDATE inodes SET ctime = $2, xattr_count = xattr_count + $3 WHERE ino = $1",
+                vals![ino, now_nanos(), (!exists) as i64],
             )?;
             // changelog: XATTR
             changelog::record(tx, &Rec::new(RecordType::Xattr, ino).at(0, name))?;
@@ -843,6 +844,22 @@ impl<D: Driver> Namespace for SqlMeta<D> {
     }
 
     fn removexattr(&self, ino: Ino, name: &[u8]) -> Result<()> {
+        // An absent name (`cp -a` removes the default ACL of every directory it copies, which
+        // few have) is answered by a read, without a write transaction: the answer holds at
+        // that read.
+        let present = self.d.read(|tx| {
+            match tx.query_opt(
+                "SELECT EXISTS (SELECT 1 FROM xattrs WHERE ino = $1 AND name = $2) \
+                 FROM inodes WHERE ino = $1",
+                vals![ino, name],
+            )? {
+                Some(r) => r.bool(0),
+                None => Err(MetaError::NotFound),
+            }
+        })?;
+        if !present {
+            return Err(MetaError::NoAttr);
+        }
         self.d.write(|tx| {
             lock1(tx, ino)?;
             let n = tx.exec(
@@ -853,7 +870,8 @@ impl<D: Driver> Namespace for SqlMeta<D> {
                 return Err(MetaError::NoAttr);
             }
             tx.exec(
-                "UPDATE inodes SET ctime = $2 WHERE ino = $1",
+                "UPDATE inodes SET ctime = $2, xattr_count = GREATEST(0, xattr_count - 1) \
+                 WHERE ino = $1",
                 vals![ino, now_nanos()],
             )?;
             // changelog: XATTR

@@ -32,7 +32,7 @@ use crate::vals;
 pub type Ddl = &'static [&'static str];
 
 /// Schema version this build writes and understands.
-pub const SCHEMA_VERSION: i64 = 8;
+pub const SCHEMA_VERSION: i64 = 9;
 
 /// One migration step.
 pub struct Migration {
@@ -87,7 +87,19 @@ pub const MIGRATIONS: &[Migration] = &[
         parts: V8,
         after: None,
     },
+    Migration {
+        version: 9,
+        parts: &[V9],
+        after: Some(super::common::recount_xattrs),
+    },
 ];
+
+/// Version 9: each inode's number of extended attributes (`inodes.xattr_count`), kept by
+/// setxattr and removexattr in their transaction and carried in every [`crate::Attr`], so that
+/// a client answers GETXATTR and LISTXATTR of a file without xattrs (most files: `ls -l`,
+/// `tar x` and `cp -a` ask for ACLs and capabilities of each one) without reading the engine.
+/// The migration counts the existing xattrs (`recount_xattrs`).
+const V9: Ddl = &["ALTER TABLE inodes ADD COLUMN xattr_count INT NOT NULL DEFAULT 0"];
 
 /// Version 8: HSM (docs/hsm.md). Each file's HSM flags in `inodes.hsm` (0 for every existing
 /// file: none has HSM state), and the tables of archives, archive copies, the coordinator's

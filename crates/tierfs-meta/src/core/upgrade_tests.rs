@@ -170,6 +170,9 @@ pub fn verify(e: &dyn MetaEngine) {
     assert_eq!(a.projid, 42, "inherited");
     assert_eq!(a.allocated, 1510);
     assert_eq!(a.layout.as_ref().unwrap().targets, vec![1]);
+    // Schema v9 counted the xattrs that were there.
+    assert_eq!(a.xattr_count, 2);
+    assert_eq!(d.xattr_count, 0);
     let c0 = e.read_chunk(a.ino, 0).unwrap();
     assert_eq!(c0.len(), 2);
     assert_eq!(

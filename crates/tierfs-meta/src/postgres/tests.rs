@@ -842,6 +842,7 @@ fn dump_from_sqlite_loads_into_postgres_and_back(server: &Server) {
     );
     assert_eq!(pg.read_chunk(f.ino, 1).unwrap()[0].len, 10);
     assert_eq!(pg.getxattr(f.ino, b"user.k").unwrap(), b"v");
+    assert_eq!(g.xattr_count, 1, "xattr count carried by dump/load");
     assert_eq!(pg.pcc_rules().unwrap()[0].client.as_deref(), Some("c1"));
     assert_eq!(pg.pcc_rules().unwrap()[0].quota, Some(3 << 30));
     assert_eq!(pg.info().unwrap().uuid, lite.info().unwrap().uuid);

@@ -563,13 +563,26 @@ mod tests {
             SliceData::Inline(b"abc".to_vec())
         );
         assert_eq!(b.getxattr(f.ino, b"user.k").unwrap(), b"v");
+        assert_eq!(g.xattr_count, 1);
         assert_eq!(b.pcc_rules().unwrap().len(), 1);
         assert_eq!(b.info().unwrap().uuid, a.info().unwrap().uuid);
         // a second load into a filesystem that holds files is refused
         assert!(matches!(
-            b.import_rows(&mut rows.into_iter().map(Ok)),
+            b.import_rows(&mut rows.clone().into_iter().map(Ok)),
             Err(MetaError::Invalid(_))
         ));
+        // A dump from before v9 has no xattr counts: the load counts them.
+        let old: Vec<DumpRow> = rows
+            .into_iter()
+            .map(|(t, cols)| {
+                let cols = cols.into_iter().filter(|(c, _)| c != "xattr_count");
+                (t, cols.collect())
+            })
+            .collect();
+        let (_d3, c) = fresh();
+        c.import_rows(&mut old.into_iter().map(Ok)).unwrap();
+        assert_eq!(c.getattr(f.ino).unwrap().xattr_count, 1);
+        assert_eq!(c.getattr(ROOT_INO).unwrap().xattr_count, 0);
     }
 
     /// A dump keeps the HSM state of files (flags, archive copies) and the archives; the queue
