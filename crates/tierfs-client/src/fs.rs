@@ -927,7 +927,10 @@ impl FsInner {
             && mtime.is_none()
             && ctime.is_none();
         let chown = uid.is_some() || gid.is_some() || nothing;
-        if mode.is_none() && (chown || (size.is_some() && asker.uid != 0)) {
+        // A chown by root (tar's fchown of every file it extracts): the engine applies the
+        // rules in the setattr's own transaction, without a read of the mode first.
+        let kill_setid = mode.is_none() && chown && asker.uid == 0;
+        if mode.is_none() && !kill_setid && (chown || (size.is_some() && asker.uid != 0)) {
             let a = self.meta.getattr(ino)?;
             let applies = if chown {
                 a.kind != Kind::Dir
@@ -973,6 +976,7 @@ impl FsInner {
             atime: atime.map(time_set),
             mtime: mtime.map(time_set),
             ctime: ctime.map(from_time),
+            kill_setid,
         };
         let a = self.meta.setattr(ino, &set)?;
         if let Some(m) = chmod {

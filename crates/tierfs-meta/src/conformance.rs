@@ -322,6 +322,55 @@ fn setattr_and_truncate(e: &dyn MetaEngine) {
         (0o4700, 5, 6, 1_000, 2_000)
     );
     assert!(d.ctime > 2_000);
+    // kill_setid (a chown by root): setuid goes, setgid only with group-execute, a
+    // directory keeps both, and an explicit perm wins.
+    let chown_kill = |ino, perm| {
+        e.setattr(
+            ino,
+            &SetAttr {
+                perm: Some(perm),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        e.setattr(
+            ino,
+            &SetAttr {
+                uid: Some(7),
+                kill_setid: true,
+                ..Default::default()
+            },
+        )
+        .unwrap()
+        .perm
+    };
+    assert_eq!(chown_kill(a.ino, 0o6755), 0o755);
+    assert_eq!(chown_kill(a.ino, 0o6745), 0o2745);
+    assert_eq!(chown_kill(a.ino, 0o644), 0o644);
+    let sd = e.create(ROOT_INO, b"sd", &dir(), None, None).unwrap();
+    assert_eq!(chown_kill(sd.ino, 0o6755), 0o6755);
+    let kept = e
+        .setattr(
+            a.ino,
+            &SetAttr {
+                perm: Some(0o4711),
+                uid: Some(8),
+                kill_setid: true,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    assert_eq!((kept.perm, kept.uid), (0o4711, 8));
+    // chown(-1, -1) by root: nothing set but the kill; the ctime moves only when it drops a bit
+    let only_kill = SetAttr {
+        kill_setid: true,
+        ..Default::default()
+    };
+    assert_eq!(e.setattr(a.ino, &only_kill).unwrap().perm, 0o711);
+    let before = e.getattr(a.ino).unwrap();
+    let same = e.setattr(a.ino, &only_kill).unwrap();
+    assert_eq!((same.perm, same.ctime), (0o711, before.ctime));
+    assert_eq!(e.getattr(a.ino).unwrap().perm, 0o711);
     let dd = e.create(ROOT_INO, b"d", &dir(), None, None).unwrap();
     assert!(matches!(
         e.setattr(

@@ -339,6 +339,17 @@ impl<D: Driver> Namespace for SqlMeta<D> {
                 a.gid = g;
                 changed = true;
             }
+            // (set.perm is None whenever set.kill_setid: see SetAttr)
+            let killed = set.kill_setid && set.perm.is_none() && a.kind != Kind::Dir && {
+                let mut p = a.perm & !libc::S_ISUID;
+                if p & libc::S_IXGRP != 0 {
+                    p &= !libc::S_ISGID;
+                }
+                let dropped = p != a.perm;
+                a.perm = p;
+                dropped
+            };
+            changed |= killed;
             if let Some(t) = set.atime {
                 a.atime = resolve_time(t, now);
                 changed = true;
@@ -378,7 +389,7 @@ impl<D: Driver> Namespace for SqlMeta<D> {
                 // HSM (STATE, dirty) when the truncate made an archived file dirty
                 recs.extend(dirtied);
             }
-            if set.perm.is_some() || set.uid.is_some() || set.gid.is_some() {
+            if set.perm.is_some() || killed || set.uid.is_some() || set.gid.is_some() {
                 recs.push(Rec::new(RecordType::Sattr, ino));
             } else if set.size.is_none() {
                 if set.mtime.is_some() {
