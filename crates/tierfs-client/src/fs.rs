@@ -963,11 +963,6 @@ impl FsInner {
                 Lease::Free | Lease::Recalled => {}
             }
         }
-        if size.is_some() || mtime.is_some() || atime.is_some() {
-            // Buffered writes land first, so the truncate or the times given (tar sets
-            // mtime before close) apply after them and are not overwritten by their commit.
-            self.data.flush(ino)?;
-        }
         let set = SetAttr {
             perm: mode.map(|m| m & 0o7777),
             uid,
@@ -978,7 +973,21 @@ impl FsInner {
             ctime: ctime.map(from_time),
             kill_setid,
         };
-        let a = self.meta.setattr(ino, &set)?;
+        // Buffered writes land first, so the truncate or the times given (tar sets mtime
+        // before close) apply after them and are not overwritten by their commit; times
+        // alone go in the commit's own transaction.
+        let committed = if size.is_some() {
+            self.data.flush(ino)?;
+            None
+        } else if mtime.is_some() || atime.is_some() {
+            self.data.flush_then(ino, Some(&set))?
+        } else {
+            None
+        };
+        let a = match committed {
+            Some(a) => a,
+            None => self.meta.setattr(ino, &set)?,
+        };
         if let Some(m) = chmod {
             self.chmod_acl(ino, m)?;
         }

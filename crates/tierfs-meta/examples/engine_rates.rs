@@ -4,7 +4,6 @@
 //! itself. Times are this process's CPU time (user + system), not wall time: on a busy machine
 //! they still tell what each operation costs.
 
-
 use tierfs_meta::postgres::PgMeta;
 use tierfs_meta::sqlite::SqliteMeta;
 use tierfs_meta::{

@@ -45,6 +45,7 @@ pub fn run_all(factory: &Factory<'_>) {
         ("symlink_and_link", symlink_and_link),
         ("xattrs", xattrs),
         ("slices_and_commit_order", slices_and_commit_order),
+        ("commit_then_setattr", commit_then_setattr),
         ("open_unlinked_file_survives", open_unlinked_file_survives),
         (
             "trash_of_a_file_kept_open_goes_after_a_grace",
@@ -382,6 +383,94 @@ fn setattr_and_truncate(e: &dyn MetaEngine) {
         ),
         Err(MetaError::IsDir)
     ));
+}
+
+fn commit_then_setattr(e: &dyn MetaEngine) {
+    let a = e
+        .create(ROOT_INO, b"f", &file(), Some(layout()), None)
+        .unwrap();
+    let bytes = b"hello".to_vec();
+    let inline = Slice {
+        seq: 0,
+        chunk: 0,
+        off: 0,
+        len: bytes.len() as u64,
+        data: SliceData::Inline(bytes.clone()),
+    };
+    // tar's utimensat over buffered writes: the data and the given times, one transaction
+    let times = SetAttr {
+        atime: Some(TimeSet::At(1_000)),
+        mtime: Some(TimeSet::At(2_000)),
+        ..Default::default()
+    };
+    let b = e
+        .commit_slices_then(None, a.ino, &[inline.clone()], 5, 9_000, &times)
+        .unwrap();
+    assert_eq!((b.size, b.atime, b.mtime), (5, 1_000, 2_000));
+    assert!(b.data_version > a.data_version);
+    assert!(b.ctime > 2_000, "ctime is the setattr's now");
+    assert_eq!(e.getattr(a.ino).unwrap(), b);
+    let sl = e.read_chunk(a.ino, 0).unwrap();
+    assert_eq!(sl.len(), 1);
+    assert_eq!(sl[0].data, SliceData::Inline(bytes));
+    // an error of the setattr rolls the commit back too
+    let d = e.create(ROOT_INO, b"d", &dir(), None, None).unwrap();
+    let g = e
+        .create(ROOT_INO, b"g", &file(), Some(layout()), None)
+        .unwrap();
+    let bad = SetAttr {
+        size: Some(1),
+        ..Default::default()
+    };
+    assert!(matches!(
+        e.commit_slices_then(None, d.ino, &[], 5, 9_000, &bad),
+        Err(MetaError::IsDir)
+    ));
+    let chown_trunc = SetAttr {
+        uid: Some(3),
+        size: Some(0),
+        ..Default::default()
+    };
+    e.setattr(
+        g.ino,
+        &SetAttr {
+            perm: Some(0o600),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let before = e.getattr(g.ino).unwrap();
+    let dirty = Slice {
+        seq: 0,
+        chunk: 0,
+        off: 0,
+        len: 3,
+        data: SliceData::Inline(b"abc".to_vec()),
+    };
+    // refused: a size change of a special file
+    let fifo = e
+        .create(
+            ROOT_INO,
+            b"p",
+            &NewNode {
+                kind: Kind::Fifo,
+                ..file()
+            },
+            None,
+            None,
+        )
+        .unwrap();
+    assert!(e
+        .commit_slices_then(None, fifo.ino, &[dirty.clone()], 3, 9_000, &chown_trunc)
+        .is_err());
+    assert!(e.read_chunk(fifo.ino, 0).unwrap().is_empty(), "rolled back");
+    assert_eq!(e.getattr(fifo.ino).unwrap().uid, fifo.uid, "rolled back");
+    // a session that ended: nothing recorded, as commit_slices_for
+    assert!(matches!(
+        e.commit_slices_then(Some(424_242), g.ino, &[dirty], 3, 9_000, &chown_trunc),
+        Err(MetaError::SessionEnded(_))
+    ));
+    assert_eq!(e.getattr(g.ino).unwrap(), before);
 }
 
 fn unlink_rmdir_nlink(e: &dyn MetaEngine) {
