@@ -404,7 +404,7 @@ fn commit_then_setattr(e: &dyn MetaEngine) {
         ..Default::default()
     };
     let b = e
-        .commit_slices_then(None, a.ino, &[inline.clone()], 5, 9_000, &times)
+        .commit_slices_then(None, a.ino, &[inline], 5, 9_000, &times)
         .unwrap();
     assert_eq!((b.size, b.atime, b.mtime), (5, 1_000, 2_000));
     assert!(b.data_version > a.data_version);
@@ -461,7 +461,14 @@ fn commit_then_setattr(e: &dyn MetaEngine) {
         )
         .unwrap();
     assert!(e
-        .commit_slices_then(None, fifo.ino, &[dirty.clone()], 3, 9_000, &chown_trunc)
+        .commit_slices_then(
+            None,
+            fifo.ino,
+            std::slice::from_ref(&dirty),
+            3,
+            9_000,
+            &chown_trunc
+        )
         .is_err());
     assert!(e.read_chunk(fifo.ino, 0).unwrap().is_empty(), "rolled back");
     assert_eq!(e.getattr(fifo.ino).unwrap().uid, fifo.uid, "rolled back");
