@@ -197,6 +197,17 @@ fn layout() -> Layout {
     }
 }
 
+/// `bytes` inline at the start of chunk 0.
+fn inline_slice(bytes: &[u8]) -> Slice {
+    Slice {
+        seq: 0,
+        chunk: 0,
+        off: 0,
+        len: bytes.len() as u64,
+        data: SliceData::Inline(bytes.to_vec()),
+    }
+}
+
 fn obj_slice(chunk: u64, off: u64, len: u64, obj: u64) -> Slice {
     Slice {
         seq: 0,
@@ -390,13 +401,7 @@ fn commit_then_setattr(e: &dyn MetaEngine) {
         .create(ROOT_INO, b"f", &file(), Some(layout()), None)
         .unwrap();
     let bytes = b"hello".to_vec();
-    let inline = Slice {
-        seq: 0,
-        chunk: 0,
-        off: 0,
-        len: bytes.len() as u64,
-        data: SliceData::Inline(bytes.clone()),
-    };
+    let inline = inline_slice(&bytes);
     // tar's utimensat over buffered writes: the data and the given times, one transaction
     let times = SetAttr {
         atime: Some(TimeSet::At(1_000)),
@@ -440,13 +445,7 @@ fn commit_then_setattr(e: &dyn MetaEngine) {
     )
     .unwrap();
     let before = e.getattr(g.ino).unwrap();
-    let dirty = Slice {
-        seq: 0,
-        chunk: 0,
-        off: 0,
-        len: 3,
-        data: SliceData::Inline(b"abc".to_vec()),
-    };
+    let dirty = inline_slice(b"abc");
     // refused: a size change of a special file
     let fifo = e
         .create(
