@@ -440,6 +440,60 @@ fn utimens_explicit_omit_now() {
     assert_eq!((atime(&st), mtime(&st)), ((7, 7), (8, 8)));
 }
 
+/// tar's order: write, set the times, close. The times given stay (the data's commit, which
+/// now goes in the same transaction as the setattr, does not overwrite them), on this client
+/// and on another, and the data is all there.
+#[test]
+fn times_set_over_buffered_writes_stay() {
+    let t = TestFs::new(2);
+    let f = t.p(0, "f");
+    let data = pattern(7, 0, 10_240);
+    let mut h = fs::File::create(&f).unwrap();
+    h.write_all(&data).unwrap();
+    utimens(&f, Some([ts(1_000_000_000, 11), ts(1_100_000_000, 22)]), 0).unwrap();
+    let st = stat(&f).unwrap();
+    assert_eq!(
+        (st.st_size, atime(&st), mtime(&st)),
+        (10_240, (1_000_000_000, 11), (1_100_000_000, 22)),
+        "before close"
+    );
+    drop(h);
+    let st = stat(&f).unwrap();
+    assert_eq!(
+        (st.st_size, atime(&st), mtime(&st)),
+        (10_240, (1_000_000_000, 11), (1_100_000_000, 22)),
+        "after close"
+    );
+    assert!(
+        (ctime(&st).0 - now_secs()).abs() <= 5,
+        "ctime is now, got {:?}",
+        ctime(&st)
+    );
+    let other = t.p(1, "f");
+    let st = stat(&other).unwrap();
+    assert_eq!(
+        (st.st_size, atime(&st), mtime(&st)),
+        (10_240, (1_000_000_000, 11), (1_100_000_000, 22)),
+        "on the other client"
+    );
+    assert_same_bytes(
+        &fs::read(&other).unwrap(),
+        &data,
+        0,
+        "the other client's read",
+    );
+    // a later write with no setattr moves the mtime to now again
+    let mut h = fs::OpenOptions::new().append(true).open(&f).unwrap();
+    h.write_all(b"more").unwrap();
+    drop(h);
+    let st = stat(&f).unwrap();
+    assert_eq!(st.st_size, 10_244);
+    assert!(
+        (st.st_mtime - now_secs()).abs() <= 5,
+        "mtime of the later write"
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // create / mknod / open flags / read / write / fsync
 // ---------------------------------------------------------------------------------------------

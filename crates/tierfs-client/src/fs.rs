@@ -987,7 +987,10 @@ impl FsInner {
         // and sends it with every setattr: that chown then comes as a setattr of ctime alone.
         let nothing = mode.is_none() && size.is_none() && atime.is_none() && mtime.is_none();
         let chown = uid.is_some() || gid.is_some() || nothing;
-        if mode.is_none() && (chown || (size.is_some() && asker.uid != 0)) {
+        // A chown by root (tar's fchown of every file it extracts): the engine applies the
+        // rules in the setattr's own transaction, without a read of the mode first.
+        let kill_setid = mode.is_none() && chown && asker.uid == 0;
+        if mode.is_none() && !kill_setid && (chown || (size.is_some() && asker.uid != 0)) {
             let a = self.meta.getattr(ino)?;
             let applies = if chown {
                 a.kind != Kind::Dir
@@ -1033,11 +1036,6 @@ impl FsInner {
                 }
             }
         }
-        if size.is_some() || mtime.is_some() || atime.is_some() {
-            // Buffered writes land first, so the truncate or the times given (tar sets
-            // mtime before close) apply after them and are not overwritten by their commit.
-            self.data.flush(ino)?;
-        }
         let set = SetAttr {
             perm: mode.map(|m| m & 0o7777),
             uid,
@@ -1046,8 +1044,23 @@ impl FsInner {
             atime: atime.map(time_set),
             mtime: mtime.map(time_set),
             ctime: ctime.map(from_time),
+            kill_setid,
         };
-        let a = self.meta.setattr(ino, &set)?;
+        // Buffered writes land first, so the truncate or the times given (tar sets mtime
+        // before close) apply after them and are not overwritten by their commit; times
+        // alone go in the commit's own transaction.
+        let committed = if size.is_some() {
+            self.data.flush(ino)?;
+            None
+        } else if mtime.is_some() || atime.is_some() {
+            self.data.flush_then(ino, Some(&set))?
+        } else {
+            None
+        };
+        let a = match committed {
+            Some(a) => a,
+            None => self.meta.setattr(ino, &set)?,
+        };
         // The count comes from the same transaction: without xattrs there is no ACL to follow.
         if let (Some(m), true) = (chmod, a.has_xattrs()) {
             self.chmod_acl(ino, m)?;

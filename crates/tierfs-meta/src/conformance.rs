@@ -49,6 +49,7 @@ pub fn run_all(factory: &Factory<'_>) {
             xattr_count_rides_with_the_attributes,
         ),
         ("slices_and_commit_order", slices_and_commit_order),
+        ("commit_then_setattr", commit_then_setattr),
         ("open_unlinked_file_survives", open_unlinked_file_survives),
         (
             "trash_of_a_file_kept_open_goes_after_a_grace",
@@ -200,6 +201,17 @@ fn layout() -> Layout {
     }
 }
 
+/// `bytes` inline at the start of chunk 0.
+fn inline_slice(bytes: &[u8]) -> Slice {
+    Slice {
+        seq: 0,
+        chunk: 0,
+        off: 0,
+        len: bytes.len() as u64,
+        data: SliceData::Inline(bytes.to_vec()),
+    }
+}
+
 fn obj_slice(chunk: u64, off: u64, len: u64, obj: u64) -> Slice {
     Slice {
         seq: 0,
@@ -326,6 +338,55 @@ fn setattr_and_truncate(e: &dyn MetaEngine) {
         (0o4700, 5, 6, 1_000, 2_000)
     );
     assert!(d.ctime > 2_000);
+    // kill_setid (a chown by root): setuid goes, setgid only with group-execute, a
+    // directory keeps both, and an explicit perm wins.
+    let chown_kill = |ino, perm| {
+        e.setattr(
+            ino,
+            &SetAttr {
+                perm: Some(perm),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        e.setattr(
+            ino,
+            &SetAttr {
+                uid: Some(7),
+                kill_setid: true,
+                ..Default::default()
+            },
+        )
+        .unwrap()
+        .perm
+    };
+    assert_eq!(chown_kill(a.ino, 0o6755), 0o755);
+    assert_eq!(chown_kill(a.ino, 0o6745), 0o2745);
+    assert_eq!(chown_kill(a.ino, 0o644), 0o644);
+    let sd = e.create(ROOT_INO, b"sd", &dir(), None, None).unwrap();
+    assert_eq!(chown_kill(sd.ino, 0o6755), 0o6755);
+    let kept = e
+        .setattr(
+            a.ino,
+            &SetAttr {
+                perm: Some(0o4711),
+                uid: Some(8),
+                kill_setid: true,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    assert_eq!((kept.perm, kept.uid), (0o4711, 8));
+    // chown(-1, -1) by root: nothing set but the kill; the ctime moves only when it drops a bit
+    let only_kill = SetAttr {
+        kill_setid: true,
+        ..Default::default()
+    };
+    assert_eq!(e.setattr(a.ino, &only_kill).unwrap().perm, 0o711);
+    let before = e.getattr(a.ino).unwrap();
+    let same = e.setattr(a.ino, &only_kill).unwrap();
+    assert_eq!((same.perm, same.ctime), (0o711, before.ctime));
+    assert_eq!(e.getattr(a.ino).unwrap().perm, 0o711);
     let dd = e.create(ROOT_INO, b"d", &dir(), None, None).unwrap();
     assert!(matches!(
         e.setattr(
@@ -337,6 +398,89 @@ fn setattr_and_truncate(e: &dyn MetaEngine) {
         ),
         Err(MetaError::IsDir)
     ));
+}
+
+fn commit_then_setattr(e: &dyn MetaEngine) {
+    let a = e
+        .create(ROOT_INO, b"f", &file(), Some(layout()), None)
+        .unwrap();
+    let bytes = b"hello".to_vec();
+    let inline = inline_slice(&bytes);
+    // tar's utimensat over buffered writes: the data and the given times, one transaction
+    let times = SetAttr {
+        atime: Some(TimeSet::At(1_000)),
+        mtime: Some(TimeSet::At(2_000)),
+        ..Default::default()
+    };
+    let b = e
+        .commit_slices_then(None, a.ino, &[inline], 5, 9_000, &times)
+        .unwrap();
+    assert_eq!((b.size, b.atime, b.mtime), (5, 1_000, 2_000));
+    assert!(b.data_version > a.data_version);
+    assert!(b.ctime > 2_000, "ctime is the setattr's now");
+    assert_eq!(e.getattr(a.ino).unwrap(), b);
+    let sl = e.read_chunk(a.ino, 0).unwrap();
+    assert_eq!(sl.len(), 1);
+    assert_eq!(sl[0].data, SliceData::Inline(bytes));
+    // an error of the setattr rolls the commit back too
+    let d = e.create(ROOT_INO, b"d", &dir(), None, None).unwrap();
+    let g = e
+        .create(ROOT_INO, b"g", &file(), Some(layout()), None)
+        .unwrap();
+    let bad = SetAttr {
+        size: Some(1),
+        ..Default::default()
+    };
+    assert!(matches!(
+        e.commit_slices_then(None, d.ino, &[], 5, 9_000, &bad),
+        Err(MetaError::IsDir)
+    ));
+    let chown_trunc = SetAttr {
+        uid: Some(3),
+        size: Some(0),
+        ..Default::default()
+    };
+    e.setattr(
+        g.ino,
+        &SetAttr {
+            perm: Some(0o600),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let before = e.getattr(g.ino).unwrap();
+    let dirty = inline_slice(b"abc");
+    // refused: a size change of a special file
+    let fifo = e
+        .create(
+            ROOT_INO,
+            b"p",
+            &NewNode {
+                kind: Kind::Fifo,
+                ..file()
+            },
+            None,
+            None,
+        )
+        .unwrap();
+    assert!(e
+        .commit_slices_then(
+            None,
+            fifo.ino,
+            std::slice::from_ref(&dirty),
+            3,
+            9_000,
+            &chown_trunc
+        )
+        .is_err());
+    assert!(e.read_chunk(fifo.ino, 0).unwrap().is_empty(), "rolled back");
+    assert_eq!(e.getattr(fifo.ino).unwrap().uid, fifo.uid, "rolled back");
+    // a session that ended: nothing recorded, as commit_slices_for
+    assert!(matches!(
+        e.commit_slices_then(Some(424_242), g.ino, &[dirty], 3, 9_000, &chown_trunc),
+        Err(MetaError::SessionEnded(_))
+    ));
+    assert_eq!(e.getattr(g.ino).unwrap(), before);
 }
 
 fn unlink_rmdir_nlink(e: &dyn MetaEngine) {

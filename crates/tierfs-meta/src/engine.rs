@@ -162,6 +162,19 @@ pub trait FileData: Send + Sync {
         new_end: u64,
         mtime: Nanos,
     ) -> Result<Attr>;
+    /// [`FileData::commit_slices_for`] (with `session`, else [`FileData::commit_slices`]) and
+    /// then [`Namespace::setattr`] of `set`, in one transaction: a utimensat over buffered
+    /// writes (tar sets the times before close) is one commit, and the times it gives are the
+    /// ones that stay. Returns the attributes after both; an error of either changes nothing.
+    fn commit_slices_then(
+        &self,
+        session: Option<u64>,
+        ino: Ino,
+        slices: &[Slice],
+        new_end: u64,
+        mtime: Nanos,
+        set: &SetAttr,
+    ) -> Result<Attr>;
     /// Reserves space: extends the size to `off+len` unless `keep_size`. With `zero`, the range
     /// reads as zeros afterwards (FALLOC_FL_PUNCH_HOLE with `keep_size`, FALLOC_FL_ZERO_RANGE
     /// with or without): zero slices cover the part inside the old size, and the size grows

@@ -270,6 +270,21 @@ impl FileData for FaultyEngine {
                 .commit_slices_for(session, ino, slices, new_end, mtime)
         })
     }
+
+    fn commit_slices_then(
+        &self,
+        session: Option<u64>,
+        ino: Ino,
+        slices: &[Slice],
+        new_end: u64,
+        mtime: Nanos,
+        set: &SetAttr,
+    ) -> Result<Attr> {
+        self.plan.call("commit_slices", || {
+            self.inner
+                .commit_slices_then(session, ino, slices, new_end, mtime, set)
+        })
+    }
 }
 
 impl Sessions for FaultyEngine {

@@ -156,6 +156,11 @@ pub struct SetAttr {
     pub atime: Option<TimeSet>,
     pub mtime: Option<TimeSet>,
     pub ctime: Option<Nanos>,
+    /// A chown by root (who is in every group), as the kernel's rules (fs/attr.c) have it:
+    /// unless the file is a directory, its setuid bit goes, and its setgid bit too when
+    /// group-execute is set. Read and applied in the setattr's own transaction (the client
+    /// need not read the mode first); ignored when `perm` is given.
+    pub kill_setid: bool,
 }
 
 /// A new inode to create.

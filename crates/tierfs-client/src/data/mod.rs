@@ -19,7 +19,9 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 
 use tierfs_meta::changelog::Caller;
-use tierfs_meta::{now_nanos, Attr, Ino, Layout, MetaEngine, MetaError, Nanos, Slice, SliceData};
+use tierfs_meta::{
+    now_nanos, Attr, Ino, Layout, MetaEngine, MetaError, Nanos, SetAttr, Slice, SliceData,
+};
 use tierfs_store::{Allocator, StoreError, TargetSet};
 
 use crate::error::{ClientError, Result};
@@ -676,13 +678,31 @@ impl DataPath {
 
     /// Commits every buffered write of `ino`; returns the new attributes if anything was written.
     pub fn flush(&self, ino: Ino) -> Result<Option<Attr>> {
-        self.flush_stamped(ino, None)
+        self.flush_with(ino, None, None)
     }
 
     /// [`DataPath::flush`], the commit setting mtime and ctime to `mtime` (when given) instead
     /// of now: the kernel's own times of the writes (the writeback cache sends them by SETATTR
     /// after the data), recorded by the commit itself rather than by a transaction after it.
     pub fn flush_stamped(&self, ino: Ino, mtime: Option<Nanos>) -> Result<Option<Attr>> {
+        self.flush_with(ino, mtime, None)
+    }
+
+    /// [`DataPath::flush`], and when something was buffered, the setattr `then` in the same
+    /// engine transaction (`FileData::commit_slices_then`); the attributes after both. `None`
+    /// when nothing was buffered: `then` is not applied (the caller's setattr does it).
+    pub fn flush_then(&self, ino: Ino, then: Option<&SetAttr>) -> Result<Option<Attr>> {
+        self.flush_with(ino, None, then)
+    }
+
+    /// The commit of [`DataPath::flush`], stamped `mtime` (or now), with `then` in its
+    /// transaction.
+    fn flush_with(
+        &self,
+        ino: Ino,
+        mtime: Option<Nanos>,
+        then: Option<&SetAttr>,
+    ) -> Result<Option<Attr>> {
         let Some(st) = self.existing(ino) else {
             return Ok(None);
         };
@@ -803,19 +823,28 @@ impl DataPath {
             // Under the session the writes were buffered under: refused once it ended (this
             // client was fenced; its uploads may count as garbage already).
             None if session != 0 => {
-                let r = self
-                    .meta
-                    .commit_slices_for(session, ino, &slices, end, stamp);
+                let r = match then {
+                    Some(set) => {
+                        self.meta
+                            .commit_slices_then(Some(session), ino, &slices, end, stamp, set)
+                    }
+                    None => self
+                        .meta
+                        .commit_slices_for(session, ino, &slices, end, stamp),
+                };
                 match self.session.get() {
                     Some(s) => s.watch(session, r),
                     None => r,
                 }
                 .map_err(ClientError::from)
             }
-            None => self
-                .meta
-                .commit_slices(ino, &slices, end, stamp)
-                .map_err(ClientError::from),
+            None => match then {
+                Some(set) => self
+                    .meta
+                    .commit_slices_then(None, ino, &slices, end, stamp, set),
+                None => self.meta.commit_slices(ino, &slices, end, stamp),
+            }
+            .map_err(ClientError::from),
         };
         if let Err(ClientError::Meta(MetaError::SessionEnded(_))) = &result {
             tracing::error!(

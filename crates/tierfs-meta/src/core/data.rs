@@ -122,7 +122,7 @@ impl<D: Driver> FileData for SqlMeta<D> {
         new_end: u64,
         mtime: Nanos,
     ) -> Result<Attr> {
-        self.commit(None, ino, slices, new_end, mtime)
+        self.commit(None, ino, slices, new_end, mtime, None)
     }
 
     fn commit_slices_for(
@@ -133,7 +133,19 @@ impl<D: Driver> FileData for SqlMeta<D> {
         new_end: u64,
         mtime: Nanos,
     ) -> Result<Attr> {
-        self.commit(Some(session), ino, slices, new_end, mtime)
+        self.commit(Some(session), ino, slices, new_end, mtime, None)
+    }
+
+    fn commit_slices_then(
+        &self,
+        session: Option<u64>,
+        ino: Ino,
+        slices: &[Slice],
+        new_end: u64,
+        mtime: Nanos,
+        set: &SetAttr,
+    ) -> Result<Attr> {
+        self.commit(session, ino, slices, new_end, mtime, Some(set))
     }
 
     fn fallocate(&self, ino: Ino, off: u64, len: u64, keep_size: bool, zero: bool) -> Result<Attr> {
@@ -329,6 +341,7 @@ impl<D: Driver> SqlMeta<D> {
         slices: &[Slice],
         new_end: u64,
         mtime: Nanos,
+        then: Option<&SetAttr>,
     ) -> Result<Attr> {
         static UPDATE: AttrUpdate = AttrUpdate::new(concat!(
             "UPDATE inodes SET size = GREATEST(size, $2), mtime = $3, ctime = $3, \
@@ -370,7 +383,10 @@ impl<D: Driver> SqlMeta<D> {
             // when that made an archived file dirty. Last, after every row lock: on PostgreSQL
             // the record holds the changelog's order lock until commit (core::changelog).
             record_write(tx, &old, RecordType::Mtime)?;
-            Ok(Ok(a))
+            match then {
+                Some(set) => Ok(Ok(super::namespace::setattr_in(tx, ino, set)?)),
+                None => Ok(Ok(a)),
+            }
         })?
     }
 }

@@ -280,6 +280,109 @@ pub(crate) fn create_in(
     Ok(a)
 }
 
+/// [`Namespace::setattr`] inside the transaction `tx` (also run after a data commit, in the
+/// same transaction: [`crate::engine::FileData::commit_slices_then`]).
+pub(super) fn setattr_in(tx: &mut dyn Tx, ino: Ino, set: &SetAttr) -> Result<Attr> {
+    let mut a = lock1(tx, ino)?;
+    // The HSM record a truncate of a clean archived file writes (no statement else).
+    let dirtied = super::data::dirtied(&a);
+    let now = now_nanos();
+    let mut changed = false;
+    if let Some(size) = set.size {
+        if a.kind == Kind::Dir {
+            return Err(MetaError::IsDir);
+        }
+        if a.kind != Kind::File {
+            return Err(MetaError::Invalid("truncate of a special file".into()));
+        }
+        if a.hsm.released() && size != a.size {
+            // Its data is in the archive only: the client restores it first.
+            return Err(crate::hsm::HsmError::Released.into());
+        }
+        truncate(tx, &a, size)?;
+        if a.hsm.archived() {
+            a.hsm.0 |= crate::hsm::HsmFlags::DIRTY;
+        }
+        a.size = size;
+        a.data_version += 1;
+        a.mtime = now;
+        changed = true;
+    }
+    if let Some(p) = set.perm {
+        a.perm = p & 0o7777;
+        changed = true;
+    }
+    if let Some(u) = set.uid {
+        a.uid = u;
+        changed = true;
+    }
+    if let Some(g) = set.gid {
+        a.gid = g;
+        changed = true;
+    }
+    // (set.perm is None whenever set.kill_setid: see SetAttr)
+    let killed = set.kill_setid && set.perm.is_none() && a.kind != Kind::Dir && {
+        let mut p = a.perm & !libc::S_ISUID;
+        if p & libc::S_IXGRP != 0 {
+            p &= !libc::S_ISGID;
+        }
+        let dropped = p != a.perm;
+        a.perm = p;
+        dropped
+    };
+    changed |= killed;
+    if let Some(t) = set.atime {
+        a.atime = resolve_time(t, now);
+        changed = true;
+    }
+    if let Some(t) = set.mtime {
+        a.mtime = resolve_time(t, now);
+        changed = true;
+    }
+    if changed {
+        a.ctime = set.ctime.unwrap_or(now);
+    } else if let Some(ct) = set.ctime {
+        a.ctime = ct;
+    }
+    tx.exec(
+        "UPDATE inodes SET perm = $2, uid = $3, gid = $4, size = $5, atime = $6, \
+             mtime = $7, ctime = $8, data_version = $9, hsm = $10 WHERE ino = $1",
+        vals![
+            ino,
+            a.perm,
+            a.uid,
+            a.gid,
+            a.size,
+            a.atime,
+            a.mtime,
+            a.ctime,
+            a.data_version,
+            a.hsm.0
+        ],
+    )?;
+    // changelog: TRUNC (set.size), SATTR (perm, uid, gid, atime), MTIME (set.mtime),
+    // CTIME (set.ctime alone). Lustre's precedence: TRUNC for a size change and SATTR
+    // for mode/owner/group (both when both), else MTIME when mtime was set, else CTIME
+    // when only atime or ctime moved.
+    let mut recs = Vec::with_capacity(3);
+    if set.size.is_some() {
+        recs.push(Rec::new(RecordType::Trunc, ino));
+        // HSM (STATE, dirty) when the truncate made an archived file dirty
+        recs.extend(dirtied);
+    }
+    if set.perm.is_some() || killed || set.uid.is_some() || set.gid.is_some() {
+        recs.push(Rec::new(RecordType::Sattr, ino));
+    } else if set.size.is_none() {
+        if set.mtime.is_some() {
+            recs.push(Rec::new(RecordType::Mtime, ino));
+        } else if set.atime.is_some() || set.ctime.is_some() {
+            recs.push(Rec::new(RecordType::Ctime, ino));
+        }
+    }
+    changelog::record_all(tx, &recs)?;
+    Ok(a)
+}
+
 impl<D: Driver> Namespace for SqlMeta<D> {
     fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Attr> {
         if name.len() > NAME_MAX {
@@ -301,95 +404,7 @@ impl<D: Driver> Namespace for SqlMeta<D> {
     }
 
     fn setattr(&self, ino: Ino, set: &SetAttr) -> Result<Attr> {
-        self.d.write(|tx| {
-            let mut a = lock1(tx, ino)?;
-            // The HSM record a truncate of a clean archived file writes (no statement else).
-            let dirtied = super::data::dirtied(&a);
-            let now = now_nanos();
-            let mut changed = false;
-            if let Some(size) = set.size {
-                if a.kind == Kind::Dir {
-                    return Err(MetaError::IsDir);
-                }
-                if a.kind != Kind::File {
-                    return Err(MetaError::Invalid("truncate of a special file".into()));
-                }
-                if a.hsm.released() && size != a.size {
-                    // Its data is in the archive only: the client restores it first.
-                    return Err(crate::hsm::HsmError::Released.into());
-                }
-                truncate(tx, &a, size)?;
-                if a.hsm.archived() {
-                    a.hsm.0 |= crate::hsm::HsmFlags::DIRTY;
-                }
-                a.size = size;
-                a.data_version += 1;
-                a.mtime = now;
-                changed = true;
-            }
-            if let Some(p) = set.perm {
-                a.perm = p & 0o7777;
-                changed = true;
-            }
-            if let Some(u) = set.uid {
-                a.uid = u;
-                changed = true;
-            }
-            if let Some(g) = set.gid {
-                a.gid = g;
-                changed = true;
-            }
-            if let Some(t) = set.atime {
-                a.atime = resolve_time(t, now);
-                changed = true;
-            }
-            if let Some(t) = set.mtime {
-                a.mtime = resolve_time(t, now);
-                changed = true;
-            }
-            if changed {
-                a.ctime = set.ctime.unwrap_or(now);
-            } else if let Some(ct) = set.ctime {
-                a.ctime = ct;
-            }
-            tx.exec(
-                "UPDATE inodes SET perm = $2, uid = $3, gid = $4, size = $5, atime = $6, \
-                 mtime = $7, ctime = $8, data_version = $9, hsm = $10 WHERE ino = $1",
-                vals![
-                    ino,
-                    a.perm,
-                    a.uid,
-                    a.gid,
-                    a.size,
-                    a.atime,
-                    a.mtime,
-                    a.ctime,
-                    a.data_version,
-                    a.hsm.0
-                ],
-            )?;
-            // changelog: TRUNC (set.size), SATTR (perm, uid, gid, atime), MTIME (set.mtime),
-            // CTIME (set.ctime alone). Lustre's precedence: TRUNC for a size change and SATTR
-            // for mode/owner/group (both when both), else MTIME when mtime was set, else CTIME
-            // when only atime or ctime moved.
-            let mut recs = Vec::with_capacity(3);
-            if set.size.is_some() {
-                recs.push(Rec::new(RecordType::Trunc, ino));
-                // HSM (STATE, dirty) when the truncate made an archived file dirty
-                recs.extend(dirtied);
-            }
-            if set.perm.is_some() || set.uid.is_some() || set.gid.is_some() {
-                recs.push(Rec::new(RecordType::Sattr, ino));
-            } else if set.size.is_none() {
-                if set.mtime.is_some() {
-                    recs.push(Rec::new(RecordType::Mtime, ino));
-                } else if set.atime.is_some() || set.ctime.is_some() {
-                    recs.push(Rec::new(RecordType::Ctime, ino));
-                }
-            }
-            changelog::record_all(tx, &recs)?;
-            Ok(a)
-        })
+        self.d.write(|tx| setattr_in(tx, ino, set))
     }
 
     fn create(
