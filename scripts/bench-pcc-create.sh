@@ -3,19 +3,23 @@
 # other (open, write, close) into the local filesystem, into uncached tierfs, and into tierfs
 # under an rw rule (each new file lives in the client's cache from its first byte), in one run.
 #
-#   scripts/bench-pcc-create.sh [--files 2000] [--reps 3]
+#   scripts/bench-pcc-create.sh [--bin PATH] [--files 2000] [--reps 3]
+# --bin: a built tierfs binary (default: build the release binary of this tree)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-N=2000 REPS=3
+N=2000 REPS=3 T=
 while [ $# -gt 0 ]; do
   case "$1" in
     --files) N=$2; shift 2;;
     --reps) REPS=$2; shift 2;;
+    --bin) T=$2; shift 2;;
     *) echo "unknown option $1"; exit 2;;
   esac
 done
-cargo build --release --quiet -p tierfs-cli
-T=$PWD/target/release/tierfs
+if [ -z "$T" ]; then
+  cargo build --release --quiet -p tierfs-cli
+  T=${CARGO_TARGET_DIR:-$PWD/target}/release/tierfs
+fi
 W=$(mktemp -d /var/tmp/tierfs-pcc-create.XXXXXX)
 cleanup() { "$T" umount "$W/m" 2>/dev/null || true; rm -rf "$W"; }
 trap cleanup EXIT
