@@ -541,6 +541,15 @@ impl Pcc {
 
     /// RW-PCC attach: take the lease and move the file's data into the cache.
     pub fn attach_rw(&self, attr: &Attr, rule: Option<u64>) -> Result<Entry> {
+        self.attach_rw_as(attr, rule, false)
+    }
+
+    /// [`Pcc::attach_rw`]; `created`: `attr` is a file this client has just created (and
+    /// holds open), about to be handed out for writing: no lease can be held elsewhere yet
+    /// (none is looked for: another client's answers WouldBlock), `attr` is its state, and
+    /// the lease is taken dirty ("may be dirty", before the writable descriptor exists) in
+    /// the lease's own transaction ([`MetaEngine::pcc_acquire_dirty`]).
+    fn attach_rw_as(&self, attr: &Attr, rule: Option<u64>, created: bool) -> Result<Entry> {
         let slot = self.slot(attr.ino);
         let _held = slot.op.lock();
         self.sync(&slot, attr.ino);
@@ -555,16 +564,27 @@ impl Pcc {
                 return Ok(e);
             }
         }
-        self.recaller.check_ino(attr.ino)?;
-        let before = self.meta.getattr(attr.ino)?;
+        let before = if created {
+            attr.clone()
+        } else {
+            self.recaller.check_ino(attr.ino)?;
+            self.meta.getattr(attr.ino)?
+        };
         self.room_for(rule, before.size)?;
         // Flush what this client buffered for the file, then take the lease.
         self.data.flush(attr.ino)?;
         // Another client that just closed the file may not have told the engine yet (closes go
         // in batches every 50 ms): while it is open elsewhere, try again for a moment.
         let deadline = Instant::now() + IN_USE_WAIT;
+        let acquire = |ino, client: &str| {
+            if created {
+                self.meta.pcc_acquire_dirty(ino, client)
+            } else {
+                self.meta.pcc_acquire(ino, client)
+            }
+        };
         let acquired = loop {
-            match self.meta.pcc_acquire(attr.ino, &self.client) {
+            match acquire(attr.ino, &self.client) {
                 Err(MetaError::InUse) if Instant::now() < deadline => {
                     std::thread::sleep(Duration::from_millis(20));
                 }
@@ -602,15 +622,22 @@ impl Pcc {
                 return Err(e);
             }
         }
-        let e = self.new_entry(
+        let mut e = self.new_entry(
             attr.ino,
             Mode::Rw,
             attr.data_version,
             lease.generation,
             rule,
         );
+        if created {
+            e.dirty = true;
+            e.last_write = now_nanos();
+        }
         self.store.put(e.clone()).map_err(Self::cache_err)?;
         self.step(&slot, attr.ino, Event::Attached)?;
+        if e.dirty {
+            self.step(&slot, attr.ino, Event::Written)?;
+        }
         self.data.invalidate(attr.ino, Some(&attr));
         self.metrics.pcc("attaches_rw", 1);
         Ok(e)
@@ -911,12 +938,10 @@ impl Pcc {
         };
         let slot = self.slot(attr.ino);
         let _held = slot.op.lock();
-        match self.attach_rw(attr, Some(rule)) {
+        // A writer's lease is taken dirty: "may be dirty" is in the engine before the writable
+        // descriptor exists.
+        match self.attach_rw_as(attr, Some(rule), write) {
             Ok(_) => {
-                if write {
-                    // "May be dirty" in the engine before the writable descriptor exists.
-                    self.report(attr.ino, true)?;
-                }
                 let f = self
                     .store
                     .open_data(attr.ino, true)
