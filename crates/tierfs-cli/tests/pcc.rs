@@ -11,8 +11,8 @@ mod common;
 
 use common::*;
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::fs::{self, File, OpenOptions};
+use std::io::Write;
 use std::os::unix::fs::{FileExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Barrier, Mutex, MutexGuard};
@@ -966,7 +966,18 @@ fn kill9_after_creates_under_an_rw_rule_loses_no_file() {
     let _g = serial();
     let extra: &[(&str, &str)] = &[("writeback_delay_secs", "3600")];
     let (mut t, opts) = pcc_fs(&[("a", extra), ("b", extra)], 150);
-    add_rule(&t, &["--mode", "rw", "--client", "a", "fname={*.rw}", "--mount", &s(t.mnt(0))]);
+    add_rule(
+        &t,
+        &[
+            "--mode",
+            "rw",
+            "--client",
+            "a",
+            "fname={*.rw}",
+            "--mount",
+            &s(t.mnt(0)),
+        ],
+    );
     thread::sleep(Duration::from_millis(2200));
     let n = 40u64;
     let want = |i: u64| pattern(300 + i, 0, 32 * 1024 + i as usize * 7);
@@ -986,14 +997,26 @@ fn kill9_after_creates_under_an_rw_rule_loses_no_file() {
     drop(h);
     t.remount_with(0, &opts[0].clone());
     for i in 0..n {
-        assert_reads(&t.p(0, &format!("f{i}.rw")), &want(i), "owner after kill -9");
+        assert_reads(
+            &t.p(0, &format!("f{i}.rw")),
+            &want(i),
+            "owner after kill -9",
+        );
     }
     assert_reads(&open, &want(n), "a file open at the kill, on the owner");
     after_ttl();
     for i in 0..n {
-        assert_reads(&t.p(1, &format!("f{i}.rw")), &want(i), "b after the owner's kill -9");
+        assert_reads(
+            &t.p(1, &format!("f{i}.rw")),
+            &want(i),
+            "b after the owner's kill -9",
+        );
     }
-    assert_reads(&t.p(1, "open.rw"), &want(n), "a file open at the kill, on b");
+    assert_reads(
+        &t.p(1, "open.rw"),
+        &want(n),
+        "a file open at the kill, on b",
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
