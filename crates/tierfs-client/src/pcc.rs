@@ -413,9 +413,10 @@ impl Pcc {
             crc.update(&buf);
             off += buf.len() as u64;
         }
-        f.set_len(size)
-            .map_err(|e| ClientError::Failed(format!("cache write: {e}"), libc::EIO))?;
         if off < size {
+            // (the new file is as long as what was written: only a short read leaves a hole)
+            f.set_len(size)
+                .map_err(|e| ClientError::Failed(format!("cache write: {e}"), libc::EIO))?;
             crc.update(&vec![0u8; (size - off) as usize]);
         }
         self.metrics.pcc("bytes_copied_in", size);
@@ -488,6 +489,14 @@ impl Pcc {
 
     /// RO-PCC attach: a read-only copy tied to the file's current data version.
     pub fn attach_ro(&self, attr: &Attr, rule: Option<u64>) -> Result<()> {
+        self.attach_ro_as(attr, rule, false)
+    }
+
+    /// [`Pcc::attach_ro`]; `opened`: `attr` was read by this client's open of the file
+    /// ([`MetaEngine::pcc_open`]), which found no lease and recorded the open, so no client
+    /// can take one meanwhile (an acquire elsewhere sees the open): neither the lease nor the
+    /// attributes are read again before the copy (its data version is checked after it).
+    fn attach_ro_as(&self, attr: &Attr, rule: Option<u64>, opened: bool) -> Result<()> {
         let slot = self.slot(attr.ino);
         let _held = slot.op.lock();
         self.sync(&slot, attr.ino);
@@ -502,10 +511,14 @@ impl Pcc {
                 return Ok(());
             }
         }
-        if let Lease::Ours(_) = self.recaller.check_ino(attr.ino)? {
-            return Ok(());
-        }
-        let attr = self.meta.getattr(attr.ino)?;
+        let attr = if opened {
+            attr.clone()
+        } else {
+            if let Lease::Ours(_) = self.recaller.check_ino(attr.ino)? {
+                return Ok(());
+            }
+            self.meta.getattr(attr.ino)?
+        };
         self.room_for(rule, attr.size)?;
         self.step(&slot, attr.ino, Event::CopyStart)?;
         let copied = self.copy_ro(&attr, rule);
@@ -901,7 +914,7 @@ impl Pcc {
             self.spawn_background_copy(attr.clone(), rule);
             return Ok(uncached);
         }
-        match self.attach_ro(attr, Some(rule)) {
+        match self.attach_ro_as(attr, Some(rule), true) {
             Ok(()) => {
                 let f = self.store.open_data(ino, false).map_err(Self::cache_err)?;
                 self.step(slot, ino, Event::Open { write: false })?;
