@@ -413,9 +413,10 @@ impl Pcc {
             crc.update(&buf);
             off += buf.len() as u64;
         }
-        f.set_len(size)
-            .map_err(|e| ClientError::Failed(format!("cache write: {e}"), libc::EIO))?;
         if off < size {
+            // (the new file is as long as what was written: only a short read leaves a hole)
+            f.set_len(size)
+                .map_err(|e| ClientError::Failed(format!("cache write: {e}"), libc::EIO))?;
             crc.update(&vec![0u8; (size - off) as usize]);
         }
         self.metrics.pcc("bytes_copied_in", size);
@@ -488,6 +489,14 @@ impl Pcc {
 
     /// RO-PCC attach: a read-only copy tied to the file's current data version.
     pub fn attach_ro(&self, attr: &Attr, rule: Option<u64>) -> Result<()> {
+        self.attach_ro_as(attr, rule, false)
+    }
+
+    /// [`Pcc::attach_ro`]; `opened`: `attr` was read by this client's open of the file
+    /// ([`MetaEngine::pcc_open`]), which found no lease and recorded the open, so no client
+    /// can take one meanwhile (an acquire elsewhere sees the open): neither the lease nor the
+    /// attributes are read again before the copy (its data version is checked after it).
+    fn attach_ro_as(&self, attr: &Attr, rule: Option<u64>, opened: bool) -> Result<()> {
         let slot = self.slot(attr.ino);
         let _held = slot.op.lock();
         self.sync(&slot, attr.ino);
@@ -502,10 +511,14 @@ impl Pcc {
                 return Ok(());
             }
         }
-        if let Lease::Ours(_) = self.recaller.check_ino(attr.ino)? {
-            return Ok(());
-        }
-        let attr = self.meta.getattr(attr.ino)?;
+        let attr = if opened {
+            attr.clone()
+        } else {
+            if let Lease::Ours(_) = self.recaller.check_ino(attr.ino)? {
+                return Ok(());
+            }
+            self.meta.getattr(attr.ino)?
+        };
         self.room_for(rule, attr.size)?;
         self.step(&slot, attr.ino, Event::CopyStart)?;
         let copied = self.copy_ro(&attr, rule);
@@ -541,6 +554,15 @@ impl Pcc {
 
     /// RW-PCC attach: take the lease and move the file's data into the cache.
     pub fn attach_rw(&self, attr: &Attr, rule: Option<u64>) -> Result<Entry> {
+        self.attach_rw_as(attr, rule, false)
+    }
+
+    /// [`Pcc::attach_rw`]; `created`: `attr` is a file this client has just created (and
+    /// holds open), about to be handed out for writing: no lease can be held elsewhere yet
+    /// (none is looked for: another client's answers WouldBlock), `attr` is its state, and
+    /// the lease is taken dirty ("may be dirty", before the writable descriptor exists) in
+    /// the lease's own transaction ([`MetaEngine::pcc_acquire_dirty`]).
+    fn attach_rw_as(&self, attr: &Attr, rule: Option<u64>, created: bool) -> Result<Entry> {
         let slot = self.slot(attr.ino);
         let _held = slot.op.lock();
         self.sync(&slot, attr.ino);
@@ -555,16 +577,27 @@ impl Pcc {
                 return Ok(e);
             }
         }
-        self.recaller.check_ino(attr.ino)?;
-        let before = self.meta.getattr(attr.ino)?;
+        let before = if created {
+            attr.clone()
+        } else {
+            self.recaller.check_ino(attr.ino)?;
+            self.meta.getattr(attr.ino)?
+        };
         self.room_for(rule, before.size)?;
         // Flush what this client buffered for the file, then take the lease.
         self.data.flush(attr.ino)?;
         // Another client that just closed the file may not have told the engine yet (closes go
         // in batches every 50 ms): while it is open elsewhere, try again for a moment.
         let deadline = Instant::now() + IN_USE_WAIT;
+        let acquire = |ino, client: &str| {
+            if created {
+                self.meta.pcc_acquire_dirty(ino, client)
+            } else {
+                self.meta.pcc_acquire(ino, client)
+            }
+        };
         let acquired = loop {
-            match self.meta.pcc_acquire(attr.ino, &self.client) {
+            match acquire(attr.ino, &self.client) {
                 Err(MetaError::InUse) if Instant::now() < deadline => {
                     std::thread::sleep(Duration::from_millis(20));
                 }
@@ -602,15 +635,22 @@ impl Pcc {
                 return Err(e);
             }
         }
-        let e = self.new_entry(
+        let mut e = self.new_entry(
             attr.ino,
             Mode::Rw,
             attr.data_version,
             lease.generation,
             rule,
         );
+        if created {
+            e.dirty = true;
+            e.last_write = now_nanos();
+        }
         self.store.put(e.clone()).map_err(Self::cache_err)?;
         self.step(&slot, attr.ino, Event::Attached)?;
+        if e.dirty {
+            self.step(&slot, attr.ino, Event::Written)?;
+        }
         self.data.invalidate(attr.ino, Some(&attr));
         self.metrics.pcc("attaches_rw", 1);
         Ok(e)
@@ -874,7 +914,7 @@ impl Pcc {
             self.spawn_background_copy(attr.clone(), rule);
             return Ok(uncached);
         }
-        match self.attach_ro(attr, Some(rule)) {
+        match self.attach_ro_as(attr, Some(rule), true) {
             Ok(()) => {
                 let f = self.store.open_data(ino, false).map_err(Self::cache_err)?;
                 self.step(slot, ino, Event::Open { write: false })?;
@@ -911,12 +951,10 @@ impl Pcc {
         };
         let slot = self.slot(attr.ino);
         let _held = slot.op.lock();
-        match self.attach_rw(attr, Some(rule)) {
+        // A writer's lease is taken dirty: "may be dirty" is in the engine before the writable
+        // descriptor exists.
+        match self.attach_rw_as(attr, Some(rule), write) {
             Ok(_) => {
-                if write {
-                    // "May be dirty" in the engine before the writable descriptor exists.
-                    self.report(attr.ino, true)?;
-                }
                 let f = self
                     .store
                     .open_data(attr.ino, true)

@@ -84,6 +84,10 @@ pub fn run_all(factory: &Factory<'_>) {
             pcc_open_checks_the_lease_and_records_in_one_step,
         ),
         (
+            "pcc_acquire_dirty_takes_the_lease_dirty",
+            pcc_acquire_dirty_takes_the_lease_dirty,
+        ),
+        (
             "pcc_transitions_are_conditional_on_generation_and_dirty",
             pcc_transitions_are_conditional_on_generation_and_dirty,
         ),
@@ -1710,6 +1714,42 @@ fn pcc_open_checks_the_lease_and_records_in_one_step(e: &dyn MetaEngine) {
         e.pcc_open(b, f.ino, "a", false, None),
         Err(MetaError::SessionEnded(_))
     ));
+}
+
+fn pcc_acquire_dirty_takes_the_lease_dirty(e: &dyn MetaEngine) {
+    let (a, b) = (pcc_session(e, "a"), pcc_session(e, "b"));
+    // created open by a (an attach at create): a takes it dirty in one step
+    let f = e
+        .create(ROOT_INO, b"pd", &file(), Some(layout()), Some(a))
+        .unwrap();
+    let v0 = e.getattr(f.ino).unwrap().data_version;
+    let l = e.pcc_acquire_dirty(f.ino, "a").unwrap();
+    assert_eq!(l.client, "a");
+    assert!(l.dirty);
+    assert_eq!(e.pcc_lease(f.ino).unwrap(), Some(l.clone()));
+    // as pcc_acquire: the data version moved (RO copies elsewhere go)
+    assert!(e.getattr(f.ino).unwrap().data_version > v0);
+    // dirty: a breaker cannot break it, another client cannot take it
+    assert!(!e.pcc_break(f.ino, "a", l.generation).unwrap());
+    assert!(matches!(
+        e.pcc_acquire_dirty(f.ino, "b"),
+        Err(MetaError::WouldBlock)
+    ));
+    // written back clean, taken again dirty by its holder: the same lease, dirty again
+    e.pcc_report(f.ino, "a", l.generation, false, 0, 1).unwrap();
+    assert!(!e.pcc_lease(f.ino).unwrap().unwrap().dirty);
+    let again = e.pcc_acquire_dirty(f.ino, "a").unwrap();
+    assert_eq!(again.generation, l.generation);
+    assert!(again.dirty && e.pcc_lease(f.ino).unwrap().unwrap().dirty);
+    // a file open in another client's session is refused, as by pcc_acquire, and stays unleased
+    let g = e
+        .create(ROOT_INO, b"pd2", &file(), Some(layout()), Some(b))
+        .unwrap();
+    assert!(matches!(
+        e.pcc_acquire_dirty(g.ino, "a"),
+        Err(MetaError::InUse)
+    ));
+    assert!(e.pcc_lease(g.ino).unwrap().is_none());
 }
 
 fn pcc_transitions_are_conditional_on_generation_and_dirty(e: &dyn MetaEngine) {

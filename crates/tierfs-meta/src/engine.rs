@@ -241,6 +241,10 @@ pub trait Pcc: Send + Sync {
     /// those writes); taking it again as the holder returns the held lease. A released HSM file
     /// is refused (`HsmError::Released`): it is restored first.
     fn pcc_acquire(&self, ino: Ino, client: &str) -> Result<PccLease>;
+    /// [`pcc_acquire`](Pcc::pcc_acquire) with the lease marked dirty ("may be dirty") in the
+    /// same transaction: for an owner about to hand out a writable descriptor of its cached
+    /// file at once (an attach at create), instead of a second transaction.
+    fn pcc_acquire_dirty(&self, ino: Ino, client: &str) -> Result<PccLease>;
     /// Opens a file as far as leases go, in ONE transaction: locks the inode, reads its lease
     /// and either records the open of `session` (with the changelog's OPEN record, as
     /// [`Sessions::open_file`]) or records nothing and returns the other client's lease

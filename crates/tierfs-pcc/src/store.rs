@@ -5,8 +5,16 @@
 //! other local users cannot read cached data behind the file permissions):
 //!
 //! - `data/<ino>`: the file's bytes (the backing file of FUSE passthrough);
-//! - `meta/<ino>.json`: mode (ro or rw), the data version (RO) or lease generation (RW), dirty,
-//!   pinned, last access; written to a temporary name, fsynced and renamed, so it is never torn;
+//! - `index`: what is known of every cached file (mode ro or rw, the data version (RO) or lease
+//!   generation (RW), dirty, pinned, last access...), as a journal: one JSON line per change
+//!   (`{"put":{entry}}` or `{"del":ino}`), each appended by one write(2) to a descriptor kept
+//!   open, so a change costs no open, no rename and no fsync, and a kill -9 of the daemon
+//!   never tears a line. It is fdatasynced when the application asks for durability (fsync of
+//!   a cached file: [`CacheStore::sync_entry`]) and rewritten whole (compacted: a temporary
+//!   file, fsynced, renamed over it) at open and when it holds many more lines than entries. A
+//!   line torn by power loss is skipped at load; data whose description was lost is kept
+//!   aside, never deleted. (Caches written by older versions, one `meta/<ino>.json` per
+//!   entry, are read at open and moved into the index.)
 //! - `quarantine/`: dirty RW data that could not be given back (the lease went elsewhere while
 //!   the daemon was down): kept for an operator, reported in the log.
 
@@ -99,7 +107,28 @@ pub struct CacheStore {
     /// only through writes, which the daemon sees end: at close). Summing these costs no
     /// system call, where measuring every file at every attach cost one per cached file.
     sizes: Mutex<HashMap<Ino, u64>>,
+    /// The index journal (see the module's header). Locked after `entries` (the one order),
+    /// so its lines are in the order the map changed.
+    journal: Mutex<Journal>,
 }
+
+/// The open index journal.
+struct Journal {
+    file: File,
+    /// Lines it holds (compacted when far more than the entries).
+    lines: usize,
+}
+
+/// One line of the index journal.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum Record {
+    Put(Entry),
+    Del(Ino),
+}
+
+/// The journal is compacted when it holds more lines than this many plus twice the entries.
+const COMPACT_SLACK: usize = 4096;
 
 fn io(p: &Path, e: std::io::Error) -> CacheError {
     CacheError::Io(p.display().to_string(), e)
@@ -110,7 +139,7 @@ impl CacheStore {
     /// entry a previous run left.
     pub fn open(dir: &Path, fs_uuid: &str, capacity: u64) -> Result<CacheStore> {
         let root = dir.join(fs_uuid);
-        for sub in ["data", "meta", "quarantine"] {
+        for sub in ["data", "quarantine"] {
             let p = root.join(sub);
             fs::DirBuilder::new()
                 .recursive(true)
@@ -123,13 +152,23 @@ impl CacheStore {
         for p in [dir.to_path_buf(), root.clone()] {
             let _ = fs::set_permissions(&p, fs::Permissions::from_mode(0o700));
         }
+        let map = Self::load(&root)?;
+        let file = Self::write_index(&root, &map)?;
+        // The older layout's descriptions are in the (durable) index now.
+        let legacy = root.join("meta");
+        if legacy.is_dir() {
+            let _ = fs::remove_dir_all(&legacy);
+        }
         let store = CacheStore {
+            journal: Mutex::new(Journal {
+                file,
+                lines: map.len(),
+            }),
             root,
             capacity,
-            entries: Mutex::new(HashMap::new()),
+            entries: Mutex::new(map),
             sizes: Mutex::new(HashMap::new()),
         };
-        store.load()?;
         let inos: Vec<Ino> = store.entries.lock().keys().copied().collect();
         for ino in inos {
             store.note_size(ino);
@@ -137,43 +176,72 @@ impl CacheStore {
         Ok(store)
     }
 
-    fn load(&self) -> Result<()> {
-        let meta = self.root.join("meta");
-        let mut map = self.entries.lock();
-        for de in fs::read_dir(&meta).map_err(|e| io(&meta, e))? {
-            let de = de.map_err(|e| io(&meta, e))?;
-            let p = de.path();
-            if p.extension().and_then(|e| e.to_str()) != Some("json") {
-                // A torn temporary from a crash: drop it.
-                let _ = fs::remove_file(&p);
-                continue;
+    /// Reads the entries a previous run left: the index journal, then descriptions in the
+    /// older layout (`meta/<ino>.json`) the index does not have; entries whose data is gone
+    /// are dropped, data nobody describes is kept aside (or removed when empty).
+    fn load(root: &Path) -> Result<HashMap<Ino, Entry>> {
+        let mut map = HashMap::new();
+        let index = root.join("index");
+        match fs::read(&index) {
+            Ok(bytes) => {
+                for (n, line) in bytes.split(|b| *b == b'\n').enumerate() {
+                    if line.is_empty() {
+                        continue;
+                    }
+                    match serde_json::from_slice::<Record>(line) {
+                        Ok(Record::Put(e)) => {
+                            map.insert(e.ino, e);
+                        }
+                        Ok(Record::Del(ino)) => {
+                            map.remove(&ino);
+                        }
+                        // A line torn by power loss: what it said is lost, as an unsynced
+                        // change is (data it described is kept aside below).
+                        Err(e) => tracing::warn!(
+                            "cache index {}: line {} unreadable, skipped: {e}",
+                            index.display(),
+                            n + 1
+                        ),
+                    }
+                }
             }
-            let parsed = fs::read(&p)
-                .ok()
-                .and_then(|b| serde_json::from_slice::<Entry>(&b).ok());
-            match parsed {
-                Some(e) if self.data_path(e.ino).exists() => {
-                    map.insert(e.ino, e);
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io(&index, e)),
+        }
+        let legacy = root.join("meta");
+        if let Ok(dir) = fs::read_dir(&legacy) {
+            for de in dir.flatten() {
+                let p = de.path();
+                if p.extension().and_then(|e| e.to_str()) != Some("json") {
+                    continue;
                 }
-                Some(e) => {
-                    tracing::warn!(ino = e.ino, "cache entry without data: dropped");
-                    let _ = fs::remove_file(&p);
-                }
-                None => {
-                    tracing::warn!("unreadable cache entry {}: dropped", p.display());
-                    let _ = fs::remove_file(&p);
+                match fs::read(&p)
+                    .ok()
+                    .and_then(|b| serde_json::from_slice::<Entry>(&b).ok())
+                {
+                    Some(e) => {
+                        map.entry(e.ino).or_insert(e);
+                    }
+                    None => tracing::warn!("unreadable cache entry {}: dropped", p.display()),
                 }
             }
         }
+        map.retain(|ino, _| {
+            let ok = root.join("data").join(ino.to_string()).exists();
+            if !ok {
+                tracing::warn!(ino, "cache entry without data: dropped");
+            }
+            ok
+        });
         // Data files nobody describes: an interrupted attach, or a description lost with
         // power. They may hold the only copy of written data, so they are kept aside, never
         // deleted.
-        let data = self.root.join("data");
+        let data = root.join("data");
         for de in fs::read_dir(&data).map_err(|e| io(&data, e))?.flatten() {
             let name = de.file_name();
             let ino = name.to_str().and_then(|s| s.parse::<u64>().ok());
             if ino.map(|i| !map.contains_key(&i)).unwrap_or(true) {
-                let dst = self.root.join("quarantine").join(format!(
+                let dst = root.join("quarantine").join(format!(
                     "{}-{}",
                     name.to_string_lossy(),
                     tierfs_meta::now_nanos()
@@ -186,32 +254,59 @@ impl CacheStore {
                 }
             }
         }
-        Ok(())
+        Ok(map)
+    }
+
+    /// Writes the index whole (every entry of `map`, one line each) under a temporary name,
+    /// fsyncs it, renames it over the index and fsyncs the directory; returns the new index
+    /// open for appending.
+    fn write_index(root: &Path, map: &HashMap<Ino, Entry>) -> Result<File> {
+        let tmp = root.join("index.tmp");
+        let index = root.join("index");
+        let mut buf = Vec::with_capacity(map.len() * 256);
+        for e in map.values() {
+            serde_json::to_writer(&mut buf, &Record::Put(e.clone())).expect("entries serialise");
+            buf.push(b'\n');
+        }
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)
+            .map_err(|e| io(&tmp, e))?;
+        f.write_all(&buf).map_err(|e| io(&tmp, e))?;
+        f.sync_all().map_err(|e| io(&tmp, e))?;
+        drop(f);
+        fs::rename(&tmp, &index).map_err(|e| io(&index, e))?;
+        File::open(root)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| io(root, e))?;
+        OpenOptions::new()
+            .append(true)
+            .open(&index)
+            .map_err(|e| io(&index, e))
     }
 
     pub fn data_path(&self, ino: Ino) -> PathBuf {
         self.root.join("data").join(ino.to_string())
     }
 
-    fn meta_path(&self, ino: Ino) -> PathBuf {
-        self.root.join("meta").join(format!("{ino}.json"))
-    }
-
-    /// Writes an entry's description in place: one small write, so a crash of the daemon does
-    /// not tear it, and no rename over the old one (ext4 flushes data synchronously on
-    /// rename-over, milliseconds per call). A description torn by power loss is caught at load:
-    /// its data file is kept aside, never deleted. [`CacheStore::sync_entry`] makes it durable.
-    fn persist(&self, e: &Entry) -> Result<()> {
-        let p = self.meta_path(e.ino);
-        let bytes = serde_json::to_vec(e).expect("entries serialise");
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&p)
-            .map_err(|er| io(&p, er))?;
-        f.write_all(&bytes).map_err(|er| io(&p, er))?;
+    /// Appends the change `rec` to the index journal (one write: a crash of the daemon does
+    /// not tear it; [`CacheStore::sync_entry`] makes it durable). Called with the entries'
+    /// lock held and `map` already changed, so the journal's order is the map's; compacts
+    /// the journal when it is long.
+    fn log(&self, map: &HashMap<Ino, Entry>, rec: &Record) -> Result<()> {
+        let mut line = serde_json::to_vec(rec).expect("entries serialise");
+        line.push(b'\n');
+        let mut j = self.journal.lock();
+        let index = self.root.join("index");
+        j.file.write_all(&line).map_err(|e| io(&index, e))?;
+        j.lines += 1;
+        if j.lines > COMPACT_SLACK + 2 * map.len() {
+            j.file = Self::write_index(&self.root, map)?;
+            j.lines = map.len();
+        }
         Ok(())
     }
 
@@ -223,19 +318,19 @@ impl CacheStore {
         }
     }
 
-    /// fsyncs an entry's description and the cache directories (the application asked for
-    /// durability).
-    pub fn sync_entry(&self, ino: Ino) -> Result<()> {
-        for p in [
-            self.meta_path(ino),
-            self.root.join("meta"),
-            self.root.join("data"),
-        ] {
-            if let Ok(f) = File::open(&p) {
-                f.sync_all().map_err(|e| io(&p, e))?;
-            }
+    /// Makes an entry's description durable (the application asked for durability): the
+    /// index journal (every change so far) and the data directory (the cached file's name).
+    pub fn sync_entry(&self, _ino: Ino) -> Result<()> {
+        {
+            let j = self.journal.lock();
+            j.file
+                .sync_data()
+                .map_err(|e| io(&self.root.join("index"), e))?;
         }
-        Ok(())
+        let data = self.root.join("data");
+        File::open(&data)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| io(&data, e))
     }
 
     pub fn get(&self, ino: Ino) -> Option<Entry> {
@@ -248,9 +343,18 @@ impl CacheStore {
 
     /// Records (and persists) an entry.
     pub fn put(&self, e: Entry) -> Result<()> {
-        self.persist(&e)?;
         let ino = e.ino;
-        self.entries.lock().insert(ino, e);
+        {
+            let mut map = self.entries.lock();
+            let old = map.insert(ino, e.clone());
+            if let Err(er) = self.log(&map, &Record::Put(e)) {
+                match old {
+                    Some(o) => map.insert(ino, o),
+                    None => map.remove(&ino),
+                };
+                return Err(er);
+            }
+        }
         self.note_size(ino);
         Ok(())
     }
@@ -259,10 +363,14 @@ impl CacheStore {
     /// (the map stays locked from read to write, so concurrent updates never lose each other).
     pub fn update(&self, ino: Ino, f: impl FnOnce(&mut Entry)) -> Result<Entry> {
         let mut map = self.entries.lock();
-        let mut e = map.get(&ino).cloned().ok_or(CacheError::NotCached(ino))?;
+        let old = map.get(&ino).cloned().ok_or(CacheError::NotCached(ino))?;
+        let mut e = old.clone();
         f(&mut e);
-        self.persist(&e)?;
         map.insert(ino, e.clone());
+        if let Err(er) = self.log(&map, &Record::Put(e.clone())) {
+            map.insert(ino, old);
+            return Err(er);
+        }
         Ok(e)
     }
 
@@ -291,10 +399,20 @@ impl CacheStore {
 
     /// Drops a cached file.
     pub fn remove(&self, ino: Ino) {
-        self.entries.lock().remove(&ino);
-        self.sizes.lock().remove(&ino);
-        let _ = fs::remove_file(self.meta_path(ino));
+        self.forget(ino);
         let _ = fs::remove_file(self.data_path(ino));
+    }
+
+    /// Drops an entry from the map and the index (a failed append is logged: the data file
+    /// goes after this, and an entry without data is dropped at the next load).
+    fn forget(&self, ino: Ino) {
+        let mut map = self.entries.lock();
+        if map.remove(&ino).is_some() {
+            if let Err(e) = self.log(&map, &Record::Del(ino)) {
+                tracing::warn!(ino, "cache index: {e}");
+            }
+        }
+        self.sizes.lock().remove(&ino);
     }
 
     /// Moves dirty data that cannot be given back out of the way, for an operator.
@@ -304,9 +422,7 @@ impl CacheStore {
             .join("quarantine")
             .join(format!("{ino}-{}", tierfs_meta::now_nanos()));
         let _ = fs::rename(self.data_path(ino), &dst);
-        self.entries.lock().remove(&ino);
-        self.sizes.lock().remove(&ino);
-        let _ = fs::remove_file(self.meta_path(ino));
+        self.forget(ino);
         dst
     }
 
@@ -408,7 +524,13 @@ mod tests {
             // whose description was lost (kept aside)
             s.create_data(8).unwrap();
             s.create_data(10).unwrap().write_all(b"orphan").unwrap();
-            std::fs::write(d.path().join("fs/meta/9.tmp"), b"{torn").unwrap();
+            // and a description torn by power loss (its data is kept aside too)
+            s.create_data(9).unwrap().write_all(b"torn").unwrap();
+            let mut ix = OpenOptions::new()
+                .append(true)
+                .open(d.path().join("fs/index"))
+                .unwrap();
+            ix.write_all(b"{\"put\":{\"ino\":9,\"mo").unwrap();
         }
         let s = CacheStore::open(d.path(), "fs", 1 << 20).unwrap();
         let e = s.get(7).unwrap();
@@ -417,21 +539,86 @@ mod tests {
         assert_eq!(std::fs::read(s.data_path(7)).unwrap(), b"hello");
         assert!(!s.data_path(8).exists());
         assert!(!s.data_path(10).exists());
+        assert!(s.get(9).is_none());
         let kept: Vec<_> = std::fs::read_dir(d.path().join("fs/quarantine"))
             .unwrap()
             .collect();
         assert_eq!(
             kept.len(),
-            1,
+            2,
             "undescribed data is quarantined, not deleted"
         );
-        assert!(!d.path().join("fs/meta/9.tmp").exists());
+        // the index was rewritten whole: the torn line is gone
+        let ix = std::fs::read_to_string(d.path().join("fs/index")).unwrap();
+        assert_eq!(ix.lines().count(), 1, "{ix}");
         use std::os::unix::fs::PermissionsExt;
         let mode = std::fs::metadata(d.path().join("fs"))
             .unwrap()
             .permissions()
             .mode();
         assert_eq!(mode & 0o777, 0o700);
+    }
+
+    #[test]
+    fn changes_are_one_journal_and_it_is_compacted() {
+        let d = tempfile::tempdir().unwrap();
+        let n = COMPACT_SLACK as u64 + 100;
+        {
+            let s = CacheStore::open(d.path(), "fs", 1 << 30).unwrap();
+            for ino in 1..=n {
+                s.create_data(ino).unwrap();
+                s.put(entry(ino, Mode::Rw, 1)).unwrap();
+                s.update(ino, |e| e.dirty = true).unwrap();
+                if ino % 2 == 0 {
+                    s.remove(ino);
+                }
+            }
+            // one local file per cached file: no description files
+            let files = std::fs::read_dir(d.path().join("fs")).unwrap().count();
+            assert_eq!(files, 3, "data, quarantine, index");
+            let lines = std::fs::read_to_string(d.path().join("fs/index"))
+                .unwrap()
+                .lines()
+                .count();
+            assert!(
+                lines <= COMPACT_SLACK + 2 * s.entries().len(),
+                "compacted: {lines} lines for {} entries",
+                s.entries().len()
+            );
+            assert!(lines > 0);
+        }
+        let s = CacheStore::open(d.path(), "fs", 1 << 30).unwrap();
+        assert_eq!(s.entries().len() as u64, n / 2);
+        for ino in 1..=n {
+            match s.get(ino) {
+                Some(e) => assert!(ino % 2 == 1 && e.dirty && e.mode == Mode::Rw),
+                None => assert_eq!(ino % 2, 0),
+            }
+        }
+    }
+
+    #[test]
+    fn descriptions_of_the_older_layout_are_moved_into_the_index() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path().join("fs");
+        std::fs::create_dir_all(root.join("meta")).unwrap();
+        std::fs::create_dir_all(root.join("data")).unwrap();
+        let mut e = entry(3, Mode::Rw, 7);
+        e.dirty = true;
+        e.generation = 4;
+        std::fs::write(root.join("meta/3.json"), serde_json::to_vec(&e).unwrap()).unwrap();
+        std::fs::write(root.join("data/3"), b"dirty bytes").unwrap();
+        std::fs::write(root.join("meta/5.json"), b"{torn").unwrap();
+        {
+            let s = CacheStore::open(d.path(), "fs", 1 << 20).unwrap();
+            assert_eq!(s.get(3), Some(e.clone()));
+            assert_eq!(s.entries().len(), 1);
+            assert!(!root.join("meta").exists(), "migrated: the old files go");
+        }
+        // and it stays there on the next open
+        let s = CacheStore::open(d.path(), "fs", 1 << 20).unwrap();
+        assert_eq!(s.get(3), Some(e));
+        assert_eq!(std::fs::read(s.data_path(3)).unwrap(), b"dirty bytes");
     }
 
     #[test]

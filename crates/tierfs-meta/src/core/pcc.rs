@@ -43,12 +43,9 @@ fn next_seq(tx: &mut dyn Tx) -> Result<u64> {
     )? as u64)
 }
 
-impl<D: Driver> Pcc for SqlMeta<D> {
-    fn pcc_lease(&self, ino: Ino) -> Result<Option<PccLease>> {
-        self.d.read(|tx| lease_of(tx, ino))
-    }
-
-    fn pcc_acquire(&self, ino: Ino, client: &str) -> Result<PccLease> {
+impl<D: Driver> SqlMeta<D> {
+    /// [`Pcc::pcc_acquire`], the lease taken dirty when `dirty` (one transaction).
+    fn acquire(&self, ino: Ino, client: &str, dirty: bool) -> Result<PccLease> {
         self.d.write(|tx| {
             let a = lock1(tx, ino)?;
             if a.kind != Kind::File {
@@ -61,10 +58,14 @@ impl<D: Driver> Pcc for SqlMeta<D> {
                 return Err(crate::hsm::HsmError::Released.into());
             }
             if let Some(l) = lease_of(tx, ino)? {
-                if l.client == client {
-                    return Ok(l);
+                if l.client != client {
+                    return Err(MetaError::WouldBlock);
                 }
-                return Err(MetaError::WouldBlock);
+                if dirty && !l.dirty {
+                    tx.exec("UPDATE pcc_leases SET dirty = 1 WHERE ino = $1", vals![ino])?;
+                    return Ok(PccLease { dirty: true, ..l });
+                }
+                return Ok(l);
             }
             // Opens are recorded under the inode's row lock, held here (PostgreSQL).
             if tx.exists(
@@ -83,12 +84,26 @@ impl<D: Driver> Pcc for SqlMeta<D> {
             let r = tx.one(
                 &format!(
                     "INSERT INTO pcc_leases (ino, client, generation, dirty, acquired, snapshot) \
-                     VALUES ($1, $2, $3, 0, $4, 0) RETURNING {LEASE_COLS}"
+                     VALUES ($1, $2, $3, $4, $5, 0) RETURNING {LEASE_COLS}"
                 ),
-                vals![ino, client, generation, now_nanos()],
+                vals![ino, client, generation, dirty as i64, now_nanos()],
             )?;
             lease_from_row(&r)
         })
+    }
+}
+
+impl<D: Driver> Pcc for SqlMeta<D> {
+    fn pcc_lease(&self, ino: Ino) -> Result<Option<PccLease>> {
+        self.d.read(|tx| lease_of(tx, ino))
+    }
+
+    fn pcc_acquire(&self, ino: Ino, client: &str) -> Result<PccLease> {
+        self.acquire(ino, client, false)
+    }
+
+    fn pcc_acquire_dirty(&self, ino: Ino, client: &str) -> Result<PccLease> {
+        self.acquire(ino, client, true)
     }
 
     fn pcc_open(
