@@ -111,9 +111,11 @@ impl FollowState {
             && now >= self.hold_until.load(Ordering::SeqCst)
     }
 
-    /// The TTL for a reply whose short TTL is `short`.
+    /// The TTL for a reply whose short TTL is `short`. A short TTL of 0 ("ask every time":
+    /// every operation sees every other client's committed changes at once) stays 0: the
+    /// follower's lag is a weaker bound than that.
     pub fn ttl(&self, short: Duration) -> Duration {
-        if self.keeping_up() {
+        if !short.is_zero() && self.keeping_up() {
             self.long_ttl.max(short)
         } else {
             short
@@ -475,6 +477,8 @@ mod tests {
         assert_eq!(s.ttl(short), short);
         s.succeeded(s.began());
         assert_eq!(s.ttl(short), Duration::from_secs(60));
+        // attr_ttl/entry_ttl = 0 asks every time, follower or not.
+        assert_eq!(s.ttl(Duration::ZERO), Duration::ZERO);
         // A read that began MAX_LAG ago and nothing since: short again.
         let s = FollowState::new(Duration::from_secs(60));
         let old = s.began();
