@@ -423,6 +423,7 @@ pub fn fsck(a: FsckArgs) -> Result<i32> {
         "HSM: request held by a dead agent",
         "HSM: archive copy missing or bad size",
         "HSM: archive unreachable",
+        "xattr count differs from xattrs",
     ];
     // What --repair does about each HSM problem (printed under the table when found).
     let hsm_fix: HashMap<&str, &str> = [
@@ -558,6 +559,17 @@ pub fn fsck(a: FsckArgs) -> Result<i32> {
                 if *dirty { kinds[9] } else { kinds[8] },
                 format!("client {client}, {}", path_or_ino(e, *ino)),
             ),
+            MetaIssue::XattrCount {
+                ino,
+                recorded,
+                actual,
+            } => (
+                kinds[19],
+                format!(
+                    "{}: recorded {recorded}, has {actual}",
+                    path_or_ino(e, *ino)
+                ),
+            ),
             other => match hsm_issue(e, other, &kinds) {
                 Some(x) => x,
                 None => continue,
@@ -599,6 +611,7 @@ pub fn fsck(a: FsckArgs) -> Result<i32> {
                 MetaIssue::StaleLock { .. } => kinds[7],
                 MetaIssue::StaleLease { dirty: false, .. } => kinds[8],
                 MetaIssue::StaleLease { dirty: true, .. } => continue,
+                MetaIssue::XattrCount { .. } => kinds[19],
                 other => match hsm_issue(e, other, &kinds) {
                     Some((k, _)) if k != kinds[12] => k,
                     _ => continue,

@@ -470,3 +470,86 @@ fn fsck_checks_and_repairs_hsm_state() {
     );
     assert!(flags(relnocopy).released());
 }
+
+/// fsck compares each inode's recorded xattr count (schema v9, which clients trust to answer
+/// getxattr without a read) with its xattrs, reports a difference either way by path, and
+/// --repair recounts it; a healthy filesystem with xattrs is clean.
+#[test]
+fn fsck_checks_and_repairs_xattr_counts() {
+    let mut fs = TestFs::new(1);
+    let meta = fs.meta_url();
+    if !meta.starts_with("sqlite://")
+        || std::process::Command::new("sqlite3")
+            .arg("-version")
+            .output()
+            .is_err()
+    {
+        eprintln!("skipped: damages the SQLite database with sqlite3");
+        return;
+    }
+    for n in ["hidden", "phantom", "fine"] {
+        fs::write(fs.p(0, n), b"x").unwrap();
+    }
+    for (n, names) in [
+        ("hidden", &["user.a", "user.b"][..]),
+        ("fine", &["user.c"][..]),
+    ] {
+        let c = cstr(&fs.p(0, n));
+        for name in names {
+            let k = std::ffi::CString::new(*name).unwrap();
+            // SAFETY: valid C strings and a buffer of the given length.
+            io_res(unsafe { libc::setxattr(c.as_ptr(), k.as_ptr(), b"v".as_ptr().cast(), 1, 0) })
+                .unwrap();
+        }
+    }
+    let ino = |n: &str| {
+        use std::os::unix::fs::MetadataExt;
+        fs::metadata(fs.p(0, n)).unwrap().ino()
+    };
+    let (hidden, phantom, fine) = (ino("hidden"), ino("phantom"), ino("fine"));
+    fs.umount(0);
+    let out = fs.tierfs(&["fsck", "--meta", &meta]);
+    assert_eq!(
+        out.code,
+        Some(0),
+        "healthy xattr counts: {}",
+        out.describe()
+    );
+
+    // The damage: a count of 0 over two xattrs (they would be hidden), and a count over none.
+    sql(
+        &meta,
+        &format!("UPDATE inodes SET xattr_count = 0 WHERE ino = {hidden}"),
+    );
+    sql(
+        &meta,
+        &format!("UPDATE inodes SET xattr_count = 3 WHERE ino = {phantom}"),
+    );
+    let out = fs.tierfs(&["fsck", "--meta", &meta]);
+    assert_eq!(out.code, Some(1), "{}", out.describe());
+    let t = &out.stdout;
+    assert_eq!(count_in(t, "xattr count differs from xattrs"), 2, "{t}");
+    assert!(
+        t.contains(&format!("/hidden (inode {hidden}): recorded 0, has 2")),
+        "{t}"
+    );
+
+    let out = fs.tierfs(&["fsck", "--meta", &meta, "--repair"]);
+    assert_eq!(out.code, Some(1), "{}", out.describe());
+    // The row reads: kind, COUNT, BYTES, REPAIRED, example.
+    let kind = "xattr count differs from xattrs";
+    let line = out.stdout.lines().find(|l| l.starts_with(kind)).unwrap();
+    assert_eq!(
+        line[kind.len()..].split_whitespace().nth(2),
+        Some("2"),
+        "repaired count: {line}"
+    );
+    let out = fs.tierfs(&["fsck", "--meta", &meta]);
+    assert_eq!(out.code, Some(0), "after --repair: {}", out.describe());
+    let e = tierfs_meta::open_engine(&meta).unwrap();
+    let counts: Vec<u32> = [hidden, phantom, fine]
+        .iter()
+        .map(|i| e.getattr(*i).unwrap().xattr_count)
+        .collect();
+    assert_eq!(counts, [2, 0, 1]);
+}

@@ -492,6 +492,15 @@ pub enum MetaIssue {
         client: String,
         dirty: bool,
     },
+    /// An inode's recorded number of extended attributes (`inodes.xattr_count`, schema v9)
+    /// differs from its rows in the xattrs table. Clients trust a recorded 0 to answer
+    /// getxattr/listxattr without a read and to skip the default-ACL lookup at create, so a
+    /// wrong 0 hides attributes (and a directory's default ACL) until repaired.
+    XattrCount {
+        ino: Ino,
+        recorded: u32,
+        actual: u32,
+    },
     /// HSM: a released file that still has slices or counts allocated bytes, with no restore
     /// running (a failed or canceled restore leaves its committed prefix). `archived`: its
     /// archive copy is recorded, so the slices can go (the copy holds the data).

@@ -513,6 +513,23 @@ impl<D: Driver> Admin for SqlMeta<D> {
                     Ok(())
                 },
             )?;
+            tx.query_each(
+                "SELECT i.ino, i.xattr_count, \
+                 (SELECT COUNT(*) FROM xattrs x WHERE x.ino = i.ino) FROM inodes i \
+                 WHERE i.xattr_count <> 0 OR i.ino IN (SELECT ino FROM xattrs) ORDER BY i.ino",
+                vals![],
+                &mut |r| {
+                    let (recorded, actual) = (r.u32(1)?, r.u32(2)?);
+                    if recorded != actual {
+                        out.push(MetaIssue::XattrCount {
+                            ino: ino_of(&r, 0)?,
+                            recorded,
+                            actual,
+                        });
+                    }
+                    Ok(())
+                },
+            )?;
             super::hsm::fsck_issues(tx, &mut out)?;
             Ok(out)
         })
@@ -595,6 +612,17 @@ impl<D: Driver> Admin for SqlMeta<D> {
                 if n > 0 {
                     tx.exec("DELETE FROM pcc_revokes WHERE ino = $1", vals![*ino])?;
                 }
+                Ok(n > 0)
+            }
+            MetaIssue::XattrCount { ino, .. } => {
+                lock_rows(tx, &[*ino])?;
+                let n = tx.exec(
+                    "UPDATE inodes SET xattr_count = \
+                     (SELECT COUNT(*) FROM xattrs x WHERE x.ino = inodes.ino) \
+                     WHERE ino = $1 AND xattr_count <> \
+                     (SELECT COUNT(*) FROM xattrs x WHERE x.ino = inodes.ino)",
+                    vals![*ino],
+                )?;
                 Ok(n > 0)
             }
             _ => super::hsm::fsck_repair(tx, issue),
