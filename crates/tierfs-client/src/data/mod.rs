@@ -890,12 +890,18 @@ impl DataPath {
             inner.pending_bytes += taken;
             inner.pending_end = inner.pending_end.max(end);
             self.metrics.commits_put_back.inc();
+        } else if result.is_ok() {
+            for (t, n) in reserved {
+                self.space.committed(t, n);
+            }
         } else {
+            // Not committed (the file is gone, or this client was fenced): the engine's
+            // figures are read again at the next check.
             for (t, n) in reserved {
                 self.space.release(t, n);
             }
+            self.space.invalidate();
         }
-        self.space.invalidate();
         let mut inner = st.inner.lock();
         if inner.pending.is_empty() {
             inner.pending_end = 0;

@@ -111,10 +111,66 @@ impl SpaceGuard {
         Ok(())
     }
 
+    /// A reservation whose bytes are now committed: they leave this client's reservations and
+    /// join the target's cached fill (used up, device space down), so the next check is as
+    /// strict as a refresh would make it without asking the engine and the device after every
+    /// commit of every small file. Conservative: inline bytes and overwritten ones count too,
+    /// until the next refresh (every `REFRESH`) reads the true figures.
+    pub fn committed(&self, target: u32, len: u64) {
+        self.release(target, len);
+        let mut g = self.fills.lock();
+        if let Some(f) = g.1.get_mut(&target) {
+            f.used = f.used.saturating_add(len);
+            f.device_avail = f.device_avail.saturating_sub(len);
+        }
+    }
+
     pub fn release(&self, target: u32, len: u64) {
         let mut r = self.reserved.lock();
         if let Some(v) = r.get_mut(&target) {
             *v = v.saturating_sub(len);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tierfs_meta::{format_engine, FormatParams};
+
+    /// Committed bytes count against a target at once, without a refresh from the engine
+    /// (whose figures this test never changes, so a refresh would forget them).
+    #[test]
+    fn committed_bytes_count_until_the_next_refresh() {
+        let dir = tempfile::tempdir().unwrap();
+        let ost = dir.path().join("ost0");
+        std::fs::create_dir_all(&ost).unwrap();
+        let url = format!("file://{}", ost.display());
+        let meta = format_engine(
+            &format!("sqlite://{}", dir.path().join("meta.db").display()),
+            &FormatParams {
+                name: "space".into(),
+                targets: vec![(url.clone(), 1 << 20)],
+                stripe_count: 1,
+                stripe_size: 1 << 20,
+                inline_threshold: 0,
+                force: false,
+            },
+        )
+        .unwrap();
+        let id = meta.targets().unwrap()[0].id;
+        let targets = Arc::new(TargetSet::open(&[(id, url, 1 << 20)]).unwrap());
+        let g = SpaceGuard::new(meta, targets);
+        g.reserve(id, 600 << 10).unwrap();
+        g.committed(id, 600 << 10);
+        assert!(
+            g.reserve(id, 600 << 10).is_err(),
+            "1.2 MiB on a target of 1 MiB"
+        );
+        g.reserve(id, 400 << 10).unwrap();
+        g.release(id, 400 << 10);
+        // A refresh reads the engine's figures again (here: nothing committed there).
+        g.invalidate();
+        g.reserve(id, 600 << 10).unwrap();
     }
 }
