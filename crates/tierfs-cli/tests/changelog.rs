@@ -34,11 +34,7 @@ fn has(v: &[serde_json::Value], typ: &str, ino: u64, client: &str) -> Option<ser
 /// mount's `.tierfs-info`: none when the clients do not follow.
 fn follower_readers(t: &TestFs) -> Vec<String> {
     (0..t.mnts.len())
-        .filter_map(|i| {
-            let text = fs::read_to_string(t.p(i, ".tierfs-info")).unwrap();
-            let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-            v["follow_reader"].as_str().map(str::to_string)
-        })
+        .filter_map(|i| t.follow_reader(i))
         .collect()
 }
 

@@ -831,6 +831,16 @@ impl TestFs {
             .unwrap_or_else(|| panic!("no pid in {}: {text}", p.display())) as i32
     }
 
+    /// The changelog reader (`cl<N>`) client `i`'s change follower reads with now, from the
+    /// mount's `.tierfs-info`; None when the client does not follow (`follow_changes`).
+    pub fn follow_reader(&self, i: usize) -> Option<String> {
+        let p = self.mnts[i].join(".tierfs-info");
+        let text = fs::read_to_string(&p).unwrap_or_else(|e| panic!("read {}: {e}", p.display()));
+        let v: serde_json::Value = serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("{} is not JSON ({e}): {text}", p.display()));
+        v["follow_reader"].as_str().map(str::to_string)
+    }
+
     /// kill -9 client `i`'s daemon and wait until it is gone and its mount is dead (ENOTCONN:
     /// every thread has exited and closed its /dev/fuse descriptor). The probe is a `statfs`,
     /// which the kernel always sends to the daemon, whereas a `stat` of the mount's root is
