@@ -5,6 +5,7 @@
 #   scripts/follow-cost.sh BIN [FILES_PER_BURST=2000] [ROUNDS=6] [FILE_SIZE=0]
 # (docs/benchmarks.md, "Following other clients", "On by default")
 set -euo pipefail
+[ $# -ge 1 ] && [ -x "$1" ] || { echo "usage: scripts/follow-cost.sh TIERFS_BIN [FILES_PER_BURST] [ROUNDS] [FILE_SIZE]" >&2; exit 2; }
 BIN=$1; PER=${2:-2000}; ROUNDS=${3:-6}; SIZE=${4:-0}
 W=$(mktemp -d /var/tmp/tierfs-fcost.XXXXXX)
 cleanup() { for m in "$W"/*/m0 "$W"/*/m1; do [ -d "$m" ] && { "$BIN" umount "$m" 2>/dev/null || true; }; done; rm -rf "$W"; }
