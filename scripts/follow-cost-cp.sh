@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# `cp -a` of /usr/include inside a one-client mount, follow_changes = false vs true (two fresh
+# `tar xf` of /usr/include (+ sync) and `cp -a` of it inside a one-client mount,
+# follow_changes = false vs true (two fresh
 # filesystems), alternating rounds (the order flips each round) so drift falls on both sides.
 #
 #   scripts/follow-cost-cp.sh TIERFS_BIN [ROUNDS=4]   (docs/benchmarks.md, "On by default")
@@ -21,7 +22,10 @@ done
 for r in $(seq 1 $ROUNDS); do
   if [ $((r % 2)) = 1 ]; then order="off on"; else order="on off"; fi
   for mode in $order; do
-    sync; s=$(date +%s.%N); cp -a $W/$mode/m0/include $W/$mode/m0/copy$r; e=$(date +%s.%N)
+    sync; mkdir $W/$mode/m0/u$r
+    s=$(date +%s.%N); tar xf $W/inc.tar -C $W/$mode/m0/u$r; sync; e=$(date +%s.%N)
+    echo "round $r $mode tar xf + sync $(echo "$e - $s" | bc) s"
+    s=$(date +%s.%N); cp -a $W/$mode/m0/include $W/$mode/m0/copy$r; e=$(date +%s.%N)
     echo "round $r $mode cp -a $(echo "$e - $s" | bc) s"
   done
 done
