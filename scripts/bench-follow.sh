@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Issue 14, "long kernel TTLs made safe": the same tierfs binary mounted with the default TTLs
-# (1 s) and with `follow_changes = true` (follow_ttl 30 s), one after the other, on a fresh
+# Issue 14, "long kernel TTLs made safe": the same tierfs binary mounted with
+# `follow_changes = false` (the 1 s TTLs) and with `follow_changes = true` (the default since
+# 2026-11-24; follow_ttl 30 s), one after the other, on a fresh
 # SQLite filesystem each, one local-directory target, no PCC. Per mode:
 #   - create N (10,000) empty files in one directory (mdtest's create phase, one process);
 #   - stat each of them once (mdtest's stat phase, right after the create phase), and again 2 s
@@ -70,7 +71,7 @@ EOF
   "$BIN" umount "$d/m0"
 }
 
-echo "default TTLs (attr_ttl = entry_ttl = 1 s), $FILES files:"
-run default ""
-echo "follow_changes = true (follow_ttl = 30 s), $FILES files:"
+echo "follow_changes = false: attr_ttl = entry_ttl = 1 s, $FILES files:"
+run default $'follow_changes = false\n'
+echo "follow_changes = true (the default; follow_ttl = 30 s), $FILES files:"
 run follow $'follow_changes = true\n'

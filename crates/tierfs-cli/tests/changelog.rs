@@ -30,6 +30,28 @@ fn has(v: &[serde_json::Value], typ: &str, ino: u64, client: &str) -> Option<ser
         .cloned()
 }
 
+/// The changelog readers of the mounts' change followers (`follow_changes`), from each
+/// mount's `.tierfs-info`: none when the clients do not follow.
+fn follower_readers(t: &TestFs) -> Vec<String> {
+    (0..t.mnts.len())
+        .filter_map(|i| t.follow_reader(i))
+        .collect()
+}
+
+/// The names `tierfs changelog readers` lists.
+fn listed_readers(t: &TestFs) -> Vec<String> {
+    let out = t.tierfs(&["changelog", "readers", "--meta", &t.meta_url()]);
+    out.assert_ok();
+    out.stdout
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|w| w.starts_with("cl") && w[2..].parse::<u64>().is_ok())
+        .map(str::to_string)
+        .collect()
+}
+
+/// With `follow_changes` on (`TIERFS_IT_CLIENT_CONFIG`), each client has a reader of its own
+/// besides the test's: those are checked to exist and are told apart from the test's reader.
 #[test]
 fn two_clients_one_reader() {
     let mut t = TestFs::with(Opts {
@@ -47,11 +69,16 @@ fn two_clients_one_reader() {
         ..Default::default()
     });
     let url = t.meta_url();
-    // Before any reader: changes write nothing.
+    // The clients' own readers, if they follow: registered at mount, so listed.
+    let followers = follower_readers(&t);
+    assert_eq!(listed_readers(&t), followers);
+    // Before any reader (of the test's): what it reads starts after its registration.
     fs::write(t.p(0, "before"), b"x").unwrap();
     let reg = t.tierfs(&["changelog", "register", "--meta", &url]);
     reg.assert_ok();
-    assert_eq!(reg.stdout.trim(), "cl1");
+    let cl = format!("cl{}", followers.len() + 1);
+    assert_eq!(reg.stdout.trim(), cl);
+    let cl = cl.as_str();
 
     // c0: a root process with a job id in its environment writes a file.
     let st = Command::new("sh")
@@ -78,7 +105,7 @@ fn two_clients_one_reader() {
     // Closes reach the engine in batches: wait until both CLOSE records are there.
     let mut v = Vec::new();
     let seen = wait_until(Duration::from_secs(10), || {
-        v = records(&t, &["--reader", "cl1"]);
+        v = records(&t, &["--reader", cl]);
         has(&v, "CLOSE", f0, "c0").is_some() && has(&v, "CLOSE", f1, "c1").is_some()
     });
     assert!(seen, "both clients' closes never showed up: {v:#?}");
@@ -135,7 +162,7 @@ fn two_clients_one_reader() {
     );
 
     // Text output: one line per record, Lustre's layout.
-    let text = t.tierfs(&["changelog", "--meta", &url, "--reader", "cl1"]);
+    let text = t.tierfs(&["changelog", "--meta", &url, "--reader", cl]);
     text.assert_ok();
     assert_eq!(text.stdout.lines().count(), v.len(), "{}", text.stdout);
     assert!(
@@ -146,24 +173,32 @@ fn two_clients_one_reader() {
         text.stdout
     );
 
-    // Clear everything: the reader reads nothing more, and the records are purged.
-    let clear = t.tierfs(&["changelog", "clear", "cl1", "0", "--meta", &url]);
+    // Clear everything: the reader reads nothing more, and once every reader has cleared
+    // (the followers' too: cleared here by hand, as a follower clears only up to the last
+    // record of its own mask), the records are purged.
+    let clear = t.tierfs(&["changelog", "clear", cl, "0", "--meta", &url]);
     clear.assert_ok();
-    assert!(records(&t, &["--reader", "cl1"]).is_empty());
+    assert!(records(&t, &["--reader", cl]).is_empty());
+    for f in &followers {
+        t.tierfs(&["changelog", "clear", f, "0", "--meta", &url])
+            .assert_ok();
+    }
     assert!(
         records(&t, &[]).is_empty(),
         "cleared by every reader: purged"
     );
-    let readers = t.tierfs(&["changelog", "readers", "--meta", &url]);
-    readers.assert_ok();
-    assert!(readers.stdout.contains("cl1"), "{}", readers.stdout);
+    let mut all = followers.clone();
+    all.push(cl.to_string());
+    assert_eq!(listed_readers(&t), all);
     let status = t.tierfs(&["status", "--meta", &url]);
     status.assert_ok();
-    assert!(
-        status.stdout.contains("changelog:  1 reader (cl1)"),
-        "{}",
-        status.stdout
+    let line = format!(
+        "changelog:  {} reader{} ({})",
+        all.len(),
+        if all.len() == 1 { "" } else { "s" },
+        all.join(", ")
     );
+    assert!(status.stdout.contains(&line), "{line}:\n{}", status.stdout);
 
     // --follow prints a record committed after it started, from another client.
     let bin = env!("CARGO_BIN_EXE_tierfs");
@@ -173,7 +208,7 @@ fn two_clients_one_reader() {
             "--meta",
             &url,
             "--reader",
-            "cl1",
+            cl,
             "--json",
             "--follow",
         ])
@@ -206,14 +241,20 @@ fn two_clients_one_reader() {
     let _ = child.wait();
     assert!(got.is_some(), "--follow never printed the new record");
 
-    let dereg = t.tierfs(&["changelog", "deregister", "cl1", "--meta", &url]);
+    let dereg = t.tierfs(&["changelog", "deregister", cl, "--meta", &url]);
     dereg.assert_ok();
     let readers = t.tierfs(&["changelog", "readers", "--meta", &url]);
-    assert!(
-        readers.stdout.contains("readers: none"),
-        "{}",
-        readers.stdout
-    );
+    readers.assert_ok();
+    if followers.is_empty() {
+        assert!(
+            readers.stdout.contains("readers: none"),
+            "{}",
+            readers.stdout
+        );
+    } else {
+        // the followers' readers stay
+        assert_eq!(listed_readers(&t), followers, "{}", readers.stdout);
+    }
 }
 
 #[test]

@@ -5,10 +5,11 @@
 //! client_name = "node17"       # default: the host name
 //! attr_ttl = 1.0               # seconds the kernel caches attributes (and the daemon "no xattrs")
 //! entry_ttl = 1.0              # seconds the kernel caches names
-//! follow_changes = false       # follow the other clients' changes (a changelog reader of this
+//! follow_changes = true        # follow the other clients' changes (a changelog reader of this
 //!                              # client) and invalidate the kernel's names and attributes they
 //!                              # make stale; replies then carry follow_ttl while the follower
-//!                              # keeps up (docs/semantics.md, "Following other clients")
+//!                              # keeps up (docs/semantics.md, "Following other clients");
+//!                              # false: attr_ttl/entry_ttl only, and no changelog reader
 //! follow_ttl = 30.0            # seconds the kernel caches names and attributes while following
 //! fuse_threads = 8             # threads serving FUSE requests
 //! dirty_limit_mb = 64          # commit buffered writes of a file past this
@@ -162,7 +163,7 @@ impl Default for ClientConfig {
             client_name: None,
             attr_ttl: 1.0,
             entry_ttl: 1.0,
-            follow_changes: false,
+            follow_changes: true,
             follow_ttl: 30.0,
             fuse_threads: 8,
             dirty_limit_mb: 64,
@@ -306,10 +307,11 @@ mod tests {
         assert!(e.contains("no_such_key"), "{e}");
         assert!(ClientConfig::from_toml("attr_ttl = -1.0").is_err());
         assert!(ClientConfig::from_toml("follow_ttl = -1.0").is_err());
-        let c = ClientConfig::from_toml("follow_changes = true\nfollow_ttl = 120.0").unwrap();
-        assert!(c.follow_changes);
+        let c = ClientConfig::from_toml("follow_changes = false\nfollow_ttl = 120.0").unwrap();
+        assert!(!c.follow_changes);
         assert_eq!(c.follow_ttl, 120.0);
-        assert!(!ClientConfig::default().follow_changes);
+        assert!(ClientConfig::default().follow_changes);
+        assert!(ClientConfig::from_toml("").unwrap().follow_changes);
         assert!(ClientConfig::from_toml("fuse_threads = 0").is_err());
         assert!(ClientConfig::from_toml("attr_ttl = \"x\"").is_err());
     }

@@ -97,12 +97,19 @@ fn unescape_mount_path(s: &str) -> String {
         .replace("\\134", "\\")
 }
 
-/// A FUSE mount whose daemon is gone answers ENOTCONN.
+/// A FUSE mount whose daemon is gone answers ENOTCONN. The probe is a `statfs`, which the
+/// kernel always sends to the daemon: a `stat` of the mount's root is answered from the
+/// kernel's attribute cache while its TTL lasts (with `follow_changes`, `follow_ttl`), dead
+/// daemon or not.
 pub fn is_dead_mount(path: &Path) -> bool {
-    match std::fs::metadata(path) {
-        Err(e) => e.raw_os_error() == Some(libc::ENOTCONN),
-        Ok(_) => false,
-    }
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: c is a valid NUL-terminated path; st is written by the call only.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    let r = unsafe { libc::statfs(c.as_ptr(), &mut st) };
+    r != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOTCONN)
 }
 
 /// Detaches a mount (lazily, so a dead or busy one goes too).
@@ -379,6 +386,7 @@ pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Resul
                 let state = crate::workers::follow::FollowState::new(Duration::from_secs_f64(
                     cfg.follow_ttl,
                 ));
+                state.set_reader(reader);
                 fs.follow = Some(Arc::clone(&state));
                 tracing::info!(
                     "following other clients' changes (changelog reader cl{reader}): names and \

@@ -2259,6 +2259,13 @@ impl Filesystem for TierFs {
                 match serde_json::from_str::<serde_json::Value>(&self.info_json) {
                     Ok(mut v) if v.get("session").is_some() => {
                         v["session"] = self.session.id().into();
+                        // and the change follower's changelog reader now (null: not following)
+                        v["follow_reader"] = self
+                            .follow
+                            .as_ref()
+                            .and_then(|f| f.reader())
+                            .map(|r| format!("cl{r}"))
+                            .into();
                         v.to_string().into_bytes()
                     }
                     _ => self.info_json.clone().into_bytes(),

@@ -831,8 +831,21 @@ impl TestFs {
             .unwrap_or_else(|| panic!("no pid in {}: {text}", p.display())) as i32
     }
 
+    /// The changelog reader (`cl<N>`) client `i`'s change follower reads with now, from the
+    /// mount's `.tierfs-info`; None when the client does not follow (`follow_changes`).
+    pub fn follow_reader(&self, i: usize) -> Option<String> {
+        let p = self.mnts[i].join(".tierfs-info");
+        let text = fs::read_to_string(&p).unwrap_or_else(|e| panic!("read {}: {e}", p.display()));
+        let v: serde_json::Value = serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("{} is not JSON ({e}): {text}", p.display()));
+        v["follow_reader"].as_str().map(str::to_string)
+    }
+
     /// kill -9 client `i`'s daemon and wait until it is gone and its mount is dead (ENOTCONN:
-    /// every thread has exited and closed its /dev/fuse descriptor).
+    /// every thread has exited and closed its /dev/fuse descriptor). The probe is a `statfs`,
+    /// which the kernel always sends to the daemon, whereas a `stat` of the mount's root is
+    /// answered from the kernel's cache for as long as the attribute TTL (with
+    /// `follow_changes`, `follow_ttl`: 30 s) even after the connection is gone.
     pub fn kill9(&self, i: usize) {
         let pid = self.daemon_pid(i);
         unsafe { libc::kill(pid, libc::SIGKILL) };
@@ -842,10 +855,12 @@ impl TestFs {
         );
         let mnt = self.mnts[i].clone();
         let t0 = Instant::now();
-        let dead = wait_until(
-            Duration::from_secs(20),
-            || matches!(fs::metadata(&mnt), Err(e) if e.raw_os_error() == Some(libc::ENOTCONN)),
-        );
+        let c = CString::new(mnt.as_os_str().as_bytes()).unwrap();
+        let dead = wait_until(Duration::from_secs(20), || {
+            let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+            let r = unsafe { libc::statfs(c.as_ptr(), &mut st) };
+            r != 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ENOTCONN)
+        });
         let threads = fs::read_dir(format!("/proc/{pid}/task"))
             .map(|d| d.count())
             .unwrap_or(0);

@@ -68,6 +68,8 @@ pub struct FollowState {
     last_ok: AtomicU64,
     /// Not keeping up before this (ns after `epoch`): records may have been lost.
     hold_until: AtomicU64,
+    /// The id of the follower's changelog reader now (0: none yet), shown in `.tierfs-info`.
+    reader: AtomicU64,
 }
 
 impl FollowState {
@@ -77,7 +79,18 @@ impl FollowState {
             epoch: Instant::now(),
             last_ok: AtomicU64::new(0),
             hold_until: AtomicU64::new(0),
+            reader: AtomicU64::new(0),
         })
+    }
+
+    /// The follower reads with changelog reader `cl<id>` from now on.
+    pub fn set_reader(&self, id: u64) {
+        self.reader.store(id, Ordering::SeqCst);
+    }
+
+    /// The follower's changelog reader now (`cl<id>`), if any.
+    pub fn reader(&self) -> Option<u64> {
+        Some(self.reader.load(Ordering::SeqCst)).filter(|&r| r != 0)
     }
 
     fn now(&self) -> u64 {
@@ -275,6 +288,7 @@ impl Follower {
         // A reader dropped for idleness stays listed (with a warning in `tierfs status`)
         // until deregistered: this one was ours, so dismiss it (gone already: nothing to do).
         let _ = self.meta.changelog_deregister(old);
+        self.state.set_reader(self.reader);
         self.last = 0;
         self.cleared = 0;
         self.state.lost_records();
