@@ -373,7 +373,10 @@ fn print_readers(st: &ChangelogStatus, now: Nanos) {
                     (r.idle_ns / 1_000_000_000).max(0) as u64
                 ))
                 .to_string(),
-                Mask(r.mask)
+                match &r.follower_of {
+                    Some(c) => format!("{} (change follower of client {c})", Mask(r.mask)),
+                    None => Mask(r.mask).to_string(),
+                }
             );
         }
     }

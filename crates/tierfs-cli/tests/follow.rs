@@ -217,3 +217,48 @@ fn a_follower_whose_reader_is_gone_registers_again_and_goes_on() {
     t.umount(b);
     t.umount(a);
 }
+
+/// A client alone on a filesystem writes no changelog records for its own follower (schema
+/// v10: a follower's reader does not want its own client's records); once a second client
+/// follows, the first one's changes are recorded for it.
+#[test]
+fn a_lone_client_records_nothing_and_a_second_follower_gets_its_changes() {
+    let mut t = TestFs::with(Opts {
+        clients: 0,
+        ..Opts::default()
+    });
+    let url = t.meta_url();
+    let a = t.mount_with(&following("a"));
+    let records = |t: &TestFs| {
+        let o = t.tierfs(&["changelog", "--meta", &url]);
+        o.assert_ok();
+        o.stdout
+    };
+    fs::create_dir(t.p(a, "d")).unwrap();
+    fs::write(t.p(a, "d/f"), b"12345").unwrap();
+    fs::set_permissions(t.p(a, "d/f"), fs::Permissions::from_mode(0o600)).unwrap();
+    setxattr(&t.p(a, "d/f"), "user.k", b"v").unwrap();
+    fs::rename(t.p(a, "d/f"), t.p(a, "d/g")).unwrap();
+    assert_eq!(records(&t), "", "a alone: no records");
+    let readers = t.tierfs(&["changelog", "readers", "--meta", &url]);
+    readers.assert_ok();
+    assert!(
+        readers.stdout.contains("(change follower of client a)"),
+        "{}",
+        readers.stdout
+    );
+
+    let b = t.mount_with(&following("b"));
+    fs::write(t.p(a, "d/h"), b"1").unwrap();
+    let text = records(&t);
+    assert!(
+        text.lines()
+            .any(|l| l.contains("CREAT") && l.contains(" h")),
+        "a's create once b follows:\n{text}"
+    );
+    assert!(text.lines().all(|l| l.contains("c=a")), "{text}");
+    // and b sees it (through its follower or its TTL)
+    assert!(wait_until(Duration::from_secs(5), || exists(
+        &t.p(b, "d/h")
+    )));
+}

@@ -381,7 +381,7 @@ pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Resul
     // Following the other clients' changes: the reader is registered before anything is
     // served, so no change made after the mount is missed.
     let follow = if cfg.follow_changes {
-        match crate::workers::follow::register(meta.as_ref()) {
+        match crate::workers::follow::register(meta.as_ref(), &client_name) {
             Ok(reader) => {
                 let state = crate::workers::follow::FollowState::new(Duration::from_secs_f64(
                     cfg.follow_ttl,

@@ -324,6 +324,9 @@ pub struct ChangelogReader {
     pub last_used: Nanos,
     /// Deregistered when idle (not used) for this long.
     pub idle_ns: i64,
+    /// The client whose change follower this reader is (its own records are not written for
+    /// it), or `None` for an ordinary reader.
+    pub follower_of: Option<String>,
 }
 
 impl ChangelogReader {

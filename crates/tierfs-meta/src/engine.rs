@@ -391,6 +391,11 @@ pub trait Changelog: Send + Sync {
     /// record written so far; a reader that neither clears nor reads (with its id) for `idle`
     /// is deregistered ([`Changelog::changelog_expire`]). Returns its id (`cl<id>`).
     fn changelog_register(&self, mask: Mask, idle: Duration) -> Result<u64>;
+    /// Registers the reader of `client`'s change follower: as [`Changelog::changelog_register`],
+    /// but the records `client` itself makes (HSM records apart) are not written for this
+    /// reader, since that client's kernel saw those changes. A record nobody else wants is not
+    /// written at all, so a client alone on a filesystem pays nothing for following.
+    fn changelog_register_follower(&self, mask: Mask, idle: Duration, client: &str) -> Result<u64>;
     /// Deregisters a reader and purges records no remaining reader needs; returns how many
     /// went. An unknown reader is [`crate::changelog::ChangelogError::UnknownReader`]; a reader dropped for
     /// idleness is forgotten (its warning in `tierfs status` ends).

@@ -351,6 +351,7 @@ impl Admin for FaultyEngine {
 impl Changelog for FaultyEngine {
     guarded! {
         fn changelog_register(&self, mask: Mask, idle: Duration) -> Result<u64>;
+        fn changelog_register_follower(&self, mask: Mask, idle: Duration, client: &str) -> Result<u64>;
         fn changelog_deregister(&self, reader: u64) -> Result<u64>;
         fn changelog_clear(&self, reader: u64, endrec: u64) -> Result<u64>;
         fn changelog_read(&self, reader: Option<u64>, mask: Mask, start: u64, end: u64, limit: usize) -> Result<Vec<ChangelogRecord>>;

@@ -199,9 +199,11 @@ pub fn concerns(r: &ChangelogRecord, me: &str) -> bool {
 }
 
 /// Registers the follower's changelog reader: at mount, before anything is served, so that no
-/// change made after the mount can be missed.
-pub fn register(meta: &dyn MetaEngine) -> tierfs_meta::Result<u64> {
-    meta.changelog_register(mask(), READER_IDLE)
+/// change made after the mount can be missed. As `client`'s follower: the records this
+/// client makes itself are not written for it (it skips them anyway, [`concerns`]), so a
+/// client alone on a filesystem writes none.
+pub fn register(meta: &dyn MetaEngine, client: &str) -> tierfs_meta::Result<u64> {
+    meta.changelog_register_follower(mask(), READER_IDLE, client)
 }
 
 /// The `change-follower` worker.
@@ -283,7 +285,7 @@ impl Follower {
             "change follower: its changelog reader is gone ({why}); registering a new one"
         );
         let old = self.reader;
-        self.reader = register(self.meta.as_ref())
+        self.reader = register(self.meta.as_ref(), &self.client)
             .map_err(|e| format!("cannot register a changelog reader: {e}"))?;
         // A reader dropped for idleness stays listed (with a warning in `tierfs status`)
         // until deregistered: this one was ours, so dismiss it (gone already: nothing to do).

@@ -143,7 +143,8 @@ impl<'a> Rec<'a> {
 const INSERT_SQLITE: &str = "INSERT INTO changelog \
     (time, type, flags, target, parent, name, sparent, sname, uid, gid, client, jobid) \
     SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12 \
-    WHERE EXISTS (SELECT 1 FROM changelog_readers WHERE state = 0 AND (mask & $13) <> 0)";
+    WHERE EXISTS (SELECT 1 FROM changelog_readers WHERE state = 0 AND (mask & $13) <> 0 \
+    AND (follower_of IS NULL OR follower_of <> $11 OR $2 = 16))";
 
 // The gate's WHERE is evaluated before its select list, so the lock is taken (and the NOTIFY
 // on [`NOTIFY_CHANNEL`] sent) only when a reader wants the record; the index (`nextval`, in the outer select list) is drawn for the
@@ -154,11 +155,14 @@ const INSERT_PG: &str = "INSERT INTO changelog \
     $7::BIGINT, $8::BYTEA, $9::BIGINT, $10::BIGINT, $11::TEXT, $12::TEXT \
     FROM (SELECT pg_advisory_xact_lock(7882522153839479911) AS locked, \
     pg_notify('tierfs_changelog', '') AS notified \
-    WHERE EXISTS (SELECT 1 FROM changelog_readers WHERE state = 0 AND (mask & $13::BIGINT) <> 0)) \
+    WHERE EXISTS (SELECT 1 FROM changelog_readers WHERE state = 0 AND (mask & $13::BIGINT) <> 0 \
+    AND (follower_of IS NULL OR follower_of <> $11::TEXT OR $2::INTEGER = 16))) \
     AS gate";
 
 /// Writes `rec` in the caller's transaction if a registered reader's mask includes its type
-/// (one statement; nothing is written otherwise). The record names the caller of this thread
+/// and the reader is not the change follower of the client making the record (HSM records
+/// excepted: `16` in the gates is [`RecordType::Hsm`]) (one statement; nothing is written
+/// otherwise). The record names the caller of this thread
 /// (`crate::changelog::for_ino`). Returns whether a record was written.
 pub fn record(tx: &mut dyn Tx, rec: &Rec<'_>) -> Result<bool> {
     let c = for_ino(rec.target);
@@ -200,17 +204,23 @@ pub fn record_all(tx: &mut dyn Tx, recs: &[Rec<'_>]) -> Result<()> {
         [] => Ok(()),
         [one] => record(tx, one).map(|_| ()),
         _ => {
-            let mut wanted = 0i64;
+            // (mask, the client it follows) of each active reader
+            let mut readers: Vec<(i64, Option<String>)> = Vec::new();
             tx.query_each(
-                "SELECT mask FROM changelog_readers WHERE state = 0",
+                "SELECT mask, follower_of FROM changelog_readers WHERE state = 0",
                 vals![],
                 &mut |r| {
-                    wanted |= r.i64(0)?;
+                    readers.push((r.i64(0)?, r.opt_text(1)?));
                     Ok(())
                 },
             )?;
             for r in recs {
-                if wanted & r.typ.bit() != 0 {
+                let me = for_ino(r.target).client_name();
+                let wanted = readers.iter().any(|(mask, follows)| {
+                    mask & r.typ.bit() != 0
+                        && (r.typ == RecordType::Hsm || follows.as_deref() != Some(&*me))
+                });
+                if wanted {
                     record(tx, r)?;
                 }
             }
@@ -264,7 +274,7 @@ fn purge(tx: &mut dyn Tx) -> Result<u64> {
     Ok(n)
 }
 
-const READER_COLS: &str = "id, mask, cleared, registered, last_used, idle_ns";
+const READER_COLS: &str = "id, mask, cleared, registered, last_used, idle_ns, follower_of";
 
 fn reader_from_row(r: &Row) -> Result<ChangelogReader> {
     Ok(ChangelogReader {
@@ -274,19 +284,20 @@ fn reader_from_row(r: &Row) -> Result<ChangelogReader> {
         registered: r.i64(3)?,
         last_used: r.i64(4)?,
         idle_ns: r.i64(5)?,
+        follower_of: r.opt_text(6)?,
     })
 }
 
 /// An active reader, or why there is none.
 fn active_reader(tx: &mut dyn Tx, id: u64) -> Result<ChangelogReader> {
     let r = tx.query_opt(
-        "SELECT id, mask, cleared, registered, last_used, idle_ns, state \
+        "SELECT id, mask, cleared, registered, last_used, idle_ns, follower_of, state \
          FROM changelog_readers WHERE id = $1",
         vals![id],
     )?;
     match r {
-        Some(r) if r.i64(6)? == ACTIVE => reader_from_row(&r),
-        Some(r) if r.i64(6)? == IDLE_DROPPED => {
+        Some(r) if r.i64(7)? == ACTIVE => reader_from_row(&r),
+        Some(r) if r.i64(7)? == IDLE_DROPPED => {
             Err(ChangelogError::ReaderExpired { reader: id }.into())
         }
         _ => Err(ChangelogError::UnknownReader(id).into()),
@@ -362,8 +373,8 @@ fn expire_and<T>(
     Ok((dropped, f(tx, now)?))
 }
 
-impl<D: Driver> Changelog for SqlMeta<D> {
-    fn changelog_register(&self, mask: Mask, idle: Duration) -> Result<u64> {
+impl<D: Driver> SqlMeta<D> {
+    fn register_reader(&self, mask: Mask, idle: Duration, follows: Option<&str>) -> Result<u64> {
         if mask.0 & Mask::all().0 == 0 {
             return Err(MetaError::Invalid("empty changelog mask".into()));
         }
@@ -382,16 +393,26 @@ impl<D: Driver> Changelog for SqlMeta<D> {
                 let start = current_index(tx)?;
                 let id = tx.int(
                     "INSERT INTO changelog_readers \
-                     (id, mask, cleared, registered, last_used, idle_ns, state) \
+                     (id, mask, cleared, registered, last_used, idle_ns, state, follower_of) \
                      SELECT COALESCE(MAX(id), 0) + 1, CAST($1 AS BIGINT), CAST($2 AS BIGINT), \
-                     CAST($3 AS BIGINT), CAST($3 AS BIGINT), CAST($4 AS BIGINT), 0 \
-                     FROM changelog_readers RETURNING id",
-                    vals![mask.0, start, now, idle_ns],
+                     CAST($3 AS BIGINT), CAST($3 AS BIGINT), CAST($4 AS BIGINT), 0, \
+                     CAST($5 AS TEXT) FROM changelog_readers RETURNING id",
+                    vals![mask.0, start, now, idle_ns, follows],
                 )?;
                 Ok(id as u64)
             })
             .map(|(_, v)| v)
         })
+    }
+}
+
+impl<D: Driver> Changelog for SqlMeta<D> {
+    fn changelog_register(&self, mask: Mask, idle: Duration) -> Result<u64> {
+        self.register_reader(mask, idle, None)
+    }
+
+    fn changelog_register_follower(&self, mask: Mask, idle: Duration, client: &str) -> Result<u64> {
+        self.register_reader(mask, idle, Some(client))
     }
 
     fn changelog_deregister(&self, reader: u64) -> Result<u64> {
@@ -583,6 +604,10 @@ pub(crate) mod checks {
             ),
             ("order_masks_and_fields", order_masks_and_fields),
             (
+                "a_follower_gets_no_records_of_its_own_client",
+                a_follower_gets_no_records_of_its_own_client,
+            ),
+            (
                 "purge_after_every_reader_cleared",
                 purge_after_every_reader_cleared,
             ),
@@ -653,6 +678,70 @@ pub(crate) mod checks {
         assert!(!rec(e, RecordType::Mkdir, 7));
         assert_eq!(count(e), 0);
         assert_eq!(e.changelog_status().unwrap().readers.len(), 0);
+    }
+
+    /// A follower's reader: its own client's records are not written for it (HSM ones are),
+    /// another client's are; an ordinary reader still gets everything; the listing names the
+    /// client followed.
+    fn a_follower_gets_no_records_of_its_own_client<D: Driver>(e: &SqlMeta<D>) {
+        let as_client = |name: &str| {
+            Caller {
+                uid: 0,
+                gid: 0,
+                client: Some(name.into()),
+                jobid: None,
+            }
+            .enter()
+        };
+        let fa = e
+            .changelog_register_follower(Mask::all(), DAY, "a")
+            .unwrap();
+        {
+            let _c = as_client("a");
+            assert!(!rec(e, RecordType::Creat, 20), "a's own create");
+            assert!(rec(e, RecordType::Hsm, 21), "a mover's change to a's file");
+            // Several records of one operation: the same rule for each.
+            e.d.write(|tx| {
+                record_all(
+                    tx,
+                    &[
+                        Rec::new(RecordType::Creat, 22),
+                        Rec::new(RecordType::Hsm, 23),
+                    ],
+                )
+            })
+            .unwrap();
+        }
+        assert_eq!(
+            all(e).iter().map(|r| r.target).collect::<Vec<_>>(),
+            [21, 23]
+        );
+        {
+            let _c = as_client("b");
+            assert!(rec(e, RecordType::Creat, 24), "b's create is news to a");
+        }
+        // b follows too: a's records are written again (for b), b's own still for a.
+        let fb = e
+            .changelog_register_follower(Mask::all(), DAY, "b")
+            .unwrap();
+        {
+            let _c = as_client("a");
+            assert!(rec(e, RecordType::Creat, 25));
+        }
+        e.changelog_deregister(fb).unwrap();
+        // An ordinary reader wants every record, a's own too.
+        let plain = e.changelog_register(Mask::all(), DAY).unwrap();
+        {
+            let _c = as_client("a");
+            assert!(rec(e, RecordType::Creat, 26));
+        }
+        let st = e.changelog_status().unwrap();
+        let follows: Vec<_> = st
+            .readers
+            .iter()
+            .map(|r| (r.id, r.follower_of.clone()))
+            .collect();
+        assert_eq!(follows, [(fa, Some("a".to_string())), (plain, None)]);
     }
 
     fn order_masks_and_fields<D: Driver>(e: &SqlMeta<D>) {

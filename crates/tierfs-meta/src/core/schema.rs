@@ -32,7 +32,7 @@ use crate::vals;
 pub type Ddl = &'static [&'static str];
 
 /// Schema version this build writes and understands.
-pub const SCHEMA_VERSION: i64 = 9;
+pub const SCHEMA_VERSION: i64 = 10;
 
 /// One migration step.
 pub struct Migration {
@@ -92,7 +92,19 @@ pub const MIGRATIONS: &[Migration] = &[
         parts: &[V9],
         after: Some(super::common::recount_xattrs),
     },
+    Migration {
+        version: 10,
+        parts: &[V10],
+        after: None,
+    },
 ];
+
+/// Version 10: a changelog reader may be a client's change follower
+/// (`changelog_readers.follower_of`, the client's name): the records that client makes itself
+/// are not written for it (its kernel saw those changes), so a client alone on a filesystem
+/// writes no records for its own follower. HSM records are written for it all the same (a
+/// mover's change to the client's own file is news to its kernel).
+const V10: Ddl = &["ALTER TABLE changelog_readers ADD COLUMN follower_of TEXT"];
 
 /// Version 9: each inode's number of extended attributes (`inodes.xattr_count`), kept by
 /// setxattr and removexattr in their transaction and carried in every [`crate::Attr`], so that
@@ -292,13 +304,17 @@ pub fn tables() -> Vec<&'static str> {
 
 /// The (table, column) pairs the migrations past `version` add to existing tables.
 pub fn columns_added_after(version: i64) -> Vec<(&'static str, &'static str)> {
+    // A column added to a table that is itself newer than `version` goes with its table.
+    let new_tables = tables_added_after(version);
     let mut v = Vec::new();
     for m in MIGRATIONS.iter().filter(|m| m.version > version) {
         for part in m.parts {
             for stmt in part.iter() {
                 let words: Vec<&str> = stmt.split_whitespace().collect();
                 if let ["ALTER", "TABLE", table, "ADD", "COLUMN", column, ..] = words[..] {
-                    v.push((table, column));
+                    if !new_tables.contains(&table) {
+                        v.push((table, column));
+                    }
                 }
             }
         }
