@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# Issue 15: the seeds' experiments in the seeds' conditions. The capacity tier (PostgreSQL for
+# metadata, Garage S3 for data) runs on a server host across a shaped link; the clients mount
+# from client hosts; the cache directory (PCC modes) stays on this machine's local disk.
+# Hosts are network namespaces (scripts/netns-hosts.sh, shared with scripts/cluster-test.sh);
+# `tierfs bench --remote PROFILE` shapes the links, checks the shaping (a raw round trip and a
+# raw transfer) before any figure, and records profile, check and machine in its report.
+#
+#   scripts/bench-remote.sh [--profile 1gbe|ib|wan] [--out DIR] [--reps N] [--modes LIST]
+#                           [--set seeds|quick] [--no-build] [-- WORKLOAD ARGS...]
+#
+# Without a workload after `--`, runs the set: filebench fileserver (128 KiB files), webserver
+# (64 KiB), varmail (32 KiB), and fio 4 KiB O_DIRECT random write at QD1, each in the modes
+# native, tierfs, tierfs+rw-pcc, tierfs+ro-pcc (--set quick: fewer files, shorter runs).
+# Defaults: --profile 1gbe, --out docs/bench-results/remote-PROFILE, --reps 1.
+#
+# Checks first, one line each and exit 2: not root, no ip/nsenter/tc, no rights to make network
+# namespaces, an unknown profile, servers that do not come up. At the end it checks that
+# nothing is left: no mounts under the work dir, no namespaces, no server data dirs; the S3
+# objects and database rows the run made are counted before the servers are removed.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+PROFILE=1gbe
+OUT=
+REPS=1
+MODES=native,tierfs,tierfs+rw-pcc,tierfs+ro-pcc
+SET=seeds
+BUILD=1
+WORKLOAD=()
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --profile) PROFILE=$2; shift 2 ;;
+        --out) OUT=$(realpath -m "$2"); shift 2 ;;
+        --reps) REPS=$2; shift 2 ;;
+        --modes) MODES=$2; shift 2 ;;
+        --set) SET=$2; shift 2 ;;
+        --no-build) BUILD=0; shift ;;
+        --) shift; WORKLOAD=("$@"); break ;;
+        -h | --help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        *) echo "bench-remote: unknown option $1 (see --help)"; exit 2 ;;
+    esac
+done
+OUT=${OUT:-$ROOT/docs/bench-results/remote-$PROFILE}
+log() { echo "bench-remote [$(date +%T)] $*" >&2; }
+
+# shellcheck source=scripts/netns-hosts.sh
+source "$ROOT/scripts/netns-hosts.sh"
+hosts_preflight bench-remote
+command -v tc >/dev/null 2>&1 || { echo "bench-remote: tc (iproute2) is not installed: it shapes the links"; exit 2; }
+case $SET in seeds | quick) ;; *) echo "bench-remote: --set $SET: expected seeds or quick"; exit 2 ;; esac
+
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
+TIERFS=$CARGO_TARGET_DIR/release/tierfs
+if [[ $BUILD == 1 ]]; then
+    log "cargo build --release -p tierfs-cli"
+    cargo build -q --release -p tierfs-cli
+fi
+[[ -x $TIERFS ]] || { echo "bench-remote: $TIERFS is missing (build it, or drop --no-build)"; exit 2; }
+# The profile's name is checked by tierfs itself (one list of profiles).
+DESC=$("$TIERFS" bench profile "$PROFILE" 2>&1) || { echo "bench-remote: ${DESC#tierfs: }"; exit 2; }
+
+WORKDIR=$(mktemp -d /var/tmp/tierfs-remote.XXXXXX)
+RUNS=()
+cleanup() {
+    local rc=$?
+    trap - EXIT INT TERM
+    set +e
+    for m in $(awk -v w="$WORKDIR/" 'index($2, w) == 1 {print $2}' /proc/mounts); do
+        "$TIERFS" umount "$m" >/dev/null 2>&1 || umount -l "$m"
+    done
+    hosts_down
+    rm -rf "$WORKDIR"
+    left=$(hosts_leftovers; awk -v w="$WORKDIR/" 'index($2, w) == 1 {print "mount " $2}' /proc/mounts)
+    if [[ -n $left ]]; then
+        log "LEFT BEHIND: $left"
+        [[ -n $OUT && -d $OUT ]] && echo "left behind: $left" >>"$OUT/leftovers.txt"
+        rc=1
+    else
+        log "nothing left behind: no namespaces, no mounts under the work dir, server data dirs removed"
+        [[ -d $OUT ]] && echo "after teardown: no namespaces, no mounts under the work dir, PostgreSQL and Garage data dirs removed" >>"$OUT/leftovers.txt"
+    fi
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+log "hosts: $SRV (servers), ${CLIENTS[*]} (clients); profile $DESC"
+hosts_up
+if ! servers_up >"$WORKDIR/servers.log" 2>&1; then
+    echo "bench-remote: the servers did not come up on $SRV: $(tail -n 1 "$WORKDIR/servers.log")"
+    exit 2
+fi
+PG_BASE=${PG_URL%/*}
+mkdir -p "$OUT"
+: >"$OUT/leftovers.txt"
+{
+    echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    echo "git: $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- crates 2>/dev/null || echo ' (crates/ has uncommitted changes)')"
+    echo "profile: $DESC"
+    echo "servers: PostgreSQL $(psql "$PG_BASE/postgres" -Atc 'SHOW server_version'), Garage S3 at $S3_ENDPOINT, both on $SRV"
+    echo "machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.1f GiB", $2/1048576}' /proc/meminfo), kernel $(uname -r), load $(cut -d' ' -f1-3 /proc/loadavg)"
+    echo "work dir (native runs, cache dirs): $(df --output=source,fstype "$WORKDIR" | tail -n 1 | tr -s ' ')"
+} >"$OUT/environment.txt"
+
+# run NAME WORKLOAD...: one `tierfs bench --remote` run with its own database and S3 prefix.
+n=0
+run() {
+    local name=$1
+    shift
+    n=$((n + 1))
+    local db="bench_$n"
+    psql -q "$PG_BASE/postgres" -c "CREATE DATABASE $db"
+    RUNS+=("$db")
+    local q="endpoint=$S3_ENDPOINT&region=garage"
+    local cmd=("$TIERFS" bench --remote "$PROFILE" --modes "$MODES" --reps "$REPS" --no-progress
+        --workdir "$WORKDIR" --out "$OUT/$name" --meta "$PG_BASE/$db"
+        --target-url "s3://tierfs-a/$name?$q" --target-url "s3://tierfs-b/$name?$q" "$@")
+    echo "+ ${cmd[*]/#$TIERFS/tierfs}" | tee -a "$OUT/commands.txt" >&2
+    local rc=0
+    "${cmd[@]}" >"$OUT/$name.log" 2>&1 || rc=$?
+    log "$name: exit $rc"
+    grep -E '^tierfs bench: (network|shaping)' "$OUT/$name.log" >&2 || true
+    [[ $rc -eq 0 ]] || tail -n 3 "$OUT/$name.log" >&2
+    # What the run left on the servers (removed below with the servers' data dirs).
+    local rows objs
+    rows=$(psql "$PG_BASE/$db" -Atc "SELECT count(*) FROM inodes" 2>/dev/null || echo "?")
+    objs=$(for b in tierfs-a tierfs-b; do in_ns "$SRV" "$(cat "$S3_DIR/garage-bin")" -c "$S3_DIR/garage.toml" bucket info "$b" 2>/dev/null | sed -n 's/^.*Objects: *\([0-9]*\).*$/\1/p'; done | paste -sd+ | bc 2>/dev/null || echo "?")
+    psql -q "$PG_BASE/postgres" -c "DROP DATABASE $db"
+    echo "$name: after the run, $rows inode rows in its database (dropped), $objs S3 objects in both buckets (removed with Garage's data dir)" >>"$OUT/leftovers.txt"
+    return $rc
+}
+
+: >"$OUT/commands.txt"
+if [[ ${#WORKLOAD[@]} -gt 0 ]]; then
+    run custom "${WORKLOAD[@]}"
+else
+    if [[ $SET == quick ]]; then F=(--files 200 --duration 10s); FIO=(--size 64m --runtime 5s)
+    else F=(--files 1000 --duration 30s); FIO=(--size 256m --runtime 15s); fi
+    fails=0
+    for p in fileserver webserver varmail; do
+        run "filebench-$p" filebench "$p" "${F[@]}" || fails=$((fails + 1))
+    done
+    run fio-4k-randwrite-qd1 fio --job rand-write --bs 4k --iodepth 1 --direct "${FIO[@]}" || fails=$((fails + 1))
+    [[ $fails -eq 0 ]] || { log "$fails run(s) failed"; exit 1; }
+fi
+log "results in $OUT"
