@@ -131,6 +131,19 @@ pub enum BenchCommand {
     Untar(untar::UntarArgs),
     /// All of the above, every mode: report and charts.
     Suite(suite::SuiteArgs),
+    /// Chart each figure's PCC speed-up over uncached tierfs from several runs' results.json
+    /// (one group per figure, the seed's speed-up in its label), into a PNG.
+    SpeedupChart {
+        /// The PNG to write.
+        #[arg(long)]
+        png: PathBuf,
+        /// The chart's title.
+        #[arg(long, default_value = "PCC speed-up over uncached tierfs")]
+        title: String,
+        /// results.json files of `tierfs bench` runs with tierfs and a PCC mode.
+        #[arg(required = true)]
+        results: Vec<PathBuf>,
+    },
     /// Print what a --remote network profile is (1gbe, ib, wan); an unknown name is an error.
     Profile {
         /// The profile's name.
@@ -207,6 +220,24 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
     let c = &args.common;
     if let BenchCommand::Profile { name } = &args.command {
         println!("{}", remote::Profile::parse(name)?.describe());
+        return Ok(());
+    }
+    if let BenchCommand::SpeedupChart {
+        png,
+        title,
+        results,
+    } = &args.command
+    {
+        let mut reports = Vec::new();
+        for p in results {
+            let text = std::fs::read_to_string(p)
+                .map_err(|e| BenchError::io(format!("read {}", p.display()), e))?;
+            let r: Report = serde_json::from_str(&text)
+                .map_err(|e| BenchError::Report(format!("{}: {e}", p.display())))?;
+            reports.push(r);
+        }
+        plot::speedup_chart(&reports, png, title)?;
+        println!("wrote {}", png.display());
         return Ok(());
     }
     // --remote: the profile, tc, the hosts and the servers are checked before anything else.
@@ -297,7 +328,7 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
             (vec![Box::new(filebench::Filebench::new(a)?)], c.out.clone())
         }
         BenchCommand::Untar(a) => (vec![Box::new(untar::Untar::new(a)?)], c.out.clone()),
-        BenchCommand::Profile { .. } => return Ok(()), // printed above
+        BenchCommand::Profile { .. } | BenchCommand::SpeedupChart { .. } => return Ok(()), // done above
         BenchCommand::Suite(a) => {
             notes.extend(suite::notes(a));
             (

@@ -494,7 +494,10 @@ fn pump(mut src: TcpStream, mut dst: TcpStream, delay: Duration) {
             match src.read(&mut buf) {
                 Ok(0) | Err(_) => break,
                 Ok(n) => {
-                    if tx.send((Instant::now() + delay, buf[..n].to_vec())).is_err() {
+                    if tx
+                        .send((Instant::now() + delay, buf[..n].to_vec()))
+                        .is_err()
+                    {
                         break;
                     }
                 }
@@ -563,7 +566,11 @@ fn check_link(
         start_relay(&cfg.server_ns, host, port, delay)?
     };
     let h = host.to_string();
-    let (rounds, bytes): (usize, u64) = if slow { (10, 16 << 20) } else { (200, 128 << 20) };
+    let (rounds, bytes): (usize, u64) = if slow {
+        (10, 16 << 20)
+    } else {
+        (200, 128 << 20)
+    };
     let r = in_netns(&cfg.client_ns[0], move || -> std::io::Result<(f64, f64)> {
         let addr = (h.as_str(), target_port)
             .to_socket_addrs()?
@@ -634,10 +641,7 @@ mod tests {
         let pg = "postgres://tierfs:pw@198.18.0.1:5433/bench";
         let s3 = "s3://tierfs-a/b?endpoint=http://198.18.0.1:3900&region=garage";
         assert_eq!(server_of(pg), Some(("198.18.0.1".into(), 5433)));
-        assert_eq!(
-            server_of("postgres://u@db/x"),
-            Some(("db".into(), 5432))
-        );
+        assert_eq!(server_of("postgres://u@db/x"), Some(("db".into(), 5432)));
         assert_eq!(server_of(s3), Some(("198.18.0.1".into(), 3900)));
         assert_eq!(server_of("s3://tierfs-a/b"), None);
         assert_eq!(server_of("sqlite:///x.db"), None);

@@ -87,7 +87,11 @@ fn assert_one_line_before_work(out: &CmdOut, work: &Path, wanted: &str) {
         out.describe()
     );
     let left: Vec<_> = fs::read_dir(work).unwrap().collect();
-    assert!(left.is_empty(), "work started: {left:?} in {}", work.display());
+    assert!(
+        left.is_empty(),
+        "work started: {left:?} in {}",
+        work.display()
+    );
 }
 
 #[test]
@@ -124,7 +128,14 @@ fn missing_namespaces_are_one_line() {
     let name = format!("tfbtnone{}", std::process::id());
     let (out, work) = bench(
         &t,
-        &["--remote", "1gbe", "--server-netns", &name, "--client-netns", &name],
+        &[
+            "--remote",
+            "1gbe",
+            "--server-netns",
+            &name,
+            "--client-netns",
+            &name,
+        ],
         None,
         &[],
     );
@@ -145,7 +156,14 @@ fn no_rights_to_enter_a_namespace_is_one_line() {
     let ns = Netns::new("r");
     let (out, work) = bench(
         &t,
-        &["--remote", "1gbe", "--server-netns", &ns.0, "--client-netns", &ns.0],
+        &[
+            "--remote",
+            "1gbe",
+            "--server-netns",
+            &ns.0,
+            "--client-netns",
+            &ns.0,
+        ],
         Some((65534, 65534)),
         &[],
     );
@@ -163,7 +181,14 @@ fn a_server_that_is_not_up_is_one_line() {
     let ns = Netns::new("s");
     let (out, work) = bench(
         &t,
-        &["--remote", "1gbe", "--server-netns", &ns.0, "--client-netns", &ns.0],
+        &[
+            "--remote",
+            "1gbe",
+            "--server-netns",
+            &ns.0,
+            "--client-netns",
+            &ns.0,
+        ],
         None,
         &[],
     );
