@@ -122,12 +122,15 @@ run() {
     log "$name: exit $rc"
     grep -E '^tierfs bench: (network|shaping)' "$OUT/$name.log" >&2 || true
     [[ $rc -eq 0 ]] || tail -n 3 "$OUT/$name.log" >&2
-    # What the run left on the servers (removed below with the servers' data dirs).
-    local rows objs
+    # What the run left on the servers (removed below with the servers' data dirs), and how
+    # many transactions its database committed (all modes of the run together).
+    local rows objs xacts dropped=dropped
     rows=$(psql "$PG_BASE/$db" -Atc "SELECT count(*) FROM inodes" 2>/dev/null || echo "?")
+    xacts=$(psql "$PG_BASE/postgres" -Atc "SELECT xact_commit FROM pg_stat_database WHERE datname = '$db'" 2>/dev/null || echo "?")
     objs=$(for b in tierfs-a tierfs-b; do in_ns "$SRV" "$(cat "$S3_DIR/garage-bin")" -c "$S3_DIR/garage.toml" bucket info "$b" 2>/dev/null | sed -n 's/^.*Objects: *\([0-9]*\).*$/\1/p'; done | paste -sd+ | bc 2>/dev/null || echo "?")
-    psql -q "$PG_BASE/postgres" -c "DROP DATABASE $db"
-    echo "$name: after the run, $rows inode rows in its database (dropped), $objs S3 objects in both buckets (removed with Garage's data dir)" >>"$OUT/leftovers.txt"
+    # WITH (FORCE): a client's connection may still be closing after its unmount.
+    psql -q "$PG_BASE/postgres" -c "DROP DATABASE $db WITH (FORCE)" || dropped="NOT dropped"
+    echo "$name: after the run, $rows inode rows in its database ($dropped; $xacts transactions committed in it); $objs S3 objects in both buckets, all runs so far (removed with Garage's data dir)" >>"$OUT/leftovers.txt"
     return $rc
 }
 
