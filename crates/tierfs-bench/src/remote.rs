@@ -26,7 +26,7 @@ use crate::error::BenchError;
 pub enum Profile {
     /// 1 Gbit/s, 0.1 ms one way (seed 004's 1 Gb Ethernet).
     Gbe1,
-    /// No added delay and no rate limit (the veth pair's own ~0.05 ms round trip stands for
+    /// No added delay and no rate limit (the veth pair's own round trip, a few µs, stands for
     /// seed 000's InfiniBand).
     Ib,
     /// 100 Mbit/s, 20 ms one way.
