@@ -16,8 +16,8 @@
 #
 # Checks first, one line each and exit 2: not root, no ip/nsenter/tc, no rights to make network
 # namespaces, an unknown profile, servers that do not come up. At the end it checks that
-# nothing is left: no mounts under the work dir, no namespaces, no server data dirs; the S3
-# objects and database rows the run made are counted before the servers are removed.
+# nothing is left: each run's S3 objects are removed (and counted), its database dropped; then
+# no mounts under the work dir, no namespaces and no server data dirs may remain.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -103,6 +103,32 @@ mkdir -p "$OUT"
     echo "work dir (native runs, cache dirs): $(df --output=source,fstype "$WORKDIR" | tail -n 1 | tr -s ' ')"
 } >"$OUT/environment.txt"
 
+# S3 requests signed with the store's key (curl's SigV4), from this host.
+s3() { # s3 METHOD PATH-AND-QUERY
+    local id secret
+    id=$(sed -n 's/^access_key_id = "\(.*\)"/\1/p' "$TIERFS_S3_CREDENTIALS")
+    secret=$(sed -n 's/^secret_access_key = "\(.*\)"/\1/p' "$TIERFS_S3_CREDENTIALS")
+    curl -sf -X "$1" --aws-sigv4 "aws:amz:garage:s3" --user "$id:$secret" "$S3_ENDPOINT/$2"
+}
+s3_keys() { # s3_keys BUCKET PREFIX: up to 1000 keys under PREFIX/
+    s3 GET "$1?list-type=2&max-keys=1000&prefix=$2/" | grep -o '<Key>[^<]*</Key>' |
+        sed 's|<Key>\(.*\)</Key>|\1|' || true
+}
+# s3_remove PREFIX: removes every object under PREFIX/ in both buckets; prints how many.
+s3_remove() {
+    local b k n=0 before keys
+    for b in tierfs-a tierfs-b; do
+        while keys=$(s3_keys "$b" "$1") && [[ -n $keys ]]; do
+            before=$n
+            while IFS= read -r k; do
+                s3 DELETE "$b/$k" >/dev/null && n=$((n + 1))
+            done <<<"$keys"
+            [[ $n -gt $before ]] || break # nothing could be removed: counted as left below
+        done
+    done
+    echo "$n"
+}
+
 # run NAME WORKLOAD...: one `tierfs bench --remote` run with its own database and S3 prefix.
 n=0
 run() {
@@ -122,15 +148,16 @@ run() {
     log "$name: exit $rc"
     grep -E '^tierfs bench: (network|shaping)' "$OUT/$name.log" >&2 || true
     [[ $rc -eq 0 ]] || tail -n 3 "$OUT/$name.log" >&2
-    # What the run left on the servers (removed below with the servers' data dirs), and how
-    # many transactions its database committed (all modes of the run together).
-    local rows objs xacts dropped=dropped
+    # What the run left on the servers, removed here: its database and the objects under its
+    # S3 prefixes; and how many transactions its database committed (all its modes together).
+    local rows objs left xacts dropped=dropped
     rows=$(psql "$PG_BASE/$db" -Atc "SELECT count(*) FROM inodes" 2>/dev/null || echo "?")
     xacts=$(psql "$PG_BASE/postgres" -Atc "SELECT xact_commit FROM pg_stat_database WHERE datname = '$db'" 2>/dev/null || echo "?")
-    objs=$(for b in tierfs-a tierfs-b; do in_ns "$SRV" "$(cat "$S3_DIR/garage-bin")" -c "$S3_DIR/garage.toml" bucket info "$b" 2>/dev/null | sed -n 's/^.*Objects: *\([0-9]*\).*$/\1/p'; done | paste -sd+ | bc 2>/dev/null || echo "?")
+    objs=$(s3_remove "$name")
+    left=$( (s3_keys tierfs-a "$name"; s3_keys tierfs-b "$name") | wc -l)
     # WITH (FORCE): a client's connection may still be closing after its unmount.
     psql -q "$PG_BASE/postgres" -c "DROP DATABASE $db WITH (FORCE)" || dropped="NOT dropped"
-    echo "$name: after the run, $rows inode rows in its database ($dropped; $xacts transactions committed in it); $objs S3 objects in both buckets, all runs so far (removed with Garage's data dir)" >>"$OUT/leftovers.txt"
+    echo "$name: after the run, $rows inode rows in its database ($dropped; $xacts transactions committed in it); $objs S3 objects under its prefixes, removed ($left left)" >>"$OUT/leftovers.txt"
     return $rc
 }
 
