@@ -103,16 +103,19 @@ mkdir -p "$OUT"
     echo "work dir (native runs, cache dirs): $(df --output=source,fstype "$WORKDIR" | tail -n 1 | tr -s ' ')"
 } >"$OUT/environment.txt"
 
-# S3 requests signed with the store's key (curl's SigV4), from this host.
+# S3 requests without a body, signed with the store's key (curl's SigV4; Garage wants the
+# payload's hash, here the empty one's, and the query's slashes encoded), from this host.
 s3() { # s3 METHOD PATH-AND-QUERY
-    local id secret
+    local id secret empty=e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855
     id=$(sed -n 's/^access_key_id = "\(.*\)"/\1/p' "$TIERFS_S3_CREDENTIALS")
     secret=$(sed -n 's/^secret_access_key = "\(.*\)"/\1/p' "$TIERFS_S3_CREDENTIALS")
-    curl -sf -X "$1" --aws-sigv4 "aws:amz:garage:s3" --user "$id:$secret" "$S3_ENDPOINT/$2"
+    curl -sf -X "$1" -H "x-amz-content-sha256: $empty" --aws-sigv4 "aws:amz:garage:s3" \
+        --user "$id:$secret" "$S3_ENDPOINT/$2"
 }
-s3_keys() { # s3_keys BUCKET PREFIX: up to 1000 keys under PREFIX/
-    s3 GET "$1?list-type=2&max-keys=1000&prefix=$2/" | grep -o '<Key>[^<]*</Key>' |
-        sed 's|<Key>\(.*\)</Key>|\1|' || true
+s3_keys() { # s3_keys BUCKET PREFIX: up to 1000 keys under PREFIX/; fails if the listing does
+    local xml
+    xml=$(s3 GET "$1?list-type=2&max-keys=1000&prefix=${2//\//%2F}%2F") || return 1
+    grep -o '<Key>[^<]*</Key>' <<<"$xml" | sed 's|<Key>\(.*\)</Key>|\1|' || true
 }
 # s3_remove PREFIX: removes every object under PREFIX/ in both buckets; prints how many.
 s3_remove() {
@@ -154,7 +157,9 @@ run() {
     rows=$(psql "$PG_BASE/$db" -Atc "SELECT count(*) FROM inodes" 2>/dev/null || echo "?")
     xacts=$(psql "$PG_BASE/postgres" -Atc "SELECT xact_commit FROM pg_stat_database WHERE datname = '$db'" 2>/dev/null || echo "?")
     objs=$(s3_remove "$name")
-    left=$( (s3_keys tierfs-a "$name"; s3_keys tierfs-b "$name") | wc -l)
+    left=$( (s3_keys tierfs-a "$name" && s3_keys tierfs-b "$name") | wc -l) ||
+        left="? (the listing failed)"
+    # (the pipeline's status is wc's; a failed listing shows as set -o pipefail's failure)
     # WITH (FORCE): a client's connection may still be closing after its unmount.
     psql -q "$PG_BASE/postgres" -c "DROP DATABASE $db WITH (FORCE)" || dropped="NOT dropped"
     echo "$name: after the run, $rows inode rows in its database ($dropped; $xacts transactions committed in it); $objs S3 objects under its prefixes, removed ($left left)" >>"$OUT/leftovers.txt"
