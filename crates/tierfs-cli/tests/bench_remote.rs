@@ -146,51 +146,42 @@ fn missing_namespaces_are_one_line() {
     );
 }
 
-#[test]
-fn no_rights_to_enter_a_namespace_is_one_line() {
+/// `bench --remote 1gbe` with a fresh namespace as the server and the client host.
+fn bench_in_own_netns(
+    tag: &str,
+    cred: Option<(u32, u32)>,
+) -> Option<(CmdOut, PathBuf, Netns, TestFs)> {
     if !is_root() {
         eprintln!("skipped: needs root");
-        return;
+        return None;
     }
     let t = scratch();
-    let ns = Netns::new("r");
-    let (out, work) = bench(
-        &t,
-        &[
-            "--remote",
-            "1gbe",
-            "--server-netns",
-            &ns.0,
-            "--client-netns",
-            &ns.0,
-        ],
-        Some((65534, 65534)),
-        &[],
-    );
+    let ns = Netns::new(tag);
+    let extra = [
+        "--remote",
+        "1gbe",
+        "--server-netns",
+        &ns.0,
+        "--client-netns",
+        &ns.0,
+    ];
+    let (out, work) = bench(&t, &extra, cred, &[]);
+    Some((out, work, ns, t))
+}
+
+#[test]
+fn no_rights_to_enter_a_namespace_is_one_line() {
+    let Some((out, work, ns, _t)) = bench_in_own_netns("r", Some((65534, 65534))) else {
+        return;
+    };
     assert_one_line_before_work(&out, &work, &format!("network namespace {}", ns.0));
     assert!(out.stderr.contains("run as root"), "{}", out.describe());
 }
 
 #[test]
 fn a_server_that_is_not_up_is_one_line() {
-    if !is_root() {
-        eprintln!("skipped: needs root");
+    let Some((out, work, _ns, _t)) = bench_in_own_netns("s", None) else {
         return;
-    }
-    let t = scratch();
-    let ns = Netns::new("s");
-    let (out, work) = bench(
-        &t,
-        &[
-            "--remote",
-            "1gbe",
-            "--server-netns",
-            &ns.0,
-            "--client-netns",
-            &ns.0,
-        ],
-        None,
-        &[],
-    );
+    };
     assert_one_line_before_work(&out, &work, "the server 127.0.0.1:1 is not up");
 }
