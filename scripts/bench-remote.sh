@@ -7,11 +7,12 @@
 # raw transfer) before any figure, and records profile, check and machine in its report.
 #
 #   scripts/bench-remote.sh [--profile 1gbe|ib|wan] [--out DIR] [--reps N] [--modes LIST]
-#                           [--set seeds|quick] [--no-build] [-- WORKLOAD ARGS...]
+#                           [--set seeds|quick|fio-grid] [--no-build] [-- WORKLOAD ARGS...]
 #
 # Without a workload after `--`, runs the set: filebench fileserver (128 KiB files), webserver
 # (64 KiB), varmail (32 KiB), and fio 4 KiB O_DIRECT random write at QD1, each in the modes
-# native, tierfs, tierfs+rw-pcc, tierfs+ro-pcc (--set quick: fewer files, shorter runs).
+# native, tierfs, tierfs+rw-pcc, tierfs+ro-pcc (--set quick: fewer files, shorter runs;
+# --set fio-grid: fio 1 MiB sequential and 4 KiB random, O_DIRECT, QD 1 and 32, 128 MiB, 5 s).
 # Defaults: --profile 1gbe, --out docs/bench-results/remote-PROFILE, --reps 1.
 #
 # Checks first, one line each and exit 2: not root, no ip/nsenter/tc, no rights to make network
@@ -48,7 +49,7 @@ log() { echo "bench-remote [$(date +%T)] $*" >&2; }
 source "$ROOT/scripts/netns-hosts.sh"
 hosts_preflight bench-remote
 command -v tc >/dev/null 2>&1 || { echo "bench-remote: tc (iproute2) is not installed: it shapes the links"; exit 2; }
-case $SET in seeds | quick) ;; *) echo "bench-remote: --set $SET: expected seeds or quick"; exit 2 ;; esac
+case $SET in seeds | quick | fio-grid) ;; *) echo "bench-remote: --set $SET: expected seeds, quick or fio-grid"; exit 2 ;; esac
 
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 TIERFS=$CARGO_TARGET_DIR/release/tierfs
@@ -173,6 +174,18 @@ else
     if [[ $SET == quick ]]; then F=(--files 200 --duration 10s); FIO=(--size 64m --runtime 5s)
     else F=(--files 1000 --duration 30s); FIO=(--size 256m --runtime 15s); fi
     fails=0
+    if [[ $SET == fio-grid ]]; then
+        # seed 000's grid, O_DIRECT libaio: 1 MiB sequential and 4 KiB random, QD 1 and 32
+        for j in "seq-write 1m 1" "seq-read 1m 1" "seq-read 1m 32" "rand-read 4k 1" \
+            "rand-read 4k 32" "rand-write 4k 32"; do
+            set -- $j
+            run "fio-$1-$2-qd$3" fio --job "$1" --bs "$2" --iodepth "$3" --direct \
+                --size 128m --runtime 5s || fails=$((fails + 1))
+        done
+        [[ $fails -eq 0 ]] || { log "$fails run(s) failed"; exit 1; }
+        log "results in $OUT"
+        exit 0
+    fi
     for p in fileserver webserver varmail; do
         run "filebench-$p" filebench "$p" "${F[@]}" || fails=$((fails + 1))
     done
