@@ -1,14 +1,9 @@
 #!/usr/bin/env bash
 # The multi-host test: tierfs across hosts made of network namespaces on this machine.
 #
-#   tfsrv  198.18.0.1   PostgreSQL (metadata) and Garage (S3 data), each a real server
-#   tfc1   198.18.0.11  a client host: tierfs daemons mount from here
-#   tfc2   198.18.0.12  another client host
-#   (this host, 198.18.0.254, runs the test programs and sees every mount)
-#
-# The hosts are joined by a bridge inside tfsrv; the addresses are in 198.18.0.0/15, the range
-# set aside for network tests, and no packet leaves the machine. Only the network is
-# separate: a FUSE mount made by a daemon in tfc1 is visible here, so tests read and write it
+# The hosts (tfsrv with PostgreSQL and Garage, client hosts tfc1 and tfc2, this host as
+# 198.18.0.254) are made by scripts/netns-hosts.sh, which scripts/bench-remote.sh shares.
+# Only the network is separate: a FUSE mount made by a daemon in tfc1 is visible here, so tests read and write it
 # directly while the daemon talks to the servers over tfc1's network.
 #
 # 1. The multi-client integration tests (crates/tierfs-cli/tests/multiclient.rs) run in cluster
@@ -29,20 +24,16 @@ TIERFS=${CARGO_TARGET_DIR:-$ROOT/target}/debug/tierfs
 
 [[ $(id -u) -eq 0 ]] || { echo "cluster-test: must run as root (network namespaces, FUSE)"; exit 1; }
 command -v ip >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 >/dev/null; }
-command -v nsenter >/dev/null 2>&1 || { echo "cluster-test: nsenter (util-linux) is missing"; exit 1; }
+# shellcheck source=scripts/netns-hosts.sh
+source "$ROOT/scripts/netns-hosts.sh"
+hosts_preflight cluster-test
 
-NET=198.18.0
-SRV=tfsrv
-CLIENTS=(tfc1 tfc2)
-BR=tfbr0
 WORK=$(mktemp -d /tmp/tierfs-cluster.XXXXXX)
 chmod 755 "$WORK"
-PG_DIR="" S3_DIR=""
 WRITERS=()
 PHASE="setup"
 
 log() { echo "cluster-test [$(date +%T)] $*"; }
-in_ns() { local ns=$1; shift; nsenter --net="/run/netns/$ns" -- "$@"; }
 
 teardown() {
     local rc=$?
@@ -53,10 +44,7 @@ teardown() {
         "$TIERFS" umount "$m" >/dev/null 2>&1 || fusermount3 -uz "$m" 2>/dev/null
     done
     pkill -9 -f "tierfs mount --meta postgres://tierfs@$NET" 2>/dev/null
-    [[ -n "$PG_DIR" ]] && "$ROOT/scripts/postgres-test-server.sh" stop "$PG_DIR" >/dev/null 2>&1
-    [[ -n "$S3_DIR" ]] && "$ROOT/scripts/s3-test-server.sh" stop "$S3_DIR" >/dev/null 2>&1
-    for ns in "$SRV" "${CLIENTS[@]}"; do ip netns del "$ns" 2>/dev/null; done
-    ip link del "veth-host" 2>/dev/null
+    hosts_down
     if [[ $rc -ne 0 ]]; then
         for f in "$WORK"/*.log; do
             [[ -f "$f" ]] && { echo "--- last lines of $f"; tail -n 15 "$f"; }
@@ -70,53 +58,11 @@ trap 'exit 130' INT TERM
 
 # ------------------------------------------------------------------ hosts
 PHASE="network namespaces"
-for ns in "$SRV" "${CLIENTS[@]}"; do ip netns del "$ns" 2>/dev/null || true; done
-ip link del veth-host 2>/dev/null || true
-ip netns add "$SRV"
-ip -n "$SRV" link set lo up
-ip -n "$SRV" link add "$BR" type bridge
-ip -n "$SRV" addr add "$NET.1/24" dev "$BR"
-ip -n "$SRV" link set "$BR" up
-attach() { # attach NAME-IN-SRV PEER-NS PEER-NAME ADDR
-    ip link add "$1" netns "$SRV" type veth peer name "$3" netns "$2"
-    ip -n "$SRV" link set "$1" master "$BR" up
-    ip -n "$2" addr add "$4/24" dev "$3"
-    ip -n "$2" link set "$3" up
-}
-i=11
-for c in "${CLIENTS[@]}"; do
-    ip netns add "$c"
-    ip -n "$c" link set lo up
-    attach "br-$c" "$c" eth0 "$NET.$i"
-    i=$((i + 1))
-done
-# this host joins as 198.18.0.254 (the test programs and the admin commands run here)
-ip link add veth-host type veth peer name br-host netns "$SRV"
-ip -n "$SRV" link set br-host master "$BR" up
-ip addr add "$NET.254/24" dev veth-host
-ip link set veth-host up
-for c in "${CLIENTS[@]}"; do
-    in_ns "$c" bash -c "exec 3<>/dev/tcp/$NET.1/9" 2>/dev/null || true # warm ARP
-done
-ping -c1 -W2 "$NET.1" >/dev/null 2>&1 || in_ns "${CLIENTS[0]}" true
+hosts_up
 
 # ------------------------------------------------------------------ servers
-PHASE="PostgreSQL on $SRV"
-PGPASSWORD=$(od -An -N12 -tx1 /dev/urandom | tr -d ' \n')
-export PGPASSWORD
-out=$(in_ns "$SRV" env PG_TEST_LISTEN="$NET.1" PG_TEST_REMOTE="$NET.0/24" \
-    PG_TEST_PASSWORD="$PGPASSWORD" "$ROOT/scripts/postgres-test-server.sh" start)
-PG_URL=$(echo "$out" | sed -n 's/^TIERFS_PG_URL=//p')
-PG_DIR=$(echo "$out" | sed -n 's/^TIERFS_PG_DIR=//p')
-log "PostgreSQL at $PG_URL"
-
-PHASE="Garage (S3) on $SRV"
-out=$(in_ns "$SRV" env S3_TEST_LISTEN="$NET.1" "$ROOT/scripts/s3-test-server.sh" start)
-S3_ENDPOINT=$(echo "$out" | sed -n 's/^TIERFS_S3_ENDPOINT=//p')
-S3_DIR=$(echo "$out" | sed -n 's/^TIERFS_S3_DIR=//p')
-TIERFS_S3_CREDENTIALS=$(echo "$out" | sed -n 's/^TIERFS_S3_CREDENTIALS=//p')
-export TIERFS_S3_CREDENTIALS
-log "S3 (Garage) at $S3_ENDPOINT"
+PHASE="PostgreSQL and Garage (S3) on $SRV"
+servers_up
 
 PHASE="build"
 cargo build -q -p tierfs-cli

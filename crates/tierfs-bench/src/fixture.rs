@@ -108,6 +108,9 @@ pub struct EnvConfig {
     /// Storage target URLs instead of `targets` local directories in the work dir. Each run
     /// uses its own sub-directory or sub-prefix of each (see [`run_target_url`]).
     pub target_urls: Vec<String>,
+    /// Network namespaces the clients mount in (`--remote`): client k in `client_netns[k % len]`;
+    /// empty: this host's.
+    pub client_netns: Vec<String>,
 }
 
 /// What the tierfs under test is made of, for the reports.
@@ -377,7 +380,16 @@ impl Env {
                 std::fs::create_dir_all(d)
                     .map_err(|e| BenchError::io(format!("create {}", d.display()), e))?;
             }
-            let mut cmd = self.tierfs();
+            let mut cmd = if self.cfg.client_netns.is_empty() {
+                self.tierfs()
+            } else {
+                let ns = &self.cfg.client_netns[k % self.cfg.client_netns.len()];
+                let mut c = Command::new("nsenter");
+                c.arg(format!("--net={}", crate::remote::netns_path(ns).display()))
+                    .arg("--")
+                    .arg(&self.cfg.tierfs);
+                c
+            };
             cmd.arg("mount")
                 .arg("--meta")
                 .arg(&self.meta_url)
@@ -660,6 +672,7 @@ mod tests {
             keep: false,
             pcc: false,
             meta: Some("postgres://tierfs:pw@127.0.0.1:5432/b1".into()),
+            client_netns: vec![],
             target_urls: vec![
                 "s3://tierfs-a/bench?endpoint=http://127.0.0.1:3900&region=garage".into(),
                 "s3://tierfs-a/bench?endpoint=http://127.0.0.1:3900&region=garage".into(),

@@ -11,6 +11,7 @@ pub mod ior;
 pub mod mdtest;
 pub mod pattern;
 pub mod plot;
+pub mod remote;
 pub mod report;
 pub mod runner;
 pub mod stats;
@@ -92,6 +93,25 @@ pub struct CommonArgs {
     /// No live progress display.
     #[arg(long, global = true)]
     pub no_progress: bool,
+    /// The capacity tier across a network: PostgreSQL (--meta) and the S3 store (--target-url)
+    /// on the server host, the clients on client hosts (network namespaces, made by
+    /// scripts/bench-remote.sh), the links shaped to PROFILE: 1gbe (1 Gbit/s, 0.1 ms one way),
+    /// ib (no added delay, no rate limit), wan (100 Mbit/s, 20 ms one way). The shaping is
+    /// checked before any figure. See docs/bench.md.
+    #[arg(long, global = true, value_name = "PROFILE")]
+    pub remote: Option<String>,
+    /// With --remote: the server host's network namespace.
+    #[arg(long, global = true, default_value = "tfsrv")]
+    pub server_netns: String,
+    /// With --remote: the client hosts' network namespaces (client k mounts in the k-th,
+    /// round robin).
+    #[arg(
+        long,
+        global = true,
+        value_delimiter = ',',
+        default_value = "tfc1,tfc2"
+    )]
+    pub client_netns: Vec<String>,
     /// The tierfs binary that formats and mounts (default: this program).
     #[arg(long, global = true, env = "TIERFS_BIN", hide = true)]
     pub tierfs_bin: Option<PathBuf>,
@@ -111,6 +131,24 @@ pub enum BenchCommand {
     Untar(untar::UntarArgs),
     /// All of the above, every mode: report and charts.
     Suite(suite::SuiteArgs),
+    /// Chart each figure's PCC speed-up over uncached tierfs from several runs' results.json
+    /// (one group per figure, the seed's speed-up in its label), into a PNG.
+    SpeedupChart {
+        /// The PNG to write.
+        #[arg(long)]
+        png: PathBuf,
+        /// The chart's title.
+        #[arg(long, default_value = "PCC speed-up over uncached tierfs")]
+        title: String,
+        /// results.json files of `tierfs bench` runs with tierfs and a PCC mode.
+        #[arg(required = true)]
+        results: Vec<PathBuf>,
+    },
+    /// Print what a --remote network profile is (1gbe, ib, wan); an unknown name is an error.
+    Profile {
+        /// The profile's name.
+        name: String,
+    },
 }
 
 /// How a bench session runs, independent of the command line.
@@ -180,6 +218,37 @@ fn tierfs_version(bin: &std::path::Path) -> String {
 pub fn run(args: BenchArgs) -> Result<(), BenchError> {
     util::install_signal_handlers();
     let c = &args.common;
+    if let BenchCommand::Profile { name } = &args.command {
+        println!("{}", remote::Profile::parse(name)?.describe());
+        return Ok(());
+    }
+    if let BenchCommand::SpeedupChart {
+        png,
+        title,
+        results,
+    } = &args.command
+    {
+        let mut reports = Vec::new();
+        for p in results {
+            let text = std::fs::read_to_string(p)
+                .map_err(|e| BenchError::io(format!("read {}", p.display()), e))?;
+            let r: Report = serde_json::from_str(&text)
+                .map_err(|e| BenchError::Report(format!("{}: {e}", p.display())))?;
+            reports.push(r);
+        }
+        plot::speedup_chart(&reports, png, title)?;
+        println!("wrote {}", png.display());
+        return Ok(());
+    }
+    // --remote: the profile, tc, the hosts and the servers are checked before anything else.
+    let remote_cfg = match &c.remote {
+        Some(p) => Some(remote::RemoteConfig {
+            profile: remote::Profile::parse(p)?,
+            server_ns: c.server_netns.clone(),
+            client_ns: c.client_netns.clone(),
+        }),
+        None => None,
+    };
     if c.reps == 0 || c.reps > 100 {
         return Err(BenchError::Args("--reps must be 1 to 100".into()));
     }
@@ -195,6 +264,38 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
     for t in &c.target_urls {
         fixture::check_target_url(t)?;
     }
+    let mut meta = c.meta.clone();
+    let mut target_urls = c.target_urls.clone();
+    let mut client_netns = Vec::new();
+    let mut remote_notes = Vec::new();
+    // Kept until the runs are done: it holds the shaping and the relays.
+    let _remote = match &remote_cfg {
+        Some(rc) => {
+            let Some(m) = &meta else {
+                return Err(BenchError::Args(
+                    "--remote needs --meta postgres://USER@HOST:PORT/DB on the server host".into(),
+                ));
+            };
+            if target_urls.is_empty() {
+                return Err(BenchError::Args(
+                    "--remote needs --target-url s3://BUCKET/PREFIX?endpoint=http://HOST:PORT on the server host".into(),
+                ));
+            }
+            let mut urls = vec![m.clone()];
+            urls.extend(target_urls.iter().cloned());
+            let servers = remote::preflight(rc, &urls)?;
+            let r = remote::Remote::start(rc, &servers)?;
+            for n in &r.notes {
+                eprintln!("tierfs bench: {n}");
+            }
+            meta = Some(r.url(m));
+            target_urls = target_urls.iter().map(|u| r.url(u)).collect();
+            client_netns = rc.client_ns.clone();
+            remote_notes = r.notes.clone();
+            Some(r)
+        }
+        None => None,
+    };
     let tierfs = match &c.tierfs_bin {
         Some(p) => p.clone(),
         None => std::env::current_exe()
@@ -218,7 +319,7 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
             modes.push(*m);
         }
     }
-    let mut notes = Vec::new();
+    let mut notes = remote_notes;
     let (workloads, out): (Vec<Box<dyn Workload>>, Option<PathBuf>) = match &args.command {
         BenchCommand::Ior(a) => (vec![Box::new(ior::Ior::new(a)?)], c.out.clone()),
         BenchCommand::Mdtest(a) => (vec![Box::new(mdtest::Mdtest::new(a)?)], c.out.clone()),
@@ -227,6 +328,7 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
             (vec![Box::new(filebench::Filebench::new(a)?)], c.out.clone())
         }
         BenchCommand::Untar(a) => (vec![Box::new(untar::Untar::new(a)?)], c.out.clone()),
+        BenchCommand::Profile { .. } | BenchCommand::SpeedupChart { .. } => return Ok(()), // done above
         BenchCommand::Suite(a) => {
             notes.extend(suite::notes(a));
             (
@@ -262,8 +364,9 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
             stripe_count: c.stripe_count,
             keep: c.keep,
             pcc: want_pcc && pcc,
-            meta: c.meta.clone(),
-            target_urls: c.target_urls.clone(),
+            meta,
+            target_urls,
+            client_netns,
         },
         run: runner::RunOptions {
             modes,

@@ -2,7 +2,8 @@
 //! tasks stat them, read them back (verified), and remove them; each phase starts on a barrier
 //! and its rate is all tasks' items over the phase's span, as mdtest's summary reports it.
 //! Files live in one shared directory, or one directory per task (`--unique-dir`, mdtest -u);
-//! `--remote` (mdtest -N tasks-per-client) makes each task stat, read and remove the files a
+//! `--other-client` (mdtest -N tasks-per-client; not `--remote`, which names `tierfs bench`'s
+//! network profile) makes each task stat, read and remove the files a
 //! task on another client created, so the creator's client cache cannot help.
 
 use std::fs::OpenOptions;
@@ -35,9 +36,10 @@ pub struct MdtestArgs {
     /// One directory per task (mdtest -u); default: all tasks share one directory.
     #[arg(short = 'u', long = "unique-dir")]
     pub unique_dir: bool,
-    /// Stat, read and remove files created by a task on another client (mdtest -N).
-    #[arg(short = 'N', long = "remote")]
-    pub remote: bool,
+    /// Stat, read and remove files created by a task on another client (mdtest -N). Named
+    /// `--other-client` because `tierfs bench --remote PROFILE` names the network profile.
+    #[arg(short = 'N', long = "other-client")]
+    pub other_client: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -72,7 +74,7 @@ impl Mdtest {
             items: a.items,
             write_bytes: a.write_bytes,
             unique_dir: a.unique_dir,
-            remote: a.remote,
+            remote: a.other_client,
         })
     }
 

@@ -266,3 +266,73 @@ pub fn write_charts(report: &Report, dir: &Path) -> Result<Vec<PathBuf>, BenchEr
     }
     Ok(out)
 }
+
+/// The seeds' PCC speed-ups over the remote tier without the cache (issue 15): seed 004's
+/// SSD-LPCC filebench figures and seed 000's 4 KiB O_DIRECT random write at QD1 (7.5 → 46.7
+/// MB/s), by the run names `scripts/bench-remote.sh` gives.
+pub const SEED_SPEEDUPS: [(&str, f64); 4] = [
+    ("filebench-fileserver", 2.0),
+    ("filebench-webserver", 8.3),
+    ("filebench-varmail", 1.5),
+    ("fio-rand-write-4k-qd1-direct", 6.2),
+];
+
+/// Draws, from several reports, each primary figure's PCC speed-up over uncached tierfs (one
+/// group per figure, a bar per PCC mode, the seed's speed-up in the label, 1.0 marked).
+pub fn speedup_chart(reports: &[Report], path: &Path, title: &str) -> Result<(), BenchError> {
+    let pcc = [Mode::TierfsRwPcc, Mode::TierfsRoPcc];
+    let mut cats = Vec::new();
+    for rep in reports {
+        // The figure the seeds report for each workload.
+        let primary = [
+            ("filebench", "ops"),
+            ("fio", "iops"),
+            ("mdtest", "ops"),
+            ("ior", "bw"),
+            ("untar", "files"),
+        ];
+        let Some((family, metric)) = primary
+            .iter()
+            .find(|(f, m)| rep.rows.iter().any(|r| r.workload == *f && r.metric == *m))
+        else {
+            continue;
+        };
+        for (rs, mut label) in categories(&rep.rows, &rep.modes, |r| {
+            r.workload == *family && r.metric == *metric
+        }) {
+            let median = |m: Mode| {
+                rs.iter()
+                    .find(|r| r.mode == m)
+                    .and_then(|r| r.summary.map(|s| s.median))
+            };
+            let base = median(Mode::Tierfs);
+            let name = rs.first().map(|r| r.name.as_str()).unwrap_or("");
+            if let Some((_, x)) = SEED_SPEEDUPS.iter().find(|(n, _)| *n == name) {
+                label.push(format!("seed: {x}x"));
+            }
+            cats.push(Category {
+                label,
+                values: pcc
+                    .iter()
+                    .map(|m| match (median(*m), base) {
+                        (Some(v), Some(b)) if b > 0.0 => Some(v / b),
+                        _ => None,
+                    })
+                    .collect(),
+            });
+        }
+    }
+    if cats.is_empty() {
+        return Err(BenchError::Report(
+            "no figure with both uncached tierfs and a PCC mode in these reports".into(),
+        ));
+    }
+    bar_chart(
+        path,
+        title,
+        "speed-up over uncached tierfs",
+        &pcc,
+        &cats,
+        Some(1.0),
+    )
+}

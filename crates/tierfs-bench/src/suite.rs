@@ -115,7 +115,7 @@ pub fn workloads(a: &SuiteArgs) -> Result<Vec<Box<dyn Workload>>, BenchError> {
                 items,
                 write_bytes: bytes,
                 unique_dir: unique,
-                remote: true,
+                other_client: true,
             })?));
         }
     }

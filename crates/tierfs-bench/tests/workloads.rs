@@ -97,7 +97,7 @@ fn mdtest_empty_shared_and_32k_unique_remote() {
                 items: 40,
                 write_bytes: w,
                 unique_dir: unique,
-                remote,
+                other_client: remote,
             })
             .unwrap(),
         )

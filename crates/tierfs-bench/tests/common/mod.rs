@@ -78,6 +78,7 @@ pub fn run_modes(
             pcc: false,
             meta: None,
             target_urls: vec![],
+            client_netns: vec![],
         },
         run: RunOptions {
             modes,
