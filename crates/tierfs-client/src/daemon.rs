@@ -370,6 +370,7 @@ pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Resul
         );
     }
     fs.writeback_cache = cfg.writeback_cache && pcc.is_none();
+    fs.fuse_uring = cfg.fuse_uring;
 
     // Following the other clients' changes: the reader is registered before anything is
     // served, so no change made after the mount is missed.
