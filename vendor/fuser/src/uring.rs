@@ -82,20 +82,21 @@ pub fn uring_requests() -> u64 {
 /// Number of queues the kernel makes: one per possible CPU (`num_possible_cpus()`).
 pub(crate) fn possible_cpus() -> io::Result<usize> {
     let s = std::fs::read_to_string("/sys/devices/system/cpu/possible")?;
+    cpus_in_list(&s).ok_or_else(|| io::Error::other(format!("cpu list {:?}", s.trim())))
+}
+
+/// The highest CPU number of a kernel CPU list ("0-3,8,10-11") plus one.
+fn cpus_in_list(s: &str) -> Option<usize> {
     let mut n = 0usize;
     for part in s.trim().split(',') {
-        let (a, b) = match part.split_once('-') {
-            Some((a, b)) => (a, b),
-            None => (part, part),
-        };
-        let a: usize = a.parse().map_err(|_| io::Error::other("cpu list"))?;
-        let b: usize = b.parse().map_err(|_| io::Error::other("cpu list"))?;
-        n = n.max(b + 1).max(a + 1);
+        let (a, b) = part.split_once('-').unwrap_or((part, part));
+        let (a, b): (usize, usize) = (a.parse().ok()?, b.parse().ok()?);
+        if a > b {
+            return None;
+        }
+        n = n.max(b + 1);
     }
-    if n == 0 {
-        return Err(io::Error::other("no possible cpu"));
-    }
-    Ok(n)
+    (n > 0).then_some(n)
 }
 
 /// One ring entry's buffers. Between the kernel's completion (a request is in them) and the
@@ -495,5 +496,65 @@ impl RingThread {
             }
         }
         false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_lists() {
+        assert_eq!(cpus_in_list("0-1\n"), Some(2));
+        assert_eq!(cpus_in_list("0"), Some(1));
+        assert_eq!(cpus_in_list("0-3,8,10-11"), Some(12));
+        assert_eq!(cpus_in_list(""), None);
+        assert_eq!(cpus_in_list("3-1"), None);
+        assert_eq!(cpus_in_list("x"), None);
+    }
+
+    #[test]
+    fn cmd_req_layout() {
+        // struct fuse_uring_cmd_req: flags u64, commit_id u64, qid u16
+        let c = cmd_req(0x1122_3344_5566_7788, 3);
+        assert_eq!(&c[0..8], &[0u8; 8]);
+        assert_eq!(
+            u64::from_ne_bytes(c[8..16].try_into().unwrap()),
+            0x1122_3344_5566_7788
+        );
+        assert_eq!(u16::from_ne_bytes(c[16..18].try_into().unwrap()), 3);
+    }
+
+    #[test]
+    fn register_sets_two_iovecs() {
+        let iov = [libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        }; 2];
+        let sqe = register_sqe(7, 1, iov.as_ptr(), 5);
+        // SAFETY: Entry128 is 128 bytes, repr(C).
+        let raw: &[u8; 128] = unsafe { &*(&sqe as *const Entry128).cast() };
+        assert_eq!(raw[0], io_uring::opcode::UringCmd80::CODE);
+        assert_eq!(i32::from_ne_bytes(raw[4..8].try_into().unwrap()), 7, "fd");
+        assert_eq!(
+            u64::from_ne_bytes(raw[16..24].try_into().unwrap()),
+            iov.as_ptr() as u64,
+            "addr"
+        );
+        assert_eq!(
+            u32::from_ne_bytes(raw[24..28].try_into().unwrap()),
+            2,
+            "len"
+        );
+        assert_eq!(
+            u32::from_ne_bytes(raw[8..12].try_into().unwrap()),
+            FUSE_IO_URING_CMD_REGISTER,
+            "cmd_op"
+        );
+        assert_eq!(
+            u16::from_ne_bytes(raw[48 + 16..48 + 18].try_into().unwrap()),
+            1,
+            "qid"
+        );
     }
 }
