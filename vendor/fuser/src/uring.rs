@@ -265,6 +265,14 @@ impl RingStop {
     }
 }
 
+/// A zeroed buffer the kernel may write while we hold it: allocated zeroed (untouched pages
+/// cost no memory until a request uses them).
+fn zeroed_cells(len: usize) -> Box<[UnsafeCell<u8>]> {
+    let raw = Box::into_raw(vec![0u8; len].into_boxed_slice());
+    // SAFETY: UnsafeCell<u8> has the layout of u8 (repr(transparent)); same allocation.
+    unsafe { Box::from_raw(raw as *mut [UnsafeCell<u8>]) }
+}
+
 fn eventfd() -> io::Result<OwnedFd> {
     // SAFETY: plain syscall; the fd is owned below.
     let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
@@ -297,7 +305,7 @@ impl RingThread {
         for _ in 0..ENTRIES_PER_THREAD {
             entries.push(Entry {
                 headers: Box::new(UnsafeCell::new([0u8; HEADER_SIZE])),
-                payload: (0..payload_size).map(|_| UnsafeCell::new(0u8)).collect(),
+                payload: zeroed_cells(payload_size),
                 owed: AtomicU64::new(0),
             });
         }
