@@ -97,12 +97,19 @@ fn unescape_mount_path(s: &str) -> String {
         .replace("\\134", "\\")
 }
 
-/// A FUSE mount whose daemon is gone answers ENOTCONN.
+/// A FUSE mount whose daemon is gone answers ENOTCONN; a request that was already waiting when
+/// the kernel aborted the connection gets ECONNABORTED. With FUSE over io_uring the abort comes
+/// a little after the daemon's death (its rings are torn down asynchronously), so a check made
+/// in between sees ECONNABORTED.
 pub fn is_dead_mount(path: &Path) -> bool {
     match std::fs::metadata(path) {
-        Err(e) => e.raw_os_error() == Some(libc::ENOTCONN),
+        Err(e) => dead_connection(e.raw_os_error()),
         Ok(_) => false,
     }
+}
+
+fn dead_connection(errno: Option<i32>) -> bool {
+    matches!(errno, Some(libc::ENOTCONN) | Some(libc::ECONNABORTED))
 }
 
 /// Detaches a mount (lazily, so a dead or busy one goes too).
@@ -616,4 +623,18 @@ fn publish_reports(meta: Arc<dyn tierfs_meta::MetaEngine>, session: Arc<Session>
         meta.report_workers(session.id(), &reports)
             .map_err(|e| e.to_string())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dead_connection_errnos() {
+        assert!(dead_connection(Some(libc::ENOTCONN)));
+        assert!(dead_connection(Some(libc::ECONNABORTED)));
+        assert!(!dead_connection(Some(libc::ENOENT)));
+        assert!(!dead_connection(Some(libc::EIO)));
+        assert!(!dead_connection(None));
+    }
 }
