@@ -170,16 +170,23 @@ impl UringReplySender {
                 hdr[HDR_ENT_IN_OUT + 16..HDR_ENT_IN_OUT + 20].copy_from_slice(&0u32.to_ne_bytes());
             } else {
                 let payload = UnsafeCell::raw_get(ent.payload.as_ptr());
+                // the out header first, then the payload, slice by slice
                 let mut at = 0usize;
                 for d in data {
-                    for &b in d.iter() {
-                        // header bytes first, then the payload
-                        if at < OUT_HEADER_SIZE {
-                            hdr[HDR_IN_OUT + at] = b;
-                        } else {
-                            *payload.add(at - OUT_HEADER_SIZE) = b;
-                        }
-                        at += 1;
+                    let mut d: &[u8] = d;
+                    if at < OUT_HEADER_SIZE {
+                        let n = d.len().min(OUT_HEADER_SIZE - at);
+                        hdr[HDR_IN_OUT + at..HDR_IN_OUT + at + n].copy_from_slice(&d[..n]);
+                        at += n;
+                        d = &d[n..];
+                    }
+                    if !d.is_empty() {
+                        std::ptr::copy_nonoverlapping(
+                            d.as_ptr(),
+                            payload.add(at - OUT_HEADER_SIZE),
+                            d.len(),
+                        );
+                        at += d.len();
                     }
                 }
                 hdr[HDR_ENT_IN_OUT + 16..HDR_ENT_IN_OUT + 20]
