@@ -162,11 +162,8 @@ impl UringReplySender {
             let hdr = &mut *ent.headers.get();
             if total < OUT_HEADER_SIZE || payload_len > ent.payload.len() {
                 // Cannot happen with fuser's replies; answer EIO rather than overflow.
-                let mut oh = [0u8; OUT_HEADER_SIZE];
-                oh[0..4].copy_from_slice(&(OUT_HEADER_SIZE as u32).to_ne_bytes());
-                oh[4..8].copy_from_slice(&(-libc::EIO).to_ne_bytes());
-                oh[8..16].copy_from_slice(&self.commit_id.to_ne_bytes());
-                hdr[HDR_IN_OUT..HDR_IN_OUT + OUT_HEADER_SIZE].copy_from_slice(&oh);
+                hdr[HDR_IN_OUT..HDR_IN_OUT + OUT_HEADER_SIZE]
+                    .copy_from_slice(&eio_header(self.commit_id));
                 hdr[HDR_ENT_IN_OUT + 16..HDR_ENT_IN_OUT + 20].copy_from_slice(&0u32.to_ne_bytes());
             } else {
                 let payload = UnsafeCell::raw_get(ent.payload.as_ptr());
@@ -195,18 +192,26 @@ impl UringReplySender {
         }
         self.ring.commits.lock().push((self.entry, self.commit_id));
         if self.ring.owner.get() != Some(&std::thread::current().id()) {
-            let one: u64 = 1;
-            // SAFETY: writing 8 bytes to an eventfd.
-            let _ = unsafe {
-                libc::write(
-                    self.ring.wake.as_raw_fd(),
-                    (&one as *const u64).cast(),
-                    std::mem::size_of::<u64>(),
-                )
-            };
+            signal(self.ring.wake.as_raw_fd());
         }
         Ok(())
     }
+}
+
+/// A fuse_out_header answering request `unique` with EIO.
+fn eio_header(unique: u64) -> [u8; OUT_HEADER_SIZE] {
+    let mut oh = [0u8; OUT_HEADER_SIZE];
+    oh[0..4].copy_from_slice(&(OUT_HEADER_SIZE as u32).to_ne_bytes());
+    oh[4..8].copy_from_slice(&(-libc::EIO).to_ne_bytes());
+    oh[8..16].copy_from_slice(&unique.to_ne_bytes());
+    oh
+}
+
+/// Adds 1 to eventfd `fd` (wakes the ring that polls it).
+fn signal(fd: i32) {
+    let one: u64 = 1;
+    // SAFETY: writing 8 bytes from a live u64 to an eventfd.
+    let _ = unsafe { libc::write(fd, (&one as *const u64).cast(), std::mem::size_of::<u64>()) };
 }
 
 /// The fuse_uring_cmd_req in the SQE's command area: flags u64, commit_id u64, qid u16.
@@ -260,15 +265,7 @@ pub(crate) struct RingStop {
 impl RingStop {
     pub(crate) fn stop(&self) {
         self.stop.store(true, Ordering::Release);
-        let one: u64 = 1;
-        // SAFETY: writing 8 bytes to an eventfd.
-        let _ = unsafe {
-            libc::write(
-                self.wake.as_raw_fd(),
-                (&one as *const u64).cast(),
-                std::mem::size_of::<u64>(),
-            )
-        };
+        signal(self.wake.as_raw_fd());
     }
 }
 
@@ -503,11 +500,7 @@ impl RingThread {
                     commit_id: unique,
                     ch: se.ch.sender(),
                 };
-                let mut oh = [0u8; OUT_HEADER_SIZE];
-                oh[0..4].copy_from_slice(&(OUT_HEADER_SIZE as u32).to_ne_bytes());
-                oh[4..8].copy_from_slice(&(-libc::EIO).to_ne_bytes());
-                oh[8..16].copy_from_slice(&unique.to_ne_bytes());
-                let _ = sender.send(&[IoSlice::new(&oh)]);
+                let _ = sender.send(&[IoSlice::new(&eio_header(unique))]);
             }
         }
         false
