@@ -34,6 +34,12 @@
 //!                              # client then never sees another client's new size or mtime
 //!                              # of a file whose inode its kernel keeps (docs/semantics.md);
 //!                              # for one-client filesystems. Ignored (logged) with cache_dir.
+//! fuse_uring = false           # FUSE over io_uring (Linux 6.14+, CONFIG_FUSE_IO_URING, and
+//!                              # the fuse module parameter enable_uring must be Y): requests
+//!                              # and replies through ring entries, one system call per request
+//!                              # instead of a read and a write on /dev/fuse. Falls back to
+//!                              # /dev/fuse (one log line) when the kernel does not offer it
+//!                              # (docs/architecture.md, "FUSE over io_uring")
 //! metrics = "127.0.0.1:9567"   # serve Prometheus metrics here (off by default)
 //! # persistent client cache (off unless cache_dir is set)
 //! cache_dir = "/nvme/pcc"      # where cached files live (a local disk)
@@ -84,6 +90,7 @@ pub struct ClientConfig {
     pub posix_acl: bool,
     pub readdirplus: String,
     pub writeback_cache: bool,
+    pub fuse_uring: bool,
     pub metrics: Option<String>,
     pub cache_dir: Option<std::path::PathBuf>,
     pub cache_size: String,
@@ -179,6 +186,7 @@ impl Default for ClientConfig {
             posix_acl: true,
             readdirplus: "always".into(),
             writeback_cache: false,
+            fuse_uring: false,
             metrics: None,
             cache_dir: None,
             cache_size: "10G".into(),
@@ -361,6 +369,17 @@ mod tests {
         }
         let e = ClientConfig::from_toml("readdirplus = \"sometimes\"").unwrap_err();
         assert!(e.contains("readdirplus"), "{e}");
+    }
+
+    #[test]
+    fn fuse_uring_defaults_to_off() {
+        assert!(!ClientConfig::default().fuse_uring);
+        assert!(
+            ClientConfig::from_toml("fuse_uring = true")
+                .unwrap()
+                .fuse_uring
+        );
+        assert!(ClientConfig::from_toml("fuse_uring = 1").is_err());
     }
 
     #[test]

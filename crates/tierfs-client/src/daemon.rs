@@ -97,10 +97,12 @@ fn unescape_mount_path(s: &str) -> String {
         .replace("\\134", "\\")
 }
 
-/// A FUSE mount whose daemon is gone answers ENOTCONN. The probe is a `statfs`, which the
-/// kernel always sends to the daemon: a `stat` of the mount's root is answered from the
-/// kernel's attribute cache while its TTL lasts (with `follow_changes`, `follow_ttl`), dead
-/// daemon or not.
+/// A FUSE mount whose daemon is gone answers ENOTCONN; a request that was already waiting when
+/// the kernel aborted the connection gets ECONNABORTED. With FUSE over io_uring the abort comes
+/// a little after the daemon's death (its rings are torn down asynchronously), so a check made
+/// in between sees ECONNABORTED. The probe is a `statfs`, which the kernel always sends to the
+/// daemon: a `stat` of the mount's root is answered from the kernel's attribute cache while its
+/// TTL lasts (with `follow_changes`, `follow_ttl`), dead daemon or not.
 pub fn is_dead_mount(path: &Path) -> bool {
     use std::os::unix::ffi::OsStrExt;
     let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
@@ -109,7 +111,11 @@ pub fn is_dead_mount(path: &Path) -> bool {
     // SAFETY: c is a valid NUL-terminated path; st is written by the call only.
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
     let r = unsafe { libc::statfs(c.as_ptr(), &mut st) };
-    r != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOTCONN)
+    r != 0 && dead_connection(std::io::Error::last_os_error().raw_os_error())
+}
+
+fn dead_connection(errno: Option<i32>) -> bool {
+    matches!(errno, Some(libc::ENOTCONN) | Some(libc::ECONNABORTED))
 }
 
 /// Detaches a mount (lazily, so a dead or busy one goes too).
@@ -377,6 +383,7 @@ pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Resul
         );
     }
     fs.writeback_cache = cfg.writeback_cache && pcc.is_none();
+    fs.fuse_uring = cfg.fuse_uring;
 
     // Following the other clients' changes: the reader is registered before anything is
     // served, so no change made after the mount is missed.
@@ -623,4 +630,18 @@ fn publish_reports(meta: Arc<dyn tierfs_meta::MetaEngine>, session: Arc<Session>
         meta.report_workers(session.id(), &reports)
             .map_err(|e| e.to_string())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dead_connection_errnos() {
+        assert!(dead_connection(Some(libc::ENOTCONN)));
+        assert!(dead_connection(Some(libc::ECONNABORTED)));
+        assert!(!dead_connection(Some(libc::ENOENT)));
+        assert!(!dead_connection(Some(libc::EIO)));
+        assert!(!dead_connection(None));
+    }
 }

@@ -414,6 +414,9 @@ pub struct FsInner {
     /// Ask the kernel for its writeback cache (`writeback_cache` in the client config; never
     /// with a persistent client cache: the daemon leaves it off then).
     pub writeback_cache: bool,
+    /// Ask for FUSE over io_uring (`fuse_uring` in the client config; the patched fuser,
+    /// vendor/fuser/src/uring.rs).
+    pub fuse_uring: bool,
     /// Who makes each request, for changelog records (uid/gid, job id).
     pub callers: crate::caller::Callers,
     /// Who may attach, detach, pin and unpin by hand (`pcc_attach`).
@@ -562,6 +565,7 @@ impl TierFs {
             posix_acl: true,
             readdirplus: ReaddirPlus::Always,
             writeback_cache: false,
+            fuse_uring: false,
             callers: crate::caller::Callers::new(crate::caller::JobIdSource::Disabled),
             pcc_attach: crate::config::AttachPolicy::Root,
             parked: AtomicUsize::new(0),
@@ -1871,6 +1875,22 @@ impl Filesystem for TierFs {
                 tracing::info!("kernel writeback cache on (writeback_cache = true)");
             }
         }
+        // FUSE over io_uring: the patched fuser serves requests through ring entries beside
+        // /dev/fuse (which keeps INIT, FORGET, INTERRUPT and notifications).
+        if self.fuse_uring {
+            if config
+                .add_capabilities(InitFlags::FUSE_OVER_IO_URING)
+                .is_err()
+            {
+                tracing::warn!(
+                    "fuse_uring: the kernel does not offer FUSE over io_uring (it needs \
+                     CONFIG_FUSE_IO_URING and /sys/module/fuse/parameters/enable_uring = Y): \
+                     requests go through /dev/fuse"
+                );
+            } else {
+                tracing::info!("FUSE over io_uring on (fuse_uring = true)");
+            }
+        }
         if self
             .pcc
             .as_ref()
@@ -2237,6 +2257,11 @@ impl Filesystem for TierFs {
         let _caller = self.scope(req);
         if is_virtual(ino.0) {
             let mut text = self.metrics.render();
+            // requests this daemon received through FUSE over io_uring (fuse_uring)
+            text.push_str(&format!(
+                "tierfs_fuse_uring_requests_total {}\n",
+                fuser::uring_requests()
+            ));
             if let Some(p) = &self.pcc {
                 let (used, cap, files) = p.usage();
                 text.push_str(&format!(

@@ -139,6 +139,9 @@ pub struct Session<FS: Filesystem> {
     /// The field is set to `Some` when the init message is received.
     pub(crate) proto_version: Option<Version>,
     pub(crate) config: Config,
+    /// tierfs patch: the payload buffer size of each io_uring entry when the filesystem asked
+    /// for FUSE over io_uring (`InitFlags::FUSE_OVER_IO_URING`) and the kernel agreed.
+    uring_payload: Option<usize>,
 }
 
 impl<FS: Filesystem> AsFd for Session<FS> {
@@ -186,6 +189,7 @@ impl<FS: Filesystem> Session<FS> {
             session_owner: geteuid(),
             proto_version: None,
             config: options.clone(),
+            uring_payload: None,
         };
 
         session.handshake()?;
@@ -214,6 +218,7 @@ impl<FS: Filesystem> Session<FS> {
             session_owner: geteuid(),
             proto_version: None,
             config,
+            uring_payload: None,
         };
 
         session.handshake()?;
@@ -252,6 +257,7 @@ impl<FS: Filesystem> Session<FS> {
             session_owner,
             proto_version: _,
             config,
+            uring_payload,
         } = self;
 
         let n_threads = config.n_threads.unwrap_or(1);
@@ -286,6 +292,38 @@ impl<FS: Filesystem> Session<FS> {
                 channels.push(ch.clone());
             }
         }
+        // tierfs patch: FUSE over io_uring threads, beside the /dev/fuse readers (which still
+        // carry FORGET, INTERRUPT and notifications).
+        let mut rings = Vec::new();
+        if let Some(payload) = uring_payload {
+            let queues = crate::uring::possible_cpus()?;
+            let per_queue = (n_threads / queues).max(1);
+            let fuse_fd = {
+                use std::os::fd::AsRawFd;
+                ch.as_fd().as_raw_fd()
+            };
+            for qid in 0..queues {
+                for t in 0..per_queue {
+                    let (ring, stop) = crate::uring::RingThread::new(qid as u16, payload)?;
+                    let thread_name = format!("fuser-uring-{qid}-{t}");
+                    let event_loop = SessionEventLoop {
+                        thread_name: thread_name.clone(),
+                        filesystem: filesystem.clone(),
+                        ch: ch.clone(),
+                        allowed,
+                        session_owner,
+                    };
+                    let handle = thread::Builder::new()
+                        .name(thread_name)
+                        .spawn(move || ring.run(fuse_fd, &event_loop))?;
+                    rings.push((handle, stop));
+                }
+            }
+            info!(
+                "FUSE over io_uring: {queues} queues, {per_queue} threads each, {} entries per thread",
+                crate::uring::ENTRIES_PER_THREAD
+            );
+        }
         channels.push(ch);
 
         let mut threads = Vec::with_capacity(n_threads);
@@ -318,6 +356,18 @@ impl<FS: Filesystem> Session<FS> {
                 if reply.is_ok() {
                     reply = Err(e);
                 }
+            }
+        }
+
+        // The /dev/fuse readers end when the connection does; the rings may still wait.
+        for (_, stop) in &rings {
+            stop.stop();
+        }
+        for (handle, _) in rings {
+            match handle.join() {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => warn!("FUSE io_uring thread: {e}"),
+                Err(_) => return Err(io::Error::other("io_uring thread panicked")),
             }
         }
 
@@ -427,6 +477,31 @@ impl<FS: Filesystem> Session<FS> {
                 <ReplyRaw as Reply>::new(request.unique(), ReplySender::Channel(self.ch.sender()))
                     .send_ll(&ResponseErrno(errno));
                 return Err(error);
+            }
+
+            // tierfs patch: FUSE over io_uring when the filesystem asked for it and the kernel
+            // offers it, and only if this process can make a ring: once agreed, the kernel
+            // holds every request until the rings are registered.
+            if config.requested.contains(InitFlags::FUSE_OVER_IO_URING)
+                && init.capabilities().contains(InitFlags::FUSE_OVER_IO_URING)
+            {
+                match io_uring::IoUring::<io_uring::squeue::Entry128>::builder().build(8) {
+                    Ok(_) => {
+                        let page = page_size::get();
+                        let payload = (config.max_write as usize)
+                            .max(config.max_pages() as usize * page)
+                            .max(8192);
+                        self.uring_payload = Some(payload);
+                    }
+                    Err(e) => {
+                        warn!(
+                            "FUSE over io_uring offered but no ring can be made ({e}): /dev/fuse"
+                        );
+                        config.requested.remove(InitFlags::FUSE_OVER_IO_URING);
+                    }
+                }
+            } else {
+                config.requested.remove(InitFlags::FUSE_OVER_IO_URING);
             }
 
             // Remember the ABI version supported by kernel and mark the session initialized.

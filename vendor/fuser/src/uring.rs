@@ -1,0 +1,568 @@
+//! FUSE over io_uring (tierfs patch, see TIERFS-PATCH.md).
+//!
+//! Linux 6.14+ (`CONFIG_FUSE_IO_URING`, module parameter `fuse.enable_uring=Y`) can hand FUSE
+//! requests to the daemon through io_uring instead of read(2)/write(2) on /dev/fuse: the daemon
+//! registers ring entries (a 288-byte header buffer and a payload buffer each) with
+//! `IORING_OP_URING_CMD` + `FUSE_IO_URING_CMD_REGISTER`; the kernel completes such a command when
+//! it has put a request in the entry's buffers, and the daemon answers by writing the reply into
+//! the same buffers and submitting `FUSE_IO_URING_CMD_COMMIT_AND_FETCH`, which both commits the
+//! reply and waits for the next request: one system call per request instead of two, and no
+//! wake-up of a reader thread per request.
+//!
+//! The kernel has one queue per possible CPU and puts a request on the queue of the CPU the
+//! calling task runs on; it switches to the ring only once every queue has an entry. INIT,
+//! FORGET, INTERRUPT and notifications still go over /dev/fuse, whose reader threads keep
+//! running beside the ring threads.
+//!
+//! Here each queue is served by `threads_per_queue` threads, each with its own ring and
+//! `ENTRIES_PER_THREAD` entries. Only a ring's own thread submits to it: a reply sent from
+//! another thread (a deferred reply, e.g. a lock wait's) writes the entry's buffers, queues the
+//! commit and wakes the ring thread through an eventfd the ring polls.
+
+use std::cell::UnsafeCell;
+use std::io;
+use std::io::IoSlice;
+use std::os::fd::AsRawFd;
+use std::os::fd::FromRawFd;
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+use std::sync::OnceLock;
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering;
+use std::thread::ThreadId;
+
+use io_uring::IoUring;
+use io_uring::opcode;
+use io_uring::squeue::Entry128;
+use io_uring::types;
+use log::debug;
+use log::error;
+use log::warn;
+use parking_lot::Mutex;
+
+use crate::Filesystem;
+use crate::channel::ChannelSender;
+use crate::ll::Operation;
+use crate::read_buf::FuseReadBuf;
+use crate::reply::ReplyEmpty;
+use crate::reply::ReplySender;
+use crate::request::RequestWithSender;
+use crate::session::SessionEventLoop;
+
+/// `enum fuse_uring_cmd` (include/uapi/linux/fuse.h).
+const FUSE_IO_URING_CMD_REGISTER: u32 = 1;
+const FUSE_IO_URING_CMD_COMMIT_AND_FETCH: u32 = 2;
+
+/// `struct fuse_uring_req_header`: `in_out[128]` (fuse_in_header, then fuse_out_header),
+/// `op_in[128]` (the opcode's own header), `struct fuse_uring_ent_in_out` (32 bytes:
+/// flags u64, commit_id u64, payload_sz u32, padding u32, reserved u64).
+const HDR_IN_OUT: usize = 0;
+const HDR_OP_IN: usize = 128;
+const HDR_OP_IN_SIZE: usize = 128;
+const HDR_ENT_IN_OUT: usize = 256;
+const HEADER_SIZE: usize = 288;
+const IN_HEADER_SIZE: usize = 40;
+const OUT_HEADER_SIZE: usize = 16;
+
+/// Entries each ring thread registers. One request per entry is in user space at a time; a
+/// thread dispatches one at a time, the others serve deferred replies (lock waits).
+pub(crate) const ENTRIES_PER_THREAD: usize = 4;
+
+/// `user_data` of the eventfd poll (entries use their index).
+const WAKE: u64 = u64::MAX;
+
+static REQUESTS: AtomicU64 = AtomicU64::new(0);
+
+/// Requests this process received over io_uring (all sessions), for statistics and tests.
+pub fn uring_requests() -> u64 {
+    REQUESTS.load(Ordering::Relaxed)
+}
+
+/// Number of queues the kernel makes: one per possible CPU (`num_possible_cpus()`).
+pub(crate) fn possible_cpus() -> io::Result<usize> {
+    let s = std::fs::read_to_string("/sys/devices/system/cpu/possible")?;
+    cpus_in_list(&s).ok_or_else(|| io::Error::other(format!("cpu list {:?}", s.trim())))
+}
+
+/// The highest CPU number of a kernel CPU list ("0-3,8,10-11") plus one.
+fn cpus_in_list(s: &str) -> Option<usize> {
+    let mut n = 0usize;
+    for part in s.trim().split(',') {
+        let (a, b) = part.split_once('-').unwrap_or((part, part));
+        let (a, b): (usize, usize) = (a.parse().ok()?, b.parse().ok()?);
+        if a > b {
+            return None;
+        }
+        n = n.max(b + 1);
+    }
+    (n > 0).then_some(n)
+}
+
+/// One ring entry's buffers. Between the kernel's completion (a request is in them) and the
+/// commit, only the holder of the entry's `commit_id` (the request's reply) touches them.
+struct Entry {
+    headers: Box<UnsafeCell<[u8; HEADER_SIZE]>>,
+    payload: Box<[UnsafeCell<u8>]>,
+    /// The request whose reply is owed (its `unique`), 0 when none.
+    owed: AtomicU64,
+}
+
+/// What a ring thread shares with the replies it hands out.
+pub(crate) struct RingShared {
+    qid: u16,
+    entries: Vec<Entry>,
+    /// Replies written into their entries and not yet committed: (entry, commit id).
+    commits: Mutex<Vec<(usize, u64)>>,
+    wake: OwnedFd,
+    /// The ring's thread, set when it starts serving.
+    owner: OnceLock<ThreadId>,
+}
+
+// SAFETY: the buffers behind UnsafeCell are written by one party at a time: the kernel until
+// the completion, then the request's reply (claimed through `owed`), then the kernel again once
+// the ring thread has submitted the commit (which it does after the reply queued it under the
+// `commits` lock).
+unsafe impl Sync for RingShared {}
+unsafe impl Send for RingShared {}
+
+impl std::fmt::Debug for RingShared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RingShared")
+            .field("qid", &self.qid)
+            .finish()
+    }
+}
+
+/// Where the reply to a request received over the ring goes.
+#[derive(Debug, Clone)]
+pub(crate) struct UringReplySender {
+    ring: Arc<RingShared>,
+    entry: usize,
+    commit_id: u64,
+    /// /dev/fuse, for the passthrough ioctls.
+    pub(crate) ch: ChannelSender,
+}
+
+impl UringReplySender {
+    pub(crate) fn send(&self, data: &[IoSlice<'_>]) -> io::Result<()> {
+        let ent = &self.ring.entries[self.entry];
+        if ent
+            .owed
+            .compare_exchange(self.commit_id, 0, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            // A second reply to one request: the entry may already carry another request.
+            return Err(io::Error::other("request already answered"));
+        }
+        let total: usize = data.iter().map(|d| d.len()).sum();
+        let payload_len = total.saturating_sub(OUT_HEADER_SIZE);
+        // SAFETY: this reply owns the entry's buffers until it queues the commit (above).
+        unsafe {
+            let hdr = &mut *ent.headers.get();
+            if total < OUT_HEADER_SIZE || payload_len > ent.payload.len() {
+                // Cannot happen with fuser's replies; answer EIO rather than overflow.
+                hdr[HDR_IN_OUT..HDR_IN_OUT + OUT_HEADER_SIZE]
+                    .copy_from_slice(&eio_header(self.commit_id));
+                hdr[HDR_ENT_IN_OUT + 16..HDR_ENT_IN_OUT + 20].copy_from_slice(&0u32.to_ne_bytes());
+            } else {
+                let payload = UnsafeCell::raw_get(ent.payload.as_ptr());
+                // the out header first, then the payload, slice by slice
+                let mut at = 0usize;
+                for d in data {
+                    let mut d: &[u8] = d;
+                    if at < OUT_HEADER_SIZE {
+                        let n = d.len().min(OUT_HEADER_SIZE - at);
+                        hdr[HDR_IN_OUT + at..HDR_IN_OUT + at + n].copy_from_slice(&d[..n]);
+                        at += n;
+                        d = &d[n..];
+                    }
+                    if !d.is_empty() {
+                        std::ptr::copy_nonoverlapping(
+                            d.as_ptr(),
+                            payload.add(at - OUT_HEADER_SIZE),
+                            d.len(),
+                        );
+                        at += d.len();
+                    }
+                }
+                hdr[HDR_ENT_IN_OUT + 16..HDR_ENT_IN_OUT + 20]
+                    .copy_from_slice(&(payload_len as u32).to_ne_bytes());
+            }
+        }
+        self.ring.commits.lock().push((self.entry, self.commit_id));
+        if self.ring.owner.get() != Some(&std::thread::current().id()) {
+            signal(self.ring.wake.as_raw_fd());
+        }
+        Ok(())
+    }
+}
+
+/// A fuse_out_header answering request `unique` with EIO.
+fn eio_header(unique: u64) -> [u8; OUT_HEADER_SIZE] {
+    let mut oh = [0u8; OUT_HEADER_SIZE];
+    oh[0..4].copy_from_slice(&(OUT_HEADER_SIZE as u32).to_ne_bytes());
+    oh[4..8].copy_from_slice(&(-libc::EIO).to_ne_bytes());
+    oh[8..16].copy_from_slice(&unique.to_ne_bytes());
+    oh
+}
+
+/// Adds 1 to eventfd `fd` (wakes the ring that polls it).
+fn signal(fd: i32) {
+    let one: u64 = 1;
+    // SAFETY: writing 8 bytes from a live u64 to an eventfd.
+    let _ = unsafe { libc::write(fd, (&one as *const u64).cast(), std::mem::size_of::<u64>()) };
+}
+
+/// The fuse_uring_cmd_req in the SQE's command area: flags u64, commit_id u64, qid u16.
+fn cmd_req(commit_id: u64, qid: u16) -> [u8; 80] {
+    let mut c = [0u8; 80];
+    c[8..16].copy_from_slice(&commit_id.to_ne_bytes());
+    c[16..18].copy_from_slice(&qid.to_ne_bytes());
+    c
+}
+
+fn register_sqe(fd: i32, qid: u16, iov: *const libc::iovec, idx: usize) -> Entry128 {
+    let mut sqe = opcode::UringCmd80::new(types::Fd(fd), FUSE_IO_URING_CMD_REGISTER)
+        .cmd(cmd_req(0, qid))
+        .addr(Some(iov as u64))
+        .build()
+        .user_data(idx as u64);
+    // The kernel reads the number of iovecs from sqe->len (offset 24 of struct io_uring_sqe),
+    // which the io-uring crate's UringCmd80 does not set.
+    const _: () = assert!(std::mem::size_of::<Entry128>() == 128);
+    // SAFETY: Entry128 is repr(C), 128 bytes, the io_uring_sqe first.
+    unsafe {
+        let raw = (&mut sqe as *mut Entry128).cast::<u8>();
+        std::ptr::copy_nonoverlapping(2u32.to_ne_bytes().as_ptr(), raw.add(24), 4);
+    }
+    sqe
+}
+
+fn commit_sqe(fd: i32, qid: u16, idx: usize, commit_id: u64) -> Entry128 {
+    opcode::UringCmd80::new(types::Fd(fd), FUSE_IO_URING_CMD_COMMIT_AND_FETCH)
+        .cmd(cmd_req(commit_id, qid))
+        .build()
+        .user_data(idx as u64)
+}
+
+fn wake_sqe(efd: i32) -> Entry128 {
+    Entry128::from(
+        opcode::PollAdd::new(types::Fd(efd), libc::POLLIN as u32)
+            .multi(true)
+            .build()
+            .user_data(WAKE),
+    )
+}
+
+/// Tells a ring thread to stop (after the session's /dev/fuse threads ended).
+#[derive(Debug, Clone)]
+pub(crate) struct RingStop {
+    stop: Arc<AtomicBool>,
+    wake: Arc<OwnedFd>,
+}
+
+impl RingStop {
+    pub(crate) fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+        signal(self.wake.as_raw_fd());
+    }
+}
+
+/// A zeroed buffer the kernel may write while we hold it: allocated zeroed (untouched pages
+/// cost no memory until a request uses them).
+fn zeroed_cells(len: usize) -> Box<[UnsafeCell<u8>]> {
+    let raw = Box::into_raw(vec![0u8; len].into_boxed_slice());
+    // SAFETY: UnsafeCell<u8> has the layout of u8 (repr(transparent)); same allocation.
+    unsafe { Box::from_raw(raw as *mut [UnsafeCell<u8>]) }
+}
+
+fn eventfd() -> io::Result<OwnedFd> {
+    // SAFETY: plain syscall; the fd is owned below.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd is a new, valid descriptor.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// A ring thread, ready to run.
+pub(crate) struct RingThread {
+    ring: IoUring<Entry128>,
+    shared: Arc<RingShared>,
+    stop: Arc<AtomicBool>,
+    stop_wake: Arc<OwnedFd>,
+    iovs: Box<[libc::iovec]>,
+}
+
+// SAFETY: iovs point into `shared`'s heap buffers, which move with it.
+unsafe impl Send for RingThread {}
+
+impl RingThread {
+    /// Builds the ring and buffers of one thread of queue `qid`.
+    pub(crate) fn new(qid: u16, payload_size: usize) -> io::Result<(RingThread, RingStop)> {
+        let ring: IoUring<Entry128> =
+            IoUring::builder().build((ENTRIES_PER_THREAD as u32 + 2).next_power_of_two().max(8))?;
+        let wake = eventfd()?;
+        let mut entries = Vec::with_capacity(ENTRIES_PER_THREAD);
+        for _ in 0..ENTRIES_PER_THREAD {
+            entries.push(Entry {
+                headers: Box::new(UnsafeCell::new([0u8; HEADER_SIZE])),
+                payload: zeroed_cells(payload_size),
+                owed: AtomicU64::new(0),
+            });
+        }
+        let iovs: Box<[libc::iovec]> = entries
+            .iter()
+            .flat_map(|e| {
+                [
+                    libc::iovec {
+                        iov_base: e.headers.get().cast(),
+                        iov_len: HEADER_SIZE,
+                    },
+                    libc::iovec {
+                        iov_base: UnsafeCell::raw_get(e.payload.as_ptr()).cast(),
+                        iov_len: e.payload.len(),
+                    },
+                ]
+            })
+            .collect();
+        let stop_wake = Arc::new(eventfd()?);
+        let stop = Arc::new(AtomicBool::new(false));
+        let shared = Arc::new(RingShared {
+            qid,
+            entries,
+            commits: Mutex::new(Vec::new()),
+            wake,
+            owner: OnceLock::new(),
+        });
+        let rs = RingStop {
+            stop: Arc::clone(&stop),
+            wake: Arc::clone(&stop_wake),
+        };
+        Ok((
+            RingThread {
+                ring,
+                shared,
+                stop,
+                stop_wake,
+                iovs,
+            },
+            rs,
+        ))
+    }
+
+    fn push(&mut self, sqe: &Entry128) -> io::Result<()> {
+        loop {
+            // SAFETY: the buffers an SQE names (iovecs, entries) live as long as the ring.
+            if unsafe { self.ring.submission().push(sqe) }.is_ok() {
+                return Ok(());
+            }
+            self.ring.submit()?;
+        }
+    }
+
+    /// Registers the entries and serves requests until the connection ends or `stop`.
+    pub(crate) fn run<FS: Filesystem>(
+        mut self,
+        fuse_fd: i32,
+        se: &SessionEventLoop<FS>,
+    ) -> io::Result<()> {
+        let qid = self.shared.qid;
+        let _ = self.shared.owner.set(std::thread::current().id());
+        for idx in 0..ENTRIES_PER_THREAD {
+            let sqe = register_sqe(fuse_fd, qid, self.iovs[2 * idx..].as_ptr(), idx);
+            self.push(&sqe)?;
+        }
+        let w = wake_sqe(self.shared.wake.as_raw_fd());
+        self.push(&w)?;
+        let mut s = wake_sqe(self.stop_wake.as_raw_fd());
+        s = s.user_data(WAKE - 1);
+        self.push(&s)?;
+        let mut live = ENTRIES_PER_THREAD;
+        let mut buf = FuseReadBuf::new();
+        let buf = buf.as_mut();
+        let mut done: Vec<(u64, i32, u32)> = Vec::new();
+        while live > 0 && !self.stop.load(Ordering::Acquire) {
+            match self.ring.submit_and_wait(1) {
+                Ok(_) => {}
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {}
+                Err(e) => return Err(e),
+            }
+            done.clear();
+            done.extend(
+                self.ring
+                    .completion()
+                    .map(|c| (c.user_data(), c.result(), c.flags())),
+            );
+            for &(ud, res, flags) in &done {
+                if ud >= WAKE - 1 {
+                    let fd = if ud == WAKE {
+                        self.shared.wake.as_raw_fd()
+                    } else {
+                        self.stop_wake.as_raw_fd()
+                    };
+                    let mut v = 0u64;
+                    // SAFETY: reading 8 bytes from a nonblocking eventfd.
+                    let _ = unsafe { libc::read(fd, (&mut v as *mut u64).cast(), 8) };
+                    if !io_uring::cqueue::more(flags) {
+                        let mut again = wake_sqe(fd);
+                        again = again.user_data(ud);
+                        self.push(&again)?;
+                    }
+                    continue;
+                }
+                let idx = ud as usize;
+                if res < 0 {
+                    // -ENOTCONN/-ECANCELED: the connection ended (unmount) or the queue stopped;
+                    // on register, -EOPNOTSUPP/-EINVAL: the kernel refused the ring (it then
+                    // goes on over /dev/fuse).
+                    if res != -libc::ENOTCONN && res != -libc::ECANCELED {
+                        warn!(
+                            "fuse io_uring queue {qid} entry {idx}: {}",
+                            io::Error::from_raw_os_error(-res)
+                        );
+                    }
+                    live -= 1;
+                    continue;
+                }
+                if self.serve(idx, buf, se) {
+                    // DESTROY: answered; the kernel tears the ring down next.
+                    debug!("fuse io_uring queue {qid}: destroy");
+                }
+            }
+            let commits: Vec<(usize, u64)> = std::mem::take(&mut *self.shared.commits.lock());
+            for (idx, commit_id) in commits {
+                let sqe = commit_sqe(fuse_fd, qid, idx, commit_id);
+                self.push(&sqe)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies the request out of entry `idx` and dispatches it. True for DESTROY.
+    fn serve<FS: Filesystem>(&self, idx: usize, buf: &mut [u8], se: &SessionEventLoop<FS>) -> bool {
+        let ent = &self.shared.entries[idx];
+        // SAFETY: the kernel has completed the entry: its buffers hold a request nobody else
+        // touches until its reply claims them.
+        let (len, unique) = unsafe {
+            let hdr = &*ent.headers.get();
+            let len = u32::from_ne_bytes(hdr[0..4].try_into().unwrap()) as usize;
+            let unique = u64::from_ne_bytes(hdr[8..16].try_into().unwrap());
+            let payload_sz = u32::from_ne_bytes(
+                hdr[HDR_ENT_IN_OUT + 16..HDR_ENT_IN_OUT + 20]
+                    .try_into()
+                    .unwrap(),
+            ) as usize;
+            let op_sz = len
+                .saturating_sub(IN_HEADER_SIZE)
+                .saturating_sub(payload_sz)
+                .min(HDR_OP_IN_SIZE);
+            let payload_sz = payload_sz.min(ent.payload.len());
+            let len = IN_HEADER_SIZE + op_sz + payload_sz;
+            if len > buf.len() {
+                error!("fuse io_uring: request of {len} bytes");
+                return false;
+            }
+            buf[..IN_HEADER_SIZE].copy_from_slice(&hdr[..IN_HEADER_SIZE]);
+            buf[IN_HEADER_SIZE..IN_HEADER_SIZE + op_sz]
+                .copy_from_slice(&hdr[HDR_OP_IN..HDR_OP_IN + op_sz]);
+            std::ptr::copy_nonoverlapping(
+                UnsafeCell::raw_get(ent.payload.as_ptr()),
+                buf[IN_HEADER_SIZE + op_sz..].as_mut_ptr(),
+                payload_sz,
+            );
+            (len, unique)
+        };
+        REQUESTS.fetch_add(1, Ordering::Relaxed);
+        ent.owed.store(unique, Ordering::Release);
+        let sender = ReplySender::Uring(UringReplySender {
+            ring: Arc::clone(&self.shared),
+            entry: idx,
+            commit_id: unique,
+            ch: se.ch.sender(),
+        });
+        match RequestWithSender::with_sender(se.ch.sender(), sender, &buf[..len]) {
+            Some(req) => {
+                if let Ok(Operation::Destroy(_)) = req.request.operation() {
+                    req.reply::<ReplyEmpty>().ok();
+                    return true;
+                }
+                req.dispatch(se);
+            }
+            None => {
+                // Unparsable: answer EIO so the entry comes back.
+                let sender = UringReplySender {
+                    ring: Arc::clone(&self.shared),
+                    entry: idx,
+                    commit_id: unique,
+                    ch: se.ch.sender(),
+                };
+                let _ = sender.send(&[IoSlice::new(&eio_header(unique))]);
+            }
+        }
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_lists() {
+        assert_eq!(cpus_in_list("0-1\n"), Some(2));
+        assert_eq!(cpus_in_list("0"), Some(1));
+        assert_eq!(cpus_in_list("0-3,8,10-11"), Some(12));
+        assert_eq!(cpus_in_list(""), None);
+        assert_eq!(cpus_in_list("3-1"), None);
+        assert_eq!(cpus_in_list("x"), None);
+    }
+
+    #[test]
+    fn cmd_req_layout() {
+        // struct fuse_uring_cmd_req: flags u64, commit_id u64, qid u16
+        let c = cmd_req(0x1122_3344_5566_7788, 3);
+        assert_eq!(&c[0..8], &[0u8; 8]);
+        assert_eq!(
+            u64::from_ne_bytes(c[8..16].try_into().unwrap()),
+            0x1122_3344_5566_7788
+        );
+        assert_eq!(u16::from_ne_bytes(c[16..18].try_into().unwrap()), 3);
+    }
+
+    #[test]
+    fn register_sets_two_iovecs() {
+        let iov = [libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        }; 2];
+        let sqe = register_sqe(7, 1, iov.as_ptr(), 5);
+        // SAFETY: Entry128 is 128 bytes, repr(C).
+        let raw: &[u8; 128] = unsafe { &*(&sqe as *const Entry128).cast() };
+        assert_eq!(raw[0], io_uring::opcode::UringCmd80::CODE);
+        assert_eq!(i32::from_ne_bytes(raw[4..8].try_into().unwrap()), 7, "fd");
+        assert_eq!(
+            u64::from_ne_bytes(raw[16..24].try_into().unwrap()),
+            iov.as_ptr() as u64,
+            "addr"
+        );
+        assert_eq!(
+            u32::from_ne_bytes(raw[24..28].try_into().unwrap()),
+            2,
+            "len"
+        );
+        assert_eq!(
+            u32::from_ne_bytes(raw[8..12].try_into().unwrap()),
+            FUSE_IO_URING_CMD_REGISTER,
+            "cmd_op"
+        );
+        assert_eq!(
+            u16::from_ne_bytes(raw[48 + 16..48 + 18].try_into().unwrap()),
+            1,
+            "qid"
+        );
+    }
+}
