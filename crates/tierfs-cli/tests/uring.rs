@@ -159,3 +159,83 @@ fn requests_go_over_the_ring_and_fall_back_to_dev_fuse_without_it() {
     t.umount(i);
     assert!(wait_until(Duration::from_secs(20), || !process_alive(pid)));
 }
+
+/// Pins the calling thread to CPU 0 (the kernel puts its FUSE requests on ring queue 0).
+fn pin_to_cpu0() {
+    // SAFETY: a zeroed cpu_set_t with one bit set, for the calling thread (pid 0).
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(0, &mut set);
+        assert_eq!(
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
+            0,
+            "sched_setaffinity"
+        );
+    }
+}
+
+/// More flock waits on one CPU than that CPU's queue has entries at first (each waiting
+/// request holds its entry until its reply): the unlock from the same CPU still gets through
+/// and every waiter gets the lock in turn. With a fixed number of entries the unlock waited
+/// in the kernel behind the waits for ever.
+#[test]
+fn many_lock_waits_on_one_cpu_do_not_starve_the_unlock() {
+    if fs::metadata(PARAM).is_err() {
+        eprintln!("skipped: this kernel has no FUSE over io_uring");
+        return;
+    }
+    let mut t = TestFs::new(0);
+    let _param = Param::set(true);
+    let i = t.mount_with(&uring("c0"));
+    let mnt = t.mnt(i).to_path_buf();
+    // (read now: once requests are stuck, so would be the read of .tierfs-info)
+    let pid = t.daemon_pid(i);
+    let p = mnt.join("lockfile");
+    fs::write(&p, b"x").unwrap();
+    // fuse_threads (8) / queues threads per queue, 4 entries each: at most 16 on queue 0.
+    const WAITERS: usize = 40;
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let run = {
+        let p = p.clone();
+        thread::spawn(move || {
+            pin_to_cpu0();
+            let a = fs::File::open(&p).unwrap();
+            // SAFETY: flock on open descriptors throughout.
+            assert_eq!(unsafe { libc::flock(a.as_raw_fd(), libc::LOCK_EX) }, 0);
+            let waiters: Vec<_> = (0..WAITERS)
+                .map(|_| {
+                    let p = p.clone();
+                    thread::spawn(move || {
+                        pin_to_cpu0();
+                        let b = fs::File::open(&p).unwrap();
+                        let r = unsafe { libc::flock(b.as_raw_fd(), libc::LOCK_EX) };
+                        let u = unsafe { libc::flock(b.as_raw_fd(), libc::LOCK_UN) };
+                        (r, u)
+                    })
+                })
+                .collect();
+            thread::sleep(Duration::from_secs(2));
+            let unlocked = unsafe { libc::flock(a.as_raw_fd(), libc::LOCK_UN) };
+            let results: Vec<(i32, i32)> = waiters.into_iter().map(|w| w.join().unwrap()).collect();
+            let _ = done_tx.send((unlocked, results));
+        })
+    };
+    let got = done_rx.recv_timeout(Duration::from_secs(60));
+    let Ok((unlocked, results)) = got else {
+        // Killing the daemon aborts the connection: the stuck requests fail, so the threads
+        // end before the test does (an unmount would wait behind them).
+        // SAFETY: a signal to the test's own daemon.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        let _ = run.join();
+        panic!("the unlock or the waiters were still stuck after 60 s");
+    };
+    run.join().unwrap();
+    assert_eq!(unlocked, 0, "the unlock failed");
+    assert_eq!(results.len(), WAITERS);
+    assert!(
+        results.iter().all(|&(r, u)| r == 0 && u == 0),
+        "{results:?}"
+    );
+    let log = fs::read_to_string(t.log_path("c0")).unwrap();
+    assert!(log.contains("FUSE over io_uring: "), "{log}");
+}

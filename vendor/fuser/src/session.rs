@@ -320,8 +320,10 @@ impl<FS: Filesystem> Session<FS> {
                 }
             }
             info!(
-                "FUSE over io_uring: {queues} queues, {per_queue} threads each, {} entries per thread",
-                crate::uring::ENTRIES_PER_THREAD
+                "FUSE over io_uring: {queues} queues, {per_queue} threads each, {} entries per thread \
+                 (more while replies wait, up to {})",
+                crate::uring::ENTRIES_PER_THREAD,
+                crate::uring::MAX_ENTRIES_PER_THREAD
             );
         }
         channels.push(ch);

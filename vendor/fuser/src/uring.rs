@@ -15,9 +15,15 @@
 //! running beside the ring threads.
 //!
 //! Here each queue is served by `threads_per_queue` threads, each with its own ring and
-//! `ENTRIES_PER_THREAD` entries. Only a ring's own thread submits to it: a reply sent from
-//! another thread (a deferred reply, e.g. a lock wait's) writes the entry's buffers, queues the
-//! commit and wakes the ring thread through an eventfd the ring polls.
+//! `ENTRIES_PER_THREAD` entries to start with. Only a ring's own thread submits to it: a reply
+//! sent from another thread (a deferred reply, e.g. a lock wait's) writes the entry's buffers,
+//! queues the commit and wakes the ring thread through an eventfd the ring polls.
+//!
+//! A request whose reply is deferred holds its entry until it is answered, and the kernel
+//! queues a CPU's requests until one of that queue's entries comes back: with a fixed number
+//! of entries, enough lock waits on one CPU would starve the very request (the unlock) that
+//! ends them. So a ring thread registers another entry whenever fewer than two of its entries
+//! are left with the kernel (up to `MAX_ENTRIES_PER_THREAD`), as /dev/fuse has no limit either.
 
 use std::cell::UnsafeCell;
 use std::io;
@@ -29,6 +35,7 @@ use std::sync::Arc;
 use std::sync::OnceLock;
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::AtomicU64;
+use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering;
 use std::thread::ThreadId;
 
@@ -69,6 +76,10 @@ const OUT_HEADER_SIZE: usize = 16;
 /// thread dispatches one at a time, the others serve deferred replies (lock waits).
 pub(crate) const ENTRIES_PER_THREAD: usize = 4;
 
+/// The most entries a ring thread registers as deferred replies pile up (each has a payload
+/// buffer of the request size, allocated zeroed: untouched pages cost no memory).
+pub(crate) const MAX_ENTRIES_PER_THREAD: usize = 1024;
+
 /// `user_data` of the eventfd poll (entries use their index).
 const WAKE: u64 = u64::MAX;
 
@@ -106,12 +117,40 @@ struct Entry {
     payload: Box<[UnsafeCell<u8>]>,
     /// The request whose reply is owed (its `unique`), 0 when none.
     owed: AtomicU64,
+    /// The two buffers, as the REGISTER command names them (stable: the entry is boxed).
+    iov: [libc::iovec; 2],
+}
+
+impl Entry {
+    fn new(payload_size: usize) -> Box<Entry> {
+        let headers = Box::new(UnsafeCell::new([0u8; HEADER_SIZE]));
+        let payload = zeroed_cells(payload_size);
+        let iov = [
+            libc::iovec {
+                iov_base: headers.get().cast(),
+                iov_len: HEADER_SIZE,
+            },
+            libc::iovec {
+                iov_base: UnsafeCell::raw_get(payload.as_ptr()).cast(),
+                iov_len: payload.len(),
+            },
+        ];
+        Box::new(Entry {
+            headers,
+            payload,
+            owed: AtomicU64::new(0),
+            iov,
+        })
+    }
 }
 
 /// What a ring thread shares with the replies it hands out.
 pub(crate) struct RingShared {
     qid: u16,
-    entries: Vec<Entry>,
+    /// The registered entries (slots filled in order, never emptied).
+    entries: Box<[OnceLock<Box<Entry>>]>,
+    /// Entries holding a request whose reply is not sent yet.
+    held: AtomicUsize,
     /// Replies written into their entries and not yet committed: (entry, commit id).
     commits: Mutex<Vec<(usize, u64)>>,
     wake: OwnedFd,
@@ -146,7 +185,9 @@ pub(crate) struct UringReplySender {
 
 impl UringReplySender {
     pub(crate) fn send(&self, data: &[IoSlice<'_>]) -> io::Result<()> {
-        let ent = &self.ring.entries[self.entry];
+        let Some(ent) = self.ring.entries.get(self.entry).and_then(OnceLock::get) else {
+            return Err(io::Error::other("no such ring entry"));
+        };
         if ent
             .owed
             .compare_exchange(self.commit_id, 0, Ordering::AcqRel, Ordering::Acquire)
@@ -155,6 +196,7 @@ impl UringReplySender {
             // A second reply to one request: the entry may already carry another request.
             return Err(io::Error::other("request already answered"));
         }
+        self.ring.held.fetch_sub(1, Ordering::AcqRel);
         let total: usize = data.iter().map(|d| d.len()).sum();
         let payload_len = total.saturating_sub(OUT_HEADER_SIZE);
         // SAFETY: this reply owns the entry's buffers until it queues the commit (above).
@@ -293,10 +335,13 @@ pub(crate) struct RingThread {
     shared: Arc<RingShared>,
     stop: Arc<AtomicBool>,
     stop_wake: Arc<OwnedFd>,
-    iovs: Box<[libc::iovec]>,
+    payload_size: usize,
+    /// Entries registered so far (the first slots of `shared.entries`).
+    registered: usize,
 }
 
-// SAFETY: iovs point into `shared`'s heap buffers, which move with it.
+// SAFETY: the iovecs inside the entries point into their own heap buffers, which move with
+// `shared`.
 unsafe impl Send for RingThread {}
 
 impl RingThread {
@@ -305,34 +350,14 @@ impl RingThread {
         let ring: IoUring<Entry128> =
             IoUring::builder().build((ENTRIES_PER_THREAD as u32 + 2).next_power_of_two().max(8))?;
         let wake = eventfd()?;
-        let mut entries = Vec::with_capacity(ENTRIES_PER_THREAD);
-        for _ in 0..ENTRIES_PER_THREAD {
-            entries.push(Entry {
-                headers: Box::new(UnsafeCell::new([0u8; HEADER_SIZE])),
-                payload: zeroed_cells(payload_size),
-                owed: AtomicU64::new(0),
-            });
-        }
-        let iovs: Box<[libc::iovec]> = entries
-            .iter()
-            .flat_map(|e| {
-                [
-                    libc::iovec {
-                        iov_base: e.headers.get().cast(),
-                        iov_len: HEADER_SIZE,
-                    },
-                    libc::iovec {
-                        iov_base: UnsafeCell::raw_get(e.payload.as_ptr()).cast(),
-                        iov_len: e.payload.len(),
-                    },
-                ]
-            })
-            .collect();
+        let entries: Box<[OnceLock<Box<Entry>>]> =
+            (0..MAX_ENTRIES_PER_THREAD).map(|_| OnceLock::new()).collect();
         let stop_wake = Arc::new(eventfd()?);
         let stop = Arc::new(AtomicBool::new(false));
         let shared = Arc::new(RingShared {
             qid,
             entries,
+            held: AtomicUsize::new(0),
             commits: Mutex::new(Vec::new()),
             wake,
             owner: OnceLock::new(),
@@ -347,7 +372,8 @@ impl RingThread {
                 shared,
                 stop,
                 stop_wake,
-                iovs,
+                payload_size,
+                registered: 0,
             },
             rs,
         ))
@@ -363,6 +389,19 @@ impl RingThread {
         }
     }
 
+    /// Makes and registers one more entry (false when the thread has its most already).
+    fn add_entry(&mut self, fuse_fd: i32) -> io::Result<bool> {
+        let idx = self.registered;
+        let Some(slot) = self.shared.entries.get(idx) else {
+            return Ok(false);
+        };
+        let ent = slot.get_or_init(|| Entry::new(self.payload_size));
+        let sqe = register_sqe(fuse_fd, self.shared.qid, ent.iov.as_ptr(), idx);
+        self.push(&sqe)?;
+        self.registered += 1;
+        Ok(true)
+    }
+
     /// Registers the entries and serves requests until the connection ends or `stop`.
     pub(crate) fn run<FS: Filesystem>(
         mut self,
@@ -371,16 +410,16 @@ impl RingThread {
     ) -> io::Result<()> {
         let qid = self.shared.qid;
         let _ = self.shared.owner.set(std::thread::current().id());
-        for idx in 0..ENTRIES_PER_THREAD {
-            let sqe = register_sqe(fuse_fd, qid, self.iovs[2 * idx..].as_ptr(), idx);
-            self.push(&sqe)?;
+        for _ in 0..ENTRIES_PER_THREAD {
+            self.add_entry(fuse_fd)?;
         }
         let w = wake_sqe(self.shared.wake.as_raw_fd());
         self.push(&w)?;
         let mut s = wake_sqe(self.stop_wake.as_raw_fd());
         s = s.user_data(WAKE - 1);
         self.push(&s)?;
-        let mut live = ENTRIES_PER_THREAD;
+        let mut live = self.registered;
+        let mut warned_full = false;
         let mut buf = FuseReadBuf::new();
         let buf = buf.as_mut();
         let mut done: Vec<(u64, i32, u32)> = Vec::new();
@@ -431,6 +470,23 @@ impl RingThread {
                 if self.serve(idx, buf, se) {
                     // DESTROY: answered; the kernel tears the ring down next.
                     debug!("fuse io_uring queue {qid}: destroy");
+                    continue;
+                }
+                // Deferred replies hold their entries: keep two with the kernel, so a request
+                // that would end the waits (an unlock) always finds one.
+                let held = self.shared.held.load(Ordering::Acquire);
+                if self.registered.saturating_sub(held) < 2 {
+                    if self.add_entry(fuse_fd)? {
+                        live += 1;
+                    } else if !warned_full {
+                        warned_full = true;
+                        warn!(
+                            "fuse io_uring queue {qid}: {held} requests wait for their replies \
+                             on one thread's {} entries: more requests of this CPU wait in \
+                             the kernel",
+                            self.registered
+                        );
+                    }
                 }
             }
             let commits: Vec<(usize, u64)> = std::mem::take(&mut *self.shared.commits.lock());
@@ -444,7 +500,10 @@ impl RingThread {
 
     /// Copies the request out of entry `idx` and dispatches it. True for DESTROY.
     fn serve<FS: Filesystem>(&self, idx: usize, buf: &mut [u8], se: &SessionEventLoop<FS>) -> bool {
-        let ent = &self.shared.entries[idx];
+        let Some(ent) = self.shared.entries.get(idx).and_then(OnceLock::get) else {
+            error!("fuse io_uring: completion of unknown entry {idx}");
+            return false;
+        };
         // SAFETY: the kernel has completed the entry: its buffers hold a request nobody else
         // touches until its reply claims them.
         let (len, unique) = unsafe {
@@ -477,6 +536,7 @@ impl RingThread {
             (len, unique)
         };
         REQUESTS.fetch_add(1, Ordering::Relaxed);
+        self.shared.held.fetch_add(1, Ordering::AcqRel);
         ent.owed.store(unique, Ordering::Release);
         let sender = ReplySender::Uring(UringReplySender {
             ring: Arc::clone(&self.shared),
