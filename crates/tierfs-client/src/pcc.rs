@@ -49,6 +49,46 @@ pub struct PccConfig {
 /// A stored rule and its parsed form.
 type RuleEntry = (PccRuleRow, Rule);
 
+/// The first rule of `rules` of `mode` that caches the file `a` named `name`.
+fn first_match(rules: &[RuleEntry], mode: &str, a: &Attr, name: &[u8]) -> Option<u64> {
+    let facts = FileFacts {
+        uid: a.uid,
+        gid: a.gid,
+        projid: a.projid,
+        name,
+        size: a.size,
+        mtime_ns: a.mtime,
+        now_ns: now_nanos(),
+    };
+    rules
+        .iter()
+        .find(|(row, rule)| row.mode == mode && rule.matches(&facts))
+        .map(|(row, _)| row.id)
+}
+
+/// The RW rules a file being created is checked against inside its create's transaction
+/// ([`Pcc::rw_at_create`]), and the rule that wanted it.
+pub struct RwAtCreate {
+    rules: Vec<RuleEntry>,
+    name: Vec<u8>,
+    chosen: std::cell::Cell<Option<u64>>,
+}
+
+impl RwAtCreate {
+    /// Whether an RW rule caches the new inode `a` (the engine asks, in the transaction; the
+    /// last answer counts, as the last run of a transaction is the one committed).
+    pub fn wants(&self, a: &Attr) -> bool {
+        self.chosen
+            .set(first_match(&self.rules, "rw", a, &self.name));
+        self.chosen.get().is_some()
+    }
+
+    /// The rule that wanted the new inode, after the create.
+    pub fn rule(&self) -> Option<u64> {
+        self.chosen.get()
+    }
+}
+
 /// How long the rules read from the metadata engine are used before they are read again.
 const RULES_TTL: Duration = Duration::from_secs(2);
 
@@ -224,19 +264,30 @@ impl Pcc {
 
     /// The first rule of `mode` (in id order) that matches a file.
     fn matching_rule(&self, mode: &str, a: &Attr, name: &[u8]) -> Option<u64> {
-        let facts = FileFacts {
-            uid: a.uid,
-            gid: a.gid,
-            projid: a.projid,
-            name,
-            size: a.size,
-            mtime_ns: a.mtime,
-            now_ns: now_nanos(),
-        };
-        self.rules()
+        first_match(&self.rules(), mode, a, name)
+    }
+
+    /// At the create of a file named `name` opened with `flags`: the RW rules the new file is
+    /// checked against inside the create's own transaction ([`MetaEngine::pcc_create`]), or
+    /// None when no lease can come of it (no RW rule here, or the open does not write: such a
+    /// create attaches after it, in [`Pcc::on_create`]).
+    pub fn rw_at_create(&self, name: &[u8], flags: i32) -> Option<RwAtCreate> {
+        if flags & libc::O_ACCMODE == libc::O_RDONLY {
+            return None;
+        }
+        let rules: Vec<RuleEntry> = self
+            .rules()
             .into_iter()
-            .find(|(row, rule)| row.mode == mode && rule.matches(&facts))
-            .map(|(row, _)| row.id)
+            .filter(|(row, _)| row.mode == "rw")
+            .collect();
+        if rules.is_empty() {
+            return None;
+        }
+        Some(RwAtCreate {
+            rules,
+            name: name.to_vec(),
+            chosen: std::cell::Cell::new(None),
+        })
     }
 
     // ------------------------------------------------------------------ bookkeeping
@@ -627,14 +678,32 @@ impl Pcc {
         let attr = self.meta.getattr(attr.ino)?;
         if !reuse {
             if let Err(e) = self.copy_in(attr.ino, attr.size) {
-                let _ = self
-                    .meta
-                    .pcc_release(attr.ino, &self.client, lease.generation);
-                self.store.remove(attr.ino);
-                let _ = self.step(&slot, attr.ino, Event::Dropped);
+                self.undo_attach(&slot, &lease);
                 return Err(e);
             }
         }
+        self.attached_rw(&slot, &attr, &lease, rule, created)
+    }
+
+    /// Gives back the lease of an attach that failed after taking it, and drops its cache file.
+    fn undo_attach(&self, slot: &Slot, lease: &PccLease) {
+        let _ = self
+            .meta
+            .pcc_release(lease.ino, &self.client, lease.generation);
+        self.store.remove(lease.ino);
+        let _ = self.step(slot, lease.ino, Event::Dropped);
+    }
+
+    /// The end of an RW attach (slot lock held, `lease` taken, the data in the cache file):
+    /// the index entry, `dirty` when the lease was taken dirty (a writer at create).
+    fn attached_rw(
+        &self,
+        slot: &Slot,
+        attr: &Attr,
+        lease: &PccLease,
+        rule: Option<u64>,
+        dirty: bool,
+    ) -> Result<Entry> {
         let mut e = self.new_entry(
             attr.ino,
             Mode::Rw,
@@ -642,14 +711,14 @@ impl Pcc {
             lease.generation,
             rule,
         );
-        if created {
+        if dirty {
             e.dirty = true;
             e.last_write = now_nanos();
         }
         self.store.put(e.clone()).map_err(Self::cache_err)?;
-        self.step(&slot, attr.ino, Event::Attached)?;
+        self.step(slot, attr.ino, Event::Attached)?;
         if e.dirty {
-            self.step(&slot, attr.ino, Event::Written)?;
+            self.step(slot, attr.ino, Event::Written)?;
         }
         self.data.invalidate(attr.ino, Some(&attr));
         self.metrics.pcc("attaches_rw", 1);
@@ -975,6 +1044,44 @@ impl Pcc {
                 Ok(None)
             }
         }
+    }
+
+    /// At create, after [`MetaEngine::pcc_create`] took the new file's lease (dirty) in the
+    /// create's transaction for `rule`: the file lives in the cache from the start, and the
+    /// writable descriptor is handed out only now, after the lease. When the cache cannot take
+    /// it (quota, disk), the lease is given back and the file is written uncached.
+    pub fn on_create_leased(
+        &self,
+        attr: &Attr,
+        rule: u64,
+        lease: PccLease,
+    ) -> Result<Option<Served>> {
+        let slot = self.slot(attr.ino);
+        let _held = slot.op.lock();
+        self.sync(&slot, attr.ino);
+        let attached = self.room_for(Some(rule), 0).and_then(|()| {
+            self.store.create_data(attr.ino).map_err(Self::cache_err)?;
+            self.attached_rw(&slot, attr, &lease, Some(rule), true)
+        });
+        if let Err(e) = attached {
+            tracing::debug!(
+                ino = attr.ino,
+                "RW attach at create failed, writing uncached: {e}"
+            );
+            self.undo_attach(&slot, &lease);
+            return Ok(None);
+        }
+        let f = self
+            .store
+            .open_data(attr.ino, true)
+            .map_err(Self::cache_err)?;
+        // Counted as a writer (see on_close): only writers' creates take the lease here.
+        self.step(&slot, attr.ino, Event::Open { write: true })?;
+        self.metrics.pcc("hits", 1);
+        Ok(Some(Served {
+            file: Arc::new(f),
+            rw: true,
+        }))
     }
 
     /// Reports an RW-cached file's size and mtime to the metadata engine (others see them).
