@@ -499,7 +499,9 @@ fn a_create_under_an_rw_rule_takes_its_lease_in_the_same_engine_call() {
     use std::os::unix::fs::MetadataExt;
     let fs = TestFs::new(1);
     let engine = open_engine(&fs.meta_url()).expect("open the engine");
-    engine.pcc_rule_add("rw", None, "fname={*.rw}", None).unwrap();
+    engine
+        .pcc_rule_add("rw", None, "fname={*.rw}", None)
+        .unwrap();
     let config = ClientConfig {
         client_name: Some("faulty".to_string()),
         cache_dir: Some(fs.root().join("cache-faulty")),
@@ -516,7 +518,11 @@ fn a_create_under_an_rw_rule_takes_its_lease_in_the_same_engine_call() {
     for i in 0..5 {
         fs::write(m.p(&format!("f{i}.rw")), pattern(4096, i)).unwrap();
     }
-    assert_eq!(m.plan.calls("pcc_create") - leased, 5, "one pcc_create per file");
+    assert_eq!(
+        m.plan.calls("pcc_create") - leased,
+        5,
+        "one pcc_create per file"
+    );
     assert_eq!(m.plan.calls("create"), creates, "no separate create");
     assert_eq!(acquires(), taken, "no separate lease transaction");
     for i in 0..5 {
@@ -533,7 +539,10 @@ fn a_create_under_an_rw_rule_takes_its_lease_in_the_same_engine_call() {
     assert!(engine.pcc_lease(ino).unwrap().is_none());
     // the one call fails: no name, no lease; the next create attaches
     m.plan.fail_next("pcc_create", 1, Fault::Error);
-    eio(fs::File::create(m.p("lost.rw")), "a create whose engine call failed");
+    eio(
+        fs::File::create(m.p("lost.rw")),
+        "a create whose engine call failed",
+    );
     assert!(matches!(
         engine.lookup(tierfs_meta::ROOT_INO, b"lost.rw"),
         Err(tierfs_meta::MetaError::NotFound)

@@ -42,8 +42,18 @@ pub struct PccConfig {
     pub eviction: Eviction,
     pub writeback_delay: Duration,
     pub passthrough: bool,
-    /// Files larger than this are copied in the background on an RO attach at open.
-    pub background_copy: u64,
+}
+
+/// Files first opened under an RO rule that wait for the `pcc-ro-copy` worker, at most; a
+/// first open that finds the queue full is served uncached and not queued (its next open
+/// queues it again).
+pub const RO_COPY_QUEUE: usize = 1024;
+
+/// The files waiting to be copied into the cache by the `pcc-ro-copy` worker, each once.
+#[derive(Default)]
+struct RoCopies {
+    queue: std::collections::VecDeque<(Attr, u64)>,
+    queued: std::collections::HashSet<Ino>,
 }
 
 /// A stored rule and its parsed form.
@@ -118,6 +128,8 @@ pub struct Pcc {
     last_validate: Mutex<Option<Instant>>,
     /// The highest inode whose RO copy the last validation pass looked at.
     validate_cursor: Mutex<Ino>,
+    /// First opens under an RO rule waiting to be copied off the request path.
+    ro_copies: Mutex<RoCopies>,
 }
 
 /// What [`Pcc::open`] did.
@@ -163,6 +175,7 @@ impl Pcc {
             slots: Mutex::new(HashMap::new()),
             last_validate: Mutex::new(None),
             validate_cursor: Mutex::new(0),
+            ro_copies: Mutex::new(RoCopies::default()),
         })
     }
 
@@ -540,14 +553,6 @@ impl Pcc {
 
     /// RO-PCC attach: a read-only copy tied to the file's current data version.
     pub fn attach_ro(&self, attr: &Attr, rule: Option<u64>) -> Result<()> {
-        self.attach_ro_as(attr, rule, false)
-    }
-
-    /// [`Pcc::attach_ro`]; `opened`: `attr` was read by this client's open of the file
-    /// ([`MetaEngine::pcc_open`]), which found no lease and recorded the open, so no client
-    /// can take one meanwhile (an acquire elsewhere sees the open): neither the lease nor the
-    /// attributes are read again before the copy (its data version is checked after it).
-    fn attach_ro_as(&self, attr: &Attr, rule: Option<u64>, opened: bool) -> Result<()> {
         let slot = self.slot(attr.ino);
         let _held = slot.op.lock();
         self.sync(&slot, attr.ino);
@@ -562,14 +567,10 @@ impl Pcc {
                 return Ok(());
             }
         }
-        let attr = if opened {
-            attr.clone()
-        } else {
-            if let Lease::Ours(_) = self.recaller.check_ino(attr.ino)? {
-                return Ok(());
-            }
-            self.meta.getattr(attr.ino)?
-        };
+        if let Lease::Ours(_) = self.recaller.check_ino(attr.ino)? {
+            return Ok(());
+        }
+        let attr = self.meta.getattr(attr.ino)?;
         self.room_for(rule, attr.size)?;
         self.step(&slot, attr.ino, Event::CopyStart)?;
         let copied = self.copy_ro(&attr, rule);
@@ -979,37 +980,54 @@ impl Pcc {
         let Some(rule) = self.matching_rule("ro", attr, name) else {
             return Ok(uncached);
         };
-        if attr.size > self.cfg.background_copy {
-            self.spawn_background_copy(attr.clone(), rule);
-            return Ok(uncached);
-        }
-        match self.attach_ro_as(attr, Some(rule), true) {
-            Ok(()) => {
-                let f = self.store.open_data(ino, false).map_err(Self::cache_err)?;
-                self.step(slot, ino, Event::Open { write: false })?;
-                Ok(Opened::Served(Served {
-                    file: Arc::new(f),
-                    rw: false,
-                }))
-            }
-            Err(e) => {
-                tracing::debug!(ino, "RO attach by rule failed, reading uncached: {e}");
-                Ok(uncached)
-            }
-        }
+        // The copy is made off the request path (the `pcc-ro-copy` worker): this open reads
+        // uncached, the opens after the copy are served from it.
+        self.queue_ro_copy(attr, rule);
+        Ok(uncached)
     }
 
-    fn spawn_background_copy(self: &Arc<Self>, attr: Attr, rule: u64) {
+    /// Queues an RO copy of `attr`'s file for the `pcc-ro-copy` worker, unless it is queued
+    /// already, being copied, or the queue is full (then dropped: never waits).
+    fn queue_ro_copy(&self, attr: &Attr, rule: u64) {
         if self.peek(attr.ino).map(|s| s.phase) == Some(Phase::CopyingRo) {
             return;
         }
-        // Runs on a thread of its own; reads meanwhile go to the capacity tier.
-        let me = Arc::clone(self);
-        std::thread::spawn(move || {
-            if let Err(e) = me.attach_ro(&attr, Some(rule)) {
-                tracing::debug!(ino = attr.ino, "background RO copy failed: {e}");
+        let mut g = self.ro_copies.lock();
+        if g.queued.contains(&attr.ino) {
+            return;
+        }
+        if g.queue.len() >= RO_COPY_QUEUE {
+            drop(g);
+            self.metrics.pcc("ro_copies_dropped", 1);
+            return;
+        }
+        g.queued.insert(attr.ino);
+        g.queue.push_back((attr.clone(), rule));
+        drop(g);
+        self.metrics.pcc("ro_copies_queued", 1);
+    }
+
+    /// One unit of the `pcc-ro-copy` worker: copies the next queued file into the cache (its
+    /// attributes and lease read again first, its data version checked after the copy, as
+    /// every RO attach does). Whether a file was waiting.
+    pub fn copy_next_ro(&self) -> bool {
+        let next = {
+            let mut g = self.ro_copies.lock();
+            let next = g.queue.pop_front();
+            if let Some((a, _)) = &next {
+                g.queued.remove(&a.ino);
             }
-        });
+            next
+        };
+        let Some((attr, rule)) = next else {
+            return false;
+        };
+        if let Err(e) = self.attach_ro(&attr, Some(rule)) {
+            tracing::debug!(ino = attr.ino, "background RO copy failed: {e}");
+        }
+        // (counted after the attempt, copied or not: `attaches_ro` counts the copies)
+        self.metrics.pcc("ro_copies_tried", 1);
+        true
     }
 
     /// At create: a new file under an RW rule lives in the cache from the start.
