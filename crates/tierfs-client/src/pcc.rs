@@ -721,7 +721,7 @@ impl Pcc {
         if e.dirty {
             self.step(slot, attr.ino, Event::Written)?;
         }
-        self.data.invalidate(attr.ino, Some(&attr));
+        self.data.invalidate(attr.ino, Some(attr));
         self.metrics.pcc("attaches_rw", 1);
         Ok(e)
     }
