@@ -1077,22 +1077,23 @@ impl Pcc {
         let slot = self.slot(attr.ino);
         let _held = slot.op.lock();
         self.sync(&slot, attr.ino);
+        // The new cache file (opened read-write) is the served descriptor itself.
         let attached = self.room_for(Some(rule), 0).and_then(|()| {
-            self.store.create_data(attr.ino).map_err(Self::cache_err)?;
-            self.attached_rw(&slot, attr, &lease, Some(rule), true)
+            let f = self.store.create_data(attr.ino).map_err(Self::cache_err)?;
+            self.attached_rw(&slot, attr, &lease, Some(rule), true)?;
+            Ok(f)
         });
-        if let Err(e) = attached {
-            tracing::debug!(
-                ino = attr.ino,
-                "RW attach at create failed, writing uncached: {e}"
-            );
-            self.undo_attach(&slot, &lease);
-            return Ok(None);
-        }
-        let f = self
-            .store
-            .open_data(attr.ino, true)
-            .map_err(Self::cache_err)?;
+        let f = match attached {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::debug!(
+                    ino = attr.ino,
+                    "RW attach at create failed, writing uncached: {e}"
+                );
+                self.undo_attach(&slot, &lease);
+                return Ok(None);
+            }
+        };
         // Counted as a writer (see on_close): only writers' creates take the lease here.
         self.step(&slot, attr.ino, Event::Open { write: true })?;
         self.metrics.pcc("hits", 1);
