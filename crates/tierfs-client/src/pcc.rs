@@ -49,6 +49,11 @@ pub struct PccConfig {
 /// queues it again).
 pub const RO_COPY_QUEUE: usize = 1024;
 
+/// The `pcc-ro-copy` worker copies only after applications opened no file here for this long:
+/// it yields to their I/O (a run of first opens, such as mdtest's read phase, is not slowed by
+/// copies of the files it reads once; they are made when it pauses).
+const RO_COPY_QUIET: Duration = Duration::from_millis(20);
+
 /// The files waiting to be copied into the cache by the `pcc-ro-copy` worker, each once.
 #[derive(Default)]
 struct RoCopies {
@@ -130,6 +135,8 @@ pub struct Pcc {
     validate_cursor: Mutex<Ino>,
     /// First opens under an RO rule waiting to be copied off the request path.
     ro_copies: Mutex<RoCopies>,
+    /// When an application last opened a file here (ns): RO copies wait for a pause.
+    last_open: std::sync::atomic::AtomicI64,
 }
 
 /// What [`Pcc::open`] did.
@@ -176,6 +183,7 @@ impl Pcc {
             last_validate: Mutex::new(None),
             validate_cursor: Mutex::new(0),
             ro_copies: Mutex::new(RoCopies::default()),
+            last_open: std::sync::atomic::AtomicI64::new(0),
         })
     }
 
@@ -884,6 +892,8 @@ impl Pcc {
         snapshot: Option<u64>,
         block: bool,
     ) -> Result<Opened> {
+        self.last_open
+            .store(now_nanos(), std::sync::atomic::Ordering::Relaxed);
         let ino = attr.ino;
         let write = flags & libc::O_ACCMODE != libc::O_RDONLY;
         let slot = self.slot(ino);
@@ -1009,8 +1019,14 @@ impl Pcc {
 
     /// One unit of the `pcc-ro-copy` worker: copies the next queued file into the cache (its
     /// attributes and lease read again first, its data version checked after the copy, as
-    /// every RO attach does). Whether a file was waiting.
+    /// every RO attach does), unless a file was opened here in the last [`RO_COPY_QUIET`].
+    /// Whether it copied (or tried to copy) a file.
     pub fn copy_next_ro(&self) -> bool {
+        let last = self.last_open.load(std::sync::atomic::Ordering::Relaxed);
+        if now_nanos().saturating_sub(last) < RO_COPY_QUIET.as_nanos() as i64 {
+            // Applications are opening files: try again later.
+            return false;
+        }
         let next = {
             let mut g = self.ro_copies.lock();
             let next = g.queue.pop_front();
