@@ -54,11 +54,49 @@ pub const RO_COPY_QUEUE: usize = 1024;
 /// copies of the files it reads once; they are made when it pauses).
 const RO_COPY_QUIET: Duration = Duration::from_millis(20);
 
-/// The files waiting to be copied into the cache by the `pcc-ro-copy` worker, each once.
-#[derive(Default)]
-struct RoCopies {
-    queue: std::collections::VecDeque<(Attr, u64)>,
+/// The files waiting to be copied into the cache by the `pcc-ro-copy` worker (`T`: what the
+/// copy needs), each once, at most `cap`.
+struct RoCopies<T> {
+    queue: std::collections::VecDeque<(Ino, T)>,
     queued: std::collections::HashSet<Ino>,
+    cap: usize,
+}
+
+/// What [`RoCopies::push`] did.
+#[derive(Debug, PartialEq, Eq)]
+enum Queued {
+    Yes,
+    Already,
+    /// The queue is full: dropped (the caller never waits).
+    Full,
+}
+
+impl<T> RoCopies<T> {
+    fn new(cap: usize) -> Self {
+        RoCopies {
+            queue: Default::default(),
+            queued: Default::default(),
+            cap,
+        }
+    }
+
+    fn push(&mut self, ino: Ino, item: T) -> Queued {
+        if self.queued.contains(&ino) {
+            return Queued::Already;
+        }
+        if self.queue.len() >= self.cap {
+            return Queued::Full;
+        }
+        self.queued.insert(ino);
+        self.queue.push_back((ino, item));
+        Queued::Yes
+    }
+
+    fn pop(&mut self) -> Option<T> {
+        let (ino, item) = self.queue.pop_front()?;
+        self.queued.remove(&ino);
+        Some(item)
+    }
 }
 
 /// A stored rule and its parsed form.
@@ -134,7 +172,7 @@ pub struct Pcc {
     /// The highest inode whose RO copy the last validation pass looked at.
     validate_cursor: Mutex<Ino>,
     /// First opens under an RO rule waiting to be copied off the request path.
-    ro_copies: Mutex<RoCopies>,
+    ro_copies: Mutex<RoCopies<(Attr, u64)>>,
     /// When an application last opened a file here (ns): RO copies wait for a pause.
     last_open: std::sync::atomic::AtomicI64,
 }
@@ -182,7 +220,7 @@ impl Pcc {
             slots: Mutex::new(HashMap::new()),
             last_validate: Mutex::new(None),
             validate_cursor: Mutex::new(0),
-            ro_copies: Mutex::new(RoCopies::default()),
+            ro_copies: Mutex::new(RoCopies::new(RO_COPY_QUEUE)),
             last_open: std::sync::atomic::AtomicI64::new(0),
         })
     }
@@ -1002,19 +1040,12 @@ impl Pcc {
         if self.peek(attr.ino).map(|s| s.phase) == Some(Phase::CopyingRo) {
             return;
         }
-        let mut g = self.ro_copies.lock();
-        if g.queued.contains(&attr.ino) {
-            return;
+        let pushed = self.ro_copies.lock().push(attr.ino, (attr.clone(), rule));
+        match pushed {
+            Queued::Yes => self.metrics.pcc("ro_copies_queued", 1),
+            Queued::Full => self.metrics.pcc("ro_copies_dropped", 1),
+            Queued::Already => {}
         }
-        if g.queue.len() >= RO_COPY_QUEUE {
-            drop(g);
-            self.metrics.pcc("ro_copies_dropped", 1);
-            return;
-        }
-        g.queued.insert(attr.ino);
-        g.queue.push_back((attr.clone(), rule));
-        drop(g);
-        self.metrics.pcc("ro_copies_queued", 1);
     }
 
     /// One unit of the `pcc-ro-copy` worker: copies the next queued file into the cache (its
@@ -1027,14 +1058,7 @@ impl Pcc {
             // Applications are opening files: try again later.
             return false;
         }
-        let next = {
-            let mut g = self.ro_copies.lock();
-            let next = g.queue.pop_front();
-            if let Some((a, _)) = &next {
-                g.queued.remove(&a.ino);
-            }
-            next
-        };
+        let next = self.ro_copies.lock().pop();
         let Some((attr, rule)) = next else {
             return false;
         };
@@ -1659,4 +1683,26 @@ pub fn read_piece(f: &File, off: u64, len: usize) -> std::io::Result<Bytes> {
     }
     buf.truncate(done);
     Ok(Bytes::from(buf))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Queued, RoCopies};
+
+    #[test]
+    fn ro_copy_queue_is_bounded_and_holds_each_file_once() {
+        let mut q = RoCopies::new(2);
+        assert_eq!(q.push(1, "a"), Queued::Yes);
+        assert_eq!(q.push(1, "a again"), Queued::Already);
+        assert_eq!(q.push(2, "b"), Queued::Yes);
+        // full: dropped, not queued (and not waited for)
+        assert_eq!(q.push(3, "c"), Queued::Full);
+        assert_eq!(q.pop(), Some("a"));
+        // room again, and 1 may be queued again once taken out
+        assert_eq!(q.push(1, "a later"), Queued::Yes);
+        assert_eq!(q.push(3, "c"), Queued::Full);
+        assert_eq!(q.pop(), Some("b"));
+        assert_eq!(q.pop(), Some("a later"));
+        assert_eq!(q.pop(), None);
+    }
 }
