@@ -488,3 +488,68 @@ fn the_follower_catches_up_after_an_engine_hiccup() {
     );
     assert!(m.plan.calls("changelog_read") > reads);
 }
+
+/// RW-PCC at create (issue 14): a writer's create under an RW rule is ONE engine call, the
+/// create and its lease (dirty) together (`pcc_create`); no second transaction takes the
+/// lease, so the lease is in the engine before the writable descriptor exists. A name no rule
+/// wants gets no lease. When that one call fails, neither the name nor a lease is
+/// left, and the next create under the rule attaches.
+#[test]
+fn a_create_under_an_rw_rule_takes_its_lease_in_the_same_engine_call() {
+    use std::os::unix::fs::MetadataExt;
+    let fs = TestFs::new(1);
+    let engine = open_engine(&fs.meta_url()).expect("open the engine");
+    engine
+        .pcc_rule_add("rw", None, "fname={*.rw}", None)
+        .unwrap();
+    let config = ClientConfig {
+        client_name: Some("faulty".to_string()),
+        cache_dir: Some(fs.root().join("cache-faulty")),
+        cache_size: "64M".to_string(),
+        ..ClientConfig::default()
+    };
+    let m = FaultyMount::with_config(&fs, "faulty", config);
+    let acquires = || m.plan.calls("pcc_acquire") + m.plan.calls("pcc_acquire_dirty");
+    let (creates, leased, taken) = (
+        m.plan.calls("create"),
+        m.plan.calls("pcc_create"),
+        acquires(),
+    );
+    for i in 0..5 {
+        fs::write(m.p(&format!("f{i}.rw")), pattern(4096, i)).unwrap();
+    }
+    assert_eq!(
+        m.plan.calls("pcc_create") - leased,
+        5,
+        "one pcc_create per file"
+    );
+    assert_eq!(m.plan.calls("create"), creates, "no separate create");
+    assert_eq!(acquires(), taken, "no separate lease transaction");
+    for i in 0..5 {
+        let ino = fs::metadata(m.p(&format!("f{i}.rw"))).unwrap().ino();
+        let l = engine.pcc_lease(ino).unwrap().expect("leased at create");
+        assert_eq!(l.client, "faulty");
+        assert_eq!(read_all(&m.p(&format!("f{i}.rw"))), pattern(4096, i));
+    }
+    // a name no rule wants: the same one call (the rules are checked in it), no lease
+    fs::write(m.p("plain"), b"plain").unwrap();
+    assert_eq!(m.plan.calls("pcc_create") - leased, 6);
+    assert_eq!(m.plan.calls("create"), creates);
+    let ino = fs::metadata(m.p("plain")).unwrap().ino();
+    assert!(engine.pcc_lease(ino).unwrap().is_none());
+    // the one call fails: no name, no lease; the next create attaches
+    m.plan.fail_next("pcc_create", 1, Fault::Error);
+    eio(
+        fs::File::create(m.p("lost.rw")),
+        "a create whose engine call failed",
+    );
+    assert!(matches!(
+        engine.lookup(tierfs_meta::ROOT_INO, b"lost.rw"),
+        Err(tierfs_meta::MetaError::NotFound)
+    ));
+    assert!(engine.pcc_leases_of("faulty").unwrap().len() == 5);
+    fs::write(m.p("lost.rw"), b"again").unwrap();
+    let ino = fs::metadata(m.p("lost.rw")).unwrap().ino();
+    assert!(engine.pcc_lease(ino).unwrap().is_some());
+    assert_eq!(read_all(&m.p("lost.rw")), b"again");
+}

@@ -244,6 +244,26 @@ fn pcc_event(mnt: &Path, ev: &str) -> u64 {
     stat_value(mnt, &format!("tierfs_pcc_events_total{{event=\"{ev}\"}}"))
 }
 
+/// Reads `p` (a file under an RO rule, not cached yet, on the mount `mnt`) as `what`: the read
+/// is served uncached, and the `pcc-ro-copy` worker then tries its copy, off the request path
+/// (waited for, bounded).
+fn read_then_ro_copy(mnt: &Path, p: &Path, want: &[u8], what: &str) {
+    let (tried, hits) = (pcc_event(mnt, "ro_copies_tried"), pcc_event(mnt, "hits"));
+    assert_reads(p, want, what);
+    assert_eq!(
+        pcc_event(mnt, "hits"),
+        hits,
+        "{what}: a first open under an ro rule is served uncached"
+    );
+    assert!(
+        wait_until(Duration::from_secs(10), || pcc_event(
+            mnt,
+            "ro_copies_tried"
+        ) > tried),
+        "{what}: the pcc-ro-copy worker did not try the copy"
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // File I/O
 // ---------------------------------------------------------------------------------------------
@@ -850,14 +870,24 @@ fn ro_rule_attaches_at_open() {
     fs::write(t.p(1, "in.txt"), &data).unwrap();
     after_ttl();
     assert_eq!(state(&t, &t.p(0, "in.dat")).typ, "none", "before any open");
-    assert_reads(&t.p(0, "in.dat"), &data, "first read under the ro rule");
+    read_then_ro_copy(
+        t.mnt(0),
+        &t.p(0, "in.dat"),
+        &data,
+        "first read under the ro rule",
+    );
     let st = state(&t, &t.p(0, "in.dat"));
     assert_eq!(
         st.typ, "readonly",
         "after a read under the ro rule: {}",
         st.raw
     );
+    let hits = pcc_event(t.mnt(0), "hits");
     assert_reads(&t.p(0, "in.dat"), &data, "read from the RO copy");
+    assert!(
+        pcc_event(t.mnt(0), "hits") > hits,
+        "the second open is served from the copy"
+    );
     assert_reads(&t.p(0, "in.txt"), &data, "no rule");
     assert_eq!(state(&t, &t.p(0, "in.txt")).typ, "none");
     assert!(pcc_event(t.mnt(0), "attaches_ro") >= 1);
@@ -1149,8 +1179,13 @@ fn full_cache_falls_back_to_uncached_io() {
     // an explicit attach is refused, cleanly
     let out = pcc(&t, &["attach", "-r", &s(&t.p(0, "h"))]);
     assert_file_error(&out, &t.p(0, "h"), "full");
-    // an ro rule open reads uncached
-    assert_reads(&t.p(0, "x.ro"), &d, "ro-rule file with a full cache");
+    // an ro rule open reads uncached, and its copy is refused
+    read_then_ro_copy(
+        t.mnt(0),
+        &t.p(0, "x.ro"),
+        &d,
+        "ro-rule file with a full cache",
+    );
     assert_eq!(state(&t, &t.p(0, "x.ro")).typ, "none");
     // an rw rule create writes uncached
     let before = total_usage(&t);
@@ -1248,10 +1283,11 @@ fn rule_quota_isolates_cache_use() {
     fs::write(t.p(1, "g.big"), &gdata).unwrap();
     after_ttl();
     let typ = |n: &str| state(&t, &t.p(0, n)).typ;
-    assert_reads(&t.p(0, "g.big"), &gdata, "g.big");
-    assert_reads(&t.p(0, "f1.dat"), &data[0], "f1");
+    let first = |n: &str, d: &[u8]| read_then_ro_copy(t.mnt(0), &t.p(0, n), d, n);
+    first("g.big", &gdata);
+    first("f1.dat", &data[0]);
     thread::sleep(Duration::from_millis(20));
-    assert_reads(&t.p(0, "f2.dat"), &data[1], "f2");
+    first("f2.dat", &data[1]);
     thread::sleep(Duration::from_millis(20));
     assert_eq!(
         (typ("f1.dat"), typ("f2.dat")),
@@ -1259,7 +1295,7 @@ fn rule_quota_isolates_cache_use() {
     );
     // f3 would make 6 MiB of a 5 MiB quota: the rule's least recently used file goes (down
     // to 0.9 x 5 MiB), the other rule's file stays
-    assert_reads(&t.p(0, "f3.dat"), &data[2], "f3");
+    first("f3.dat", &data[2]);
     let got: Vec<String> = ["f1.dat", "f2.dat", "f3.dat", "g.big"]
         .iter()
         .map(|n| typ(n))
@@ -1272,7 +1308,7 @@ fn rule_quota_isolates_cache_use() {
     // a pinned file is never evicted for the quota
     pcc(&t, &["pin", &s(&t.p(0, "f2.dat"))]).assert_ok();
     thread::sleep(Duration::from_millis(20));
-    assert_reads(&t.p(0, "f4.dat"), &data[3], "f4");
+    first("f4.dat", &data[3]);
     let got: Vec<String> = names.iter().map(|n| typ(n)).collect();
     assert_eq!(got, ["none", "readonly", "none", "readonly"], "after f4");
     assert_eq!(pcc_event(t.mnt(0), "evictions"), 2, "evictions");
@@ -1320,7 +1356,7 @@ fn rule_quota_isolates_cache_use() {
         thread::sleep(Duration::from_millis(100));
     }
     assert_eq!(typ("f2.dat"), "readonly", "pinned");
-    assert_reads(&t.p(0, "f1.dat"), &data[0], "f1 over the quota");
+    first("f1.dat", &data[0]);
     assert_eq!(typ("f1.dat"), "none");
     assert!(pcc_event(t.mnt(0), "quota_refusals") >= 1);
     assert_eq!(

@@ -332,7 +332,6 @@ pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Resul
                 eviction: cfg.eviction().map_err(DaemonError::Other)?,
                 writeback_delay: Duration::from_secs(cfg.writeback_delay_secs),
                 passthrough: cfg.pcc_passthrough,
-                background_copy: 64 << 20,
             };
             let p = Pcc::new(
                 pc,
@@ -560,6 +559,8 @@ fn start_workers(
         w.spawn(jobs::PccUpkeep { pcc: Arc::clone(p) })
             .map_err(spawn_err)?;
         w.spawn(jobs::PccWriteback::new(Arc::clone(p)))
+            .map_err(spawn_err)?;
+        w.spawn(jobs::PccRoCopy { pcc: Arc::clone(p) })
             .map_err(spawn_err)?;
         // Another client's open waits on recalls: never behind a write-back.
         w.spawn(jobs::PccRecall {

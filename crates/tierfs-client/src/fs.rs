@@ -31,7 +31,7 @@ use crate::data::DataPath;
 use crate::error::{ClientError, Result};
 use crate::lease::{Lease, Recalled, Recaller};
 use crate::metrics::Metrics;
-use crate::pcc::{Opened as CacheOpened, Pcc, Served};
+use crate::pcc::{Opened as CacheOpened, Pcc, RwAtCreate, Served};
 use crate::session::Session;
 
 /// What [`TierFs::list_dir`] hands a directory reply: "." or ".." (with the directory listed),
@@ -895,6 +895,34 @@ impl FsInner {
             self.meta
                 .create(parent, name.as_bytes(), &node, layout, open_by),
         )?)
+    }
+
+    /// [`FsInner::make_node`] of a regular file opened at once, under `rw`'s RW rules: the
+    /// create and, when a rule wants the new inode, its RW-PCC lease (dirty) in one engine
+    /// transaction ([`MetaEngine::pcc_create`]); the rule and the lease when one was taken.
+    fn make_file_leased(
+        &self,
+        parent: Ino,
+        name: &OsStr,
+        node: NewNode,
+        pcc: &Pcc,
+        rw: &RwAtCreate,
+    ) -> Result<(Attr, Option<(u64, PccLease)>)> {
+        let layout = Some(self.data.choose_layout(parent)?);
+        let sid = self.session.id();
+        let (a, lease) = self.session.watch(
+            sid,
+            self.meta.pcc_create(
+                parent,
+                name.as_bytes(),
+                &node,
+                layout,
+                Some(sid),
+                &pcc.client,
+                &|a| rw.wants(a),
+            ),
+        )?;
+        Ok((a, lease.and_then(|l| rw.rule().map(|r| (r, l)))))
     }
 
     /// A new handle on `attr`'s file; `recorded` when the open is already in the metadata
@@ -2412,11 +2440,27 @@ impl Filesystem for TierFs {
             let kind = Kind::from_mode(mode).unwrap_or(Kind::File);
             let inh = self.inherit(parent.0, kind, mode, umask)?;
             let node = Self::new_node(req, kind, inh.perm);
-            let a = self.make_node(parent.0, name, node, true)?;
+            // A writer's create under an RW rule: the create and the lease in one transaction.
+            let rw = match (&self.pcc, kind) {
+                (Some(pcc), Kind::File) => {
+                    pcc.rw_at_create(name.as_bytes(), flags).map(|r| (pcc, r))
+                }
+                _ => None,
+            };
+            let (a, leased) = match &rw {
+                Some((pcc, rw)) => self.make_file_leased(parent.0, name, node, pcc, rw)?,
+                None => (self.make_node(parent.0, name, node, true)?, None),
+            };
             self.store_inherited(a.ino, &inh)?;
             if let Some(pcc) = &self.pcc {
                 self.remember_name(&a, name);
-                if let Some(served) = pcc.on_create(&a, name.as_bytes(), flags)? {
+                let served = match (leased, rw.is_some()) {
+                    (Some((rule, lease)), _) => pcc.on_create_leased(&a, rule, lease)?,
+                    // the RW rules were checked in the create: none wanted the file
+                    (None, true) => None,
+                    (None, false) => pcc.on_create(&a, name.as_bytes(), flags)?,
+                };
+                if let Some(served) = served {
                     let (fh, fl, backing) = self.open_cached(&reply, &a, flags, served, true)?;
                     return Ok((a, fh, fl, backing));
                 }

@@ -42,12 +42,105 @@ pub struct PccConfig {
     pub eviction: Eviction,
     pub writeback_delay: Duration,
     pub passthrough: bool,
-    /// Files larger than this are copied in the background on an RO attach at open.
-    pub background_copy: u64,
+}
+
+/// Files first opened under an RO rule that wait for the `pcc-ro-copy` worker, at most; a
+/// first open that finds the queue full is served uncached and not queued (its next open
+/// queues it again).
+pub const RO_COPY_QUEUE: usize = 1024;
+
+/// The `pcc-ro-copy` worker copies only after applications opened no file here for this long:
+/// it yields to their I/O (a run of first opens, such as mdtest's read phase, is not slowed by
+/// copies of the files it reads once; they are made when it pauses).
+const RO_COPY_QUIET: Duration = Duration::from_millis(20);
+
+/// The files waiting to be copied into the cache by the `pcc-ro-copy` worker (`T`: what the
+/// copy needs), each once, at most `cap`.
+struct RoCopies<T> {
+    queue: std::collections::VecDeque<(Ino, T)>,
+    queued: std::collections::HashSet<Ino>,
+    cap: usize,
+}
+
+/// What [`RoCopies::push`] did.
+#[derive(Debug, PartialEq, Eq)]
+enum Queued {
+    Yes,
+    Already,
+    /// The queue is full: dropped (the caller never waits).
+    Full,
+}
+
+impl<T> RoCopies<T> {
+    fn new(cap: usize) -> Self {
+        RoCopies {
+            queue: Default::default(),
+            queued: Default::default(),
+            cap,
+        }
+    }
+
+    fn push(&mut self, ino: Ino, item: T) -> Queued {
+        if self.queued.contains(&ino) {
+            return Queued::Already;
+        }
+        if self.queue.len() >= self.cap {
+            return Queued::Full;
+        }
+        self.queued.insert(ino);
+        self.queue.push_back((ino, item));
+        Queued::Yes
+    }
+
+    fn pop(&mut self) -> Option<T> {
+        let (ino, item) = self.queue.pop_front()?;
+        self.queued.remove(&ino);
+        Some(item)
+    }
 }
 
 /// A stored rule and its parsed form.
 type RuleEntry = (PccRuleRow, Rule);
+
+/// The first rule of `rules` of `mode` that caches the file `a` named `name`.
+fn first_match(rules: &[RuleEntry], mode: &str, a: &Attr, name: &[u8]) -> Option<u64> {
+    let facts = FileFacts {
+        uid: a.uid,
+        gid: a.gid,
+        projid: a.projid,
+        name,
+        size: a.size,
+        mtime_ns: a.mtime,
+        now_ns: now_nanos(),
+    };
+    rules
+        .iter()
+        .find(|(row, rule)| row.mode == mode && rule.matches(&facts))
+        .map(|(row, _)| row.id)
+}
+
+/// The RW rules a file being created is checked against inside its create's transaction
+/// ([`Pcc::rw_at_create`]), and the rule that wanted it.
+pub struct RwAtCreate {
+    rules: Vec<RuleEntry>,
+    name: Vec<u8>,
+    chosen: std::cell::Cell<Option<u64>>,
+}
+
+impl RwAtCreate {
+    /// Whether an RW rule caches the new inode `a` (the engine asks, in the transaction; the
+    /// last answer counts, as the last run of a transaction is the one committed).
+    pub fn wants(&self, a: &Attr) -> bool {
+        self.chosen
+            .set(first_match(&self.rules, "rw", a, &self.name));
+        self.chosen.get().is_some()
+    }
+
+    /// The rule that wanted the new inode, after the create.
+    pub fn rule(&self) -> Option<u64> {
+        self.chosen.get()
+    }
+}
 
 /// How long the rules read from the metadata engine are used before they are read again.
 const RULES_TTL: Duration = Duration::from_secs(2);
@@ -78,6 +171,10 @@ pub struct Pcc {
     last_validate: Mutex<Option<Instant>>,
     /// The highest inode whose RO copy the last validation pass looked at.
     validate_cursor: Mutex<Ino>,
+    /// First opens under an RO rule waiting to be copied off the request path.
+    ro_copies: Mutex<RoCopies<(Attr, u64)>>,
+    /// When an application last opened a file here (ns): RO copies wait for a pause.
+    last_open: std::sync::atomic::AtomicI64,
 }
 
 /// What [`Pcc::open`] did.
@@ -123,6 +220,8 @@ impl Pcc {
             slots: Mutex::new(HashMap::new()),
             last_validate: Mutex::new(None),
             validate_cursor: Mutex::new(0),
+            ro_copies: Mutex::new(RoCopies::new(RO_COPY_QUEUE)),
+            last_open: std::sync::atomic::AtomicI64::new(0),
         })
     }
 
@@ -224,19 +323,30 @@ impl Pcc {
 
     /// The first rule of `mode` (in id order) that matches a file.
     fn matching_rule(&self, mode: &str, a: &Attr, name: &[u8]) -> Option<u64> {
-        let facts = FileFacts {
-            uid: a.uid,
-            gid: a.gid,
-            projid: a.projid,
-            name,
-            size: a.size,
-            mtime_ns: a.mtime,
-            now_ns: now_nanos(),
-        };
-        self.rules()
+        first_match(&self.rules(), mode, a, name)
+    }
+
+    /// At the create of a file named `name` opened with `flags`: the RW rules the new file is
+    /// checked against inside the create's own transaction ([`MetaEngine::pcc_create`]), or
+    /// None when no lease can come of it (no RW rule here, or the open does not write: such a
+    /// create attaches after it, in [`Pcc::on_create`]).
+    pub fn rw_at_create(&self, name: &[u8], flags: i32) -> Option<RwAtCreate> {
+        if flags & libc::O_ACCMODE == libc::O_RDONLY {
+            return None;
+        }
+        let rules: Vec<RuleEntry> = self
+            .rules()
             .into_iter()
-            .find(|(row, rule)| row.mode == mode && rule.matches(&facts))
-            .map(|(row, _)| row.id)
+            .filter(|(row, _)| row.mode == "rw")
+            .collect();
+        if rules.is_empty() {
+            return None;
+        }
+        Some(RwAtCreate {
+            rules,
+            name: name.to_vec(),
+            chosen: std::cell::Cell::new(None),
+        })
     }
 
     // ------------------------------------------------------------------ bookkeeping
@@ -489,14 +599,6 @@ impl Pcc {
 
     /// RO-PCC attach: a read-only copy tied to the file's current data version.
     pub fn attach_ro(&self, attr: &Attr, rule: Option<u64>) -> Result<()> {
-        self.attach_ro_as(attr, rule, false)
-    }
-
-    /// [`Pcc::attach_ro`]; `opened`: `attr` was read by this client's open of the file
-    /// ([`MetaEngine::pcc_open`]), which found no lease and recorded the open, so no client
-    /// can take one meanwhile (an acquire elsewhere sees the open): neither the lease nor the
-    /// attributes are read again before the copy (its data version is checked after it).
-    fn attach_ro_as(&self, attr: &Attr, rule: Option<u64>, opened: bool) -> Result<()> {
         let slot = self.slot(attr.ino);
         let _held = slot.op.lock();
         self.sync(&slot, attr.ino);
@@ -511,14 +613,10 @@ impl Pcc {
                 return Ok(());
             }
         }
-        let attr = if opened {
-            attr.clone()
-        } else {
-            if let Lease::Ours(_) = self.recaller.check_ino(attr.ino)? {
-                return Ok(());
-            }
-            self.meta.getattr(attr.ino)?
-        };
+        if let Lease::Ours(_) = self.recaller.check_ino(attr.ino)? {
+            return Ok(());
+        }
+        let attr = self.meta.getattr(attr.ino)?;
         self.room_for(rule, attr.size)?;
         self.step(&slot, attr.ino, Event::CopyStart)?;
         let copied = self.copy_ro(&attr, rule);
@@ -627,14 +725,32 @@ impl Pcc {
         let attr = self.meta.getattr(attr.ino)?;
         if !reuse {
             if let Err(e) = self.copy_in(attr.ino, attr.size) {
-                let _ = self
-                    .meta
-                    .pcc_release(attr.ino, &self.client, lease.generation);
-                self.store.remove(attr.ino);
-                let _ = self.step(&slot, attr.ino, Event::Dropped);
+                self.undo_attach(&slot, &lease);
                 return Err(e);
             }
         }
+        self.attached_rw(&slot, &attr, &lease, rule, created)
+    }
+
+    /// Gives back the lease of an attach that failed after taking it, and drops its cache file.
+    fn undo_attach(&self, slot: &Slot, lease: &PccLease) {
+        let _ = self
+            .meta
+            .pcc_release(lease.ino, &self.client, lease.generation);
+        self.store.remove(lease.ino);
+        let _ = self.step(slot, lease.ino, Event::Dropped);
+    }
+
+    /// The end of an RW attach (slot lock held, `lease` taken, the data in the cache file):
+    /// the index entry, `dirty` when the lease was taken dirty (a writer at create).
+    fn attached_rw(
+        &self,
+        slot: &Slot,
+        attr: &Attr,
+        lease: &PccLease,
+        rule: Option<u64>,
+        dirty: bool,
+    ) -> Result<Entry> {
         let mut e = self.new_entry(
             attr.ino,
             Mode::Rw,
@@ -642,16 +758,16 @@ impl Pcc {
             lease.generation,
             rule,
         );
-        if created {
+        if dirty {
             e.dirty = true;
             e.last_write = now_nanos();
         }
         self.store.put(e.clone()).map_err(Self::cache_err)?;
-        self.step(&slot, attr.ino, Event::Attached)?;
+        self.step(slot, attr.ino, Event::Attached)?;
         if e.dirty {
-            self.step(&slot, attr.ino, Event::Written)?;
+            self.step(slot, attr.ino, Event::Written)?;
         }
-        self.data.invalidate(attr.ino, Some(&attr));
+        self.data.invalidate(attr.ino, Some(attr));
         self.metrics.pcc("attaches_rw", 1);
         Ok(e)
     }
@@ -814,6 +930,8 @@ impl Pcc {
         snapshot: Option<u64>,
         block: bool,
     ) -> Result<Opened> {
+        self.last_open
+            .store(now_nanos(), std::sync::atomic::Ordering::Relaxed);
         let ino = attr.ino;
         let write = flags & libc::O_ACCMODE != libc::O_RDONLY;
         let slot = self.slot(ino);
@@ -910,37 +1028,46 @@ impl Pcc {
         let Some(rule) = self.matching_rule("ro", attr, name) else {
             return Ok(uncached);
         };
-        if attr.size > self.cfg.background_copy {
-            self.spawn_background_copy(attr.clone(), rule);
-            return Ok(uncached);
-        }
-        match self.attach_ro_as(attr, Some(rule), true) {
-            Ok(()) => {
-                let f = self.store.open_data(ino, false).map_err(Self::cache_err)?;
-                self.step(slot, ino, Event::Open { write: false })?;
-                Ok(Opened::Served(Served {
-                    file: Arc::new(f),
-                    rw: false,
-                }))
-            }
-            Err(e) => {
-                tracing::debug!(ino, "RO attach by rule failed, reading uncached: {e}");
-                Ok(uncached)
-            }
-        }
+        // The copy is made off the request path (the `pcc-ro-copy` worker): this open reads
+        // uncached, the opens after the copy are served from it.
+        self.queue_ro_copy(attr, rule);
+        Ok(uncached)
     }
 
-    fn spawn_background_copy(self: &Arc<Self>, attr: Attr, rule: u64) {
+    /// Queues an RO copy of `attr`'s file for the `pcc-ro-copy` worker, unless it is queued
+    /// already, being copied, or the queue is full (then dropped: never waits).
+    fn queue_ro_copy(&self, attr: &Attr, rule: u64) {
         if self.peek(attr.ino).map(|s| s.phase) == Some(Phase::CopyingRo) {
             return;
         }
-        // Runs on a thread of its own; reads meanwhile go to the capacity tier.
-        let me = Arc::clone(self);
-        std::thread::spawn(move || {
-            if let Err(e) = me.attach_ro(&attr, Some(rule)) {
-                tracing::debug!(ino = attr.ino, "background RO copy failed: {e}");
-            }
-        });
+        let pushed = self.ro_copies.lock().push(attr.ino, (attr.clone(), rule));
+        match pushed {
+            Queued::Yes => self.metrics.pcc("ro_copies_queued", 1),
+            Queued::Full => self.metrics.pcc("ro_copies_dropped", 1),
+            Queued::Already => {}
+        }
+    }
+
+    /// One unit of the `pcc-ro-copy` worker: copies the next queued file into the cache (its
+    /// attributes and lease read again first, its data version checked after the copy, as
+    /// every RO attach does), unless a file was opened here in the last [`RO_COPY_QUIET`].
+    /// Whether it copied (or tried to copy) a file.
+    pub fn copy_next_ro(&self) -> bool {
+        let last = self.last_open.load(std::sync::atomic::Ordering::Relaxed);
+        if now_nanos().saturating_sub(last) < RO_COPY_QUIET.as_nanos() as i64 {
+            // Applications are opening files: try again later.
+            return false;
+        }
+        let next = self.ro_copies.lock().pop();
+        let Some((attr, rule)) = next else {
+            return false;
+        };
+        if let Err(e) = self.attach_ro(&attr, Some(rule)) {
+            tracing::debug!(ino = attr.ino, "background RO copy failed: {e}");
+        }
+        // (counted after the attempt, copied or not: `attaches_ro` counts the copies)
+        self.metrics.pcc("ro_copies_tried", 1);
+        true
     }
 
     /// At create: a new file under an RW rule lives in the cache from the start.
@@ -975,6 +1102,45 @@ impl Pcc {
                 Ok(None)
             }
         }
+    }
+
+    /// At create, after [`MetaEngine::pcc_create`] took the new file's lease (dirty) in the
+    /// create's transaction for `rule`: the file lives in the cache from the start, and the
+    /// writable descriptor is handed out only now, after the lease. When the cache cannot take
+    /// it (quota, disk), the lease is given back and the file is written uncached.
+    pub fn on_create_leased(
+        &self,
+        attr: &Attr,
+        rule: u64,
+        lease: PccLease,
+    ) -> Result<Option<Served>> {
+        let slot = self.slot(attr.ino);
+        let _held = slot.op.lock();
+        self.sync(&slot, attr.ino);
+        // The new cache file (opened read-write) is the served descriptor itself.
+        let attached = self.room_for(Some(rule), 0).and_then(|()| {
+            let f = self.store.create_data(attr.ino).map_err(Self::cache_err)?;
+            self.attached_rw(&slot, attr, &lease, Some(rule), true)?;
+            Ok(f)
+        });
+        let f = match attached {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::debug!(
+                    ino = attr.ino,
+                    "RW attach at create failed, writing uncached: {e}"
+                );
+                self.undo_attach(&slot, &lease);
+                return Ok(None);
+            }
+        };
+        // Counted as a writer (see on_close): only writers' creates take the lease here.
+        self.step(&slot, attr.ino, Event::Open { write: true })?;
+        self.metrics.pcc("hits", 1);
+        Ok(Some(Served {
+            file: Arc::new(f),
+            rw: true,
+        }))
     }
 
     /// Reports an RW-cached file's size and mtime to the metadata engine (others see them).
@@ -1517,4 +1683,26 @@ pub fn read_piece(f: &File, off: u64, len: usize) -> std::io::Result<Bytes> {
     }
     buf.truncate(done);
     Ok(Bytes::from(buf))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Queued, RoCopies};
+
+    #[test]
+    fn ro_copy_queue_is_bounded_and_holds_each_file_once() {
+        let mut q = RoCopies::new(2);
+        assert_eq!(q.push(1, "a"), Queued::Yes);
+        assert_eq!(q.push(1, "a again"), Queued::Already);
+        assert_eq!(q.push(2, "b"), Queued::Yes);
+        // full: dropped, not queued (and not waited for)
+        assert_eq!(q.push(3, "c"), Queued::Full);
+        assert_eq!(q.pop(), Some("a"));
+        // room again, and 1 may be queued again once taken out
+        assert_eq!(q.push(1, "a later"), Queued::Yes);
+        assert_eq!(q.push(3, "c"), Queued::Full);
+        assert_eq!(q.pop(), Some("b"));
+        assert_eq!(q.pop(), Some("a later"));
+        assert_eq!(q.pop(), None);
+    }
 }

@@ -88,6 +88,10 @@ pub fn run_all(factory: &Factory<'_>) {
             pcc_acquire_dirty_takes_the_lease_dirty,
         ),
         (
+            "pcc_create_takes_the_lease_in_the_create",
+            pcc_create_takes_the_lease_in_the_create,
+        ),
+        (
             "pcc_transitions_are_conditional_on_generation_and_dirty",
             pcc_transitions_are_conditional_on_generation_and_dirty,
         ),
@@ -1759,6 +1763,84 @@ fn pcc_acquire_dirty_takes_the_lease_dirty(e: &dyn MetaEngine) {
         Err(MetaError::InUse)
     ));
     assert!(e.pcc_lease(g.ino).unwrap().is_none());
+}
+
+fn pcc_create_takes_the_lease_in_the_create(e: &dyn MetaEngine) {
+    let (a, b) = (pcc_session(e, "a"), pcc_session(e, "b"));
+    // the rule sees the new inode as created (its owner, its name's inode number)
+    let seen = std::cell::Cell::new(None);
+    let (f, l) = e
+        .pcc_create(
+            ROOT_INO,
+            b"pc",
+            &file(),
+            Some(layout()),
+            Some(a),
+            "a",
+            &|x| {
+                seen.set(Some((x.ino, x.uid, x.kind)));
+                true
+            },
+        )
+        .unwrap();
+    let l = l.expect("a lease when the rule wants one");
+    assert_eq!(seen.get(), Some((f.ino, file().uid, Kind::File)));
+    assert_eq!((l.ino, l.client.as_str(), l.dirty), (f.ino, "a", true));
+    assert_eq!(e.pcc_lease(f.ino).unwrap(), Some(l.clone()));
+    // the inode returned is the engine's after the lease (its data version moved with it)
+    let now = e.getattr(f.ino).unwrap();
+    assert_eq!(now.data_version, f.data_version);
+    assert_eq!(e.lookup(ROOT_INO, b"pc").unwrap().ino, f.ino);
+    // opened by a (one close to count), dirty: another client cannot take it, no breaker breaks it
+    assert!(matches!(
+        e.pcc_acquire(f.ino, "b"),
+        Err(MetaError::WouldBlock)
+    ));
+    assert!(!e.pcc_break(f.ino, "a", l.generation).unwrap());
+    e.close_files(a, &[f.ino]).unwrap();
+    // the rule does not want it: a plain create, no lease, the data version as a create's
+    let (g, none) = e
+        .pcc_create(
+            ROOT_INO,
+            b"pc2",
+            &file(),
+            Some(layout()),
+            Some(b),
+            "b",
+            &|_| false,
+        )
+        .unwrap();
+    assert!(none.is_none());
+    assert!(e.pcc_lease(g.ino).unwrap().is_none());
+    assert_eq!(e.getattr(g.ino).unwrap().data_version, g.data_version);
+    // (a new inode's data version is the same for every create: the lease moved f's by one)
+    assert_eq!(f.data_version, g.data_version + 1);
+    // a taken name: Exists, and nothing is leased
+    assert!(matches!(
+        e.pcc_create(
+            ROOT_INO,
+            b"pc",
+            &file(),
+            Some(layout()),
+            Some(a),
+            "a",
+            &|_| true
+        ),
+        Err(MetaError::Exists)
+    ));
+    // not a regular file: refused, nothing created
+    let dir = NewNode {
+        kind: Kind::Dir,
+        ..file()
+    };
+    assert!(matches!(
+        e.pcc_create(ROOT_INO, b"pc3", &dir, None, None, "a", &|_| true),
+        Err(MetaError::Invalid(_))
+    ));
+    assert!(matches!(
+        e.lookup(ROOT_INO, b"pc3"),
+        Err(MetaError::NotFound)
+    ));
 }
 
 fn pcc_transitions_are_conditional_on_generation_and_dirty(e: &dyn MetaEngine) {

@@ -245,6 +245,25 @@ pub trait Pcc: Send + Sync {
     /// same transaction: for an owner about to hand out a writable descriptor of its cached
     /// file at once (an attach at create), instead of a second transaction.
     fn pcc_acquire_dirty(&self, ino: Ino, client: &str) -> Result<PccLease>;
+    /// Creates a regular file as [`Namespace::create`] does (opened by `open_by`) and, when
+    /// `want` says so of the new inode (an RW rule of `client` matches it), takes its RW-PCC
+    /// lease for `client` already dirty ("may be dirty"), as
+    /// [`pcc_acquire_dirty`](Pcc::pcc_acquire_dirty) would: ALL in ONE transaction, so the
+    /// lease is in the engine before the caller can hand out a writable descriptor, for one
+    /// commit instead of two. The inode is returned as it is after the lease (its data version
+    /// moved), with the lease when one was taken. `want` may run more than once (a transaction
+    /// tried again); only its last answer counts. Not a regular file: `Invalid`.
+    #[allow(clippy::too_many_arguments)]
+    fn pcc_create(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        node: &NewNode,
+        layout: Option<Layout>,
+        open_by: Option<u64>,
+        client: &str,
+        want: &dyn Fn(&Attr) -> bool,
+    ) -> Result<(Attr, Option<PccLease>)>;
     /// Opens a file as far as leases go, in ONE transaction: locks the inode, reads its lease
     /// and either records the open of `session` (with the changelog's OPEN record, as
     /// [`Sessions::open_file`]) or records nothing and returns the other client's lease

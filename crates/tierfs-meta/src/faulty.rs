@@ -308,6 +308,7 @@ impl Pcc for FaultyEngine {
         fn pcc_lease(&self, ino: Ino) -> Result<Option<PccLease>>;
         fn pcc_acquire(&self, ino: Ino, client: &str) -> Result<PccLease>;
         fn pcc_acquire_dirty(&self, ino: Ino, client: &str) -> Result<PccLease>;
+        fn pcc_create(&self, parent: Ino, name: &[u8], node: &NewNode, layout: Option<Layout>, open_by: Option<u64>, client: &str, want: &dyn Fn(&Attr) -> bool) -> Result<(Attr, Option<PccLease>)>;
         fn pcc_open(&self, session: u64, ino: Ino, client: &str, write: bool, snapshot: Option<u64>) -> Result<PccOpen>;
         fn pcc_report(&self, ino: Ino, client: &str, generation: u64, dirty: bool, size: u64, mtime: Nanos) -> Result<Attr>;
         fn pcc_release(&self, ino: Ino, client: &str, generation: u64) -> Result<bool>;

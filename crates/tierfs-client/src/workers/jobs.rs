@@ -184,6 +184,36 @@ impl Worker for PccUpkeep {
     }
 }
 
+/// How soon the `pcc-ro-copy` worker looks again at an empty queue.
+const RO_COPY_INTERVAL: Duration = Duration::from_millis(50);
+
+/// `pcc-ro-copy`: copies into the cache, one file per unit, the files first opened under an
+/// RO rule (those opens read uncached: no copy on the request path), so that later opens are
+/// served from the cache (kernel passthrough). A data mover: tranquility pauses apply after
+/// each copy, yielding to applications. Its queue is bounded ([`crate::pcc::RO_COPY_QUEUE`]).
+pub struct PccRoCopy {
+    pub pcc: Arc<Pcc>,
+}
+
+impl Worker for PccRoCopy {
+    fn name(&self) -> &'static str {
+        "pcc-ro-copy"
+    }
+    fn interval(&self) -> Duration {
+        RO_COPY_INTERVAL
+    }
+    fn moves_data(&self) -> bool {
+        true
+    }
+    fn work(&mut self, _ctx: &Ctx) -> Result<Next, WorkError> {
+        Ok(if self.pcc.copy_next_ro() {
+            Next::More
+        } else {
+            Next::Idle
+        })
+    }
+}
+
 /// `pcc-writeback`: writes dirty RW-PCC files back to the capacity tier once their last write
 /// is `writeback_delay_secs` old, one file per unit (a data mover: tranquility pauses apply).
 pub struct PccWriteback {

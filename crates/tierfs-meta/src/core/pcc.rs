@@ -2,7 +2,8 @@
 //! give a lease back, and attach rules with their quotas.
 
 use super::common::AttrUpdate;
-use super::common::{lock1, lock_rows, record_open};
+use super::common::{check_name, lock1, lock_rows, record_open};
+use super::namespace::create_in;
 use super::SqlMeta;
 use crate::engine::Pcc;
 use crate::error::{MetaError, Result};
@@ -46,51 +47,57 @@ fn next_seq(tx: &mut dyn Tx) -> Result<u64> {
 impl<D: Driver> SqlMeta<D> {
     /// [`Pcc::pcc_acquire`], the lease taken dirty when `dirty` (one transaction).
     fn acquire(&self, ino: Ino, client: &str, dirty: bool) -> Result<PccLease> {
-        self.d.write(|tx| {
-            let a = lock1(tx, ino)?;
-            if a.kind != Kind::File {
-                return Err(MetaError::Invalid(
-                    "only regular files can be cached".into(),
-                ));
-            }
-            if a.hsm.released() {
-                // Its data is in the archive only: the client restores it before caching it.
-                return Err(crate::hsm::HsmError::Released.into());
-            }
-            if let Some(l) = lease_of(tx, ino)? {
-                if l.client != client {
-                    return Err(MetaError::WouldBlock);
-                }
-                if dirty && !l.dirty {
-                    tx.exec("UPDATE pcc_leases SET dirty = 1 WHERE ino = $1", vals![ino])?;
-                    return Ok(PccLease { dirty: true, ..l });
-                }
-                return Ok(l);
-            }
-            // Opens are recorded under the inode's row lock, held here (PostgreSQL).
-            if tx.exists(
-                "SELECT EXISTS (SELECT 1 FROM open_files o JOIN sessions s ON s.id = o.session \
-                 WHERE o.ino = $1 AND s.client_name <> $2)",
-                vals![ino, client],
-            )? {
-                return Err(MetaError::InUse);
-            }
-            // The inode row before the counter (the lock order).
-            tx.exec(
-                "UPDATE inodes SET data_version = data_version + 1 WHERE ino = $1",
-                vals![ino],
-            )?;
-            let generation = next_seq(tx)?;
-            let r = tx.one(
-                &format!(
-                    "INSERT INTO pcc_leases (ino, client, generation, dirty, acquired, snapshot) \
-                     VALUES ($1, $2, $3, $4, $5, 0) RETURNING {LEASE_COLS}"
-                ),
-                vals![ino, client, generation, dirty as i64, now_nanos()],
-            )?;
-            lease_from_row(&r)
-        })
+        self.d
+            .write(|tx| acquire_in(tx, ino, client, dirty).map(|(_, l)| l))
     }
+}
+
+/// [`Pcc::pcc_acquire`] in the caller's transaction, the lease taken dirty when `dirty`: the
+/// lease and the inode as it is after (a new lease moves its data version).
+fn acquire_in(tx: &mut dyn Tx, ino: Ino, client: &str, dirty: bool) -> Result<(Attr, PccLease)> {
+    let mut a = lock1(tx, ino)?;
+    if a.kind != Kind::File {
+        return Err(MetaError::Invalid(
+            "only regular files can be cached".into(),
+        ));
+    }
+    if a.hsm.released() {
+        // Its data is in the archive only: the client restores it before caching it.
+        return Err(crate::hsm::HsmError::Released.into());
+    }
+    if let Some(l) = lease_of(tx, ino)? {
+        if l.client != client {
+            return Err(MetaError::WouldBlock);
+        }
+        if dirty && !l.dirty {
+            tx.exec("UPDATE pcc_leases SET dirty = 1 WHERE ino = $1", vals![ino])?;
+            return Ok((a, PccLease { dirty: true, ..l }));
+        }
+        return Ok((a, l));
+    }
+    // Opens are recorded under the inode's row lock, held here (PostgreSQL).
+    if tx.exists(
+        "SELECT EXISTS (SELECT 1 FROM open_files o JOIN sessions s ON s.id = o.session \
+         WHERE o.ino = $1 AND s.client_name <> $2)",
+        vals![ino, client],
+    )? {
+        return Err(MetaError::InUse);
+    }
+    // The inode row before the counter (the lock order).
+    tx.exec(
+        "UPDATE inodes SET data_version = data_version + 1 WHERE ino = $1",
+        vals![ino],
+    )?;
+    a.data_version += 1;
+    let generation = next_seq(tx)?;
+    let r = tx.one(
+        &format!(
+            "INSERT INTO pcc_leases (ino, client, generation, dirty, acquired, snapshot) \
+             VALUES ($1, $2, $3, $4, $5, 0) RETURNING {LEASE_COLS}"
+        ),
+        vals![ino, client, generation, dirty as i64, now_nanos()],
+    )?;
+    Ok((a, lease_from_row(&r)?))
 }
 
 impl<D: Driver> Pcc for SqlMeta<D> {
@@ -104,6 +111,34 @@ impl<D: Driver> Pcc for SqlMeta<D> {
 
     fn pcc_acquire_dirty(&self, ino: Ino, client: &str) -> Result<PccLease> {
         self.acquire(ino, client, true)
+    }
+
+    fn pcc_create(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        node: &NewNode,
+        layout: Option<Layout>,
+        open_by: Option<u64>,
+        client: &str,
+        want: &dyn Fn(&Attr) -> bool,
+    ) -> Result<(Attr, Option<PccLease>)> {
+        check_name(name)?;
+        if node.kind != Kind::File {
+            return Err(MetaError::Invalid(
+                "only regular files can be cached".into(),
+            ));
+        }
+        self.d.write(|tx| {
+            let a = create_in(tx, parent, name, node, layout.clone(), open_by)?;
+            if !want(&a) {
+                return Ok((a, None));
+            }
+            // The new inode's row is this transaction's: no other client can hold a lease or
+            // an open of it, so this only inserts the lease (dirty) and moves the version.
+            let (a, l) = acquire_in(tx, a.ino, client, true)?;
+            Ok((a, Some(l)))
+        })
     }
 
     fn pcc_open(
