@@ -293,6 +293,20 @@ fn gc_and_fsck_refuse_a_target_of_another_filesystem() {
     }
 }
 
+/// Whether the test can damage the filesystem's database by hand (SQLite, with the sqlite3
+/// command); says why not when it cannot.
+fn can_damage(meta: &str) -> bool {
+    let can = meta.starts_with("sqlite://")
+        && std::process::Command::new("sqlite3")
+            .arg("-version")
+            .output()
+            .is_ok();
+    if !can {
+        eprintln!("skipped: damages the SQLite database with sqlite3");
+    }
+    can
+}
+
 /// Runs one statement on the filesystem's SQLite database (to make the damage fsck looks for).
 fn sql(meta: &str, stmt: &str) {
     let db = meta.strip_prefix("sqlite://").unwrap();
@@ -314,13 +328,7 @@ fn sql(meta: &str, stmt: &str) {
 fn fsck_checks_and_repairs_hsm_state() {
     let mut fs = TestFs::new(1);
     let meta = fs.meta_url();
-    if !meta.starts_with("sqlite://")
-        || std::process::Command::new("sqlite3")
-            .arg("-version")
-            .output()
-            .is_err()
-    {
-        eprintln!("skipped: damages the SQLite database with sqlite3");
+    if !can_damage(&meta) {
         return;
     }
     let s = |p: std::path::PathBuf| p.to_string_lossy().into_owned();
@@ -478,13 +486,7 @@ fn fsck_checks_and_repairs_hsm_state() {
 fn fsck_checks_and_repairs_xattr_counts() {
     let mut fs = TestFs::new(1);
     let meta = fs.meta_url();
-    if !meta.starts_with("sqlite://")
-        || std::process::Command::new("sqlite3")
-            .arg("-version")
-            .output()
-            .is_err()
-    {
-        eprintln!("skipped: damages the SQLite database with sqlite3");
+    if !can_damage(&meta) {
         return;
     }
     for n in ["hidden", "phantom", "fine"] {
