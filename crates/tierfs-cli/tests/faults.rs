@@ -361,6 +361,16 @@ fn an_engine_down_for_a_while_fails_calls_then_everything_is_there() {
     assert_eq!(read_all(&fs.p(0, "d/new")), b"after");
 }
 
+/// The faulty client's config with a client cache (64 MiB under the test's root).
+fn cached_config(fs: &TestFs) -> ClientConfig {
+    ClientConfig {
+        client_name: Some("faulty".to_string()),
+        cache_dir: Some(fs.root().join("cache-faulty")),
+        cache_size: "64M".to_string(),
+        ..ClientConfig::default()
+    }
+}
+
 /// No global lock is held across a metadata query on the open path (issue 12): on a client
 /// with a cache, every read-only open of an uncached file matches the PCC rules, which are read
 /// again from the engine when 2 s old. While that read hangs (5 s, injected) for one open,
@@ -369,13 +379,7 @@ fn an_engine_down_for_a_while_fails_calls_then_everything_is_there() {
 #[test]
 fn a_slow_pcc_rules_query_holds_up_no_other_open() {
     let fs = TestFs::new(1);
-    let config = ClientConfig {
-        client_name: Some("faulty".to_string()),
-        cache_dir: Some(fs.root().join("cache-faulty")),
-        cache_size: "64M".to_string(),
-        ..ClientConfig::default()
-    };
-    let m = FaultyMount::with_config(&fs, "faulty", config);
+    let m = FaultyMount::with_config(&fs, "faulty", cached_config(&fs));
     fs::write(fs.p(0, "f1"), b"one").unwrap();
     fs::write(fs.p(0, "f2"), b"two").unwrap();
     // the rules are read once (f1's open), and both names are known to the client
@@ -502,13 +506,7 @@ fn a_create_under_an_rw_rule_takes_its_lease_in_the_same_engine_call() {
     engine
         .pcc_rule_add("rw", None, "fname={*.rw}", None)
         .unwrap();
-    let config = ClientConfig {
-        client_name: Some("faulty".to_string()),
-        cache_dir: Some(fs.root().join("cache-faulty")),
-        cache_size: "64M".to_string(),
-        ..ClientConfig::default()
-    };
-    let m = FaultyMount::with_config(&fs, "faulty", config);
+    let m = FaultyMount::with_config(&fs, "faulty", cached_config(&fs));
     let acquires = || m.plan.calls("pcc_acquire") + m.plan.calls("pcc_acquire_dirty");
     let (creates, leased, taken) = (
         m.plan.calls("create"),
