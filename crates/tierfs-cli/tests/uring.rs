@@ -20,22 +20,34 @@ use std::time::{Duration, Instant};
 const PARAM: &str = "/sys/module/fuse/parameters/enable_uring";
 const COUNTER: &str = "tierfs_fuse_uring_requests_total";
 
-/// Puts the module parameter back as it was.
-struct Param(Option<String>);
+/// Sets the module parameter for one scope and puts it back as it was. The parameter is one
+/// for the machine and the tests of this file run in parallel, so a `Param` also holds a lock
+/// for its scope: one test switching it off must not make another's mount fall back, and the
+/// value restored must be the one from before either test.
+struct Param {
+    old: Option<String>,
+    _serial: std::sync::MutexGuard<'static, ()>,
+}
+
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 impl Param {
     fn set(on: bool) -> Param {
+        let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         let old = fs::read_to_string(PARAM).ok();
         if old.is_some() {
             fs::write(PARAM, if on { "Y" } else { "N" }).expect("write enable_uring (root)");
         }
-        Param(old)
+        Param {
+            old,
+            _serial: serial,
+        }
     }
 }
 
 impl Drop for Param {
     fn drop(&mut self) {
-        if let Some(old) = &self.0 {
+        if let Some(old) = &self.old {
             let _ = fs::write(PARAM, old.trim());
         }
     }

@@ -11,10 +11,13 @@
 //!   reaching the database;
 //! - [`Fault::LostReply`]: the call runs and commits, then its answer is lost (the connection
 //!   dropped after the commit): the caller sees `Unavailable` although the change was made.
+//! - [`Fault::HoldReply`]: the call runs, then its (correct) answer is held back until the test
+//!   calls [`FaultPlan::release`]: a slow reply, for races between a reader and a writer.
 //!
 //! The plan can be changed while the engine is in use (a test mounts a client on the wrapper,
 //! then injects faults between its own file operations) and counts every call per operation.
-//! Every fault maps to `EIO` at the FUSE boundary, like the real failures it stands for.
+//! Every failure maps to `EIO` at the FUSE boundary, like the real failures it stands for (a
+//! held reply is not a failure: the call succeeds once released).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -39,7 +42,13 @@ pub enum Fault {
     Timeout(Duration),
     /// Runs the call (its transaction commits), then fails as if the answer was lost.
     LostReply,
+    /// Runs the call, then holds its answer until [`FaultPlan::release`] (at most
+    /// [`HOLD_LIMIT`], so a test that forgets cannot hang): the call succeeds, late.
+    HoldReply,
 }
+
+/// The longest a [`Fault::HoldReply`] waits for [`FaultPlan::release`].
+pub const HOLD_LIMIT: Duration = Duration::from_secs(30);
 
 impl Fault {
     fn error(self, op: &str) -> MetaError {
@@ -55,6 +64,7 @@ impl Fault {
             Fault::LostReply => {
                 MetaError::Unavailable(format!("injected: connection dropped after {op} committed"))
             }
+            Fault::HoldReply => MetaError::Unavailable(format!("injected: {op} held")),
         }
     }
 }
@@ -76,12 +86,18 @@ struct PlanState {
     rules: Vec<Rule>,
     calls: HashMap<&'static str, u64>,
     injected: HashMap<&'static str, u64>,
+    /// Calls whose answers are held ([`Fault::HoldReply`]) right now.
+    holding: u64,
+    /// Bumped by [`FaultPlan::release`]: held answers go.
+    releases: u64,
 }
 
 /// Which calls of a [`FaultyEngine`] fail; shared between the test and the engine.
 #[derive(Default)]
 pub struct FaultPlan {
     state: Mutex<PlanState>,
+    /// Signalled when a call starts or stops holding, and at [`FaultPlan::release`].
+    held: parking_lot::Condvar,
 }
 
 impl FaultPlan {
@@ -111,6 +127,25 @@ impl FaultPlan {
             times,
             fault,
         });
+    }
+
+    /// Lets every answer held by [`Fault::HoldReply`] go.
+    pub fn release(&self) {
+        let mut st = self.state.lock();
+        st.releases += 1;
+        self.held.notify_all();
+    }
+
+    /// Waits (at most `limit`) until some call holds its answer; false if none did.
+    pub fn wait_held(&self, limit: Duration) -> bool {
+        let deadline = std::time::Instant::now() + limit;
+        let mut st = self.state.lock();
+        while st.holding == 0 {
+            if self.held.wait_until(&mut st, deadline).timed_out() {
+                return st.holding > 0;
+            }
+        }
+        true
     }
 
     /// Removes every pending injection (the counts stay).
@@ -177,6 +212,22 @@ impl FaultPlan {
             Some(Fault::Timeout(d)) => {
                 std::thread::sleep(d);
                 Err(Fault::Timeout(d).error(op))
+            }
+            Some(Fault::HoldReply) => {
+                let r = f();
+                let deadline = std::time::Instant::now() + HOLD_LIMIT;
+                let mut st = self.state.lock();
+                let gen = st.releases;
+                st.holding += 1;
+                self.held.notify_all();
+                while st.releases == gen {
+                    if self.held.wait_until(&mut st, deadline).timed_out() {
+                        break;
+                    }
+                }
+                st.holding -= 1;
+                self.held.notify_all();
+                r
             }
             Some(fault) => Err(fault.error(op)),
         }
@@ -529,5 +580,36 @@ mod tests {
         e.plan().clear();
         file(&e, "d").unwrap();
         assert_eq!(e.plan().injected_total(), 3);
+    }
+
+    /// A held reply carries the answer from before a change made while it was held: the
+    /// stale answer a slow engine gives a reader racing a writer.
+    #[test]
+    fn a_held_reply_answers_late_with_what_it_read() {
+        let (_d, e) = wrapped();
+        let e = Arc::new(e);
+        let f = file(&*e, "h").unwrap();
+        e.plan().fail_next("getattr", 1, Fault::HoldReply);
+        let reader = {
+            let e = Arc::clone(&e);
+            std::thread::spawn(move || e.getattr(f.ino))
+        };
+        assert!(
+            e.plan().wait_held(Duration::from_secs(10)),
+            "the reply was never held"
+        );
+        let set = SetAttr {
+            perm: Some(0o600),
+            ..Default::default()
+        };
+        e.inner().setattr(f.ino, &set).unwrap();
+        assert!(!reader.is_finished(), "a held reply waits for release");
+        e.plan().release();
+        let old = reader.join().unwrap().unwrap();
+        assert_eq!(
+            old.perm, 0o644,
+            "the held answer is the one read before the change"
+        );
+        assert_eq!(e.getattr(f.ino).unwrap().perm, 0o600);
     }
 }

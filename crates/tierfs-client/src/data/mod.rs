@@ -5,6 +5,10 @@
 pub mod cache;
 #[cfg(test)]
 mod durability_tests;
+#[cfg(test)]
+mod fixture;
+#[cfg(test)]
+mod race_tests;
 pub mod segments;
 pub mod space;
 
@@ -103,6 +107,13 @@ struct FileInner {
     /// The data version the kernel's page cache of this file reflects.
     seen_version: Option<u64>,
     chunk_slices: HashMap<u64, Arc<Vec<Slice>>>,
+    /// Bumped whenever `chunk_slices` or `attr` is forgotten or replaced (a commit, a
+    /// fallocate, a truncate, an open, a remote change): a slice list or attribute read from the
+    /// engine outside the lock is kept only if no bump happened since the read began. Without
+    /// it a read racing a punch-hole (the kernel's readahead does) put the slice list from
+    /// before the punch back after the punch forgot it, and later reads served the punched
+    /// bytes (fsx, seeds 20298124 and 20278126).
+    generation: u64,
     pending: Vec<Pending>,
     /// The session the pending writes were buffered under (0: none known): they are committed
     /// under it, and refused once it ended (see [`crate::session`]).
@@ -113,6 +124,14 @@ struct FileInner {
     deferred_error: Option<i32>,
     /// Handles of this client open on the file through the data path.
     opens: u32,
+}
+
+impl FileInner {
+    /// Forgets the cached slice lists; answers read from the engine before this are not kept.
+    fn forget_slices(&mut self) {
+        self.chunk_slices.clear();
+        self.generation += 1;
+    }
 }
 
 #[derive(Default)]
@@ -473,7 +492,7 @@ impl DataPath {
         // another client's compaction rewrites slices without a new data version, and once the
         // file was closed everywhere its garbage collection may have deleted the objects the
         // old lists point to (an open keeps them: trash waits for the file's open rows).
-        inner.chunk_slices.clear();
+        inner.forget_slices();
         if inner.pending.is_empty() {
             inner.attr = Some(attr.clone());
         } else if let Some(a) = inner.attr.as_mut() {
@@ -515,11 +534,19 @@ impl DataPath {
     }
 
     fn attr_of(&self, st: &FileState, ino: Ino) -> Result<Attr> {
-        if let Some(a) = st.inner.lock().attr.clone() {
-            return Ok(a);
-        }
+        let generation = {
+            let inner = st.inner.lock();
+            if let Some(a) = inner.attr.clone() {
+                return Ok(a);
+            }
+            inner.generation
+        };
         let a = self.meta.getattr(ino)?;
-        st.inner.lock().attr = Some(a.clone());
+        let mut inner = st.inner.lock();
+        // Kept only if nothing newer was learnt meanwhile (see `FileInner::generation`).
+        if inner.generation == generation && inner.attr.is_none() {
+            inner.attr = Some(a.clone());
+        }
         Ok(a)
     }
 
@@ -916,7 +943,7 @@ impl DataPath {
                         }
                     }
                 }
-                inner.chunk_slices.clear();
+                inner.forget_slices();
                 inner.seen_version = Some(a.data_version);
                 inner.last_commit = Some((a.data_version, a.size));
                 let size = a.size;
@@ -995,7 +1022,7 @@ impl DataPath {
     pub fn invalidate(&self, ino: Ino, attr: Option<&Attr>) {
         if let Some(st) = self.existing(ino) {
             let mut inner = st.inner.lock();
-            inner.chunk_slices.clear();
+            inner.forget_slices();
             if let Some(a) = attr {
                 inner.seen_version = Some(a.data_version);
             }
@@ -1008,7 +1035,7 @@ impl DataPath {
     /// restored got more slices (docs/hsm.md, "Transparent restore").
     pub fn refresh_slices(&self, ino: Ino) {
         if let Some(st) = self.existing(ino) {
-            st.inner.lock().chunk_slices.clear();
+            st.inner.lock().forget_slices();
         }
         self.cache.remove_file(ino);
     }
@@ -1016,11 +1043,21 @@ impl DataPath {
     // ------------------------------------------------------------------ reads
 
     fn slices(&self, st: &FileState, ino: Ino, chunk: u64) -> Result<Arc<Vec<Slice>>> {
-        if let Some(s) = st.inner.lock().chunk_slices.get(&chunk) {
-            return Ok(Arc::clone(s));
-        }
+        let generation = {
+            let inner = st.inner.lock();
+            if let Some(s) = inner.chunk_slices.get(&chunk) {
+                return Ok(Arc::clone(s));
+            }
+            inner.generation
+        };
         let s = Arc::new(self.meta.read_chunk(ino, chunk)?);
-        st.inner.lock().chunk_slices.insert(chunk, Arc::clone(&s));
+        let mut inner = st.inner.lock();
+        // A list read before a commit, fallocate or truncate that forgot the lists would bring
+        // back the slices from before it (see `FileInner::generation`): this read uses it, no
+        // later one does.
+        if inner.generation == generation {
+            inner.chunk_slices.insert(chunk, Arc::clone(&s));
+        }
         Ok(s)
     }
 
@@ -1033,7 +1070,7 @@ impl DataPath {
                 // lists again, once.
                 tracing::debug!(ino, "object {obj} gone: reading the slice lists again");
                 if let Some(st) = self.existing(ino) {
-                    st.inner.lock().chunk_slices.clear();
+                    st.inner.lock().forget_slices();
                 }
                 self.cache.remove_file(ino);
                 self.read_once(ino, off, size, sequential)
@@ -1211,7 +1248,9 @@ impl DataPath {
             if self.meta.replace_chunk(ino, chunk, upto, &merged)? {
                 done += 1;
                 if let Some(st) = self.existing(ino) {
-                    st.inner.lock().chunk_slices.remove(&chunk);
+                    let mut inner = st.inner.lock();
+                    inner.chunk_slices.remove(&chunk);
+                    inner.generation += 1;
                 }
             } else {
                 // Someone committed meanwhile (the engine trashed our object): look again later.
