@@ -2799,8 +2799,13 @@ fn write_record(p: &Path, seed: u64, k: usize, fsync: bool) -> std::io::Result<(
     write_record_steps(p, seed, k, fsync).map_err(|(_, e)| e)
 }
 
-/// [`write_record`], telling on failure whether the write(2) itself had returned (the bytes
-/// are then in the owner's cache file, which its daemon's kill -9 does not touch).
+/// [`write_record`], telling on failure whether the write(2) itself had returned into the
+/// owner's cache file (its daemon's kill -9 does not touch that file, so the bytes are there for
+/// recovery). Only a handle opened while this client holds the file in RW-PCC writes into the
+/// cache file: once another client's open recalled the lease, this client's writes go through
+/// the uncached data path and, like any client's unflushed writes (docs/semantics.md), are
+/// acknowledged only by their fsync or close. A recall waits for this handle's close, so the
+/// state read with the handle open holds for its write.
 fn write_record_steps(
     p: &Path,
     seed: u64,
@@ -2812,16 +2817,34 @@ fn write_record_steps(
         .write(true)
         .open(p)
         .map_err(|e| (false, e))?;
+    let cached = pcc_state_json(p).contains("\"type\":\"readwrite\"");
     h.write_all_at(&data, off).map_err(|e| (false, e))?;
     if fsync {
-        h.sync_all().map_err(|e| (true, e))?;
+        h.sync_all().map_err(|e| (cached, e))?;
     }
     // close(2) reports what the daemon's release could not do
     let fd = std::os::fd::IntoRawFd::into_raw_fd(h);
     if unsafe { libc::close(fd) } != 0 {
-        return Err((true, std::io::Error::last_os_error()));
+        return Err((cached, std::io::Error::last_os_error()));
     }
     Ok(())
+}
+
+/// This client's PCC state of `p` as the daemon reports it (the JSON `tierfs pcc state` reads;
+/// empty when the daemon does not answer).
+fn pcc_state_json(p: &Path) -> String {
+    let mut buf = vec![0u8; 8192];
+    // SAFETY: valid C strings and a buffer of the given length.
+    let n = unsafe {
+        libc::getxattr(
+            cstr(p).as_ptr(),
+            c"user.tierfs.pcc.state".as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+    buf.truncate(n.max(0) as usize);
+    String::from_utf8_lossy(&buf).into_owned()
 }
 
 /// Which acknowledged records of `seed` are missing or wrong in `got` (a read of the file).
@@ -2879,7 +2902,9 @@ fn open_loop(p: &Path, stop: &std::sync::atomic::AtomicBool) -> usize {
 /// rounds in which A's daemon is killed (kill -9) at a random point of its loop, A remounts
 /// (recovery writes back what the engine says may be dirty) and C finds every acknowledged
 /// record, and also the record whose write(2) returned when the kill cut its fsync or close
-/// short (its bytes are in A's cache file, which a daemon's kill leaves alone). Fails on the code before issue 12: an open for writing handed out a passthrough
+/// short while A held the file in RW-PCC (its bytes are in A's cache file, which a daemon's
+/// kill leaves alone; after B's recall A's writes are uncached and only a close acknowledges
+/// them). Fails on the code before issue 12: an open for writing handed out a passthrough
 /// descriptor while the lease was clean, so a kill before the next report left a clean lease
 /// over unwritten data (recovery skipped the write-back, B broke the lease, or the give-back
 /// did not write back).
@@ -2958,8 +2983,8 @@ fn acknowledged_rw_pcc_writes_survive_remote_opens_and_owner_kills() {
                 while !killed.load(Ordering::Relaxed) {
                     match write_record_steps(&ga, seed, k, k % 2 == 1) {
                         Ok(()) => acked.push(k),
-                        Err((written, _)) => {
-                            if written {
+                        Err((in_cache, _)) => {
+                            if in_cache {
                                 // in A's cache file: recovery writes it back (the engine
                                 // knew the file may be dirty from the open on)
                                 acked.push(k);
@@ -3153,19 +3178,7 @@ fn opens_behind_a_local_write_back_do_not_park_fuse_threads() {
     write_at(&f, 0, &pattern(9, 0, MIB), false);
     // the background write-back starts (and stalls) once the writer closed: the daemon's
     // state of the file (its JSON, as `tierfs pcc state` reads it) names the phase
-    let phase = || {
-        let mut buf = vec![0u8; 8192];
-        let n = unsafe {
-            libc::getxattr(
-                cstr(&f).as_ptr(),
-                c"user.tierfs.pcc.state".as_ptr(),
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-            )
-        };
-        buf.truncate(n.max(0) as usize);
-        String::from_utf8_lossy(&buf).into_owned()
-    };
+    let phase = || pcc_state_json(&f);
     let ok = wait_until(Duration::from_secs(20), || {
         phase().contains("\"phase\":\"WritingBack\"")
     });
