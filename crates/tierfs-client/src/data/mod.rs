@@ -493,6 +493,14 @@ impl DataPath {
         // file was closed everywhere its garbage collection may have deleted the objects the
         // old lists point to (an open keeps them: trash waits for the file's open rows).
         inner.forget_slices();
+        // An attribute read before a change this client already learnt of (its commit, or a
+        // fallocate or truncate through another handle, while this open was under way) must
+        // not replace the newer one: reads would then go by the old data version, whose
+        // chunks may still be in the read cache.
+        let attr = match &inner.attr {
+            Some(known) if known.data_version > attr.data_version => known.clone(),
+            _ => attr.clone(),
+        };
         if inner.pending.is_empty() {
             inner.attr = Some(attr.clone());
         } else if let Some(a) = inner.attr.as_mut() {

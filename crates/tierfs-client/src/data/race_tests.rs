@@ -76,3 +76,34 @@ fn an_attribute_read_before_a_punch_is_not_kept_after_it() {
     drop(f.data);
     f.rt.shutdown_background();
 }
+
+/// An open whose attributes were read before a punch this client already knows of (another
+/// handle's fallocate landed while the open was under way) keeps the newer attributes: reads
+/// go by the data version after the punch, not the one whose chunks are in the read cache.
+#[test]
+fn an_open_with_attributes_from_before_a_punch_keeps_the_newer_ones() {
+    let plan = FaultPlan::new();
+    let f = written(&plan);
+    assert_eq!(f.data.read(f.ino, 0, 4096, true).unwrap(), vec![0xAA; 4096]);
+    let before = f.data.meta.getattr(f.ino).unwrap();
+    let a = f
+        .data
+        .meta
+        .fallocate(f.ino, 0, LEN as u64, true, true)
+        .unwrap();
+    assert!(a.data_version > before.data_version);
+    f.data.invalidate(f.ino, Some(&a));
+    let keep = f.data.open(&before);
+    assert!(
+        !keep,
+        "the page cache is not kept for attributes older than what is known"
+    );
+    let got = f.data.read(f.ino, 0, 4096, true).unwrap();
+    assert!(
+        got.iter().all(|&b| b == 0),
+        "the punched range read back as {:#x}",
+        got[0]
+    );
+    drop(f.data);
+    f.rt.shutdown_background();
+}
