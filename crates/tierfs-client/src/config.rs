@@ -34,11 +34,12 @@
 //!                              # client then never sees another client's new size or mtime
 //!                              # of a file whose inode its kernel keeps (docs/semantics.md);
 //!                              # for one-client filesystems. Ignored (logged) with cache_dir.
-//! fuse_uring = false           # FUSE over io_uring (Linux 6.14+, CONFIG_FUSE_IO_URING, and
-//!                              # the fuse module parameter enable_uring must be Y): requests
-//!                              # and replies through ring entries, one system call per request
-//!                              # instead of a read and a write on /dev/fuse. Falls back to
-//!                              # /dev/fuse (one log line) when the kernel does not offer it
+//! fuse_uring = true            # FUSE over io_uring where the kernel offers it (Linux 6.14+,
+//!                              # CONFIG_FUSE_IO_URING, and the fuse module parameter
+//!                              # enable_uring = Y, which is N by default): requests and replies
+//!                              # through ring entries, one system call per request instead of
+//!                              # a read and a write on /dev/fuse. Where it is not offered the
+//!                              # mount uses /dev/fuse (one log line); false: /dev/fuse always
 //!                              # (docs/architecture.md, "FUSE over io_uring")
 //! metrics = "127.0.0.1:9567"   # serve Prometheus metrics here (off by default)
 //! # persistent client cache (off unless cache_dir is set)
@@ -186,7 +187,7 @@ impl Default for ClientConfig {
             posix_acl: true,
             readdirplus: "always".into(),
             writeback_cache: false,
-            fuse_uring: false,
+            fuse_uring: true,
             metrics: None,
             cache_dir: None,
             cache_size: "10G".into(),
@@ -372,8 +373,13 @@ mod tests {
     }
 
     #[test]
-    fn fuse_uring_defaults_to_off() {
-        assert!(!ClientConfig::default().fuse_uring);
+    fn fuse_uring_defaults_to_on() {
+        assert!(ClientConfig::default().fuse_uring);
+        assert!(
+            !ClientConfig::from_toml("fuse_uring = false")
+                .unwrap()
+                .fuse_uring
+        );
         assert!(
             ClientConfig::from_toml("fuse_uring = true")
                 .unwrap()

@@ -1910,7 +1910,9 @@ impl Filesystem for TierFs {
                 .add_capabilities(InitFlags::FUSE_OVER_IO_URING)
                 .is_err()
             {
-                tracing::warn!(
+                // `fuse_uring` is on by default, so this is the usual case on a kernel
+                // whose module parameter is N: information, not a warning.
+                tracing::info!(
                     "fuse_uring: the kernel does not offer FUSE over io_uring (it needs \
                      CONFIG_FUSE_IO_URING and /sys/module/fuse/parameters/enable_uring = Y): \
                      requests go through /dev/fuse"
