@@ -1947,10 +1947,12 @@ fn owner_whose_heartbeat_stops_is_judged_down_within_a_few_heartbeats() {
         "state of a silent owner: {}",
         st.raw
     );
-    // it runs again: alive, and it gives the file back to the reader
+    // it runs again: alive, and it gives the file back to the reader (whose open left a
+    // recall): the lease shows the owner alive, or is already gone once the file was given back
+    // (then only a live owner can have written it back: the read below checks the bytes)
     drop(cont);
     let (st, ok) = wait_state(&t, &fb, Duration::from_secs(10), |s| {
-        owner_state(s) == Some("alive")
+        owner_state(s) == Some("alive") || !s.raw.contains(", lease: ")
     });
     assert!(ok, "owner not alive again: {}", st.raw);
     assert_reads(&fb, &data, "b after the owner ran again");
