@@ -493,6 +493,18 @@ fn the_follower_catches_up_after_an_engine_hiccup() {
     assert!(m.plan.calls("changelog_read") > reads);
 }
 
+/// A filesystem with an RW rule for `*.rw`, an engine of its own on it, and the faulty client
+/// mounted with a cache.
+fn under_an_rw_rule() -> (TestFs, Arc<dyn MetaEngine>, FaultyMount) {
+    let fs = TestFs::new(1);
+    let engine = open_engine(&fs.meta_url()).expect("open the engine");
+    engine
+        .pcc_rule_add("rw", None, "fname={*.rw}", None)
+        .unwrap();
+    let m = FaultyMount::with_config(&fs, "faulty", cached_config(&fs));
+    (fs, engine, m)
+}
+
 /// RW-PCC at create (issue 14): a writer's create under an RW rule is ONE engine call, the
 /// create and its lease (dirty) together (`pcc_create`); no second transaction takes the
 /// lease, so the lease is in the engine before the writable descriptor exists. A name no rule
@@ -501,12 +513,7 @@ fn the_follower_catches_up_after_an_engine_hiccup() {
 #[test]
 fn a_create_under_an_rw_rule_takes_its_lease_in_the_same_engine_call() {
     use std::os::unix::fs::MetadataExt;
-    let fs = TestFs::new(1);
-    let engine = open_engine(&fs.meta_url()).expect("open the engine");
-    engine
-        .pcc_rule_add("rw", None, "fname={*.rw}", None)
-        .unwrap();
-    let m = FaultyMount::with_config(&fs, "faulty", cached_config(&fs));
+    let (_fs, engine, m) = under_an_rw_rule();
     let acquires = || m.plan.calls("pcc_acquire") + m.plan.calls("pcc_acquire_dirty");
     let (creates, leased, taken) = (
         m.plan.calls("create"),
@@ -559,12 +566,7 @@ fn a_create_under_an_rw_rule_takes_its_lease_in_the_same_engine_call() {
 #[test]
 fn a_writers_close_under_an_rw_rule_reports_once() {
     use std::os::unix::fs::MetadataExt;
-    let fs = TestFs::new(1);
-    let engine = open_engine(&fs.meta_url()).expect("open the engine");
-    engine
-        .pcc_rule_add("rw", None, "fname={*.rw}", None)
-        .unwrap();
-    let m = FaultyMount::with_config(&fs, "faulty", cached_config(&fs));
+    let (fs, engine, m) = under_an_rw_rule();
     let n = 6;
     let before = m.plan.calls("pcc_report");
     for i in 0..n {

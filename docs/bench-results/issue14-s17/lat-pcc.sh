@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
-# usage: lat.sh BIN  -- untar into a fresh tierfs mount, per-opcode latency (send->end) and totals
+# usage: [RULE=rw|ro] [WORK=untar|md] [PROFILE=perf|strace] [TAG=name] lat-pcc.sh BIN [mount options]
+# -- /work/lat/lat.sh with a PCC rule for every name (RULE: the mount gets --cache-dir), an
+# mdtest-like create phase (WORK=md: 2 processes x 2,000 files of 32 KiB) or untar; per-opcode
+# latency (send->end) and totals; .tierfs-stats saved to /tmp/pcc/stats.TAG.txt
 set -euo pipefail
+mkdir -p /tmp/pcc
 BIN=$1; shift
 W=$(mktemp -d /var/tmp/lat.XXXX); MNT=$W/mnt; mkdir $MNT
 TR=/sys/kernel/tracing; INST=$TR/instances/$(basename $W); mkdir $INST
@@ -22,6 +26,7 @@ case "${PROFILE:-}" in
   strace) strace -f -c -o /tmp/pcc/strace.${TAG:-x}.txt -p $DPID & PROF=$!;;
 esac
 [ -n "$PROF" ] && sleep 1
+if [ "${WORK:-untar}" = md ]; then
 s=$(date +%s.%N); (cd $MNT && python3 -c "
 import os,sys
 from multiprocessing import Process
@@ -32,6 +37,9 @@ def w(t):
 ps=[Process(target=w,args=(t,)) for t in range(2)]
 [p.start() for p in ps]; [p.join() for p in ps]
 "); e=$(date +%s.%N)
+else
+s=$(date +%s.%N); (cd $MNT && tar xf $W/src.tar && sync); e=$(date +%s.%N)
+fi
 if [ -n "$PROF" ]; then kill -INT $PROF; wait $PROF || true; fi
 cat $MNT/.tierfs-stats > /tmp/pcc/stats.${TAG:-x}.txt 2>/dev/null || true
 echo 0 > $INST/events/fuse/enable
