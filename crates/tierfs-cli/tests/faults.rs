@@ -493,6 +493,18 @@ fn the_follower_catches_up_after_an_engine_hiccup() {
     assert!(m.plan.calls("changelog_read") > reads);
 }
 
+/// A filesystem with an RW rule for `*.rw`, an engine of its own on it, and the faulty client
+/// mounted with a cache.
+fn under_an_rw_rule() -> (TestFs, Arc<dyn MetaEngine>, FaultyMount) {
+    let fs = TestFs::new(1);
+    let engine = open_engine(&fs.meta_url()).expect("open the engine");
+    engine
+        .pcc_rule_add("rw", None, "fname={*.rw}", None)
+        .unwrap();
+    let m = FaultyMount::with_config(&fs, "faulty", cached_config(&fs));
+    (fs, engine, m)
+}
+
 /// RW-PCC at create (issue 14): a writer's create under an RW rule is ONE engine call, the
 /// create and its lease (dirty) together (`pcc_create`); no second transaction takes the
 /// lease, so the lease is in the engine before the writable descriptor exists. A name no rule
@@ -501,12 +513,7 @@ fn the_follower_catches_up_after_an_engine_hiccup() {
 #[test]
 fn a_create_under_an_rw_rule_takes_its_lease_in_the_same_engine_call() {
     use std::os::unix::fs::MetadataExt;
-    let fs = TestFs::new(1);
-    let engine = open_engine(&fs.meta_url()).expect("open the engine");
-    engine
-        .pcc_rule_add("rw", None, "fname={*.rw}", None)
-        .unwrap();
-    let m = FaultyMount::with_config(&fs, "faulty", cached_config(&fs));
+    let (_fs, engine, m) = under_an_rw_rule();
     let acquires = || m.plan.calls("pcc_acquire") + m.plan.calls("pcc_acquire_dirty");
     let (creates, leased, taken) = (
         m.plan.calls("create"),
@@ -550,4 +557,59 @@ fn a_create_under_an_rw_rule_takes_its_lease_in_the_same_engine_call() {
     let ino = fs::metadata(m.p("lost.rw")).unwrap().ino();
     assert!(engine.pcc_lease(ino).unwrap().is_some());
     assert_eq!(read_all(&m.p("lost.rw")), b"again");
+}
+
+/// RW-PCC (issue 14): a writer's close(2) reports the file's size and mtime to the engine at
+/// its FLUSH, and its RELEASE, which found the cache file as the FLUSH reported it, sends no
+/// second report (it changed nothing in the engine: one transaction per file saved). A close
+/// after the file changed still reports, and other clients see the new size.
+#[test]
+fn a_writers_close_under_an_rw_rule_reports_once() {
+    use std::os::unix::fs::MetadataExt;
+    let (fs, engine, m) = under_an_rw_rule();
+    let n = 6;
+    let before = m.plan.calls("pcc_report");
+    for i in 0..n {
+        fs::write(m.p(&format!("f{i}.rw")), pattern(4096, i)).unwrap();
+    }
+    // (a FLUSH and a RELEASE per file: two reports each without the change; the pcc worker
+    // may add one for a file it finds open, once a second at most.) The kernel sends RELEASE
+    // after close(2) returned: wait until no more reports come for 300 ms.
+    let (mut last, mut since) = (m.plan.calls("pcc_report"), std::time::Instant::now());
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while since.elapsed() < Duration::from_millis(300) && std::time::Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(20));
+        let now = m.plan.calls("pcc_report");
+        if now != last {
+            (last, since) = (now, std::time::Instant::now());
+        }
+    }
+    let reports = m.plan.calls("pcc_report") - before;
+    assert!(
+        (n as u64..2 * n as u64).contains(&reports),
+        "{reports} reports for {n} closes of written files"
+    );
+    for i in 0..n {
+        let ino = fs::metadata(m.p(&format!("f{i}.rw"))).unwrap().ino();
+        assert!(engine.pcc_lease(ino).unwrap().is_some(), "cached RW");
+        assert_eq!(engine.getattr(ino).unwrap().size, 4096);
+    }
+    // a changed file is reported at its close, and the engine has its new size
+    let before = m.plan.calls("pcc_report");
+    let mut f = fs::OpenOptions::new()
+        .append(true)
+        .open(m.p("f0.rw"))
+        .unwrap();
+    f.write_all(&pattern(100, 9)).unwrap();
+    drop(f);
+    assert!(
+        m.plan.calls("pcc_report") > before,
+        "the change was reported"
+    );
+    let ino = fs::metadata(m.p("f0.rw")).unwrap().ino();
+    assert_eq!(engine.getattr(ino).unwrap().size, 4196);
+    // another client reads what was written (the lease is recalled)
+    let mut want = pattern(4096, 0);
+    want.extend_from_slice(&pattern(100, 9));
+    assert_eq!(read_all(&fs.p(0, "f0.rw")), want);
 }

@@ -2,7 +2,7 @@
 //! file is served from the local cache, attaching and detaching, RW-PCC leases and their
 //! recall, background write-back, eviction, and recovery after a restart.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -168,6 +168,10 @@ pub struct Pcc {
     rules: Mutex<RulesCache>,
     /// Each file's state machine and the lock of its transitions (see [`crate::pcc_state`]).
     slots: Mutex<HashMap<Ino, Arc<Slot>>>,
+    /// The files with writers here (their slots' `writers` > 0), kept by [`Pcc::step`]: they
+    /// grow through passthrough writes the daemon does not see, so the cache's use measures
+    /// them again, and this set spares it a walk over every slot (once per create).
+    writing: Mutex<HashSet<Ino>>,
     last_validate: Mutex<Option<Instant>>,
     /// The highest inode whose RO copy the last validation pass looked at.
     validate_cursor: Mutex<Ino>,
@@ -218,6 +222,7 @@ impl Pcc {
             client,
             rules: Mutex::new(RulesCache::default()),
             slots: Mutex::new(HashMap::new()),
+            writing: Mutex::new(HashSet::new()),
             last_validate: Mutex::new(None),
             validate_cursor: Mutex::new(0),
             ro_copies: Mutex::new(RoCopies::new(RO_COPY_QUEUE)),
@@ -261,16 +266,31 @@ impl Pcc {
             if !same {
                 st.phase = want;
                 st.verified = false;
+                st.reported = None;
             }
         }
     }
 
     /// Moves a file's state machine (its slot's lock held); an illegal move is refused.
     fn step(&self, slot: &Slot, ino: Ino, ev: Event) -> Result<()> {
-        slot.st.lock().apply(ev).map_err(|e| {
+        let mut st = slot.st.lock();
+        st.apply(ev).map_err(|e| {
             tracing::debug!(ino, "{e}");
             ClientError::Errno("the cached file is busy changing state", libc::EBUSY)
-        })
+        })?;
+        // (the only events that change the writers; the slot's lock, then the set's)
+        if matches!(
+            ev,
+            Event::Open { write: true } | Event::Close { write: true }
+        ) {
+            let mut w = self.writing.lock();
+            if st.writers > 0 {
+                w.insert(ino);
+            } else {
+                w.remove(&ino);
+            }
+        }
+        Ok(())
     }
 
     fn cache_err(e: tierfs_pcc::store::CacheError) -> ClientError {
@@ -358,13 +378,7 @@ impl Pcc {
     /// Measures again the files open for writing here (they grow through writes the daemon
     /// does not see), so that the cache's use counts them as they are now.
     fn measure_writing(&self) {
-        let writing: Vec<Ino> = self
-            .slots
-            .lock()
-            .iter()
-            .filter(|(_, s)| s.st.lock().writers > 0)
-            .map(|(i, _)| *i)
-            .collect();
+        let writing: Vec<Ino> = self.writing.lock().iter().copied().collect();
         for ino in writing {
             self.store.note_size(ino);
         }
@@ -1144,17 +1158,29 @@ impl Pcc {
     }
 
     /// Reports an RW-cached file's size and mtime to the metadata engine (others see them).
-    pub fn report(&self, ino: Ino, dirty: bool) -> Result<Option<Attr>> {
+    ///
+    /// A dirty report of exactly what the last one told the engine for this lease (same
+    /// generation, size and mtime, the lease dirty since) changes nothing there and is not
+    /// sent again: a writer's close(2) reports at its FLUSH and again at its RELEASE, and an
+    /// untarred file's utimensat before both (one engine transaction and one index line each
+    /// otherwise). Any other transition of the file (a write-back, give-back, attach or drop)
+    /// forgets what was reported ([`FileState::reported`]).
+    pub fn report(&self, ino: Ino, dirty: bool) -> Result<()> {
         let slot = self.slot(ino);
         let _held = slot.op.lock();
         let Some(e) = self.store.get(ino).filter(|e| e.mode == Mode::Rw) else {
-            return Ok(None);
+            return Ok(());
         };
         let Some((size, mtime)) = self.local_attr(ino) else {
-            return Ok(None);
+            return Ok(());
         };
-        let a = self
-            .meta
+        let told = (e.generation, size, mtime);
+        if dirty && e.dirty && slot.st.lock().reported == Some(told) {
+            self.store.touch(ino, |e| e.last_write = now_nanos());
+            slot.st.lock().last_report = Some(Instant::now());
+            return Ok(());
+        }
+        self.meta
             .pcc_report(ino, &self.client, e.generation, dirty, size, mtime)?;
         if dirty {
             let _ = self.store.update(ino, |e| {
@@ -1164,8 +1190,10 @@ impl Pcc {
             self.sync(&slot, ino);
             let _ = self.step(&slot, ino, Event::Written);
         }
-        slot.st.lock().last_report = Some(Instant::now());
-        Ok(Some(a))
+        let mut st = slot.st.lock();
+        st.last_report = Some(Instant::now());
+        st.reported = dirty.then_some(told);
+        Ok(())
     }
 
     /// Truncate or set times of an RW-cached file: the cache file changes, the metadata engine
@@ -1330,21 +1358,22 @@ impl Pcc {
     /// of files this client has writers of (at most once a second each): writes by passthrough
     /// bypass the daemon, other clients see the size this way.
     pub fn report_writers(&self) {
-        for e in self.store.entries() {
-            if e.mode != Mode::Rw || self.writers(e.ino) == 0 {
+        let writing: Vec<Ino> = self.writing.lock().iter().copied().collect();
+        for ino in writing {
+            if self.store.get(ino).is_none_or(|e| e.mode != Mode::Rw) {
                 continue;
             }
             let due = self
-                .peek(e.ino)
+                .peek(ino)
                 .and_then(|s| s.last_report)
                 .map(|t| t.elapsed() > Duration::from_secs(1))
                 .unwrap_or(true);
             if due {
                 // Not behind a write-back or give-back of the file: next time.
-                let slot = self.slot(e.ino);
+                let slot = self.slot(ino);
                 let held = slot.op.try_lock();
                 if held.is_some() {
-                    let _ = self.report(e.ino, true);
+                    let _ = self.report(ino, true);
                 }
             }
         }
@@ -1363,10 +1392,11 @@ impl Pcc {
     }
 
     fn write_back_due(&self, e: &Entry, now: i64) -> bool {
+        // (the slot's writers last: a look-up under the slots' lock, every 200 ms per file)
         e.mode == Mode::Rw
             && e.dirty
-            && self.writers(e.ino) == 0
             && now - e.last_write > self.cfg.writeback_delay.as_nanos() as i64
+            && self.writers(e.ino) == 0
     }
 
     /// Writes `ino` back if it is still due (a file listed by [`Pcc::due_write_backs`] may

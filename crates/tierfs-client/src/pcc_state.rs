@@ -110,6 +110,10 @@ pub struct FileState {
     pub writers: u32,
     /// When the file's size was last reported to the engine.
     pub last_report: Option<Instant>,
+    /// What the last dirty report told the engine (lease generation, size, mtime), until the
+    /// next transition other than an open, a close or a write: the same report again changes
+    /// nothing and is not sent (`Pcc::report`).
+    pub reported: Option<(u64, u64, i64)>,
     /// The read-only copy was verified (or made) since this daemon started.
     pub verified: bool,
 }
@@ -181,6 +185,10 @@ impl FileState {
             }
             _ => return Err(illegal),
         };
+        if !matches!(event, E::Open { .. } | E::Written) {
+            // (a close returned above) the lease or the cache file may change hands now
+            self.reported = None;
+        }
         if let E::Open { write } = event {
             self.opens += 1;
             if write {
@@ -294,6 +302,30 @@ mod tests {
         let mut g = at(P::GivingBack);
         assert!(g.apply(E::Dropped).is_err());
         assert!(g.apply(E::Attached).is_err());
+    }
+
+    #[test]
+    fn what_was_reported_is_forgotten_at_any_change_of_hands() {
+        let told = Some((3, 4096, 7));
+        let mut s = at(P::Rw { dirty: true });
+        s.reported = told;
+        // opens, closes and writes keep it: the lease and the cache file stay
+        s.apply(E::Open { write: true }).unwrap();
+        s.apply(E::Written).unwrap();
+        s.apply(E::Close { write: true }).unwrap();
+        assert_eq!(s.reported, told);
+        // a write-back (the lease may be clean after it), a give-back, an attach, a drop: gone
+        for ev in [E::WriteBackStart, E::GiveBackStart, E::Attached, E::Dropped] {
+            let mut s = at(P::Rw { dirty: true });
+            s.reported = told;
+            s.apply(ev).unwrap();
+            assert_eq!(s.reported, None, "after {ev:?}");
+        }
+        // an illegal event changes nothing
+        let mut s = at(P::Rw { dirty: true });
+        s.reported = told;
+        assert!(s.apply(E::CopyDone).is_err());
+        assert_eq!(s.reported, told);
     }
 
     #[test]

@@ -105,11 +105,32 @@ pub struct CacheStore {
     /// Bytes each cached file takes on disk, as last measured: at load, when an entry is
     /// recorded, and whenever the owner calls [`CacheStore::note_size`] (a file changes size
     /// only through writes, which the daemon sees end: at close). Summing these costs no
-    /// system call, where measuring every file at every attach cost one per cached file.
-    sizes: Mutex<HashMap<Ino, u64>>,
+    /// system call, where measuring every file at every attach cost one per cached file;
+    /// their sum is kept beside them, so the cache's use costs no walk over the files either.
+    sizes: Mutex<Sizes>,
     /// The index journal (see the module's header). Locked after `entries` (the one order),
     /// so its lines are in the order the map changed.
     journal: Mutex<Journal>,
+}
+
+/// Bytes each cached file takes on disk, as last measured, and their sum.
+#[derive(Default)]
+struct Sizes {
+    of: HashMap<Ino, u64>,
+    total: u64,
+}
+
+impl Sizes {
+    fn set(&mut self, ino: Ino, bytes: u64) {
+        let old = self.of.insert(ino, bytes).unwrap_or(0);
+        self.total = self.total - old + bytes;
+    }
+
+    fn remove(&mut self, ino: Ino) {
+        if let Some(old) = self.of.remove(&ino) {
+            self.total -= old;
+        }
+    }
 }
 
 /// The open index journal.
@@ -167,7 +188,7 @@ impl CacheStore {
             root,
             capacity,
             entries: Mutex::new(map),
-            sizes: Mutex::new(HashMap::new()),
+            sizes: Mutex::new(Sizes::default()),
         };
         let inos: Vec<Ino> = store.entries.lock().keys().copied().collect();
         for ino in inos {
@@ -412,7 +433,7 @@ impl CacheStore {
                 tracing::warn!(ino, "cache index: {e}");
             }
         }
-        self.sizes.lock().remove(&ino);
+        self.sizes.lock().remove(ino);
     }
 
     /// Moves dirty data that cannot be given back out of the way, for an operator.
@@ -429,7 +450,7 @@ impl CacheStore {
     /// Bytes of cached data (allocated blocks, so sparse copies count what they use), as last
     /// measured (see `sizes`).
     pub fn used(&self) -> u64 {
-        self.sizes.lock().values().sum()
+        self.sizes.lock().total
     }
 
     /// Bytes the cache files attached by `rule` take on disk, as last measured, and how many
@@ -443,7 +464,7 @@ impl CacheStore {
             .map(|e| e.ino)
             .collect();
         let sizes = self.sizes.lock();
-        let bytes = inos.iter().filter_map(|i| sizes.get(i)).sum();
+        let bytes = inos.iter().filter_map(|i| sizes.of.get(i)).sum();
         (bytes, inos.len())
     }
 
@@ -454,7 +475,7 @@ impl CacheStore {
         // (entries, then sizes: the one lock order) so a concurrent removal leaves no size
         let entries = self.entries.lock();
         if entries.contains_key(&ino) {
-            self.sizes.lock().insert(ino, bytes);
+            self.sizes.lock().set(ino, bytes);
         }
     }
 
@@ -693,6 +714,41 @@ mod tests {
         s.note_size(2);
         assert_eq!(s.used_by_rule(7), (0, 0));
         assert_eq!(s.used(), s.disk_bytes(3));
+    }
+
+    #[test]
+    fn the_use_kept_is_the_sum_of_the_files() {
+        use std::os::unix::fs::FileExt;
+        let d = tempfile::tempdir().unwrap();
+        let sum = |s: &CacheStore| -> u64 { s.entries().iter().map(|e| s.disk_bytes(e.ino)).sum() };
+        let s = CacheStore::open(d.path(), "fs", 1 << 30).unwrap();
+        for ino in 1..=20u64 {
+            s.create_data(ino)
+                .unwrap()
+                .write_all(&vec![7u8; ino as usize * 3000])
+                .unwrap();
+            s.put(entry(ino, Mode::Rw, 0)).unwrap();
+        }
+        assert_eq!(s.used(), sum(&s));
+        // growth, a second put of the same file, removals, a quarantine, a file measured
+        // again after it shrank
+        s.open_data(3, true)
+            .unwrap()
+            .write_all_at(&[1u8; 100_000], 0)
+            .unwrap();
+        s.note_size(3);
+        s.put(entry(3, Mode::Rw, 1)).unwrap();
+        s.remove(5);
+        s.remove(5);
+        let _ = s.quarantine(6);
+        s.open_data(20, true).unwrap().set_len(0).unwrap();
+        s.note_size(20);
+        assert_eq!(s.used(), sum(&s));
+        drop(s);
+        // and after a reopen
+        let s = CacheStore::open(d.path(), "fs", 1 << 30).unwrap();
+        assert_eq!(s.entries().len(), 18);
+        assert_eq!(s.used(), sum(&s));
     }
 
     #[test]

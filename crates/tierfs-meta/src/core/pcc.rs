@@ -55,7 +55,7 @@ impl<D: Driver> SqlMeta<D> {
 /// [`Pcc::pcc_acquire`] in the caller's transaction, the lease taken dirty when `dirty`: the
 /// lease and the inode as it is after (a new lease moves its data version).
 fn acquire_in(tx: &mut dyn Tx, ino: Ino, client: &str, dirty: bool) -> Result<(Attr, PccLease)> {
-    let mut a = lock1(tx, ino)?;
+    let a = lock1(tx, ino)?;
     if a.kind != Kind::File {
         return Err(MetaError::Invalid(
             "only regular files can be cached".into(),
@@ -83,6 +83,18 @@ fn acquire_in(tx: &mut dyn Tx, ino: Ino, client: &str, dirty: bool) -> Result<(A
     )? {
         return Err(MetaError::InUse);
     }
+    insert_lease(tx, a, client, dirty)
+}
+
+/// The end of [`acquire_in`] (the inode's row locked, nobody else's lease or open on it):
+/// moves the data version and inserts the lease.
+fn insert_lease(
+    tx: &mut dyn Tx,
+    mut a: Attr,
+    client: &str,
+    dirty: bool,
+) -> Result<(Attr, PccLease)> {
+    let ino = a.ino;
     // The inode row before the counter (the lock order).
     tx.exec(
         "UPDATE inodes SET data_version = data_version + 1 WHERE ino = $1",
@@ -134,9 +146,11 @@ impl<D: Driver> Pcc for SqlMeta<D> {
             if !want(&a) {
                 return Ok((a, None));
             }
-            // The new inode's row is this transaction's: no other client can hold a lease or
-            // an open of it, so this only inserts the lease (dirty) and moves the version.
-            let (a, l) = acquire_in(tx, a.ino, client, true)?;
+            // The new inode's row is this transaction's: no other client can see it, so it
+            // has no lease, no open elsewhere and no archive, and it is a regular file as
+            // created (`a`): the lease (dirty) is inserted and the version moved without
+            // reading any of that again.
+            let (a, l) = insert_lease(tx, a, client, true)?;
             Ok((a, Some(l)))
         })
     }
