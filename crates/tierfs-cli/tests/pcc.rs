@@ -933,19 +933,10 @@ fn a_handle_open_before_its_ro_copy_reads_the_copy_once_made() {
     // The copy is read through a's data path, which keeps the chunks it read in its read
     // cache: one chunk only, so that reads the data path served would reach the targets.
     let (t, _) = pcc_fs(&[("a", &[("cache_chunks", "1")]), ("b", &[])], 120);
-    pcc(
+    add_rule(
         &t,
-        &[
-            "rule",
-            "add",
-            "--mode",
-            "ro",
-            "fname={*.dat}",
-            "--mount",
-            &s(t.mnt(0)),
-        ],
-    )
-    .assert_ok();
+        &["--mode", "ro", "fname={*.dat}", "--mount", &s(t.mnt(0))],
+    );
     thread::sleep(Duration::from_millis(2200));
     let mut data = pattern(43, 0, 3 * MIB);
     fs::write(t.p(1, "big.dat"), &data).unwrap();
