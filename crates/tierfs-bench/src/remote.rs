@@ -494,6 +494,7 @@ fn pump(mut src: TcpStream, mut dst: TcpStream, delay: Duration) {
             match src.read(&mut buf) {
                 Ok(0) | Err(_) => break,
                 Ok(n) => {
+                    quick_ack(&src);
                     if tx
                         .send((Instant::now() + delay, buf[..n].to_vec()))
                         .is_err()
@@ -504,6 +505,27 @@ fn pump(mut src: TcpStream, mut dst: TcpStream, delay: Duration) {
             }
         }
     });
+}
+
+/// Makes the kernel acknowledge what `s` receives at once instead of delaying the ACK (up to
+/// 40 ms on Linux); it lasts only a few segments, so it is set again after every read. The
+/// relay is a TCP endpoint that a wire is not: a server that writes a response in two pieces
+/// without TCP_NODELAY (Garage: the head, then the body) has Nagle hold the body's last
+/// segment until the head is acknowledged, and a relay that delays that ACK adds a stall the
+/// client would not see on a wire with the same delay.
+fn quick_ack(s: &TcpStream) {
+    use std::os::fd::AsRawFd;
+    let one: libc::c_int = 1;
+    // SAFETY: a valid socket descriptor and a c_int option of the size given.
+    unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_QUICKACK,
+            (&one as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
+    }
 }
 
 /// The shaping check: an echo and a sink server on the server host, reached from the first

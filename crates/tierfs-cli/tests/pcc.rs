@@ -893,6 +893,113 @@ fn ro_rule_attaches_at_open() {
     assert!(pcc_event(t.mnt(0), "attaches_ro") >= 1);
 }
 
+/// Bytes the daemon of `mnt` read from its storage targets, all targets.
+fn target_read_bytes(mnt: &Path) -> u64 {
+    let text = fs::read_to_string(mnt.join(".tierfs-stats")).unwrap_or_default();
+    text.lines()
+        .filter(|l| l.starts_with("tierfs_target_read_bytes_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .map(|v| v as u64)
+        .sum()
+}
+
+/// Reads `len` bytes at `off` of `f` (opened O_DIRECT: every read reaches the daemon).
+fn direct_read(f: &File, off: usize, len: usize) -> Vec<u8> {
+    let mut b = Aligned::new(len);
+    let buf = b.get();
+    let mut done = 0;
+    while done < len {
+        let n = f
+            .read_at(&mut buf[done..], (off + done) as u64)
+            .unwrap_or_else(|e| panic!("read at {}: {e}", off + done));
+        assert!(
+            n > 0,
+            "end of file at {} (wanted {len} at {off})",
+            off + done
+        );
+        done += n;
+    }
+    buf.to_vec()
+}
+
+/// A reader that keeps the handle of its first open under an `ro` rule (served uncached; the
+/// `pcc-ro-copy` worker copies the file after it) reads from the RO copy once it is made:
+/// nothing more from the capacity tier (issue 15: fio's one open never got the copy, RO-PCC ÷
+/// uncached = 1.00). A write on the same client moves it back to the data path at once (reads
+/// see the client's own writes).
+#[test]
+fn a_handle_open_before_its_ro_copy_reads_the_copy_once_made() {
+    let _g = serial();
+    // The copy is read through a's data path, which keeps the chunks it read in its read
+    // cache: one chunk only, so that reads the data path served would reach the targets.
+    let (t, _) = pcc_fs(&[("a", &[("cache_chunks", "1")]), ("b", &[])], 120);
+    add_rule(
+        &t,
+        &["--mode", "ro", "fname={*.dat}", "--mount", &s(t.mnt(0))],
+    );
+    thread::sleep(Duration::from_millis(2200));
+    let mut data = pattern(43, 0, 3 * MIB);
+    fs::write(t.p(1, "big.dat"), &data).unwrap();
+    after_ttl();
+    let p = t.p(0, "big.dat");
+    let f = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(&p)
+        .unwrap();
+    // The first read: uncached (off the start, so no chunk is read ahead into the data
+    // path's cache), and the open queued the copy.
+    let off = 2 * MIB;
+    assert_same_bytes(
+        &direct_read(&f, off, 4096),
+        &data[off..off + 4096],
+        off as u64,
+        "first read, uncached",
+    );
+    let (st, ok) = wait_state(&t, &p, Duration::from_secs(10), |s| s.typ == "readonly");
+    assert!(ok, "the pcc-ro-copy worker made no copy: {}", st.raw);
+    let (before, served) = (
+        target_read_bytes(t.mnt(0)),
+        pcc_event(t.mnt(0), "ro_copies_served_to_open_handles"),
+    );
+    assert!(before >= 4096, "the first read came from the targets");
+    assert_same_bytes(
+        &direct_read(&f, 0, data.len()),
+        &data,
+        0,
+        "the whole file through the same handle after the copy",
+    );
+    assert_eq!(
+        target_read_bytes(t.mnt(0)),
+        before,
+        "the handle reads the copy: nothing more from the targets"
+    );
+    assert_eq!(
+        pcc_event(t.mnt(0), "ro_copies_served_to_open_handles"),
+        served + 1
+    );
+    let st = state(&t, &p);
+    assert_eq!(
+        st.open_count, 1,
+        "the handle counts as a reader of the copy: {}",
+        st.raw
+    );
+    // A write on this client (another handle): the handle reads it at once, not the copy.
+    let new = pattern(44, MIB as u64, 4096);
+    write_at(&p, MIB as u64, &new, false);
+    data[MIB..MIB + 4096].copy_from_slice(&new);
+    assert_same_bytes(
+        &direct_read(&f, MIB - 4096, 3 * 4096),
+        &data[MIB - 4096..MIB + 2 * 4096],
+        (MIB - 4096) as u64,
+        "after this client's write, through the handle opened before it",
+    );
+    drop(f);
+    assert_reads(&p, &data, "a new open after the write");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5: persistence
 // ---------------------------------------------------------------------------------------------
 // 5: persistence
 // ---------------------------------------------------------------------------------------------

@@ -85,7 +85,24 @@ struct Handle {
     /// ([`FsInner::open_restoring`]): reads inside the restored prefix are served at once,
     /// others wait for it ([`FsInner::restore_covers`]). None for every other handle.
     restoring: Option<Restoring>,
+    /// A read-only handle opened uncached on a client with a cache: its reads move to the
+    /// file's RO copy once one is made while it is open ([`FsInner::late_ro_copy`]). None for
+    /// every other handle.
+    late_ro: Option<LateRo>,
 }
+
+/// The RO copy an uncached read-only handle moved to (the first open of a file under an `ro`
+/// rule is served uncached and the `pcc-ro-copy` worker copies the file later: a reader that
+/// keeps that handle open, such as fio's, reads the copy once it is there).
+struct LateRo {
+    /// No read looks for the copy before this (the worker copies only after opens paused).
+    next_look: Mutex<Instant>,
+    /// The copy, opened and counted as an open handle of it (closed at release).
+    file: OnceLock<Arc<std::fs::File>>,
+}
+
+/// How often reads of an uncached read-only handle look for an RO copy of their file.
+const LATE_RO_LOOK: Duration = Duration::from_millis(20);
 
 /// The restore a read-only handle of a released file follows.
 struct Restoring {
@@ -984,6 +1001,13 @@ impl FsInner {
         } else if keep {
             fl |= FopenFlags::FOPEN_KEEP_CACHE;
         }
+        let late_ro = (self.pcc.is_some()
+            && flags & libc::O_ACCMODE == libc::O_RDONLY
+            && restoring.is_none())
+        .then(|| LateRo {
+            next_look: Mutex::new(Instant::now() + LATE_RO_LOOK),
+            file: OnceLock::new(),
+        });
         let fh = self.new_handle(Handle {
             append,
             last_read_end: AtomicU64::new(u64::MAX),
@@ -992,6 +1016,7 @@ impl FsInner {
             caller: tierfs_meta::changelog::current(),
             session: sid,
             restoring,
+            late_ro,
         });
         (fh, fl)
     }
@@ -1356,6 +1381,39 @@ impl FsInner {
             .is_some_and(|r| r.request.load(Ordering::Acquire) != 0);
         let sequential = (prev == off || off == 0) && !following;
         self.data.read(ino, off, size, sequential)
+    }
+
+    /// The RO copy an uncached read-only handle reads from now, if any: one made since the
+    /// handle was opened, holding the data version the handle's reads see (this client has
+    /// no write of the file buffered, and the attributes it knows name that version: the one
+    /// seen at open, as docs/semantics.md allows for a handle open while another client
+    /// writes, or this client's own later commit). Looked for at most every [`LATE_RO_LOOK`];
+    /// once taken, checked at each read (a write open on this client drops the copy, and its
+    /// writes or commits change the version: the reads go to the data path again).
+    fn late_ro_copy(&self, l: &LateRo, ino: Ino) -> Option<Arc<std::fs::File>> {
+        let pcc = self.pcc.as_ref()?;
+        if let Some(f) = l.file.get() {
+            let version = self.data.settled_version(ino)?;
+            return pcc.ro_copy_holds(ino, version).then(|| Arc::clone(f));
+        }
+        {
+            let mut next = l.next_look.lock();
+            let now = Instant::now();
+            if now < *next {
+                return None;
+            }
+            *next = now + LATE_RO_LOOK;
+        }
+        let version = self.data.settled_version(ino)?;
+        let f = pcc.ro_copy_for_open_handle(ino, version)?;
+        match l.file.set(Arc::clone(&f)) {
+            Ok(()) => Some(f),
+            // (another read of the handle took it first: this open of the copy is not needed)
+            Err(_) => {
+                let _ = pcc.on_close(ino, false);
+                l.file.get().cloned()
+            }
+        }
     }
 
     /// The restore a handle followed succeeded: it reads as any other handle from now on.
@@ -1723,6 +1781,7 @@ impl FsInner {
             caller: tierfs_meta::changelog::current(),
             session: sid,
             restoring: None,
+            late_ro: None,
         });
         Ok((fh, fl, backing))
     }
@@ -2336,6 +2395,7 @@ impl Filesystem for TierFs {
                 caller: Caller::default(),
                 session: self.session.id(),
                 restoring: None,
+                late_ro: None,
             });
             reply.opened(FileHandle(fh), FopenFlags::FOPEN_DIRECT_IO);
             return;
@@ -2521,13 +2581,18 @@ impl Filesystem for TierFs {
             reply.error(errno(&e));
             return;
         }
-        if let Some(c) = &h.cache {
+        let local = match (&h.cache, &h.late_ro) {
+            (Some(c), _) => Some(Arc::clone(&c.file)),
+            (None, Some(l)) => self.late_ro_copy(l, ino.0),
+            (None, None) => None,
+        };
+        if let Some(file) = local {
             use std::os::unix::fs::FileExt;
             let mut buf = vec![0u8; size as usize];
             let r = self.run("read", || {
                 let mut done = 0;
                 while done < buf.len() {
-                    match c.file.read_at(&mut buf[done..], offset + done as u64) {
+                    match file.read_at(&mut buf[done..], offset + done as u64) {
                         Ok(0) => break,
                         Ok(n) => done += n,
                         Err(e) => return Err(ClientError::Failed(e.to_string(), libc::EIO)),
@@ -2754,6 +2819,14 @@ impl Filesystem for TierFs {
                     }
                 }
                 closed = pcc.on_close(ino.0, c.write);
+            }
+            if let (Some(pcc), Some(_)) = (
+                &self.pcc,
+                h.as_ref()
+                    .and_then(|h| h.late_ro.as_ref())
+                    .and_then(|l| l.file.get()),
+            ) {
+                closed = closed.and(pcc.on_close(ino.0, false));
             }
             let flushed = self.data.flush(ino.0).map(|_| ());
             let mut unlocked = Ok(());

@@ -1012,18 +1012,14 @@ impl Pcc {
         }
         if let Some(e) = self.store.get(ino) {
             if e.mode == Mode::Ro {
-                if !write && e.complete && e.version == attr.data_version && !self.verified(&e) {
-                    self.store.remove(ino);
-                    self.step(slot, ino, Event::Dropped)?;
-                } else if !write && e.complete && e.version == attr.data_version {
-                    let f = self.store.open_data(ino, false).map_err(Self::cache_err)?;
-                    self.step(slot, ino, Event::Open { write: false })?;
-                    self.store.touch(ino, |en| en.last_access = now_nanos());
-                    self.metrics.pcc("hits", 1);
-                    return Ok(Opened::Served(Served {
-                        file: Arc::new(f),
-                        rw: false,
-                    }));
+                if !write && e.complete && e.version == attr.data_version {
+                    if let Some(f) = self.open_ro_copy(slot, &e)? {
+                        self.metrics.pcc("hits", 1);
+                        return Ok(Opened::Served(Served {
+                            file: Arc::new(f),
+                            rw: false,
+                        }));
+                    }
                 } else if e.version != attr.data_version || write {
                     // Stale, or about to be: drop the copy.
                     self.store.remove(ino);
@@ -1046,6 +1042,57 @@ impl Pcc {
         // uncached, the opens after the copy are served from it.
         self.queue_ro_copy(attr, rule);
         Ok(uncached)
+    }
+
+    /// Opens `e`, a complete RO copy of the data version a reader sees, for that reader
+    /// (slot lock held; counted as an open handle, closed with [`Pcc::on_close`]); None when
+    /// the copy failed verification (then it is dropped).
+    fn open_ro_copy(&self, slot: &Slot, e: &Entry) -> Result<Option<File>> {
+        if !self.verified(e) {
+            self.store.remove(e.ino);
+            self.step(slot, e.ino, Event::Dropped)?;
+            return Ok(None);
+        }
+        let f = self
+            .store
+            .open_data(e.ino, false)
+            .map_err(Self::cache_err)?;
+        self.step(slot, e.ino, Event::Open { write: false })?;
+        self.store.touch(e.ino, |en| en.last_access = now_nanos());
+        Ok(Some(f))
+    }
+
+    /// For a read-only handle opened uncached before its file's RO copy existed (the first
+    /// open under an `ro` rule; the `pcc-ro-copy` worker copies after it): the copy, once it
+    /// is complete and holds `version`, the data version the handle's reads see now. It is
+    /// opened and counted as an open handle (closed with [`Pcc::on_close`]), and the handle
+    /// reads from it while [`Pcc::ro_copy_holds`] says so. None when there is no such copy, or
+    /// a transition holds the file (the read goes uncached; a later one looks again).
+    pub fn ro_copy_for_open_handle(&self, ino: Ino, version: u64) -> Option<Arc<File>> {
+        let slot = self.slot(ino);
+        let _held = slot.op.try_lock()?;
+        let e = self
+            .store
+            .get(ino)
+            .filter(|e| e.mode == Mode::Ro && e.complete && e.version == version)?;
+        match self.open_ro_copy(&slot, &e) {
+            Ok(Some(f)) => {
+                self.metrics.pcc("ro_copies_served_to_open_handles", 1);
+                Some(Arc::new(f))
+            }
+            Ok(None) => None,
+            Err(err) => {
+                tracing::debug!(ino, "RO copy for an open handle: {err}");
+                None
+            }
+        }
+    }
+
+    /// Whether `ino`'s RO copy is complete and holds data version `version`.
+    pub fn ro_copy_holds(&self, ino: Ino, version: u64) -> bool {
+        self.store
+            .get(ino)
+            .is_some_and(|e| e.mode == Mode::Ro && e.complete && e.version == version)
     }
 
     /// Queues an RO copy of `attr`'s file for the `pcc-ro-copy` worker, unless it is queued

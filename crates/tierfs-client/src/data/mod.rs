@@ -558,6 +558,21 @@ impl DataPath {
         Ok(a)
     }
 
+    /// The data version reads of `ino` see now, when this client has no write of it buffered
+    /// or being committed and knows its attributes (None otherwise: a read then goes through
+    /// the data path, which commits first or reads the attributes again).
+    pub fn settled_version(&self, ino: Ino) -> Option<u64> {
+        let st = self.existing(ino)?;
+        if st.flush_lock.is_locked() {
+            return None;
+        }
+        let inner = st.inner.lock();
+        if !inner.pending.is_empty() {
+            return None;
+        }
+        inner.attr.as_ref().map(|a| a.data_version)
+    }
+
     // ------------------------------------------------------------------ writes
 
     /// Buffers a write; full chunk pieces start uploading at once.
