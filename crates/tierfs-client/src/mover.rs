@@ -1078,12 +1078,9 @@ fn test_stall() -> Option<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::data::DataConfig;
-    use crate::metrics::Metrics;
     use tierfs_meta::hsm::{HsmAgentInfo, RequestState};
-    use tierfs_meta::{format_engine, FormatParams, Kind, NewNode, ROOT_INO};
+    use tierfs_meta::{Kind, NewNode, ROOT_INO};
     use tierfs_store::archive::checksum_string;
-    use tierfs_store::TargetSet;
 
     struct Fx {
         dir: tempfile::TempDir,
@@ -1096,42 +1093,10 @@ mod tests {
 
     fn fx(stripe_size: u64) -> Fx {
         let dir = tempfile::tempdir().unwrap();
-        for d in ["ost0", "ost1", "archive"] {
-            std::fs::create_dir_all(dir.path().join(d)).unwrap();
-        }
-        let t = |i: usize| format!("file://{}", dir.path().join(format!("ost{i}")).display());
-        let meta = format_engine(
-            &format!("sqlite://{}", dir.path().join("meta.db").display()),
-            &FormatParams {
-                name: "mover".into(),
-                targets: vec![(t(0), 0), (t(1), 0)],
-                stripe_count: 2,
-                stripe_size,
-                inline_threshold: 0,
-                force: false,
-            },
-        )
-        .unwrap();
-        let list: Vec<(u32, String, u64)> = meta
-            .targets()
-            .unwrap()
-            .into_iter()
-            .map(|t| (t.id, t.url, t.capacity))
-            .collect();
-        let targets = Arc::new(TargetSet::open(&list).unwrap());
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        let data = Arc::new(DataPath::new(
-            Arc::clone(&meta),
-            targets,
-            rt.handle().clone(),
-            Arc::new(Metrics::new()),
-            0,
-            DataConfig::default(),
-        ));
+        std::fs::create_dir_all(dir.path().join("archive")).unwrap();
+        let (meta, _, rt, data) =
+            crate::data::fixture::data_path(dir.path(), "mover", 2, stripe_size, |m| m);
+        let data = Arc::new(data);
         meta.hsm_archive_add(
             1,
             &format!("file://{}", dir.path().join("archive").display()),

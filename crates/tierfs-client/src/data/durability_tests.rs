@@ -44,8 +44,7 @@ fn failing_sync_commits_nothing(len: usize) {
     );
     let now = f.data.meta.getattr(f.ino).unwrap();
     assert_eq!(now.size, len.max(before.len()) as u64);
-    drop(f.data);
-    f.rt.shutdown_background();
+    f.finish();
 }
 
 #[test]
@@ -80,6 +79,5 @@ fn compaction_keeps_the_old_slices_when_its_object_cannot_be_synced() {
     }
     f.data.invalidate(f.ino, None);
     assert_eq!(f.data.read(f.ino, 0, 1 << 20, false).unwrap(), want);
-    drop(f.data);
-    f.rt.shutdown_background();
+    f.finish();
 }

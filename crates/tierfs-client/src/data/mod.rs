@@ -6,7 +6,7 @@ pub mod cache;
 #[cfg(test)]
 mod durability_tests;
 #[cfg(test)]
-mod fixture;
+pub(crate) mod fixture;
 #[cfg(test)]
 mod race_tests;
 pub mod segments;

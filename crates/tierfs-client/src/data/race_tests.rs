@@ -43,19 +43,23 @@ fn punch_while_held(f: &Fixture, plan: &FaultPlan, op: &str, sequential: bool) -
     f.data.read(f.ino, 0, 4096, sequential).unwrap()
 }
 
+/// `got`, read after the punch, holds only zeros.
+fn assert_punched(got: &[u8], context: &str) {
+    assert!(
+        got.iter().all(|&b| b == 0),
+        "{context}: the punched range read back as {:#x}",
+        got[0]
+    );
+}
+
 #[test]
 fn a_slice_list_read_before_a_punch_is_not_kept_after_it() {
     for sequential in [false, true] {
         let plan = FaultPlan::new();
         let f = written(&plan);
         let got = punch_while_held(&f, &plan, "read_chunk", sequential);
-        assert!(
-            got.iter().all(|&b| b == 0),
-            "sequential={sequential}: the punched range read back as {:#x}",
-            got[0]
-        );
-        drop(f.data);
-        f.rt.shutdown_background();
+        assert_punched(&got, &format!("read_chunk held, sequential={sequential}"));
+        f.finish();
     }
 }
 
@@ -68,13 +72,8 @@ fn an_attribute_read_before_a_punch_is_not_kept_after_it() {
     assert_eq!(f.data.read(f.ino, 0, 4096, true).unwrap(), vec![0xAA; 4096]);
     f.data.invalidate(f.ino, None);
     let got = punch_while_held(&f, &plan, "getattr", true);
-    assert!(
-        got.iter().all(|&b| b == 0),
-        "the punched range read back as {:#x}",
-        got[0]
-    );
-    drop(f.data);
-    f.rt.shutdown_background();
+    assert_punched(&got, "getattr held across the punch");
+    f.finish();
 }
 
 /// An open whose attributes were read before a punch this client already knows of (another
@@ -99,11 +98,6 @@ fn an_open_with_attributes_from_before_a_punch_keeps_the_newer_ones() {
         "the page cache is not kept for attributes older than what is known"
     );
     let got = f.data.read(f.ino, 0, 4096, true).unwrap();
-    assert!(
-        got.iter().all(|&b| b == 0),
-        "the punched range read back as {:#x}",
-        got[0]
-    );
-    drop(f.data);
-    f.rt.shutdown_background();
+    assert_punched(&got, "open with attributes from before the punch");
+    f.finish();
 }
