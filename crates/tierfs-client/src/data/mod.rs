@@ -132,6 +132,12 @@ impl FileInner {
         self.chunk_slices.clear();
         self.generation += 1;
     }
+
+    /// Forgets one chunk's cached slice list, as [`FileInner::forget_slices`] does all of them.
+    fn forget_chunk(&mut self, chunk: u64) {
+        self.chunk_slices.remove(&chunk);
+        self.generation += 1;
+    }
 }
 
 #[derive(Default)]
@@ -1271,9 +1277,7 @@ impl DataPath {
             if self.meta.replace_chunk(ino, chunk, upto, &merged)? {
                 done += 1;
                 if let Some(st) = self.existing(ino) {
-                    let mut inner = st.inner.lock();
-                    inner.chunk_slices.remove(&chunk);
-                    inner.generation += 1;
+                    st.inner.lock().forget_chunk(chunk);
                 }
             } else {
                 // Someone committed meanwhile (the engine trashed our object): look again later.
