@@ -201,6 +201,10 @@ fn agent_archive_release_restore_reads_back_identical_on_another_client() {
 }
 
 #[test]
+#[cfg_attr(
+    not(debug_assertions),
+    ignore = "needs the daemon's debug-only TIERFS_TEST_MOVER_STALL_MS hook"
+)]
 fn agent_killed_mid_archive_and_mid_restore_leaves_the_file_as_it_was() {
     let t = TestFs::with(Opts {
         clients: 1,
@@ -313,6 +317,10 @@ fn client_daemon_moves_data_when_configured() {
 /// a short one taken together, a third request queued after the short one ended completes
 /// while the long one still runs.
 #[test]
+#[cfg_attr(
+    not(debug_assertions),
+    ignore = "needs the daemon's debug-only TIERFS_TEST_MOVER_STALL_MS hook"
+)]
 fn an_agent_takes_more_while_a_long_move_runs() {
     let t = TestFs::with(Opts {
         clients: 1,
@@ -369,6 +377,10 @@ fn cpu_time(pid: i32) -> Duration {
 /// An agent whose slots are all busy waits for a move to end without spinning: over 3 s of
 /// a stalled archive (each 4 MiB piece sleeps 1 s) it uses far less than 3 s of CPU.
 #[test]
+#[cfg_attr(
+    not(debug_assertions),
+    ignore = "needs the daemon's debug-only TIERFS_TEST_MOVER_STALL_MS hook"
+)]
 fn a_busy_agent_waits_without_spinning() {
     let t = TestFs::with(Opts {
         clients: 1,
@@ -463,6 +475,10 @@ fn staging_files(dir: &Path) -> Vec<String> {
 /// unlinked, which keeps the copy with remove_archive_on_last_unlink off), not an object of
 /// an unknown request, not foreign data.
 #[test]
+#[cfg_attr(
+    not(debug_assertions),
+    ignore = "needs the daemon's debug-only TIERFS_TEST_MOVER_STALL_MS hook"
+)]
 fn a_killed_agents_leftovers_are_swept_and_nothing_else() {
     let t = TestFs::with(Opts {
         clients: 1,
@@ -784,6 +800,10 @@ fn archive_and_release(t: &TestFs, meta: &dyn MetaEngine, ino: u64) -> String {
 /// end waits until the restored prefix covers it, and everything reads back byte-identical.
 /// (About 13 s: the slowed restore of 12 MiB.)
 #[test]
+#[cfg_attr(
+    not(debug_assertions),
+    ignore = "needs the daemon's debug-only TIERFS_TEST_MOVER_STALL_MS hook"
+)]
 fn a_reader_reads_the_restored_prefix_while_the_rest_moves() {
     use std::os::unix::fs::FileExt;
     let t = TestFs::with(Opts {
@@ -849,6 +869,10 @@ fn a_reader_reads_the_restored_prefix_while_the_rest_moves() {
 /// the corrupt chunk and everything after it are never committed (a read there gets EIO once
 /// the restore failed), and `tierfs hsm action` says why. (About 8 s: a slowed restore.)
 #[test]
+#[cfg_attr(
+    not(debug_assertions),
+    ignore = "needs the daemon's debug-only TIERFS_TEST_MOVER_STALL_MS hook"
+)]
 fn a_corrupt_chunk_of_the_copy_never_becomes_readable() {
     use std::os::unix::fs::FileExt;
     let t = TestFs::with(Opts {

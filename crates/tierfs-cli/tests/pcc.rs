@@ -1860,6 +1860,10 @@ fn owner_killed_with_a_dirty_file_reader_gets_ehostdown_at_once_then_the_data() 
 /// test hook) never makes the returning owner look down to other clients (down after 3 s of
 /// silence here), and the reader then gets the data.
 #[test]
+#[cfg_attr(
+    not(debug_assertions),
+    ignore = "needs the daemon's debug-only TIERFS_TEST_WRITEBACK_STALL_MS hook"
+)]
 fn returning_owner_writes_back_first_and_heartbeats_meanwhile() {
     let _g = serial();
     let extra: &[(&str, &str)] = &[
@@ -3270,6 +3274,10 @@ fn owner_judged_dead_while_writing_loses_no_acknowledged_write() {
 /// the request threads (8 of them), an unrelated `stat` answers meanwhile, and the opens
 /// succeed once the write-back is done.
 #[test]
+#[cfg_attr(
+    not(debug_assertions),
+    ignore = "needs the daemon's debug-only TIERFS_TEST_WRITEBACK_STALL_MS hook"
+)]
 fn opens_behind_a_local_write_back_do_not_park_fuse_threads() {
     let _g = serial();
     let mut t = TestFs::with(Opts {

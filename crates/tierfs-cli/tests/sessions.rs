@@ -255,6 +255,10 @@ fn a_client_with_a_skewed_clock_reaps_nobody() {
 /// connection: the owner's session stays the same the whole time (it is never reaped, never
 /// fenced), and the file's data arrives whole (read back by another client with no cache).
 #[test]
+#[cfg_attr(
+    not(debug_assertions),
+    ignore = "needs the daemon's debug-only TIERFS_TEST_UPLOAD_STALL_MS hook"
+)]
 fn a_long_dirty_writeback_on_a_slow_target_never_gets_the_owner_reaped() {
     let _g = serial();
     let mut t = TestFs::with(Opts {

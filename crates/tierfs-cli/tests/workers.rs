@@ -157,6 +157,10 @@ fn status_lists_each_clients_workers() {
 /// within a few heartbeat periods the whole time. Before the workers, heartbeats ran on the
 /// loop that also wrote back, and this heartbeat went 8 s stale.
 #[test]
+#[cfg_attr(
+    not(debug_assertions),
+    ignore = "needs the daemon's debug-only TIERFS_TEST_WRITEBACK_STALL_MS hook"
+)]
 fn a_long_pcc_writeback_does_not_delay_heartbeats() {
     let _g = serial();
     let mut t = TestFs::with(Opts {
@@ -223,6 +227,10 @@ fn a_long_pcc_writeback_does_not_delay_heartbeats() {
 /// heartbeats. Before the workers, the loop that heartbeated was stopped before that
 /// write-back.
 #[test]
+#[cfg_attr(
+    not(debug_assertions),
+    ignore = "needs the daemon's debug-only TIERFS_TEST_WRITEBACK_STALL_MS hook"
+)]
 fn the_session_heartbeats_through_the_write_back_at_unmount() {
     let _g = serial();
     let mut t = TestFs::with(Opts {
