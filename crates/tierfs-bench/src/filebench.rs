@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use crate::error::BenchError;
+use crate::external::{self, Engine, Tool};
 use crate::pattern;
 use crate::runner::{run_tasks, Measurement, RunCtx, Unit, Workload};
 use crate::stats::MIB;
@@ -88,6 +89,11 @@ pub struct FilebenchArgs {
     /// I/O size of whole-file reads and writes (filebench iosize).
     #[arg(long, default_value = "1m", value_parser = parse_size)]
     pub iosize: u64,
+    /// Which filebench runs: the real `filebench` with its installed personality when it is on
+    /// PATH and --clients is 1 (auto), the real one or an error (real), or the built-in
+    /// (builtin). The real one does not check the data it reads; the built-in does.
+    #[arg(long, value_enum, default_value_t = Engine::Auto)]
+    pub engine: Engine,
 }
 
 #[derive(Debug, Clone)]
@@ -100,6 +106,8 @@ pub struct Filebench {
     pub mean_size: u64,
     pub append_size: u64,
     pub iosize: u64,
+    /// The real filebench, when it runs instead of the built-in.
+    pub real: Option<Tool>,
 }
 
 impl Filebench {
@@ -125,6 +133,14 @@ impl Filebench {
         if a.iosize == 0 || a.iosize > 64 << 20 {
             return bad("--iosize must be 1 byte to 64m");
         }
+        // The real filebench runs on one host, in one directory: one client.
+        let real = match (a.engine, a.clients) {
+            (Engine::Real, c) if c > 1 => {
+                return bad("--engine real: the real filebench runs on one client (--clients 1)")
+            }
+            (Engine::Auto, c) if c > 1 => None,
+            (e, _) => external::resolve(e, "filebench", false)?,
+        };
         Ok(Filebench {
             personality: a.personality,
             files: a.files,
@@ -134,6 +150,7 @@ impl Filebench {
             mean_size: mean,
             append_size: a.append_size,
             iosize: a.iosize,
+            real,
         })
     }
 
@@ -411,6 +428,74 @@ impl<'a> Thread<'a> {
     }
 }
 
+impl Filebench {
+    /// The installed personality with this configuration's fileset, threads, sizes and run time.
+    pub fn real_script(
+        &self,
+        personality: &str,
+        dir: &std::path::Path,
+    ) -> Result<String, BenchError> {
+        external::filebench_script(
+            personality,
+            &[
+                ("dir", dir.to_string_lossy().into_owned()),
+                ("nfiles", self.files.to_string()),
+                (
+                    "filesize",
+                    format!(
+                        "cvar(type=cvar-gamma,parameters=mean:{};gamma:1.5)",
+                        self.mean_size
+                    ),
+                ),
+                ("nthreads", self.threads.to_string()),
+                ("iosize", self.iosize.to_string()),
+                ("meanappendsize", self.append_size.to_string()),
+            ],
+            self.duration.as_secs().max(1),
+        )
+    }
+
+    fn run_real(&self, tool: &Tool, ctx: &RunCtx) -> Result<Vec<Measurement>, BenchError> {
+        let f = external::filebench_personality(tool, self.personality.name())?;
+        let text = std::fs::read_to_string(&f)
+            .map_err(|e| BenchError::io(format!("read {}", f.display()), e))?;
+        let dir = ctx.roots[0].join("filebench");
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| BenchError::io(format!("create {}", dir.display()), e))?;
+        let script = ctx.scratch.join(format!("{}.f", self.personality.name()));
+        std::fs::write(&script, self.real_script(&text, &dir)?)
+            .map_err(|e| BenchError::io(format!("write {}", script.display()), e))?;
+        ctx.progress
+            .phase(&format!("{} (real filebench)", self.personality.name()), 1);
+        let mut cmd = std::process::Command::new(&tool.path);
+        cmd.arg("-f").arg(&script);
+        // filebench's processes share memory mapped at one address: without address-space
+        // randomisation, as filebench asks (it hangs at "Starting ... instances" otherwise).
+        // SAFETY: personality(2) is async-signal-safe and touches no memory of the parent.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+                libc::personality(libc::ADDR_NO_RANDOMIZE as libc::c_ulong);
+                Ok(())
+            });
+        }
+        let out = external::run_logged(
+            &mut cmd,
+            "filebench",
+            &ctx.scratch.join(format!("{}.log", self.personality.name())),
+            &["error"],
+        )?;
+        ctx.progress.inc(1);
+        let s = external::filebench_summary(&out)?;
+        let t = self.personality.name();
+        Ok(vec![
+            Measurement::new(t, "ops", Unit::OpsPerSec, s.ops_per_sec),
+            Measurement::new(t, "bw", Unit::MibPerSec, s.mib_per_sec),
+            Measurement::new(t, "reads", Unit::OpsPerSec, s.reads_per_sec),
+            Measurement::new(t, "writes", Unit::OpsPerSec, s.writes_per_sec),
+        ])
+    }
+}
+
 impl Workload for Filebench {
     fn workload(&self) -> &'static str {
         "filebench"
@@ -422,13 +507,17 @@ impl Workload for Filebench {
 
     fn label(&self) -> String {
         format!(
-            "filebench {}: {} files of {} mean, {} client(s) x {} thread(s), {}",
+            "filebench {}: {} files of {} mean, {} client(s) x {} thread(s), {}{}",
             self.personality.name(),
             self.files,
             fmt_size(self.mean_size),
             self.clients,
             self.threads,
-            humantime::format_duration(self.duration)
+            humantime::format_duration(self.duration),
+            match &self.real {
+                Some(t) => format!("; {}, data not verified", t.describe()),
+                None => String::new(),
+            },
         )
     }
 
@@ -451,6 +540,7 @@ impl Workload for Filebench {
             "duration_s": self.duration.as_secs_f64(), "clients": self.clients,
             "threads_per_client": self.threads, "mean_size": self.mean_size,
             "append_size": self.append_size, "iosize": self.iosize,
+            "engine": self.real.as_ref().map_or("built-in".to_string(), Tool::describe),
         })
     }
 
@@ -459,6 +549,9 @@ impl Workload for Filebench {
     }
 
     fn run(&self, ctx: &RunCtx) -> Result<Vec<Measurement>, BenchError> {
+        if let Some(tool) = &self.real {
+            return self.run_real(tool, ctx);
+        }
         let n = self.nthreads();
         // The fileset, created through client 0 (not timed).
         ctx.progress.phase("creating fileset", self.files);

@@ -14,10 +14,14 @@ use std::time::Instant;
 use serde_json::json;
 
 use crate::error::BenchError;
+use crate::external::{self, Engine, Placement, Tool};
 use crate::pattern::{self, AlignedBuf};
 use crate::runner::{run_tasks, Measurement, RunCtx, Unit, Workload};
 use crate::stats::{aggregate, TaskTiming};
 use crate::util::{self, fmt_size, parse_size};
+
+/// The timestamp signature (`-G`) the real IOR writes into its data and checks on reading.
+const REAL_SIGNATURE: &str = "20261125";
 
 /// IOR's transfer (and block) size in the "hard" shared-file test.
 pub const HARD_XFER: u64 = 47008;
@@ -55,6 +59,10 @@ pub struct IorArgs {
     /// segment count is chosen so each task moves about -b x -s bytes.
     #[arg(long)]
     pub hard: bool,
+    /// Which IOR runs: the real `ior` under `mpirun` when both are on PATH (auto), the real one
+    /// or an error (real), or the built-in (builtin). The real one verifies what it reads (-R).
+    #[arg(long, value_enum, default_value_t = Engine::Auto)]
+    pub engine: Engine,
 }
 
 /// A validated IOR configuration.
@@ -70,6 +78,8 @@ pub struct Ior {
     pub fsync: bool,
     pub direct: bool,
     pub hard: bool,
+    /// The real IOR, when it runs instead of the built-in.
+    pub real: Option<Tool>,
 }
 
 impl Ior {
@@ -128,6 +138,7 @@ impl Ior {
             fsync: a.fsync,
             direct: a.direct,
             hard: a.hard,
+            real: external::resolve(a.engine, "ior", true)?,
         })
     }
 
@@ -275,6 +286,96 @@ impl Ior {
     }
 }
 
+impl Ior {
+    /// The real IOR's arguments for one phase ("write" or "read"), its summary going to
+    /// `summary`: the write keeps the files (-k) and fsyncs with -e; the read verifies (-R) and
+    /// reorders with -C.
+    pub fn real_args(
+        &self,
+        dir: &std::path::Path,
+        phase: &str,
+        summary: &std::path::Path,
+    ) -> Vec<String> {
+        let file = dir.join(if self.fpp { "ior" } else { "ior.shared" });
+        let mut a: Vec<String> = [
+            "-a",
+            "POSIX",
+            "-i",
+            "1",
+            "-t",
+            &self.transfer.to_string(),
+            "-b",
+            &self.block.to_string(),
+            "-s",
+            &self.segments.to_string(),
+            "-o",
+            &file.to_string_lossy(),
+            "-O",
+            "summaryFormat=JSON",
+            "-O",
+            &format!("summaryFile={}", summary.display()),
+            // The data's signature, the same in the write and the verifying read.
+            "-G",
+            REAL_SIGNATURE,
+        ]
+        .iter()
+        .map(|x| x.to_string())
+        .collect();
+        if self.fpp {
+            a.push("-F".into());
+        }
+        if self.direct {
+            a.push("--posix.odirect".into());
+        }
+        if phase == "write" {
+            a.extend(["-w".into(), "-k".into()]);
+            if self.fsync {
+                a.push("-e".into());
+            }
+        } else {
+            a.extend(["-r".into(), "-R".into()]);
+            if self.reorder {
+                a.push("-C".into());
+            }
+        }
+        a
+    }
+
+    /// Write, then (page cache dropped) read and verify, each one run of the real IOR.
+    fn run_real(&self, tool: &Tool, ctx: &RunCtx) -> Result<Vec<Measurement>, BenchError> {
+        let place = Placement::new(&ctx.roots, self.clients, self.tasks, &ctx.scratch, "ior-at")?;
+        // Each client is a node to IOR, so that -C reads the next client's data.
+        let env = [
+            ("IOR_FAKE_NODES", self.clients.to_string()),
+            ("IOR_FAKE_TASK_PER_NODES", self.tasks.to_string()),
+        ];
+        let mut out = Vec::new();
+        for phase in ["write", "read"] {
+            if phase == "read" && ctx.drop_caches {
+                util::drop_caches();
+            }
+            ctx.progress.phase(&format!("{phase} (real IOR)"), 1);
+            let summary = ctx.scratch.join(format!("ior-{phase}.json"));
+            let _ = std::fs::remove_file(&summary);
+            let args = self.real_args(place.dir(), phase, &summary);
+            let mut cmd = external::mpirun(tool, self.ntasks(), &place, &args, &env)?;
+            external::run_logged(
+                &mut cmd,
+                &format!("ior ({phase})"),
+                &ctx.scratch.join(format!("ior-{phase}.log")),
+                &["incorrect data", "error:"],
+            )?;
+            let json = std::fs::read_to_string(&summary)
+                .map_err(|e| BenchError::io(format!("read {}", summary.display()), e))?;
+            let (bw, ops) = external::ior_summary(&json, phase)?;
+            out.push(Measurement::new(phase, "bw", Unit::MibPerSec, bw));
+            out.push(Measurement::new(phase, "ops", Unit::OpsPerSec, ops));
+            ctx.progress.inc(1);
+        }
+        Ok(out)
+    }
+}
+
 impl Workload for Ior {
     fn workload(&self) -> &'static str {
         "ior"
@@ -297,7 +398,7 @@ impl Workload for Ior {
 
     fn label(&self) -> String {
         format!(
-            "IOR {}, {} client(s) x {} task(s), -t {} -b {} -s {}{}{}{}",
+            "IOR {}, {} client(s) x {} task(s), -t {} -b {} -s {}{}{}{}{}",
             if self.hard {
                 "shared file hard (strided)"
             } else if self.fpp {
@@ -313,6 +414,10 @@ impl Workload for Ior {
             if self.reorder { " -C" } else { "" },
             if self.fsync { " -e" } else { "" },
             if self.direct { " O_DIRECT" } else { "" },
+            match &self.real {
+                Some(t) => format!("; {}", t.describe()),
+                None => String::new(),
+            },
         )
     }
 
@@ -335,6 +440,7 @@ impl Workload for Ior {
             "clients": self.clients, "tasks_per_client": self.tasks, "transfer": self.transfer,
             "block": self.block, "segments": self.segments, "file_per_process": self.fpp,
             "reorder": self.reorder, "fsync": self.fsync, "direct": self.direct, "hard": self.hard,
+            "engine": self.real.as_ref().map_or("built-in".to_string(), Tool::describe),
         })
     }
 
@@ -343,6 +449,9 @@ impl Workload for Ior {
     }
 
     fn run(&self, ctx: &RunCtx) -> Result<Vec<Measurement>, BenchError> {
+        if let Some(tool) = &self.real {
+            return self.run_real(tool, ctx);
+        }
         let n = self.ntasks();
         let total = self.per_task_bytes() * n as u64;
         ctx.progress.phase("write", total);
@@ -398,6 +507,7 @@ mod tests {
             fsync: false,
             direct: false,
             hard,
+            engine: Engine::Builtin,
         }
     }
 

@@ -4,6 +4,7 @@
 //! to native, and JSON, CSV, markdown and PNG reports. See docs/bench.md.
 
 pub mod error;
+pub mod external;
 pub mod filebench;
 pub mod fio;
 pub mod fixture;
@@ -119,13 +120,16 @@ pub struct CommonArgs {
 
 #[derive(Debug, Clone, Subcommand)]
 pub enum BenchCommand {
-    /// IOR: file per process or shared file, many clients, write then read (verified).
+    /// IOR: file per process or shared file, many clients, write then read (verified); the real
+    /// `ior` under `mpirun` when installed (--engine).
     Ior(ior::IorArgs),
-    /// mdtest: create, stat, read and remove files, many clients.
+    /// mdtest: create, stat, read and remove files, many clients; the real `mdtest` under
+    /// `mpirun` when installed (--engine).
     Mdtest(mdtest::MdtestArgs),
     /// fio (the real binary, JSON output, verified by fio); skipped if fio is not installed.
     Fio(fio::FioArgs),
-    /// filebench personalities fileserver, webserver and varmail, reimplemented.
+    /// filebench personalities fileserver, webserver and varmail: the real `filebench` when
+    /// installed (--engine), else reimplemented.
     Filebench(filebench::FilebenchArgs),
     /// Extract a tarball of many small files (default: made from /usr/include).
     Untar(untar::UntarArgs),

@@ -14,6 +14,7 @@ use std::time::Instant;
 use serde_json::json;
 
 use crate::error::BenchError;
+use crate::external::{self, Engine, Placement, Tool};
 use crate::pattern;
 use crate::runner::{run_tasks, Measurement, RunCtx, Unit, Workload};
 use crate::stats::{aggregate, TaskTiming};
@@ -40,6 +41,11 @@ pub struct MdtestArgs {
     /// `--other-client` because `tierfs bench --remote PROFILE` names the network profile.
     #[arg(short = 'N', long = "other-client")]
     pub other_client: bool,
+    /// Which mdtest runs: the real `mdtest` under `mpirun` when both are on PATH (auto), the
+    /// real one or an error (real), or the built-in (builtin). The real one verifies what it
+    /// reads (-X).
+    #[arg(long, value_enum, default_value_t = Engine::Auto)]
+    pub engine: Engine,
 }
 
 #[derive(Debug, Clone)]
@@ -50,6 +56,8 @@ pub struct Mdtest {
     pub write_bytes: u64,
     pub unique_dir: bool,
     pub remote: bool,
+    /// The real mdtest, when it runs instead of the built-in.
+    pub real: Option<Tool>,
 }
 
 pub const PHASES: [&str; 4] = ["create", "stat", "read", "remove"];
@@ -75,6 +83,7 @@ impl Mdtest {
             write_bytes: a.write_bytes,
             unique_dir: a.unique_dir,
             remote: a.other_client,
+            real: external::resolve(a.engine, "mdtest", true)?,
         })
     }
 
@@ -161,6 +170,55 @@ impl Mdtest {
     }
 }
 
+impl Mdtest {
+    /// The real mdtest's arguments: files only, one iteration, in `dir`.
+    pub fn real_args(&self, dir: &std::path::Path) -> Vec<String> {
+        let mut a: Vec<String> = vec![
+            "-F".into(),
+            "-i".into(),
+            "1".into(),
+            "-n".into(),
+            self.items.to_string(),
+            "-d".into(),
+            dir.join("mdtest").to_string_lossy().into_owned(),
+        ];
+        if self.write_bytes > 0 {
+            let w = self.write_bytes.to_string();
+            a.extend(["-w".into(), w.clone(), "-e".into(), w, "-X".into()]);
+        }
+        if self.unique_dir {
+            a.push("-u".into());
+        }
+        if self.remote {
+            // Ranks are placed per client, so a stride of the tasks per client is the next client.
+            a.extend(["-N".into(), self.tasks.to_string()]);
+        }
+        a
+    }
+
+    fn run_real(&self, tool: &Tool, ctx: &RunCtx) -> Result<Vec<Measurement>, BenchError> {
+        let place = Placement::new(
+            &ctx.roots,
+            self.clients,
+            self.tasks,
+            &ctx.scratch,
+            "mdtest-at",
+        )?;
+        ctx.progress
+            .phase("create, stat, read, remove (real mdtest)", 1);
+        let args = self.real_args(place.dir());
+        let mut cmd = external::mpirun(tool, self.ntasks(), &place, &args, &[])?;
+        let text = external::run_logged(
+            &mut cmd,
+            "mdtest",
+            &ctx.scratch.join("mdtest.log"),
+            &["error:", "incorrect data"],
+        )?;
+        ctx.progress.inc(1);
+        external::mdtest_summary(&text)
+    }
+}
+
 impl Workload for Mdtest {
     fn workload(&self) -> &'static str {
         "mdtest"
@@ -180,7 +238,7 @@ impl Workload for Mdtest {
 
     fn label(&self) -> String {
         format!(
-            "mdtest {} files, {} client(s) x {} task(s), -n {} per task, {} dir{}",
+            "mdtest {} files, {} client(s) x {} task(s), -n {} per task, {} dir{}{}",
             if self.write_bytes == 0 {
                 "empty".to_string()
             } else {
@@ -190,7 +248,11 @@ impl Workload for Mdtest {
             self.tasks,
             self.items,
             if self.unique_dir { "unique" } else { "shared" },
-            if self.remote { ", -N (remote)" } else { "" }
+            if self.remote { ", -N (remote)" } else { "" },
+            match &self.real {
+                Some(t) => format!("; {}", t.describe()),
+                None => String::new(),
+            },
         )
     }
 
@@ -212,6 +274,7 @@ impl Workload for Mdtest {
         json!({
             "clients": self.clients, "tasks_per_client": self.tasks, "items": self.items,
             "write_bytes": self.write_bytes, "unique_dir": self.unique_dir, "remote": self.remote,
+            "engine": self.real.as_ref().map_or("built-in".to_string(), Tool::describe),
         })
     }
 
@@ -220,6 +283,9 @@ impl Workload for Mdtest {
     }
 
     fn run(&self, ctx: &RunCtx) -> Result<Vec<Measurement>, BenchError> {
+        if let Some(tool) = &self.real {
+            return self.run_real(tool, ctx);
+        }
         let n = self.ntasks();
         for i in 0..n {
             let d = self.dir(ctx, 0, i);

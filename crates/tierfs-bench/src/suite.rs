@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::error::BenchError;
+use crate::external::Engine;
 use crate::filebench::{Filebench, FilebenchArgs, Personality};
 use crate::fio::{Fio, FioArgs, FioJob};
 use crate::ior::{Ior, IorArgs};
@@ -45,6 +46,7 @@ fn ior(
         fsync: true,
         direct,
         hard,
+        engine: Engine::Auto,
     }
 }
 
@@ -116,6 +118,7 @@ pub fn workloads(a: &SuiteArgs) -> Result<Vec<Box<dyn Workload>>, BenchError> {
                 write_bytes: bytes,
                 unique_dir: unique,
                 other_client: true,
+                engine: Engine::Auto,
             })?));
         }
     }
@@ -208,6 +211,7 @@ pub fn workloads(a: &SuiteArgs) -> Result<Vec<Box<dyn Workload>>, BenchError> {
                 mean_size: None,
                 append_size: 16 * K,
                 iosize: M,
+                engine: Engine::Auto,
             })?));
         }
     }

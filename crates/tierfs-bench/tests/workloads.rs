@@ -5,6 +5,7 @@ mod common;
 use std::time::Duration;
 
 use common::{assert_all_ok, is_root, run};
+use tierfs_bench::external::Engine;
 use tierfs_bench::filebench::{Filebench, FilebenchArgs, Personality};
 use tierfs_bench::fio::{Fio, FioArgs, FioJob};
 use tierfs_bench::ior::{Ior, IorArgs};
@@ -27,6 +28,7 @@ fn ior(clients: usize, tasks: usize, b: u64, fpp: bool, hard: bool) -> Box<dyn W
             fsync: true,
             direct: false,
             hard,
+            engine: Engine::Builtin,
         })
         .unwrap(),
     )
@@ -77,6 +79,7 @@ fn ior_hard_and_direct() {
             fsync: false,
             direct: true,
             hard: false,
+            engine: Engine::Builtin,
         })
         .unwrap(),
     );
@@ -98,6 +101,7 @@ fn mdtest_empty_shared_and_32k_unique_remote() {
                 write_bytes: w,
                 unique_dir: unique,
                 other_client: remote,
+                engine: Engine::Builtin,
             })
             .unwrap(),
         )
@@ -169,6 +173,7 @@ fn filebench_personalities() {
                 mean_size: None,
                 append_size: 16 << 10,
                 iosize: 1 << 20,
+                engine: Engine::Builtin,
             })
             .unwrap(),
         ) as Box<dyn Workload + Send>
