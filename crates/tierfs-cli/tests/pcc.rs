@@ -385,6 +385,31 @@ fn ior_read(p: &Path, seed: u64, size: usize, xfer: usize, direct: bool) -> Resu
 // 1, 2: RW-PCC and its recall
 // ---------------------------------------------------------------------------------------------
 
+/// `xattrs = false` turns a mount's extended attributes off, not its `tierfs pcc` commands,
+/// which travel as requests on a reserved attribute name.
+#[test]
+fn pcc_commands_work_on_a_mount_without_xattrs() {
+    let _g = serial();
+    let (t, _) = pcc_fs(&[("a", &[("xattrs", "false")])], 60);
+    let fa = t.p(0, "f");
+    fs::write(&fa, b"data").unwrap();
+    let c = std::ffi::CString::new(s(&fa)).unwrap();
+    let n = std::ffi::CString::new("user.k").unwrap();
+    // SAFETY: valid NUL-terminated strings and a 1-byte buffer.
+    let rc = unsafe { libc::setxattr(c.as_ptr(), n.as_ptr(), b"v".as_ptr().cast(), 1, 0) };
+    assert_eq!(rc, -1);
+    assert_eq!(
+        std::io::Error::last_os_error().raw_os_error(),
+        Some(libc::EOPNOTSUPP)
+    );
+    pcc(&t, &["attach", "-w", &s(&fa)]).assert_ok();
+    let st = state(&t, &fa);
+    assert_eq!(st.typ, "readwrite", "after attach -w: {}", st.raw);
+    pcc(&t, &["detach", &s(&fa)]).assert_ok();
+    assert_eq!(state(&t, &fa).typ, "none");
+    assert_eq!(fs::read(&fa).unwrap(), b"data");
+}
+
 #[test]
 fn rw_attach_keeps_data_local_until_a_remote_open_recalls_it() {
     let _g = serial();

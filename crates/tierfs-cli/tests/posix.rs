@@ -2422,6 +2422,18 @@ fn acl_xattr(entries: &[(u16, u16, u32)]) -> Vec<u8> {
     }
     b
 }
+
+/// An extended access ACL: owner rw, user U1 rwx, group owner r, mask rw, other nothing.
+fn ext_acl_rw_u1_rwx() -> Vec<u8> {
+    acl_xattr(&[
+        (A_USER_OBJ, 6, NO_ID),
+        (A_USER, 7, U1),
+        (A_GROUP_OBJ, 4, NO_ID),
+        (A_MASK, 6, NO_ID),
+        (A_OTHER, 0, NO_ID),
+    ])
+}
+
 const A_USER_OBJ: u16 = 0x01;
 const A_USER: u16 = 0x02;
 const A_GROUP_OBJ: u16 = 0x04;
@@ -2588,13 +2600,7 @@ fn acl_and_mode_in_step() {
     );
     assert!(!listxattr(&f).unwrap().iter().any(|n| n == ACL_ACCESS));
     // an extended ACL is stored and sets the group bits from its mask
-    let ext = acl_xattr(&[
-        (A_USER_OBJ, 6, NO_ID),
-        (A_USER, 7, U1),
-        (A_GROUP_OBJ, 4, NO_ID),
-        (A_MASK, 6, NO_ID),
-        (A_OTHER, 0, NO_ID),
-    ]);
+    let ext = ext_acl_rw_u1_rwx();
     setxattr(&f, ACL_ACCESS, &ext, 0).unwrap();
     assert_eq!(mode_of(&f) & 0o7777, 0o660);
     assert_eq!(getxattr(&f, ACL_ACCESS).unwrap(), ext);
@@ -2655,43 +2661,80 @@ fn acl_and_mode_in_step() {
     );
 }
 
-/// `posix_acl = false` in the client config: no ACLs, as ext4's noacl (EOPNOTSUPP), while
-/// `cp -a` still gives the modes of the source.
-#[test]
-fn acl_off_by_config() {
+/// A fresh filesystem mounted by one client per (name, client config).
+fn fs_with_clients(clients: &[(&str, Option<&str>)]) -> TestFs {
     let mut t = TestFs::with(Opts {
         clients: 0,
         ..Opts::default()
     });
-    t.mount_with(&ClientOpts {
-        name: "c0".into(),
-        config: Some("posix_acl = false\n".into()),
-        ..Default::default()
-    });
+    for (name, config) in clients {
+        t.mount_with(&ClientOpts {
+            name: name.to_string(),
+            config: config.map(str::to_string),
+            ..Default::default()
+        });
+    }
+    t
+}
+
+/// `posix_acl = false` in the client config: no ACLs, as ext4's noacl (EOPNOTSUPP), while
+/// `cp -a` still gives the modes of the source.
+#[test]
+fn acl_off_by_config() {
+    let t = fs_with_clients(&[("c0", Some("posix_acl = false\n"))]);
     let f = t.p(0, "f");
     fs::write(&f, b"x").unwrap();
     chmod(&f, 0o640).unwrap();
-    let ext = acl_xattr(&[
-        (A_USER_OBJ, 6, NO_ID),
-        (A_USER, 7, U1),
-        (A_GROUP_OBJ, 4, NO_ID),
-        (A_MASK, 6, NO_ID),
-        (A_OTHER, 0, NO_ID),
-    ]);
+    let ext = ext_acl_rw_u1_rwx();
     assert_errno(
         setxattr(&f, ACL_ACCESS, &ext, 0),
         libc::EOPNOTSUPP,
         "ACLs off",
     );
     assert_eq!(mode_of(&f) & 0o7777, 0o640);
-    let src = t.root().join("src");
-    fs::create_dir(&src).unwrap();
-    chmod(&src, 0o755).unwrap();
+    assert_cp_a_keeps_modes(&t.root().join("src"), &t.p(0, "copy"), 0o755, 0o644);
+}
+
+/// `cp -a` of a directory (mode `dir_mode`) holding a file (`file_mode`) made at `src` gives
+/// `dst` the same modes and contents.
+fn assert_cp_a_keeps_modes(src: &Path, dst: &Path, dir_mode: u32, file_mode: u32) {
+    fs::create_dir(src).unwrap();
+    chmod(src, dir_mode).unwrap();
     fs::write(src.join("g"), b"y").unwrap();
-    chmod(&src.join("g"), 0o644).unwrap();
-    run(&["cp", "-a", &s(&src), &s(&t.p(0, "copy"))]);
-    assert_eq!(mode_of(&t.p(0, "copy")) & 0o7777, 0o755);
-    assert_eq!(mode_of(&t.p(0, "copy/g")) & 0o7777, 0o644);
+    chmod(&src.join("g"), file_mode).unwrap();
+    run(&["cp", "-a", &s(src), &s(dst)]);
+    assert_eq!(mode_of(dst) & 0o7777, dir_mode);
+    assert_eq!(mode_of(&dst.join("g")) & 0o7777, file_mode);
+    assert_eq!(fs::read(dst.join("g")).unwrap(), b"y");
+}
+
+/// `xattrs = false` in the client config: no extended attributes on that mount (EOPNOTSUPP for
+/// every xattr call, ACLs too), as JuiceFS without --enable-xattr; `ls -l` and `cp -a` work and
+/// keep the modes; what another client (xattrs on) stores stays there, untouched.
+#[test]
+fn xattrs_off_by_config() {
+    let t = fs_with_clients(&[("off", Some("xattrs = false\n")), ("on", None)]);
+    let f = t.p(0, "f");
+    fs::write(&f, b"x").unwrap();
+    chmod(&f, 0o640).unwrap();
+    // Stored through the client with xattrs.
+    setxattr(&t.p(1, "f"), "user.k", b"v", 0).unwrap();
+    assert_errno(setxattr(&f, "user.k2", b"w", 0), libc::EOPNOTSUPP, "set");
+    assert_errno(getxattr(&f, "user.k"), libc::EOPNOTSUPP, "get");
+    assert_errno(listxattr(&f), libc::EOPNOTSUPP, "list");
+    assert_errno(removexattr(&f, "user.k"), libc::EOPNOTSUPP, "remove");
+    let ext = ext_acl_rw_u1_rwx();
+    assert_errno(setxattr(&f, ACL_ACCESS, &ext, 0), libc::EOPNOTSUPP, "ACL");
+    assert_eq!(mode_of(&f) & 0o7777, 0o640);
+    // The other client still has its attribute, and no other.
+    assert_eq!(getxattr(&t.p(1, "f"), "user.k").unwrap(), b"v");
+    assert_eq!(listxattr(&t.p(1, "f")).unwrap(), vec!["user.k".to_string()]);
+    let listing = run(&["ls", "-l", &s(&t.p(0, ""))]);
+    assert!(
+        listing.contains(" f\n") || listing.ends_with(" f"),
+        "{listing}"
+    );
+    assert_cp_a_keeps_modes(&t.p(0, "src"), &t.p(0, "copy"), 0o750, 0o604);
 }
 
 /// An access ACL equal to the mode: on a file with an extended ACL it replaces it (the ACL

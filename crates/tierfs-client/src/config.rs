@@ -24,6 +24,10 @@
 //!                              # this many times as long as each unit of work took (0: never)
 //! log_level = "info"
 //! posix_acl = true             # POSIX ACLs (false: as ext4's noacl, setfacl gets EOPNOTSUPP)
+//! xattrs = true                # extended attributes; false: none (EOPNOTSUPP, as JuiceFS
+//!                              # without --enable-xattr), which also turns POSIX ACLs off.
+//!                              # `ls -l` then asks once per mount, not twice per file, and
+//!                              # `tierfs pcc` commands work all the same
 //! readdirplus = "always"       # directory listings carry attributes (READDIRPLUS): "always",
 //!                              # "auto" (when the kernel guesses the caller stats: the first
 //!                              # read of a directory, and after a stat of an entry), or "off"
@@ -89,6 +93,7 @@ pub struct ClientConfig {
     pub tranquility: f64,
     pub log_level: String,
     pub posix_acl: bool,
+    pub xattrs: bool,
     pub readdirplus: String,
     pub writeback_cache: bool,
     pub fuse_uring: bool,
@@ -185,6 +190,7 @@ impl Default for ClientConfig {
             tranquility: 1.0,
             log_level: "info".into(),
             posix_acl: true,
+            xattrs: true,
             readdirplus: "always".into(),
             writeback_cache: false,
             fuse_uring: true,

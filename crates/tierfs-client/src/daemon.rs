@@ -371,7 +371,9 @@ pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Resul
     fs.notifier = Arc::clone(&notifier);
     let xattr_hint = Arc::clone(&fs.xattr_hint);
     fs.pcc = pcc.clone();
-    fs.posix_acl = cfg.posix_acl;
+    // ACLs are extended attributes: without xattrs there are none.
+    fs.posix_acl = cfg.posix_acl && cfg.xattrs;
+    fs.xattrs = cfg.xattrs;
     fs.readdirplus = cfg.readdir_plus().map_err(DaemonError::Other)?;
     if cfg.writeback_cache && pcc.is_some() {
         // Passthrough and cached files bypass the page cache the kernel would trust for size

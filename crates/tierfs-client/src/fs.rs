@@ -426,6 +426,10 @@ pub struct FsInner {
     /// POSIX ACLs on (`posix_acl` in the client config; the kernel enforces them only when it
     /// accepted FUSE_POSIX_ACL at init).
     pub posix_acl: bool,
+    /// Extended attributes on (`xattrs` in the client config). Off: every xattr request but a
+    /// `tierfs pcc` command answers EOPNOTSUPP, as a filesystem without xattrs; `ls -l` and
+    /// `cp -a` remember that per filesystem and stop asking.
+    pub xattrs: bool,
     /// When listings carry attributes (`readdirplus` in the client config).
     pub readdirplus: ReaddirPlus,
     /// Ask the kernel for its writeback cache (`writeback_cache` in the client config; never
@@ -580,6 +584,7 @@ impl TierFs {
             backing: Mutex::new(HashMap::new()),
             names: Mutex::new(HashMap::new()),
             posix_acl: true,
+            xattrs: true,
             readdirplus: ReaddirPlus::Always,
             writeback_cache: false,
             fuse_uring: false,
@@ -810,6 +815,18 @@ impl FsInner {
         match self.meta.removexattr(ino, name) {
             Ok(()) | Err(MetaError::NoAttr) => Ok(()),
             Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Refuses an xattr request on a mount without xattrs (`xattrs = false`).
+    fn xattrs_on(&self) -> Result<()> {
+        if self.xattrs {
+            Ok(())
+        } else {
+            Err(ClientError::Errno(
+                "extended attributes are off on this mount (xattrs = false)",
+                libc::EOPNOTSUPP,
+            ))
         }
     }
 
@@ -3044,6 +3061,7 @@ impl Filesystem for TierFs {
                 // The kernel let this through only to a writer of the file.
                 return self.pcc_command(ino.0, cmd, value, req.uid()).map(|_| ());
             }
+            self.xattrs_on()?;
             let n = name.as_bytes();
             if n == acl::ACCESS || n == acl::DEFAULT {
                 return self.set_acl(req, ino.0, n, value);
@@ -3067,6 +3085,7 @@ impl Filesystem for TierFs {
                 // The kernel let this through only to a reader of the file.
                 return self.pcc_command(ino.0, cmd, b"", req.uid());
             }
+            self.xattrs_on()?;
             if self.xattr_hint.none(ino.0) {
                 self.metrics.xattr_answered_locally.inc();
                 return Err(MetaError::NoAttr.into());
@@ -3091,6 +3110,7 @@ impl Filesystem for TierFs {
             Ok(Vec::new())
         } else {
             self.run("listxattr", || {
+                self.xattrs_on()?;
                 if self.xattr_hint.none(ino.0) {
                     self.metrics.xattr_answered_locally.inc();
                     return Ok(Vec::new());
@@ -3121,6 +3141,7 @@ impl Filesystem for TierFs {
         // changelog records of this request name its caller (crate::caller)
         let _caller = self.scope(req);
         match self.run("removexattr", || {
+            self.xattrs_on()?;
             let n = name.as_bytes();
             if n == acl::ACCESS || n == acl::DEFAULT {
                 // removing no ACL succeeds, as on ext4
