@@ -144,13 +144,13 @@ pub fn resolve(engine: Engine, name: &str, mpi: bool) -> Result<Option<Tool>, Be
     }
 }
 
+/// The version line of a benchmark binary, or its path: IOR and mdtest have no version option
+/// (they print their version in each run's output, kept in the run's log).
 fn version_of(path: &Path, name: &str) -> String {
-    let arg = if name == "filebench" {
-        "-h"
-    } else {
-        "--version"
-    };
-    let out = Command::new(path).arg(arg).output();
+    if name != "filebench" {
+        return path.display().to_string();
+    }
+    let out = Command::new(path).arg("-h").output();
     let text = match &out {
         Ok(o) => format!(
             "{}\n{}",
