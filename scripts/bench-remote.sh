@@ -19,8 +19,9 @@
 # 300 files per client). Each client mounts on a host of its own (tfc1..tfc4, 4 links shaped).
 # Defaults: --profile 1gbe, --out docs/bench-results/remote-PROFILE, --reps 1.
 # --pg-statements: PostgreSQL logs every statement (log_statement = all), and each run's
-# statements are counted by text into OUT/NAME.statements.txt (what the engine asks per
-# operation; logging costs the server time, so take figures from runs without it).
+# statements are counted by text into OUT/NAME.statements.txt, its errors into
+# OUT/NAME.errors.txt (what the engine asks per operation; logging costs the server time, so
+# take figures from runs without it).
 #
 # Checks first, one line each and exit 2: not root, no ip/nsenter/tc, no rights to make network
 # namespaces, an unknown profile, servers that do not come up. At the end it checks that
@@ -47,7 +48,7 @@ while [[ $# -gt 0 ]]; do
         --no-build) BUILD=0; shift ;;
         --pg-statements) PG_STATEMENTS=1; shift ;;
         --) shift; WORKLOAD=("$@"); break ;;
-        -h | --help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h | --help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "bench-remote: unknown option $1 (see --help)"; exit 2 ;;
     esac
 done
@@ -184,6 +185,11 @@ run() {
         grep -a "^db=$db LOG:  \(statement\|execute [^:]*\): " "$PG_DIR/server.log" |
             sed 's/^db=[^ ]* LOG:  \(statement\|execute [^:]*\): //' | sort | uniq -c | sort -rn \
             >"$OUT/$name.statements.txt" || true
+        # and the errors it met (a transaction that fails is rolled back: conflicts retry)
+        # (each error, then the statement it failed in)
+        grep -a "^db=$db \(ERROR\|STATEMENT\):  " "$PG_DIR/server.log" |
+            sed 's/^db=[^ ]* \(ERROR\|STATEMENT\):  /\1: /' | sort | uniq -c | sort -rn \
+            >"$OUT/$name.errors.txt" || true
     fi
     echo "$name: after the run, $rows inode rows in its database ($dropped; $xacts transactions committed in it); $objs S3 objects under its prefixes, removed ($left left)" >>"$OUT/leftovers.txt"
     return $rc
