@@ -7,13 +7,21 @@
 # raw transfer) before any figure, and records profile, check and machine in its report.
 #
 #   scripts/bench-remote.sh [--profile 1gbe|ib|wan] [--out DIR] [--reps N] [--modes LIST]
-#                           [--set seeds|quick|fio-grid] [--no-build] [-- WORKLOAD ARGS...]
+#                           [--set seeds|quick|fio-grid|multi] [--no-build] [--pg-statements]
+#                           [-- WORKLOAD ARGS...]
 #
 # Without a workload after `--`, runs the set: filebench fileserver (128 KiB files), webserver
 # (64 KiB), varmail (32 KiB), and fio 4 KiB O_DIRECT random write at QD1, each in the modes
 # native, tierfs, tierfs+rw-pcc, tierfs+ro-pcc (--set quick: fewer files, shorter runs;
-# --set fio-grid: fio 1 MiB sequential and 4 KiB random, O_DIRECT, QD 1 and 32, 128 MiB, 5 s).
+# --set fio-grid: fio 1 MiB sequential and 4 KiB random, O_DIRECT, QD 1 and 32, 128 MiB, 5 s;
+# --set multi: seed 000's multi-client runs, IOR -F -e --direct on 2 and 3 clients with and
+# without -C (1 task per client, -t 1m -b 128m), and mdtest 32 KiB files on 4 clients, -u,
+# 300 files per client). Each client mounts on a host of its own (tfc1..tfc4, 4 links shaped).
 # Defaults: --profile 1gbe, --out docs/bench-results/remote-PROFILE, --reps 1.
+# --pg-statements: PostgreSQL logs every statement (log_statement = all), and each run's
+# statements are counted by text into OUT/NAME.statements.txt, its errors into
+# OUT/NAME.errors.txt (what the engine asks per operation; logging costs the server time, so
+# take figures from runs without it).
 #
 # Checks first, one line each and exit 2: not root, no ip/nsenter/tc, no rights to make network
 # namespaces, an unknown profile, servers that do not come up. At the end it checks that
@@ -28,6 +36,7 @@ REPS=1
 MODES=native,tierfs,tierfs+rw-pcc,tierfs+ro-pcc
 SET=seeds
 BUILD=1
+PG_STATEMENTS=0
 WORKLOAD=()
 while [[ $# -gt 0 ]]; do
     case "$1" in
@@ -37,19 +46,22 @@ while [[ $# -gt 0 ]]; do
         --modes) MODES=$2; shift 2 ;;
         --set) SET=$2; shift 2 ;;
         --no-build) BUILD=0; shift ;;
+        --pg-statements) PG_STATEMENTS=1; shift ;;
         --) shift; WORKLOAD=("$@"); break ;;
-        -h | --help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h | --help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "bench-remote: unknown option $1 (see --help)"; exit 2 ;;
     esac
 done
 OUT=${OUT:-$ROOT/docs/bench-results/remote-$PROFILE}
 log() { echo "bench-remote [$(date +%T)] $*" >&2; }
 
+# four client hosts: the multi-client runs put each client on a link of its own
+CLIENT_HOSTS=4
 # shellcheck source=scripts/netns-hosts.sh
 source "$ROOT/scripts/netns-hosts.sh"
 hosts_preflight bench-remote
 command -v tc >/dev/null 2>&1 || { echo "bench-remote: tc (iproute2) is not installed: it shapes the links"; exit 2; }
-case $SET in seeds | quick | fio-grid) ;; *) echo "bench-remote: --set $SET: expected seeds, quick or fio-grid"; exit 2 ;; esac
+case $SET in seeds | quick | fio-grid | multi) ;; *) echo "bench-remote: --set $SET: expected seeds, quick, fio-grid or multi"; exit 2 ;; esac
 
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 TIERFS=$CARGO_TARGET_DIR/release/tierfs
@@ -93,6 +105,10 @@ if ! servers_up >"$WORKDIR/servers.log" 2>&1; then
     exit 2
 fi
 PG_BASE=${PG_URL%/*}
+if [[ $PG_STATEMENTS == 1 ]]; then
+    psql -q "$PG_BASE/postgres" -c "ALTER SYSTEM SET log_statement = 'all'" \
+        -c "ALTER SYSTEM SET log_line_prefix = 'db=%d '" -c "SELECT pg_reload_conf()" >/dev/null
+fi
 mkdir -p "$OUT"
 : >"$OUT/leftovers.txt"
 {
@@ -144,6 +160,7 @@ run() {
     RUNS+=("$db")
     local q="endpoint=$S3_ENDPOINT&region=garage"
     local cmd=("$TIERFS" bench --remote "$PROFILE" --modes "$MODES" --reps "$REPS" --no-progress
+        --server-netns "$SRV" --client-netns "$(IFS=,; echo "${CLIENTS[*]}")"
         --workdir "$WORKDIR" --out "$OUT/$name" --meta "$PG_BASE/$db"
         --target-url "s3://tierfs-a/$name?$q" --target-url "s3://tierfs-b/$name?$q" "$@")
     echo "+ ${cmd[*]/#$TIERFS/tierfs}" | tee -a "$OUT/commands.txt" >&2
@@ -163,6 +180,17 @@ run() {
     # (the pipeline's status is wc's; a failed listing shows as set -o pipefail's failure)
     # WITH (FORCE): a client's connection may still be closing after its unmount.
     psql -q "$PG_BASE/postgres" -c "DROP DATABASE $db WITH (FORCE)" || dropped="NOT dropped"
+    if [[ $PG_STATEMENTS == 1 ]]; then
+        # every statement the run's database ran, counted by text (parameters are $n)
+        grep -a "^db=$db LOG:  \(statement\|execute [^:]*\): " "$PG_DIR/server.log" |
+            sed 's/^db=[^ ]* LOG:  \(statement\|execute [^:]*\): //' | sort | uniq -c | sort -rn \
+            >"$OUT/$name.statements.txt" || true
+        # and the errors it met (a transaction that fails is rolled back: conflicts retry)
+        # (each error, then the statement it failed in)
+        grep -a "^db=$db \(ERROR\|STATEMENT\):  " "$PG_DIR/server.log" |
+            sed 's/^db=[^ ]* \(ERROR\|STATEMENT\):  /\1: /' | sort | uniq -c | sort -rn \
+            >"$OUT/$name.errors.txt" || true
+    fi
     echo "$name: after the run, $rows inode rows in its database ($dropped; $xacts transactions committed in it); $objs S3 objects under its prefixes, removed ($left left)" >>"$OUT/leftovers.txt"
     return $rc
 }
@@ -182,6 +210,21 @@ else
             run "fio-$1-$2-qd$3" fio --job "$1" --bs "$2" --iodepth "$3" --direct \
                 --size 128m --runtime 5s || fails=$((fails + 1))
         done
+        [[ $fails -eq 0 ]] || { log "$fails run(s) failed"; exit 1; }
+        log "results in $OUT"
+        exit 0
+    fi
+    if [[ $SET == multi ]]; then
+        # seed 000's multi-client IOR (-F -C -e --posix.odirect on 2-3 clients; -C makes each
+        # task read what a task on the next client wrote, the case that failed with Lustre
+        # PCC), the same without -C, and mdtest 32 KiB files on 4 clients
+        for c in 2 3; do
+            for r in -C ""; do
+                run "ior-${c}c-F${r:+-C}-e-direct" ior --clients "$c" --tasks 1 -t 1m -b 128m \
+                    -F $r -e --direct || fails=$((fails + 1))
+            done
+        done
+        run mdtest-32k-4c mdtest --clients 4 --tasks 1 -n 300 -w 32k -u || fails=$((fails + 1))
         [[ $fails -eq 0 ]] || { log "$fails run(s) failed"; exit 1; }
         log "results in $OUT"
         exit 0

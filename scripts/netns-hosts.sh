@@ -4,6 +4,9 @@
 #   tfsrv  198.18.0.1   PostgreSQL (metadata) and Garage (S3 data), each a real server
 #   tfc1   198.18.0.11  a client host: tierfs daemons mount from here
 #   tfc2   198.18.0.12  another client host
+#   tfcN   198.18.0.(10+N)  more client hosts when the caller sets CLIENT_HOSTS=N (1 to 8;
+#                       default 2) before sourcing: scripts/bench-remote.sh makes 4, one per
+#                       client of its multi-client runs, so no two clients share a link
 #   (this host, 198.18.0.254, runs the test programs and sees every mount)
 #
 # The hosts are joined by a bridge inside tfsrv; client host C's link is a veth pair, `eth0` in
@@ -20,13 +23,15 @@
 
 NET=198.18.0
 SRV=tfsrv
-CLIENTS=(tfc1 tfc2)
+CLIENTS=()
+for ((i = 1; i <= ${CLIENT_HOSTS:-2}; i++)); do CLIENTS+=("tfc$i"); done
 BR=tfbr0
 PG_DIR="" S3_DIR=""
 
 in_ns() { local ns=$1; shift; nsenter --net="/run/netns/$ns" -- "$@"; }
 
 hosts_preflight() { # hosts_preflight NAME
+    [[ ${#CLIENTS[@]} -ge 1 && ${#CLIENTS[@]} -le 8 ]] || { echo "$1: CLIENT_HOSTS=${CLIENT_HOSTS:-}: expected 1 to 8 client hosts"; exit 2; }
     [[ $(id -u) -eq 0 ]] || { echo "$1: must run as root (network namespaces, FUSE)"; exit 2; }
     command -v ip >/dev/null 2>&1 || { echo "$1: ip (iproute2) is not installed"; exit 2; }
     command -v nsenter >/dev/null 2>&1 || { echo "$1: nsenter (util-linux) is missing"; exit 2; }

@@ -277,6 +277,19 @@ pub const SEED_SPEEDUPS: [(&str, f64); 4] = [
     ("fio-rand-write-4k-qd1-direct", 6.2),
 ];
 
+/// What tells apart, in a chart's label, runs of one configuration name: the clients when
+/// more than one ("3 clients"), and IOR's `-C` (a task reads what another client wrote).
+fn clients_tag(config: &serde_json::Value) -> Option<String> {
+    let clients = config.get("clients").and_then(|c| c.as_u64()).unwrap_or(1);
+    let reorder = config.get("reorder").and_then(|r| r.as_bool()) == Some(true);
+    match (clients > 1, reorder) {
+        (false, false) => None,
+        (true, false) => Some(format!("{clients} clients")),
+        (false, true) => Some("-C".into()),
+        (true, true) => Some(format!("{clients} clients -C")),
+    }
+}
+
 /// Draws, from several reports, each primary figure's PCC speed-up over uncached tierfs (one
 /// group per figure, a bar per PCC mode, the seed's speed-up in the label, 1.0 marked).
 pub fn speedup_chart(reports: &[Report], path: &Path, title: &str) -> Result<(), BenchError> {
@@ -307,6 +320,15 @@ pub fn speedup_chart(reports: &[Report], path: &Path, title: &str) -> Result<(),
             };
             let base = median(Mode::Tierfs);
             let name = rs.first().map(|r| r.name.as_str()).unwrap_or("");
+            if let Some(tag) = rep
+                .workloads
+                .iter()
+                .find(|w| w.name == name)
+                .and_then(|w| clients_tag(&w.config))
+            {
+                // runs of one configuration that differ in clients or -C (IOR's names do not)
+                label.insert(1, tag);
+            }
             if let Some((_, x)) = SEED_SPEEDUPS.iter().find(|(n, _)| *n == name) {
                 label.push(format!("seed: {x}x"));
             }
@@ -335,4 +357,24 @@ pub fn speedup_chart(reports: &[Report], path: &Path, title: &str) -> Result<(),
         &cats,
         Some(1.0),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn multi_client_runs_are_told_apart_in_labels() {
+        let ior = |c: u64, r: bool| serde_json::json!({"clients": c, "reorder": r});
+        assert_eq!(clients_tag(&ior(1, false)), None);
+        assert_eq!(clients_tag(&ior(3, false)).as_deref(), Some("3 clients"));
+        assert_eq!(clients_tag(&ior(2, true)).as_deref(), Some("2 clients -C"));
+        assert_eq!(clients_tag(&ior(1, true)).as_deref(), Some("-C"));
+        // mdtest's and filebench's configurations have no `reorder`
+        assert_eq!(
+            clients_tag(&serde_json::json!({"clients": 4})).as_deref(),
+            Some("4 clients")
+        );
+        assert_eq!(clients_tag(&serde_json::json!({})), None);
+    }
 }
