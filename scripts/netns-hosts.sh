@@ -35,6 +35,17 @@ hosts_preflight() { # hosts_preflight NAME
     [[ $(id -u) -eq 0 ]] || { echo "$1: must run as root (network namespaces, FUSE)"; exit 2; }
     command -v ip >/dev/null 2>&1 || { echo "$1: ip (iproute2) is not installed"; exit 2; }
     command -v nsenter >/dev/null 2>&1 || { echo "$1: nsenter (util-linux) is missing"; exit 2; }
+    # One user of the hosts at a time: hosts_up deletes namespaces of these names, so a second
+    # run (bench-remote.sh or cluster-test.sh) would tear down the first one's. The owner is the
+    # shell whose pid is in the file while it lives (a pid file, not a lock on a descriptor,
+    # which the servers and daemons it starts would inherit and keep).
+    local owner_file=/run/tierfs-netns-hosts.pid owner
+    owner=$(cat "$owner_file" 2>/dev/null || true)
+    if [[ -n $owner && $owner != "$$" ]] && kill -0 "$owner" 2>/dev/null; then
+        echo "$1: another run (pid $owner, $(tr '\0' ' ' < "/proc/$owner/cmdline" 2>/dev/null | cut -c1-80)) uses the test hosts"
+        exit 2
+    fi
+    echo $$ > "$owner_file"
     local probe="tfprobe$$"
     if ! ip netns add "$probe" 2>/dev/null; then
         echo "$1: no rights to make network namespaces (ip netns add failed)"
