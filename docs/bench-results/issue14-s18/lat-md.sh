@@ -31,7 +31,7 @@ PROF=
 case "${PROFILE:-}" in
   perf) perf record -k mono -F 4999 -g -o /tmp/md/perf.${TAG:-x}.data -p $DPID 2>/tmp/md/perf.err & PROF=$!;;
   strace) strace -f -c -o /tmp/md/strace.${TAG:-x}.txt -p $DPID & PROF=$!;;
-  fcntl) strace -f -tt -e trace=fcntl,fsync,fdatasync -o /tmp/md/fcntl.${TAG:-x}.txt -p $DPID & PROF=$!;;
+  fcntl) strace -f -ttt -e trace=fcntl,fsync,fdatasync -o /tmp/md/fcntl.${TAG:-x}.txt -p $DPID & PROF=$!;;
 esac
 [ -n "$PROF" ] && sleep 1
 (cd $MNT/md && python3 - $N $INST/trace_marker $MNT/.tierfs-stats /tmp/md/stats.${TAG:-x} <<'PY'
@@ -61,7 +61,7 @@ for ph in ("create","stat","read","remove"):
     except OSError: pass
     open(marker,"w").write(f"PHASE {ph}\n")
     b.wait(); s=time.time(); m0=time.clock_gettime(time.CLOCK_MONOTONIC); b.wait(); e=time.time(); m1=time.clock_gettime(time.CLOCK_MONOTONIC)
-    open(f"{out}.phases","a").write(f"{ph} {m0:.6f},{m1:.6f}\n")
+    open(f"{out}.phases","a").write(f"{ph} {m0:.6f},{m1:.6f} {s:.6f} {e:.6f}\n")
     open(marker,"w").write(f"PHASE end\n")
     try: open(f"{out}.{ph}.after","w").write(open(stats).read())
     except OSError: pass
@@ -90,3 +90,23 @@ for p in ("create","stat","read","remove","end","none"):
     for op,v in sorted(d.items(),key=lambda kv:-sum(kv[1])):
         v.sort(); print(f"  {op:14s} n={len(v):6d} per-file={len(v)/files:5.2f} sum={sum(v):7.3f}s mean={1e6*sum(v)/len(v):7.1f}us p50={1e6*v[len(v)//2]:7.1f}us")
 PY
+if [ "${PROFILE:-}" = fcntl ]; then
+python3 - /tmp/md/fcntl.${TAG:-x}.txt /tmp/md/stats.${TAG:-x}.phases $((2*N)) <<'PY'
+import sys,re
+files=int(sys.argv[3]); ph=[]
+for l in open(sys.argv[2]):
+    n,_,s,e=l.split(); ph.append((n,float(s),float(e)))
+cnt={n:[0,0,0] for n,_,_ in ph}
+for l in open(sys.argv[1]):
+    m=re.match(r'\d+\s+([0-9.]+) (\w+)\((.*)',l)
+    if not m: continue
+    t=float(m.group(1)); call=m.group(2); a=m.group(3)
+    for n,s,e in ph:
+        if s<=t<=e:
+            if call=='fcntl' and 'F_WRLCK' in a and 'l_start=120,' in a: cnt[n][0]+=1
+            elif call=='fcntl' and 'F_RDLCK' in a and re.search(r'l_start=12[3-7],',a): cnt[n][1]+=1
+            elif call in ('fsync','fdatasync'): cnt[n][2]+=1
+for n,_,_ in ph:
+    w,r,f=cnt[n]; print(f"{n}: SQLite write transactions {w/files:.2f} per file, read snapshots {r/files:.2f}, fsyncs {f}")
+PY
+fi
