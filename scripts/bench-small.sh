@@ -3,7 +3,7 @@
 # disk, measured right after each other (native first, then tierfs, per workload), one run.
 #
 #   scripts/bench-small.sh [--bin PATH] [--config CLIENT.toml] [--rw-pcc] [--files N] [--src DIR] [--keep-trace]
-#                          [--floor [--floor-bin PATH]]
+#                          [--floor [--floor-bin PATH | --floor-cmd 'COMMAND ARGS']]
 #
 # Workloads: `tar xf` of a tarball of /usr/include + sync; `ls -l` of a directory of N
 # (10,000) empty files, cold; `find | wc -l`, `du -s` of the untarred tree, cold; `cp -a` and
@@ -15,7 +15,10 @@
 # --floor: also the FUSE floor, `tierfs memfs` (an in-memory filesystem mounted with tierfs's
 # FUSE code, mount options, kernel flags and TTLs; docs/benchmarks.md, "The FUSE floor on this
 # machine"), run between native and tierfs for each workload; --floor-bin: the binary that has
-# `memfs` (default: this tree's release build), when --bin is an older tierfs.
+# `memfs` (default: this tree's release build), when --bin is an older tierfs; --floor-cmd: another
+# floor instead of memfs, a command that serves a FUSE mount in the foreground at the mount point
+# appended to it (e.g. libfuse's example/passthrough_ll -f -o source=DIR,...), unmounted with
+# fusermount3 -u.
 #
 # Printed per workload: native seconds, tierfs seconds, tierfs/native, and the FUSE requests
 # the kernel sent to the mount during it, by opcode (with --floor, a second line: the floor's
@@ -34,6 +37,7 @@ REPO=$PWD
 CONFIG=()
 FLOOR=0
 FLOOR_BIN=${CARGO_TARGET_DIR:-target}/release/tierfs
+FLOOR_CMD=
 while [ $# -gt 0 ]; do
   case "$1" in
     --bin) BIN=$2; shift 2;;
@@ -44,11 +48,12 @@ while [ $# -gt 0 ]; do
     --rw-pcc) RWPCC=1; shift;;
     --floor) FLOOR=1; shift;;
     --floor-bin) FLOOR_BIN=$2; shift 2;;
+    --floor-cmd) FLOOR_CMD=$2; shift 2;;
     *) echo "unknown option $1" >&2; exit 2;;
   esac
 done
 [ -x "$BIN" ] || { echo "no tierfs binary at $BIN (cargo build --release -p tierfs-cli)" >&2; exit 1; }
-if [ "$FLOOR" = 1 ]; then
+if [ "$FLOOR" = 1 ] && [ -z "$FLOOR_CMD" ]; then
   "$FLOOR_BIN" memfs --help >/dev/null 2>&1 || { echo "no 'memfs' in $FLOOR_BIN (--floor-bin)" >&2; exit 1; }
 fi
 [ "$(id -u)" = 0 ] || { echo "needs root (drop_caches, tracefs)" >&2; exit 1; }
@@ -82,7 +87,12 @@ mount_it() { "$BIN" mount --meta "sqlite://$W/meta.db" "$MNT" --client-name smal
 mount_it
 [ "$RWPCC" = 1 ] && "$BIN" project -s -p 4701 "$MNT" >/dev/null
 if [ "$FLOOR" = 1 ]; then
-  "$FLOOR_BIN" memfs "$FMNT" 2> "$W/floor.log" &
+  if [ -n "$FLOOR_CMD" ]; then
+    # shellcheck disable=SC2086 # a command line, split into words on purpose
+    $FLOOR_CMD "$FMNT" > "$W/floor.log" 2>&1 &
+  else
+    "$FLOOR_BIN" memfs "$FMNT" 2> "$W/floor.log" &
+  fi
   FPID=$!
   for _ in $(seq 100); do mountpoint -q "$FMNT" && break; sleep 0.1; done
   mountpoint -q "$FMNT" || { echo "memfs did not mount: $(cat "$W/floor.log")" >&2; exit 1; }
@@ -155,7 +165,7 @@ git_clone() { git clone -q --no-local "file://$REPO" clone; }
 rm_rf() { rm -rf "$TREE" copy synced clone; }
 
 echo "$ENTRIES entries in the tarball of $SRC; ls -l of $FILES files; bench dir $W (both on the same disk)"
-[ "$FLOOR" = 1 ] && echo "floor: $FLOOR_BIN memfs at $FMNT ($(stat -c %y "$FLOOR_BIN" | cut -c1-19)); fuse.enable_uring=$(cat /sys/module/fuse/parameters/enable_uring 2>/dev/null || echo ?)"
+[ "$FLOOR" = 1 ] && echo "floor: ${FLOOR_CMD:-$FLOOR_BIN memfs} at $FMNT ($(stat -c %y "$FLOOR_BIN" | cut -c1-19)); fuse.enable_uring=$(cat /sys/module/fuse/parameters/enable_uring 2>/dev/null || echo ?)"
 echo "mode: $([ "$RWPCC" = 1 ] && echo "RW-PCC at create" || echo uncached); client config: ${CONFIG[1]:-none}${CONFIG[1]:+ ($(tr '\n' ' ' < "${CONFIG[1]}"))}"
 echo "$(nproc) cores; load $(cut -d' ' -f1-3 /proc/loadavg); binary $BIN ($(stat -c %y "$BIN" | cut -c1-19))"
 run untar "$ENTRIES" untar

@@ -816,10 +816,11 @@ impl Filesystem for MemFs {
                 parent, entries, ..
             }) => (
                 *parent,
-                // At most what fits in one reply is taken (the kernel asks again for the rest).
+                // More than fits in one reply at most (the kernel's buffer, up to 128 KiB, holds
+                // about a thousand entries; it asks again for the rest).
                 entries
                     .range(offset.max(FIRST_ENTRY - 1) + 1..)
-                    .take(256)
+                    .take(4096)
                     .map(|(o, (n, c))| (*o, n.clone(), *c))
                     .collect(),
             ),
