@@ -165,7 +165,11 @@ git_clone() { git clone -q --no-local "file://$REPO" clone; }
 rm_rf() { rm -rf "$TREE" copy synced clone; }
 
 echo "$ENTRIES entries in the tarball of $SRC; ls -l of $FILES files; bench dir $W (both on the same disk)"
-[ "$FLOOR" = 1 ] && echo "floor: ${FLOOR_CMD:-$FLOOR_BIN memfs} at $FMNT ($(stat -c %y "$FLOOR_BIN" | cut -c1-19)); fuse.enable_uring=$(cat /sys/module/fuse/parameters/enable_uring 2>/dev/null || echo ?)"
+if [ "$FLOOR" = 1 ]; then
+  if [ -n "$FLOOR_CMD" ]; then echo "floor: $FLOOR_CMD at $FMNT"
+  else echo "floor: $FLOOR_BIN memfs at $FMNT ($(stat -c %y "$FLOOR_BIN" | cut -c1-19))"; fi
+  echo "fuse.enable_uring=$(cat /sys/module/fuse/parameters/enable_uring 2>/dev/null || echo ?)"
+fi
 echo "mode: $([ "$RWPCC" = 1 ] && echo "RW-PCC at create" || echo uncached); client config: ${CONFIG[1]:-none}${CONFIG[1]:+ ($(tr '\n' ' ' < "${CONFIG[1]}"))}"
 echo "$(nproc) cores; load $(cut -d' ' -f1-3 /proc/loadavg); binary $BIN ($(stat -c %y "$BIN" | cut -c1-19))"
 run untar "$ENTRIES" untar
