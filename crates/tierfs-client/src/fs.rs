@@ -59,7 +59,9 @@ pub const PCC_XATTR: &[u8] = b"user.tierfs.pcc.";
 fn is_virtual(ino: u64) -> bool {
     ino == STATS_INO || ino == INFO_INO
 }
-const BLKSIZE: u32 = 1 << 16;
+/// `st_blksize` of every inode (also the memfs floor's: glibc sizes its directory buffer, and
+/// so the kernel its READDIRPLUS requests, and coreutils their I/O buffers, by it).
+pub(crate) const BLKSIZE: u32 = 1 << 16;
 
 /// Most bytes one copy_file_range call copies (the reply carries a 32-bit count).
 const COPY_MAX: u64 = 1 << 30;

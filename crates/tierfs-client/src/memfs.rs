@@ -101,7 +101,7 @@ impl Node {
             uid: self.uid,
             gid: self.gid,
             rdev: self.rdev,
-            blksize: 4096,
+            blksize: crate::fs::BLKSIZE,
             flags: 0,
         }
     }
