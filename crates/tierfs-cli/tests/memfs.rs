@@ -139,6 +139,16 @@ fn memfs_mounts_serves_the_workloads_operations_and_unmounts() {
     fs::remove_file(m.join("b.txt")).unwrap();
     assert_eq!(fs::read_dir(&m).unwrap().count(), 0);
 
+    // What would not fit in memory is refused, and the filesystem carries on.
+    let big = fs::File::create(m.join("big")).unwrap();
+    let e = big.set_len(1 << 40).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EFBIG), "{e}");
+    let e = std::os::unix::fs::FileExt::write_at(&big, b"x", 1 << 40).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EFBIG), "{e}");
+    drop(big);
+    assert_eq!(fs::metadata(m.join("big")).unwrap().len(), 0);
+    fs::remove_file(m.join("big")).unwrap();
+
     // Unmount: the process ends on its own, successfully.
     assert!(Command::new("fusermount3")
         .args(["-u", &m.to_string_lossy()])

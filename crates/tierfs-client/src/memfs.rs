@@ -33,6 +33,8 @@ use crate::config::ReaddirPlus;
 const ROOT: u64 = 1;
 /// Directory offsets 1 and 2 are "." and ".."; entries get 3, 4, ... in creation order.
 const FIRST_ENTRY: u64 = 3;
+/// Largest file held (memory): a write, truncate or fallocate past it gets EFBIG.
+const MAX_FILE: u64 = 1 << 34;
 
 /// How a memfs mount is set up (the kernel-facing parts match a tierfs mount's).
 #[derive(Debug, Clone)]
@@ -83,6 +85,25 @@ impl Node {
             Body::Symlink(t) => t.len() as u64,
             Body::Special => 0,
         }
+    }
+
+    /// Writes `data` at `offset` of a regular file (extending it), and marks it modified.
+    fn write_at(&mut self, offset: u64, data: &[u8]) -> R<u32> {
+        let end = offset
+            .checked_add(data.len() as u64)
+            .filter(|e| *e <= MAX_FILE)
+            .ok_or(Errno::EFBIG)? as usize;
+        let Body::File(d) = &mut self.body else {
+            return Err(Errno::EINVAL);
+        };
+        if end > d.len() {
+            d.resize(end, 0);
+        }
+        d[offset as usize..end].copy_from_slice(data);
+        let now = SystemTime::now();
+        self.mtime = now;
+        self.ctime = now;
+        Ok(data.len() as u32)
     }
 
     fn attr(&self, ino: u64) -> FileAttr {
@@ -489,6 +510,7 @@ impl Filesystem for MemFs {
         let r = g.node_mut(ino.0).and_then(|n| {
             if let Some(size) = size {
                 match &mut n.body {
+                    Body::File(_) if size > MAX_FILE => return Err(Errno::EFBIG),
                     Body::File(d) => d.resize(size as usize, 0),
                     Body::Dir { .. } => return Err(Errno::EISDIR),
                     _ => return Err(Errno::EINVAL),
@@ -718,22 +740,7 @@ impl Filesystem for MemFs {
         reply: ReplyWrite,
     ) {
         let mut g = self.inner.lock();
-        let r = g.node_mut(ino.0).and_then(|n| {
-            let Body::File(d) = &mut n.body else {
-                return Err(Errno::EINVAL);
-            };
-            let end = (offset as usize)
-                .checked_add(data.len())
-                .ok_or(Errno::EFBIG)?;
-            if end > d.len() {
-                d.resize(end, 0);
-            }
-            d[offset as usize..end].copy_from_slice(data);
-            let now = SystemTime::now();
-            n.mtime = now;
-            n.ctime = now;
-            Ok(data.len() as u32)
-        });
+        let r = g.node_mut(ino.0).and_then(|n| n.write_at(offset, data));
         drop(g);
         match r {
             Ok(n) => reply.written(n),
@@ -987,7 +994,10 @@ impl Filesystem for MemFs {
             let Body::File(d) = &mut n.body else {
                 return Err(Errno::EINVAL);
             };
-            let end = offset.checked_add(length).ok_or(Errno::EFBIG)? as usize;
+            let end = offset
+                .checked_add(length)
+                .filter(|e| *e <= MAX_FILE)
+                .ok_or(Errno::EFBIG)? as usize;
             if end > d.len() {
                 d.resize(end, 0);
                 n.ctime = SystemTime::now();
@@ -1023,19 +1033,7 @@ impl Filesystem for MemFs {
                 }
                 _ => return Err(Errno::EINVAL),
             };
-            let n = g.node_mut(ino_out.0)?;
-            let Body::File(d) = &mut n.body else {
-                return Err(Errno::EINVAL);
-            };
-            let end = offset_out as usize + bytes.len();
-            if end > d.len() {
-                d.resize(end, 0);
-            }
-            d[offset_out as usize..end].copy_from_slice(&bytes);
-            let now = SystemTime::now();
-            n.mtime = now;
-            n.ctime = now;
-            Ok(bytes.len() as u32)
+            g.node_mut(ino_out.0)?.write_at(offset_out, &bytes)
         })();
         drop(g);
         match r {
