@@ -55,7 +55,8 @@ pub fn memfs(a: MemfsArgs) -> Result<()> {
         fuse_uring: a.fuse_uring,
         threads: a.threads.unwrap_or(d.fuse_threads).max(1),
     };
-    let mp = std::fs::canonicalize(&a.mountpoint)
-        .map_err(|e| CliError::Io(a.mountpoint.display().to_string(), e))?;
+    // As `tierfs mount`: an existing directory, not already mounted (a crashed daemon's dead
+    // mount is cleaned up).
+    let mp = tierfs_client::daemon::prepare_mountpoint(&a.mountpoint)?;
     serve(&mp, opts, || {}).map_err(CliError::Other)
 }

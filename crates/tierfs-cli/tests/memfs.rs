@@ -33,6 +33,26 @@ fn setxattr(p: &Path, name: &str, v: &[u8]) -> i32 {
 }
 
 #[test]
+fn memfs_refuses_a_mount_point_that_is_not_a_directory() {
+    let t = TestFs::with(Opts {
+        clients: 0,
+        format: false,
+        timeout: Duration::from_secs(30),
+        ..Opts::default()
+    });
+    let f = t.root().join("file");
+    fs::write(&f, b"").unwrap();
+    let out = tierfs_in(
+        t.root(),
+        &["memfs", &f.to_string_lossy()],
+        Duration::from_secs(10),
+    );
+    assert!(!out.ok(), "memfs mounted over a file: {}", out.describe());
+    out.assert_clean_error();
+    assert!(!is_fuse_mounted(&f));
+}
+
+#[test]
 fn memfs_mounts_serves_the_workloads_operations_and_unmounts() {
     // A scratch directory with the harness's watchdog and teardown (nothing formatted).
     let t = TestFs::with(Opts {
