@@ -94,6 +94,10 @@ pub enum Command {
     /// Make /sbin/mount.fuse.tierfs (a symlink to this binary), for /etc/fstab lines of type
     /// fuse.tierfs.
     InstallHelper(crate::helper::InstallHelperArgs),
+    /// The FUSE floor (benchmarks only): an in-memory filesystem mounted as tierfs is, in the
+    /// foreground, until unmounted (docs/benchmarks.md, "The FUSE floor on this machine").
+    #[command(hide = true)]
+    Memfs(crate::memfs::MemfsArgs),
 }
 
 #[derive(Debug, Args)]

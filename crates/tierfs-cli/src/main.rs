@@ -12,6 +12,7 @@ mod format;
 mod helper;
 mod hsm;
 mod locate;
+mod memfs;
 mod mount;
 mod pcc;
 mod session;
@@ -62,6 +63,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::Load(a) => dump::load(a),
         Command::MountHelper(a) => helper::mount_helper(a, &cli.log_level),
         Command::InstallHelper(a) => helper::install_helper(a),
+        Command::Memfs(a) => memfs::memfs(a),
     }
 }
 
@@ -116,7 +118,7 @@ fn main() {
     };
     if !matches!(
         cli.command,
-        Command::Mount(_) | Command::Up(_) | Command::MountHelper(_)
+        Command::Mount(_) | Command::Up(_) | Command::MountHelper(_) | Command::Memfs(_)
     ) {
         // Short-lived commands die quietly on a closed pipe (`tierfs stats M | head`), as
         // other Unix tools do. The daemon keeps Rust's default of ignoring SIGPIPE.

@@ -118,6 +118,24 @@ fn dead_connection(errno: Option<i32>) -> bool {
     matches!(errno, Some(libc::ENOTCONN) | Some(libc::ECONNABORTED))
 }
 
+/// The mount options and FUSE session settings of a tierfs mount (also the memfs floor's, so
+/// that both are mounted alike: [`crate::memfs`]).
+pub fn fuse_config(fsname: String, subtype: String, threads: usize) -> fuser::Config {
+    let mut fcfg = fuser::Config::default();
+    fcfg.mount_options = vec![
+        MountOption::FSName(fsname),
+        MountOption::Subtype(subtype),
+        MountOption::DefaultPermissions,
+        MountOption::NoAtime,
+        MountOption::Dev,
+        MountOption::Suid,
+    ];
+    fcfg.acl = SessionACL::All;
+    fcfg.n_threads = Some(threads);
+    fcfg.clone_fd = true;
+    fcfg
+}
+
 /// Detaches a mount (lazily, so a dead or busy one goes too).
 pub fn detach(path: &Path) -> std::io::Result<()> {
     use std::os::unix::ffi::OsStrExt;
@@ -156,7 +174,9 @@ pub fn prepare_mountpoint(mp: &Path) -> Result<PathBuf, DaemonError> {
     Ok(abs)
 }
 
-fn block_signals() -> signals::SigSet {
+/// Blocks SIGTERM, SIGINT and SIGHUP in this thread and those it starts (call it first), to
+/// wait for them on one thread.
+pub fn block_signals() -> signals::SigSet {
     signals::block(&[libc::SIGTERM, libc::SIGINT, libc::SIGHUP])
 }
 
@@ -426,18 +446,11 @@ pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Resul
         "pid": std::process::id(),
     })
     .to_string();
-    let mut fcfg = fuser::Config::default();
-    fcfg.mount_options = vec![
-        MountOption::FSName(format!("tierfs:{}", info.name)),
-        MountOption::Subtype("tierfs".into()),
-        MountOption::DefaultPermissions,
-        MountOption::NoAtime,
-        MountOption::Dev,
-        MountOption::Suid,
-    ];
-    fcfg.acl = SessionACL::All;
-    fcfg.n_threads = Some(cfg.fuse_threads);
-    fcfg.clone_fd = true;
+    let fcfg = fuse_config(
+        format!("tierfs:{}", info.name),
+        "tierfs".into(),
+        cfg.fuse_threads,
+    );
     let mut fsession = match fuser::Session::new(fs, &mountpoint, &fcfg) {
         Ok(s) => s,
         Err(e) => {

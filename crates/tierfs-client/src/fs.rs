@@ -59,7 +59,9 @@ pub const PCC_XATTR: &[u8] = b"user.tierfs.pcc.";
 fn is_virtual(ino: u64) -> bool {
     ino == STATS_INO || ino == INFO_INO
 }
-const BLKSIZE: u32 = 1 << 16;
+/// `st_blksize` of every inode (also the memfs floor's: glibc sizes its directory buffer, and
+/// so the kernel its READDIRPLUS requests, and coreutils their I/O buffers, by it).
+pub(crate) const BLKSIZE: u32 = 1 << 16;
 
 /// Most bytes one copy_file_range call copies (the reply carries a 32-bit count).
 const COPY_MAX: u64 = 1 << 30;
@@ -1925,45 +1927,81 @@ impl FsInner {
     }
 }
 
+/// The kernel flags and limits every mount of this client's FUSE code asks for: tierfs's
+/// ([`TierFs`]'s `init`) and the memfs floor's ([`crate::memfs`]), so both are measured alike.
+pub(crate) fn negotiate_common(
+    config: &mut KernelConfig,
+    readdirplus: ReaddirPlus,
+    posix_acl: bool,
+    fuse_uring: bool,
+) {
+    for flag in [
+        InitFlags::FUSE_ASYNC_DIO,
+        InitFlags::FUSE_PARALLEL_DIROPS,
+        InitFlags::FUSE_CACHE_SYMLINKS,
+        // We clear setuid/setgid ourselves (writes, truncates, chown): without this the
+        // kernel asks for security.capability before every write, a round trip each.
+        InitFlags::FUSE_HANDLE_KILLPRIV_V2,
+        // The mode of a create comes without the umask (and the umask beside it): the
+        // umask does not apply under a directory with a default ACL.
+        InitFlags::FUSE_DONT_MASK,
+        // mmap(MAP_SHARED) of a direct-I/O handle (an O_APPEND one, a read-only one of a
+        // file being restored) through the page cache, instead of ENODEV (Linux 6.6+).
+        InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP,
+    ] {
+        if config.add_capabilities(flag).is_err() {
+            tracing::info!("kernel lacks FUSE capability {flag:?}");
+        }
+    }
+    // Listings with attributes (READDIRPLUS): `ls -l`, `du`, `find -type`, `rm -r` get
+    // names and attributes in one round trip instead of a LOOKUP per entry.
+    let plus = match readdirplus {
+        ReaddirPlus::Always => InitFlags::FUSE_DO_READDIRPLUS,
+        ReaddirPlus::Auto => InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO,
+        ReaddirPlus::Off => InitFlags::empty(),
+    };
+    if config.add_capabilities(plus).is_err() {
+        tracing::info!("kernel lacks FUSE capability {plus:?}");
+    }
+    // POSIX ACLs: the kernel reads them (system.posix_acl_*) and enforces access; we keep
+    // them and the mode in step and inherit default ACLs at create. The cost: a non-owner's
+    // permission check fetches the inode's ACL (a getxattr) when its attributes were
+    // refreshed.
+    if posix_acl && config.add_capabilities(InitFlags::FUSE_POSIX_ACL).is_err() {
+        tracing::warn!("the kernel refused FUSE_POSIX_ACL: ACLs are stored but not enforced");
+    }
+    // FUSE over io_uring: the patched fuser serves requests through ring entries beside
+    // /dev/fuse (which keeps INIT, FORGET, INTERRUPT and notifications).
+    if fuse_uring {
+        if config
+            .add_capabilities(InitFlags::FUSE_OVER_IO_URING)
+            .is_err()
+        {
+            // `fuse_uring` is on by default, so this is the usual case on a kernel
+            // whose module parameter is N: information, not a warning.
+            tracing::info!(
+                "fuse_uring: the kernel does not offer FUSE over io_uring (it needs \
+                 CONFIG_FUSE_IO_URING and /sys/module/fuse/parameters/enable_uring = Y): \
+                 requests go through /dev/fuse"
+            );
+        } else {
+            tracing::info!("FUSE over io_uring on (fuse_uring = true)");
+        }
+    }
+    let _ = config.set_max_write(1 << 20);
+    let _ = config.set_max_readahead(1 << 20);
+    let _ = config.set_max_background(64);
+    let _ = config.set_congestion_threshold(48);
+}
+
 impl Filesystem for TierFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        for flag in [
-            InitFlags::FUSE_POSIX_LOCKS,
-            InitFlags::FUSE_FLOCK_LOCKS,
-            InitFlags::FUSE_ASYNC_DIO,
-            InitFlags::FUSE_PARALLEL_DIROPS,
-            InitFlags::FUSE_CACHE_SYMLINKS,
-            // We clear setuid/setgid ourselves (writes, truncates, chown): without this the
-            // kernel asks for security.capability before every write, a round trip each.
-            InitFlags::FUSE_HANDLE_KILLPRIV_V2,
-            // The mode of a create comes without the umask (and the umask beside it): the
-            // umask does not apply under a directory with a default ACL.
-            InitFlags::FUSE_DONT_MASK,
-            // mmap(MAP_SHARED) of a direct-I/O handle (an O_APPEND one, a read-only one of a
-            // file being restored) through the page cache, instead of ENODEV (Linux 6.6+).
-            InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP,
-        ] {
+        for flag in [InitFlags::FUSE_POSIX_LOCKS, InitFlags::FUSE_FLOCK_LOCKS] {
             if config.add_capabilities(flag).is_err() {
                 tracing::info!("kernel lacks FUSE capability {flag:?}");
             }
         }
-        // Listings with attributes (READDIRPLUS): `ls -l`, `du`, `find -type`, `rm -r` get
-        // names and attributes in one round trip instead of a LOOKUP per entry.
-        let plus = match self.readdirplus {
-            ReaddirPlus::Always => InitFlags::FUSE_DO_READDIRPLUS,
-            ReaddirPlus::Auto => InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO,
-            ReaddirPlus::Off => InitFlags::empty(),
-        };
-        if config.add_capabilities(plus).is_err() {
-            tracing::info!("kernel lacks FUSE capability {plus:?}");
-        }
-        // POSIX ACLs: the kernel reads them (system.posix_acl_*) and enforces access; we keep
-        // them and the mode in step and inherit default ACLs at create. The cost: a non-owner's
-        // permission check fetches the inode's ACL (a getxattr) when its attributes were
-        // refreshed.
-        if self.posix_acl && config.add_capabilities(InitFlags::FUSE_POSIX_ACL).is_err() {
-            tracing::warn!("the kernel refused FUSE_POSIX_ACL: ACLs are stored but not enforced");
-        }
+        negotiate_common(config, self.readdirplus, self.posix_acl, self.fuse_uring);
         // The kernel's writeback cache: writes gather in the page cache and come here in large
         // WRITEs (at close, fsync, writeback), through any writable handle of the file; the
         // kernel keeps size, mtime and ctime of the files it caches and sends them by SETATTR.
@@ -1977,24 +2015,6 @@ impl Filesystem for TierFs {
                 tracing::warn!("the kernel refused FUSE_WRITEBACK_CACHE: writes are not cached");
             } else {
                 tracing::info!("kernel writeback cache on (writeback_cache = true)");
-            }
-        }
-        // FUSE over io_uring: the patched fuser serves requests through ring entries beside
-        // /dev/fuse (which keeps INIT, FORGET, INTERRUPT and notifications).
-        if self.fuse_uring {
-            if config
-                .add_capabilities(InitFlags::FUSE_OVER_IO_URING)
-                .is_err()
-            {
-                // `fuse_uring` is on by default, so this is the usual case on a kernel
-                // whose module parameter is N: information, not a warning.
-                tracing::info!(
-                    "fuse_uring: the kernel does not offer FUSE over io_uring (it needs \
-                     CONFIG_FUSE_IO_URING and /sys/module/fuse/parameters/enable_uring = Y): \
-                     requests go through /dev/fuse"
-                );
-            } else {
-                tracing::info!("FUSE over io_uring on (fuse_uring = true)");
             }
         }
         if self
@@ -2013,10 +2033,6 @@ impl Filesystem for TierFs {
                 );
             }
         }
-        let _ = config.set_max_write(1 << 20);
-        let _ = config.set_max_readahead(1 << 20);
-        let _ = config.set_max_background(64);
-        let _ = config.set_congestion_threshold(48);
         Ok(())
     }
 

@@ -12,6 +12,7 @@
 //! - [`lease`]: recalling another client's RW-PCC lease before an open or truncate (every
 //!   client, with a cache or not).
 //! - [`liveness`]: whether a session's daemon still runs, when it ran on this machine.
+//! - [`memfs`]: the FUSE floor, an in-memory filesystem mounted as tierfs is (benchmarks only).
 //! - [`recall`]: the loop that gives RW-PCC leases back on request (notified or polling).
 //! - [`session`]: this client's session, and its fencing when the session ended under it.
 //! - [`workers`]: the background workers (heartbeat, reaper, close recorder, PCC, GC,
@@ -27,6 +28,7 @@ pub mod error;
 pub mod fs;
 pub mod lease;
 pub mod liveness;
+pub mod memfs;
 pub mod metrics;
 pub mod mover;
 pub mod pcc;
