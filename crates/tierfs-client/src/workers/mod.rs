@@ -346,11 +346,23 @@ impl Workers {
             metrics: self.metrics.clone(),
         };
         let tranquility = self.tranquility;
-        let h = std::thread::Builder::new()
+        // Registered before its thread starts: a worker that reads the registry at once (the
+        // reports worker's first publish) finds itself in it.
+        self.registry.slots.lock().push(Arc::clone(&slot));
+        let h = match std::thread::Builder::new()
             // (thread names are cut at 15 bytes by the kernel)
             .name(format!("tierfs-{name}"))
-            .spawn(move || run(w, ctx, tranquility))?;
-        self.registry.slots.lock().push(Arc::clone(&slot));
+            .spawn(move || run(w, ctx, tranquility))
+        {
+            Ok(h) => h,
+            Err(e) => {
+                self.registry
+                    .slots
+                    .lock()
+                    .retain(|s| !Arc::ptr_eq(s, &slot));
+                return Err(e);
+            }
+        };
         self.threads.push(Running {
             name,
             slot,
