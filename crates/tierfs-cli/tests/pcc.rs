@@ -393,15 +393,10 @@ fn pcc_commands_work_on_a_mount_without_xattrs() {
     let (t, _) = pcc_fs(&[("a", &[("xattrs", "false")])], 60);
     let fa = t.p(0, "f");
     fs::write(&fa, b"data").unwrap();
-    let c = std::ffi::CString::new(s(&fa)).unwrap();
-    let n = std::ffi::CString::new("user.k").unwrap();
+    let (c, n) = (cstr(&fa), std::ffi::CString::new("user.k").unwrap());
     // SAFETY: valid NUL-terminated strings and a 1-byte buffer.
     let rc = unsafe { libc::setxattr(c.as_ptr(), n.as_ptr(), b"v".as_ptr().cast(), 1, 0) };
-    assert_eq!(rc, -1);
-    assert_eq!(
-        std::io::Error::last_os_error().raw_os_error(),
-        Some(libc::EOPNOTSUPP)
-    );
+    assert_errno(io_res(rc), libc::EOPNOTSUPP, "a user xattr without xattrs");
     pcc(&t, &["attach", "-w", &s(&fa)]).assert_ok();
     let st = state(&t, &fa);
     assert_eq!(st.typ, "readwrite", "after attach -w: {}", st.raw);

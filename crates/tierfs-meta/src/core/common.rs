@@ -1,6 +1,5 @@
 //! Row decoding and small helpers shared by the core's domains.
 
-use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
@@ -372,46 +371,10 @@ pub fn trash_slices(tx: &mut dyn Tx, ino: Ino, where_sql: &str, args: &[i64]) ->
     params.push(ino.into());
     params.extend(args.iter().map(|a| Value::Int(*a)));
     let mut gone: Vec<(i64, i64, i64)> = Vec::new();
-    let pg = tx.dialect().is_postgres();
-    // (the statement that deletes, the one that reads the objects first on SQLite)
-    let (delete, select) = match (where_sql, pg) {
-        // The usual ones without building the text each time.
-        ("TRUE", true) => (
-            Cow::Borrowed("DELETE FROM slices WHERE ino = $1 RETURNING target, obj, obj_size"),
-            None,
-        ),
-        ("TRUE", false) => (
-            Cow::Borrowed("DELETE FROM slices WHERE ino = $1"),
-            Some(Cow::Borrowed(
-                "SELECT target, obj, obj_size FROM slices WHERE ino = $1 AND obj IS NOT NULL",
-            )),
-        ),
-        ("chunk >= $2", true) => (
-            Cow::Borrowed(
-                "DELETE FROM slices WHERE ino = $1 AND chunk >= $2 RETURNING target, obj, obj_size",
-            ),
-            None,
-        ),
-        ("chunk >= $2", false) => (
-            Cow::Borrowed("DELETE FROM slices WHERE ino = $1 AND chunk >= $2"),
-            Some(Cow::Borrowed(
-                "SELECT target, obj, obj_size FROM slices WHERE ino = $1 AND chunk >= $2 \
-                 AND obj IS NOT NULL",
-            )),
-        ),
-        (_, true) => (
-            Cow::Owned(format!(
-                "DELETE FROM slices WHERE ino = $1 AND {where_sql} RETURNING target, obj, obj_size"
-            )),
-            None,
-        ),
-        (_, false) => (
-            Cow::Owned(format!("DELETE FROM slices WHERE ino = $1 AND {where_sql}")),
-            Some(Cow::Owned(format!(
-                "SELECT target, obj, obj_size FROM slices WHERE ino = $1 AND ({where_sql}) \
-                 AND obj IS NOT NULL"
-            ))),
-        ),
+    // The slices' condition beside `ino = $1`.
+    let filter = match where_sql {
+        "TRUE" => String::new(),
+        w => format!(" AND ({w})"),
     };
     let mut collect = |r: Row| -> Result<()> {
         if let (Some(t), Some(o)) = (r.opt_i64(0)?, r.opt_i64(1)?) {
@@ -419,12 +382,19 @@ pub fn trash_slices(tx: &mut dyn Tx, ino: Ino, where_sql: &str, args: &[i64]) ->
         }
         Ok(())
     };
-    match select {
-        Some(select) => {
-            tx.query_each(&select, &params, &mut collect)?;
-            tx.exec(&delete, &params)?;
-        }
-        None => tx.query_each(&delete, &params, &mut collect)?,
+    if tx.dialect().is_postgres() {
+        let delete =
+            format!("DELETE FROM slices WHERE ino = $1{filter} RETURNING target, obj, obj_size");
+        tx.query_each(&delete, &params, &mut collect)?;
+    } else {
+        let select = format!(
+            "SELECT target, obj, obj_size FROM slices WHERE ino = $1{filter} AND obj IS NOT NULL"
+        );
+        tx.query_each(&select, &params, &mut collect)?;
+        tx.exec(
+            &format!("DELETE FROM slices WHERE ino = $1{filter}"),
+            &params,
+        )?;
     }
     gone.sort_unstable();
     gone.dedup();
