@@ -106,6 +106,7 @@ fn status_lists_each_clients_workers() {
         "pcc-recall",
         "gc",
         "compactor",
+        "purge",
         "maintenance",
         "worker-reports",
     ];
@@ -301,5 +302,93 @@ fn the_session_heartbeats_through_the_write_back_at_unmount() {
         read_all(&t.p(0, "f")).unwrap(),
         pattern(5, 0, 1 << 20),
         "the data written back at unmount"
+    );
+}
+
+/// `f_files` of `statfs` on `mnt`: the filesystem's inodes in use plus a fixed reserve.
+fn files_of(mnt: &Path) -> u64 {
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    let rc = unsafe { libc::statvfs(cstr(mnt).as_ptr(), &mut st) };
+    assert_eq!(rc, 0, "statvfs {}: {}", mnt.display(), errname(errno()));
+    st.f_files as u64
+}
+
+/// An unlink only drops the name (docs/semantics.md, "Unlink of a file nobody has open"): both
+/// clients' `statfs` stops counting the files without waiting for the purge, and the
+/// `purge` worker frees their rows and data afterwards: the objects of the large files leave
+/// the targets (the purge hands them to the trash, `gc` removes them), and `tierfs status`
+/// shows the worker's count.
+#[test]
+fn unlinked_files_are_gone_at_once_and_freed_by_the_purge_worker() {
+    let _g = serial();
+    let t = TestFs::with(Opts {
+        clients: 2,
+        timeout: Duration::from_secs(120),
+        ..Opts::default()
+    });
+    let base_files = files_of(t.mnt(1));
+    let base_bytes = t.total_target_usage();
+    let small = vec![0x5au8; 32 << 10];
+    let big = vec![0xa5u8; 2 << 20];
+    for k in 0..40 {
+        fs::write(t.p(0, &format!("small{k}")), &small).unwrap();
+    }
+    for k in 0..4 {
+        fs::write(t.p(0, &format!("big{k}")), &big).unwrap();
+    }
+    assert_eq!(files_of(t.mnt(1)), base_files + 44);
+    assert!(
+        wait_until(Duration::from_secs(10), || t.total_target_usage()
+            >= base_bytes + 8 * (1 << 20)),
+        "the large files' objects never reached the targets"
+    );
+    for k in 0..40 {
+        fs::remove_file(t.p(0, &format!("small{k}"))).unwrap();
+    }
+    for k in 0..4 {
+        fs::remove_file(t.p(0, &format!("big{k}"))).unwrap();
+    }
+    // On both clients, without the purge: at once for a file whose close was recorded, and
+    // within the close recorder's batch (50 ms) for one just written, which its unlink found
+    // still open (it is freed at that close, as any file unlinked while open).
+    for i in 0..2 {
+        let mut n = 0;
+        assert!(
+            wait_until(Duration::from_secs(5), || {
+                n = files_of(t.mnt(i));
+                n == base_files
+            }),
+            "client {i} still counts {} removed files",
+            n - base_files
+        );
+    }
+    for k in 0..4 {
+        assert_errno(
+            fs::metadata(t.p(1, &format!("big{k}"))),
+            libc::ENOENT,
+            "a removed name on the other client",
+        );
+    }
+    // Then freed in the background.
+    let mut last = 0;
+    assert!(
+        wait_until(Duration::from_secs(30), || {
+            last = t.total_target_usage();
+            last < base_bytes + (1 << 20)
+        }),
+        "the removed files' objects are still on the targets: {} bytes over the start",
+        last - base_bytes
+    );
+    let mut st = String::new();
+    assert!(
+        wait_until(Duration::from_secs(20), || {
+            st = status(&t);
+            ["c0", "c1"].iter().any(|c| {
+                workers_of(&st, c)
+                    .iter()
+                    .any(|(w, rest)| w == "purge" && rest.contains("freed"))
+            })
+        }),
+        "no client's purge worker reports freeing files:\n{st}"
     );
 }

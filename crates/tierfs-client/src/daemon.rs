@@ -528,6 +528,7 @@ const STOP_FIRST: &[&str] = &[
     "pcc",
     "pcc-writeback",
     "compactor",
+    "purge",
     "commit-retry",
     "gc",
     "maintenance",
@@ -590,6 +591,8 @@ fn start_workers(
     })
     .map_err(spawn_err)?;
     w.spawn(jobs::Compactor::new(Arc::clone(data), gc_every))
+        .map_err(spawn_err)?;
+    w.spawn(jobs::Purge::new(meta.clone(), gc_every))
         .map_err(spawn_err)?;
     if !cfg.hsm_mover_archives.is_empty() {
         w.spawn(crate::mover::MoverWorker::new(

@@ -52,6 +52,10 @@ pub fn run_all(factory: &Factory<'_>) {
         ("commit_then_setattr", commit_then_setattr),
         ("open_unlinked_file_survives", open_unlinked_file_survives),
         (
+            "unlinked_files_are_freed_by_the_purge",
+            unlinked_files_are_freed_by_the_purge,
+        ),
+        (
             "trash_of_a_file_kept_open_goes_after_a_grace",
             trash_of_a_file_kept_open_goes_after_a_grace,
         ),
@@ -901,6 +905,111 @@ fn open_unlinked_file_survives(e: &dyn MetaEngine) {
     assert!(e.trash(10, OPEN_TRASH_GRACE).unwrap().is_empty());
 }
 
+/// A file whose last name goes while nobody has it open is gone at once for every request and
+/// for `usage`, and freed by `purge_unlinked` in batches: its objects reach the trash then.
+/// A file unlinked while open is not the purge's: its last close frees it.
+fn unlinked_files_are_freed_by_the_purge(e: &dyn MetaEngine) {
+    let s = live_sessions(e, 1);
+    let base = e.usage().unwrap();
+    let mut files = Vec::new();
+    for i in 0..5u64 {
+        let f = e
+            .create(
+                ROOT_INO,
+                format!("f{i}").as_bytes(),
+                &file(),
+                Some(layout()),
+                None,
+            )
+            .unwrap();
+        e.commit_slices(
+            f.ino,
+            &[inline_slice(&[i as u8; 3000]), obj_slice(1, 0, 10, 100 + i)],
+            (1 << 20) + 10,
+            1,
+        )
+        .unwrap();
+        e.setxattr(f.ino, b"user.a", b"v", 0).unwrap();
+        files.push(f);
+    }
+    let held = e
+        .create(ROOT_INO, b"held", &file(), Some(layout()), None)
+        .unwrap();
+    e.commit_slices(held.ino, &[obj_slice(0, 0, 10, 200)], 10, 1)
+        .unwrap();
+    e.open_file(s[1], held.ino).unwrap();
+    // a second name: unlinking one of two names frees nothing
+    e.link(files[0].ino, ROOT_INO, b"f0-too").unwrap();
+    let full = e.usage().unwrap();
+    assert_eq!(full.inodes, base.inodes + 6);
+    // inline bytes, and the objects' bytes on their targets
+    assert_eq!(full.bytes, base.bytes + 5 * 3000 + 6 * 10);
+    e.unlink(ROOT_INO, b"f0-too").unwrap();
+    assert_eq!(e.getattr(files[0].ino).unwrap().nlink, 1);
+    assert_eq!(e.purge_unlinked(64).unwrap(), 0, "f0 still has a name");
+    for i in 0..5 {
+        e.unlink(ROOT_INO, format!("f{i}").as_bytes()).unwrap();
+    }
+    e.unlink(ROOT_INO, b"held").unwrap();
+    // gone for every request at once
+    for f in &files {
+        assert!(matches!(e.getattr(f.ino), Err(MetaError::NotFound)));
+        assert!(matches!(e.open_file(s[1], f.ino), Err(MetaError::NotFound)));
+        assert!(matches!(
+            e.link(f.ino, ROOT_INO, b"back"),
+            Err(MetaError::NotFound)
+        ));
+        assert!(matches!(
+            e.setattr(
+                f.ino,
+                &SetAttr {
+                    perm: Some(0o600),
+                    ..Default::default()
+                }
+            ),
+            Err(MetaError::NotFound)
+        ));
+    }
+    assert!(e.lookup(ROOT_INO, b"back").is_err());
+    // and for `usage`: neither their inodes nor their inline bytes
+    let after = e.usage().unwrap();
+    assert_eq!(after.inodes, base.inodes + 1, "only the open one counts");
+    assert_eq!(
+        after.bytes,
+        base.bytes + 6 * 10,
+        "objects count until the trash removes them"
+    );
+    // their objects reach the trash at the purge, not at the unlink
+    let trashed = |e: &dyn MetaEngine| {
+        let mut v: Vec<u64> = e
+            .trash(100, std::time::Duration::ZERO)
+            .unwrap()
+            .iter()
+            .map(|t| t.obj)
+            .collect();
+        v.sort_unstable();
+        v
+    };
+    assert_eq!(trashed(e), Vec::<u64>::new());
+    // in batches of at most `max`; the open one is not the purge's
+    assert_eq!(e.purge_unlinked(2).unwrap(), 2);
+    assert_eq!(trashed(e).len(), 2);
+    assert_eq!(e.purge_unlinked(2).unwrap(), 2);
+    assert_eq!(e.purge_unlinked(2).unwrap(), 1);
+    assert_eq!(e.purge_unlinked(2).unwrap(), 0);
+    assert_eq!(trashed(e), vec![100, 101, 102, 103, 104]);
+    assert_eq!(e.usage().unwrap(), after, "the purge changes no count");
+    assert!(e.meta_issues(i64::MAX).unwrap().is_empty());
+    // the open one stays usable, and its last close frees it
+    assert_eq!(e.getattr(held.ino).unwrap().nlink, 0);
+    assert_eq!(e.read_chunk(held.ino, 0).unwrap().len(), 1);
+    e.close_files(s[1], &[held.ino]).unwrap();
+    assert!(matches!(e.getattr(held.ino), Err(MetaError::NotFound)));
+    assert_eq!(trashed(e), vec![100, 101, 102, 103, 104, 200]);
+    assert_eq!(e.usage().unwrap().inodes, base.inodes);
+    assert_eq!(e.purge_unlinked(64).unwrap(), 0);
+}
+
 /// Slices freed by compaction and by the unlink of a file that has inline bytes and objects
 /// (one object read by two slices, one object another file still reads): each object no slice
 /// reads any more goes to the trash once, the shared one only when its last reader goes.
@@ -963,12 +1072,15 @@ fn freed_slices_trash_their_objects_once(e: &dyn MetaEngine) {
         "compaction trashes what it replaced"
     );
     e.unlink(ROOT_INO, b"f").unwrap();
+    assert_eq!(trashed(e), vec![5, 6], "nothing more until the purge");
+    assert_eq!(e.purge_unlinked(64).unwrap(), 1);
     assert_eq!(
         trashed(e),
         vec![5, 6, 8, 11],
         "object 8 (two slices) once, object 9 kept for g, no entry for the inline bytes"
     );
     e.unlink(ROOT_INO, b"g").unwrap();
+    assert_eq!(e.purge_unlinked(64).unwrap(), 1);
     assert_eq!(
         trashed(e),
         vec![5, 6, 8, 9, 11],
@@ -1406,6 +1518,19 @@ fn fsck_queries_and_repairs(e: &dyn MetaEngine) {
     e.commit_slices(g.ino, &[obj_slice(0, 0, 50, first + 1)], 50, now_nanos())
         .unwrap();
     e.unlink(ROOT_INO, b"g").unwrap();
+    // Left for the purge: its object is still a slice's, not yet the trash's.
+    let mut refs = e.object_refs().unwrap();
+    refs.sort_by_key(|r| r.obj);
+    assert_eq!(refs.len(), 2, "{refs:?}");
+    assert_eq!(
+        (refs[1].obj, refs[1].ino, refs[1].trash),
+        (first + 1, g.ino, None)
+    );
+    assert!(
+        e.meta_issues(10_000_000_000).unwrap().is_empty(),
+        "not an issue"
+    );
+    assert_eq!(e.purge_unlinked(64).unwrap(), 1);
     let mut refs = e.object_refs().unwrap();
     refs.sort_by_key(|r| r.obj);
     assert_eq!(refs.len(), 2, "{refs:?}");
@@ -1707,6 +1832,7 @@ fn shared_objects_freed_with_last_slice(e: &dyn MetaEngine) {
     .unwrap();
     assert!(e.trash(10, OPEN_TRASH_GRACE).unwrap().is_empty());
     e.unlink(ROOT_INO, b"f").unwrap();
+    assert_eq!(e.purge_unlinked(64).unwrap(), 1);
     let t = e.trash(10, OPEN_TRASH_GRACE).unwrap();
     assert_eq!(t.len(), 1);
     assert_eq!((t[0].obj, t[0].len), (42, 8));

@@ -137,6 +137,12 @@ pub trait Namespace: Send + Sync {
     /// client has open; returns how many. One still open is left for a pass after its last
     /// close.
     fn purge_orphans(&self, replaced_before: Nanos) -> Result<u64>;
+    /// Frees up to `max` files whose last name went while nobody had them open (left for the
+    /// purge by `unlink`: no request finds them any more), in one write transaction: their
+    /// slices and inline bytes, their objects to the trash, xattrs, locks and HSM state, and
+    /// the inode. Returns how many; fewer than `max` means none is left now. Any client may
+    /// run it (the daemon's `purge` worker does); two at once each free different files.
+    fn purge_unlinked(&self, max: u64) -> Result<u64>;
 }
 
 /// File data: object ids, slices, space reservation, compaction, and the trash of objects no

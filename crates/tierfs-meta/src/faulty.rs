@@ -291,6 +291,7 @@ impl Namespace for FaultyEngine {
         fn get_projid(&self, ino: Ino) -> Result<(u32, bool)>;
         fn path_of(&self, ino: Ino) -> Result<Option<Vec<u8>>>;
         fn purge_orphans(&self, replaced_before: Nanos) -> Result<u64>;
+        fn purge_unlinked(&self, max: u64) -> Result<u64>;
     }
 }
 

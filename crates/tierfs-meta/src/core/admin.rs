@@ -16,9 +16,10 @@ use crate::vals;
 
 /// The condition (on `inodes i`) of a file without names that nobody holds: unlinked while
 /// open (`orphan = 1`) or with no link, no directory entry, and no open anywhere. Files a
-/// rename replaced (`orphan = 2`) wait for their grace and `purge_orphans`.
+/// rename replaced (`orphan = 2`) wait for their grace and `purge_orphans`; files left for the
+/// purge (`orphan = 3`) wait for `purge_unlinked`.
 const UNHELD: &str =
-    "i.kind != 2 AND i.ino != 1 AND i.orphan != 2 AND (i.orphan = 1 OR i.nlink = 0) \
+    "i.kind != 2 AND i.ino != 1 AND i.orphan NOT IN (2, 3) AND (i.orphan = 1 OR i.nlink = 0) \
      AND NOT EXISTS (SELECT 1 FROM open_files o WHERE o.ino = i.ino) \
      AND NOT EXISTS (SELECT 1 FROM dentries d WHERE d.ino = i.ino)";
 
@@ -262,11 +263,16 @@ impl<D: Driver> Admin for SqlMeta<D> {
 
     fn usage(&self) -> Result<Usage> {
         self.d.read(|tx| {
+            // Files left for the purge count as gone (few rows: the partial index
+            // `inodes_unlinked`), their inline bytes too; their objects, like every file's,
+            // count until the trash has removed them.
             let r = tx.one(
-                "SELECT (SELECT COUNT(*) FROM inodes), \
+                "SELECT (SELECT COUNT(*) FROM inodes) \
+                        - (SELECT COUNT(*) FROM inodes WHERE orphan = 3), \
                         (SELECT CAST(COALESCE(SUM(used), 0) AS BIGINT) FROM targets), \
                         (SELECT CAST(COALESCE(SUM(len), 0) AS BIGINT) FROM slices \
-                         WHERE inline IS NOT NULL)",
+                         WHERE inline IS NOT NULL \
+                         AND ino NOT IN (SELECT ino FROM inodes WHERE orphan = 3))",
                 vals![],
             )?;
             Ok(Usage {

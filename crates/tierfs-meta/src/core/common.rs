@@ -11,6 +11,26 @@ use crate::vals;
 /// Most names one file may have.
 pub const MAX_LINKS: i64 = 65000;
 
+// A file's `inodes.orphan`: what keeps a file without names, and what frees it.
+//
+// - 0: it has a name (or is a directory, the root, or a file being linked in).
+// - 1: its last name went while some client had it open: readable and writable through those
+//   opens (and by inode number, `getattr`, an open by handle); its last close frees it
+//   (`purge_if_orphan`).
+// - 2: a rename replaced its last name: openable by number for
+//   [`crate::engine::ORPHAN_GRACE`], then freed by `purge_orphans` (`retire_inode`).
+// - 3 ([`PENDING`]): its last name went while nobody had it open: gone for every request
+//   (every read of attributes and every inode lock leaves it out, [`VISIBLE`]), its rows, inline
+//   bytes and objects freed by `purge_unlinked` in batches, off the unlink's request
+//   (`mark_pending`). `usage` does not count it.
+
+/// `inodes.orphan` of a file left for the purge (see above).
+pub const PENDING: i64 = 3;
+
+/// The condition on an `inodes` row (unqualified) that it is there for requests: not a file
+/// left for the purge.
+pub const VISIBLE: &str = "orphan <> 3";
+
 /// Columns of `inodes` that [`attr_from_row`] reads, in order.
 pub const ATTR_COLS: &str =
     "ino, kind, perm, uid, gid, nlink, size, rdev, atime, mtime, ctime, crtime, \
@@ -62,11 +82,12 @@ pub fn attr_from_row(r: &Row) -> Result<Attr> {
     })
 }
 
-/// The attributes of `ino`; `NotFound` when it does not exist.
+/// The attributes of `ino`; `NotFound` when it does not exist or is left for the purge.
 pub fn get_attr(tx: &mut dyn Tx, ino: Ino) -> Result<Attr> {
     const SQL: &str = "SELECT ino, kind, perm, uid, gid, nlink, size, rdev, atime, mtime, ctime, \
         crtime, projid, data_version, stripe_size, stripe_targets, def_stripe_count, \
-        def_stripe_size, parent, allocated, hsm, xattr_count FROM inodes WHERE ino = $1";
+        def_stripe_size, parent, allocated, hsm, xattr_count FROM inodes WHERE ino = $1 \
+        AND orphan <> 3";
     attr_from_row(&tx.one(SQL, vals![ino])?)
 }
 
@@ -186,7 +207,7 @@ pub fn is_dir(a: &Attr) -> Result<()> {
 }
 
 /// Takes the row locks of inodes, in ascending inode number, and returns their attributes;
-/// inodes that do not exist are left out.
+/// inodes that do not exist, or are left for the purge ([`PENDING`]), are left out.
 ///
 /// PostgreSQL (see the lock order at the top of `postgres/mod.rs`): one statement that
 /// *updates* each row (`SET ino = ino`, a real new row version: under REPEATABLE READ a mere
@@ -228,7 +249,7 @@ fn attrs_in_sql(n: usize) -> &'static str {
             .map(|n| {
                 let ph: Vec<String> = (1..=n).map(|i| format!("${i}")).collect();
                 format!(
-                    "SELECT {ATTR_COLS} FROM inodes WHERE ino IN ({})",
+                    "SELECT {ATTR_COLS} FROM inodes WHERE ino IN ({}) AND {VISIBLE}",
                     ph.join(", ")
                 )
             })
@@ -239,14 +260,15 @@ fn attrs_in_sql(n: usize) -> &'static str {
 
 fn attrs_sql() -> &'static str {
     static S: OnceLock<String> = OnceLock::new();
-    S.get_or_init(|| format!("SELECT {ATTR_COLS} FROM inodes WHERE ino = ANY($1)"))
+    S.get_or_init(|| format!("SELECT {ATTR_COLS} FROM inodes WHERE ino = ANY($1) AND {VISIBLE}"))
 }
 
 fn lock_sql() -> &'static str {
     static S: OnceLock<String> = OnceLock::new();
     S.get_or_init(|| {
         format!(
-            "WITH l AS (SELECT ino FROM inodes WHERE ino = ANY($1) ORDER BY ino FOR UPDATE) \
+            "WITH l AS (SELECT ino FROM inodes WHERE ino = ANY($1) AND {VISIBLE} \
+                 ORDER BY ino FOR UPDATE) \
              UPDATE inodes i SET ino = i.ino FROM l WHERE i.ino = l.ino RETURNING {ATTR_COLS_I}"
         )
     })
@@ -417,7 +439,7 @@ pub fn trash_slices(tx: &mut dyn Tx, ino: Ino, where_sql: &str, args: &[i64]) ->
 /// Deletes an inode and everything that belongs to it; its objects go to the trash.
 pub fn purge_inode(tx: &mut dyn Tx, ino: Ino) -> Result<()> {
     if tx.dialect().is_postgres() {
-        tx.exec(pg_purge_sql(false), vals![ino])?;
+        tx.exec(pg_purge_sql(), vals![ino])?;
         return Ok(());
     }
     trash_slices(tx, ino, "TRUE", &[])?;
@@ -445,62 +467,78 @@ pub fn purge_inode(tx: &mut dyn Tx, ino: Ino) -> Result<()> {
 /// PostgreSQL: [`purge_inode`] in one round trip (data-modifying CTEs all run, on one
 /// snapshot): the slices go, their objects no other file's slice reads go to the trash (the
 /// snapshot still shows this file's slices, hence `x.ino <> $1`: every one of them goes), and
-/// the inode with its xattrs, locks, lease and recall request. With `if_unheld`
-/// ([`drop_inode`]), first marks the file an open orphan when some client has it open, and
-/// then purges nothing.
-fn pg_purge_sql(if_unheld: bool) -> &'static str {
-    static S: OnceLock<[String; 2]> = OnceLock::new();
-    let v = S.get_or_init(|| {
-        let make = |guarded: bool| {
-            let (head, cond) = if guarded {
-                (
-                    "WITH o AS (UPDATE inodes SET orphan = 1 WHERE ino = $1 \
-                     AND EXISTS (SELECT 1 FROM open_files WHERE ino = $1) RETURNING ino), ",
-                    " AND NOT EXISTS (SELECT 1 FROM o)",
-                )
-            } else {
-                ("WITH ", "")
-            };
-            let hsm = super::hsm::pg_forget_ctes(cond);
-            format!(
-                "{head}s AS (DELETE FROM slices WHERE ino = $1{cond} \
-                     RETURNING target, obj, obj_size), \
-                 t AS (INSERT INTO trash (ino, target, obj, len) \
-                     SELECT DISTINCT $1::BIGINT, s.target, s.obj, s.obj_size FROM s \
-                     WHERE s.target IS NOT NULL AND s.obj IS NOT NULL \
-                     AND NOT EXISTS (SELECT 1 FROM slices x WHERE x.obj = s.obj AND x.ino <> $1)), \
-                 x AS (DELETE FROM xattrs WHERE ino = $1{cond}), \
-                 l AS (DELETE FROM locks WHERE ino = $1{cond}), \
-                 p AS (DELETE FROM pcc_leases WHERE ino = $1{cond}), \
-                 r AS (DELETE FROM pcc_revokes WHERE ino = $1{cond}), \
-                 {hsm} \
-                 DELETE FROM inodes WHERE ino = $1{cond}"
-            )
-        };
-        [make(false), make(true)]
-    });
-    &v[if_unheld as usize]
+/// the inode with its xattrs, locks, lease and recall request.
+fn pg_purge_sql() -> &'static str {
+    static S: OnceLock<String> = OnceLock::new();
+    S.get_or_init(|| {
+        let hsm = super::hsm::pg_forget_ctes();
+        format!(
+            "WITH s AS (DELETE FROM slices WHERE ino = $1 \
+                 RETURNING target, obj, obj_size), \
+             t AS (INSERT INTO trash (ino, target, obj, len) \
+                 SELECT DISTINCT $1::BIGINT, s.target, s.obj, s.obj_size FROM s \
+                 WHERE s.target IS NOT NULL AND s.obj IS NOT NULL \
+                 AND NOT EXISTS (SELECT 1 FROM slices x WHERE x.obj = s.obj AND x.ino <> $1)), \
+             x AS (DELETE FROM xattrs WHERE ino = $1), \
+             l AS (DELETE FROM locks WHERE ino = $1), \
+             p AS (DELETE FROM pcc_leases WHERE ino = $1), \
+             r AS (DELETE FROM pcc_revokes WHERE ino = $1), \
+             {hsm} \
+             DELETE FROM inodes WHERE ino = $1"
+        )
+    })
 }
 
-/// Deletes an inode whose last name is gone, or marks it orphan (`orphan = 1`) while a client
-/// has it open (the last close purges it).
+/// A file whose last name just went: an open orphan (`orphan = 1`) while some client has it
+/// open (the last close frees it), else left for the purge ([`PENDING`]): from this
+/// transaction on no request finds it, its lease and recall request go now (as `purge_inode`
+/// took them: an RW-PCC owner must not write back a file nobody can reach), and the rest —
+/// slices, inline bytes, objects to the trash, xattrs, locks, the row — is freed by
+/// `purge_unlinked`, off the request path. Freeing a 32 KiB inline file was 111,000 of an
+/// unlink's 200,000 instructions on SQLite (callgrind; docs/benchmarks.md). A file with HSM
+/// state is freed at once, as before: its unlink cancels its requests and may queue the
+/// removal of its archive copy (docs/hsm.md), which coordinator and movers see at once.
 pub fn drop_inode(tx: &mut dyn Tx, ino: Ino) -> Result<()> {
-    if tx.dialect().is_postgres() {
-        // The open check, the mark and the purge in one round trip.
-        tx.exec(pg_purge_sql(true), vals![ino])?;
-        return Ok(());
+    let r = if tx.dialect().is_postgres() {
+        // The open check, the mark and the lease's end in one round trip.
+        tx.query_opt(
+            "WITH o AS (UPDATE inodes SET orphan = CASE \
+                     WHEN EXISTS (SELECT 1 FROM open_files WHERE ino = $1) THEN 1 \
+                     WHEN hsm <> 0 THEN orphan ELSE 3 END \
+                 WHERE ino = $1 RETURNING orphan, hsm), \
+             p AS (DELETE FROM pcc_leases WHERE ino = $1 \
+                 AND EXISTS (SELECT 1 FROM o WHERE orphan = 3)), \
+             r AS (DELETE FROM pcc_revokes WHERE ino = $1 \
+                 AND EXISTS (SELECT 1 FROM o WHERE orphan = 3)) \
+             SELECT orphan = 1, hsm FROM o",
+            vals![ino],
+        )?
+    } else {
+        // SQLite: `UPDATE ... RETURNING` opens a statement journal even when it changes
+        // nothing; one plain read, then the one change.
+        let r = tx.query_opt(
+            "SELECT EXISTS (SELECT 1 FROM open_files WHERE ino = $1), hsm \
+             FROM inodes WHERE ino = $1",
+            vals![ino],
+        )?;
+        if let Some(r) = &r {
+            if r.bool(0)? {
+                tx.exec("UPDATE inodes SET orphan = 1 WHERE ino = $1", vals![ino])?;
+            } else if r.i64(1)? == 0 {
+                tx.exec(
+                    "UPDATE inodes SET orphan = $2 WHERE ino = $1",
+                    vals![ino, PENDING],
+                )?;
+                tx.exec("DELETE FROM pcc_leases WHERE ino = $1", vals![ino])?;
+                tx.exec("DELETE FROM pcc_revokes WHERE ino = $1", vals![ino])?;
+            }
+        }
+        r
+    };
+    match r {
+        Some(r) if !r.bool(0)? && r.i64(1)? != 0 => purge_inode(tx, ino),
+        _ => Ok(()),
     }
-    // SQLite: `UPDATE ... RETURNING` opens a statement journal even when it changes nothing;
-    // the usual case (not open) is one plain read.
-    let open = tx.exists(
-        "SELECT EXISTS (SELECT 1 FROM open_files WHERE ino = $1)",
-        vals![ino],
-    )?;
-    if open {
-        tx.exec("UPDATE inodes SET orphan = 1 WHERE ino = $1", vals![ino])?;
-        return Ok(());
-    }
-    purge_inode(tx, ino)
 }
 
 /// Retires a file whose last name a rename replaced: kept openable for

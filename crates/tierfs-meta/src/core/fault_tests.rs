@@ -84,6 +84,15 @@ fn setup(e: &dyn MetaEngine) -> Ctx {
     }
     e.create(ROOT_INO, b"e", &node(Kind::Dir), None, None)
         .unwrap();
+    // `/p`, unlinked while nobody had it open: left for the purge, with an object and an xattr.
+    let p = e
+        .create(ROOT_INO, b"p", &node(Kind::File), Some(layout), None)
+        .unwrap();
+    let o = e.alloc_object_ids(1).unwrap();
+    e.commit_slices(p.ino, &[obj_slice(0, 10, o)], 10, 1)
+        .unwrap();
+    e.setxattr(p.ino, b"user.x", b"1", 0).unwrap();
+    e.unlink(ROOT_INO, b"p").unwrap();
     Ctx {
         d: ino(e, &[b"d"]),
         a: ino(e, &[b"d", b"a"]),
@@ -152,6 +161,12 @@ fn ops() -> Vec<(&'static str, Op)> {
                 .map(|_| ())
         }),
         ("set_projid", |e, t| e.set_projid(t.d, 7, true).map(|_| ())),
+        ("purge_unlinked", |e, _| match e.purge_unlinked(64)? {
+            1 => Ok(()),
+            n => Err(MetaError::Invalid(format!(
+                "freed {n} files, not setup's /p"
+            ))),
+        }),
     ]
 }
 

@@ -1767,12 +1767,11 @@ fn released_with_data(
 }
 
 /// PostgreSQL: [`forget_file`] as common table expressions of the purge statement
-/// (`core::common`), each guarded by `cond` like the purge's others. They run for every purge
-/// (each an index probe that finds nothing for a file without HSM state), in the same round
-/// trip.
-pub(crate) fn pg_forget_ctes(cond: &str) -> String {
+/// (`core::common`). They run for every purge (each an index probe that finds nothing for a
+/// file without HSM state), in the same round trip.
+pub(crate) fn pg_forget_ctes() -> String {
     format!(
-        "h AS (DELETE FROM hsm_files WHERE ino = $1{cond} RETURNING archive_id, copy_key), \
+        "h AS (DELETE FROM hsm_files WHERE ino = $1 RETURNING archive_id, copy_key), \
          q AS (INSERT INTO hsm_requests (ino, action, archive_id, priority, state, created, \
              updated, bytes_total, next_try, copy_key) \
              SELECT $1, 3, h.archive_id, {prio}, 0, {PG_NOW_EXPR}, {PG_NOW_EXPR}, 0, \
@@ -1783,7 +1782,7 @@ pub(crate) fn pg_forget_ctes(cond: &str) -> String {
                  WHERE ino = $1 AND action = 3 AND state IN (0, 1))), \
          c AS (UPDATE hsm_requests SET state = 4, updated = {PG_NOW_EXPR}, \
              last_error = 'the file was deleted' \
-             WHERE ino = $1 AND state IN (0, 1) AND action <> 3{cond})",
+             WHERE ino = $1 AND state IN (0, 1) AND action <> 3)",
         prio = HsmAction::Remove.default_priority()
     )
 }
@@ -1926,8 +1925,8 @@ mod tests {
             },
         };
         // [create+open, commit under the session, close, getattr, truncate, fallocate,
-        // write-back, unlink]
-        let life = |name: &[u8], archived: bool| -> [u64; 8] {
+        // write-back, unlink, the purge that frees it]
+        let life = |name: &[u8], archived: bool| -> [u64; 9] {
             let mut g = 0;
             let create = cost(&mut || {
                 g = e
@@ -1935,7 +1934,7 @@ mod tests {
                     .unwrap()
                     .ino
             });
-            let mut steps = [create, 0, 0, 0, 0, 0, 0, 0];
+            let mut steps = [create, 0, 0, 0, 0, 0, 0, 0, 0];
             if archived {
                 // (Archived empty, so that both files hold the same slices.)
                 let r = e.hsm_request(g, HsmAction::Archive, None).unwrap().unwrap();
@@ -1972,6 +1971,9 @@ mod tests {
                 e.rewrite_data(g, &[slice(2)], 10, 2).unwrap();
             });
             steps[7] = cost(&mut || e.unlink(ROOT_INO, name).unwrap());
+            steps[8] = cost(&mut || {
+                assert_eq!(e.purge_unlinked(64).unwrap(), u64::from(!archived));
+            });
             steps
         };
         let plain = life(b"plain", false);
@@ -1979,14 +1981,17 @@ mod tests {
         eprintln!("SQLite statements, no HSM state: {plain:?}; archived: {archived:?}");
         assert_eq!(
             plain,
-            [7, 8, 4, 1, 9 + 1, 4, 8 + 1, 15 + 2],
-            "as before HSM (de045df), with the SELECTs before the DELETEs"
+            [7, 8, 4, 1, 9 + 1, 4, 8 + 1, 11, 11],
+            "as before HSM (de045df), with the SELECTs before the DELETEs, and the unlink's \
+             freeing of the file (15 + 2 statements in all) moved to the purge"
         );
         assert_eq!(
             archived[..7],
             plain[..7],
             "an archived file's writes cost the same"
         );
+        // An archived file is freed by its unlink, which forgets its HSM state at once.
         assert!(archived[7] > plain[7]);
+        assert_eq!(archived[8], 1, "the purge finds nothing");
     }
 }

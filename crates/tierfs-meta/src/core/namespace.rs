@@ -16,7 +16,7 @@ use super::common::{
     add_allocated, apply_allocated, attr_from_row, check_name, chunks_allocated, dir_attr,
     drop_inode, drop_link, find_dentry, get_attr, is_dir, lock1, lock_inodes, purge_inode,
     record_open, retire_inode, touch_dir, trash_slices, zero_range, ATTR_COLS, ATTR_COLS_I,
-    MAX_LINKS,
+    MAX_LINKS, PENDING,
 };
 use super::SqlMeta;
 use crate::changelog::{RecordType, FLAG_EXCHANGE, FLAG_LAST};
@@ -1071,35 +1071,71 @@ impl<D: Driver> Namespace for SqlMeta<D> {
     }
 
     fn purge_orphans(&self, replaced_before: Nanos) -> Result<u64> {
-        let due: Vec<Ino> = self.d.read(|tx| {
-            let mut v = Vec::new();
-            tx.query_each(
-                "SELECT ino FROM inodes WHERE orphan = 2 AND ctime < $1 ORDER BY ino LIMIT 1000",
-                vals![replaced_before],
-                &mut |r| {
+        self.purge_found(
+            "SELECT ino FROM inodes WHERE orphan = 2 AND ctime < $1 ORDER BY ino LIMIT 1000",
+            vals![replaced_before],
+            2,
+        )
+    }
+
+    fn purge_unlinked(&self, max: u64) -> Result<u64> {
+        self.purge_found(
+            "SELECT ino FROM inodes WHERE orphan = 3 ORDER BY ino LIMIT $1",
+            vals![max],
+            PENDING,
+        )
+    }
+}
+
+impl<D: Driver> SqlMeta<D> {
+    /// Frees the files `candidates` finds (their inode numbers; `$1`.. are `args`, and the
+    /// statement ends where a `LIMIT` may follow) that, in the write transaction that frees
+    /// them, are still in state `orphan` and open nowhere; returns how many.
+    ///
+    /// SQLite reads the candidates first on a reader connection, so that a pass with nothing
+    /// to free never takes the one writer's lock. PostgreSQL selects and row-locks them in the
+    /// write transaction, skipping rows another transaction holds (another client's purge, an
+    /// open of a file in its grace): those are left for a later pass, and two clients' purges
+    /// free different files.
+    fn purge_found(&self, candidates: &str, args: &[Value], orphan: i64) -> Result<u64> {
+        let pg = self.d.dialect().row_locks();
+        let mut due: Vec<Ino> = Vec::new();
+        if !pg {
+            due = self.d.read(|tx| {
+                let mut v = Vec::new();
+                tx.query_each(candidates, args, &mut |r| {
                     v.push(r.u64(0)?);
                     Ok(())
-                },
-            )?;
-            Ok(v)
-        })?;
-        if due.is_empty() {
-            return Ok(0);
+                })?;
+                Ok(v)
+            })?;
+            if due.is_empty() {
+                return Ok(0);
+            }
         }
         self.d.write(|tx| {
-            if tx.dialect().row_locks() {
-                lock_inodes(tx, &due)?;
+            let mut inos = due.clone();
+            if pg {
+                inos.clear();
+                tx.query_each(
+                    &format!("{candidates} FOR UPDATE SKIP LOCKED"),
+                    args,
+                    &mut |r| {
+                        inos.push(r.u64(0)?);
+                        Ok(())
+                    },
+                )?;
             }
             let mut n = 0;
-            for ino in &due {
-                // Still a replaced file, and not open (the purge after its last close waits for
-                // a later pass).
+            for ino in inos {
+                // Still in that state, and not open (one opened since is freed by a later pass
+                // after its last close).
                 if tx.exists(
-                    "SELECT EXISTS (SELECT 1 FROM inodes WHERE ino = $1 AND orphan = 2) \
+                    "SELECT EXISTS (SELECT 1 FROM inodes WHERE ino = $1 AND orphan = $2) \
                      AND NOT EXISTS (SELECT 1 FROM open_files WHERE ino = $1)",
-                    vals![*ino],
+                    vals![ino, orphan],
                 )? {
-                    purge_inode(tx, *ino)?;
+                    purge_inode(tx, ino)?;
                     n += 1;
                 }
             }

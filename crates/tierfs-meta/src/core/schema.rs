@@ -32,7 +32,7 @@ use crate::vals;
 pub type Ddl = &'static [&'static str];
 
 /// Schema version this build writes and understands.
-pub const SCHEMA_VERSION: i64 = 10;
+pub const SCHEMA_VERSION: i64 = 11;
 
 /// One migration step.
 pub struct Migration {
@@ -97,7 +97,18 @@ pub const MIGRATIONS: &[Migration] = &[
         parts: &[V10],
         after: None,
     },
+    Migration {
+        version: 11,
+        parts: &[V11],
+        after: None,
+    },
 ];
+
+/// Version 11: a file whose last name went while nobody had it open is left for the purge
+/// (`orphan = 3`: gone for every request, its rows and data freed by a background worker in
+/// batches, `Namespace::purge_unlinked`) instead of being freed inside the unlink; this index
+/// finds those files.
+const V11: Ddl = &["CREATE INDEX inodes_unlinked ON inodes(ino) WHERE orphan = 3"];
 
 /// Version 10: a changelog reader may be a client's change follower
 /// (`changelog_readers.follower_of`, the client's name): the records that client makes itself
@@ -314,6 +325,27 @@ pub fn columns_added_after(version: i64) -> Vec<(&'static str, &'static str)> {
                 if let ["ALTER", "TABLE", table, "ADD", "COLUMN", column, ..] = words[..] {
                     if !new_tables.contains(&table) {
                         v.push((table, column));
+                    }
+                }
+            }
+        }
+    }
+    v
+}
+
+/// The indexes the migrations past `version` create on tables that existed at `version` (an
+/// index on a newer table goes with its table), in creation order.
+pub fn indexes_added_after(version: i64) -> Vec<&'static str> {
+    let new_tables = tables_added_after(version);
+    let mut v = Vec::new();
+    for m in MIGRATIONS.iter().filter(|m| m.version > version) {
+        for part in m.parts {
+            for stmt in part.iter() {
+                let words: Vec<&str> = stmt.split_whitespace().collect();
+                if let ["CREATE", "INDEX", name, "ON", on, ..] = words[..] {
+                    let table = on.split('(').next().unwrap_or(on);
+                    if !new_tables.contains(&table) {
+                        v.push(name);
                     }
                 }
             }

@@ -448,9 +448,15 @@ fn a_v7_filesystem_upgrades_and_keeps_every_file(server: &Server) {
     crate::core::upgrade_tests::verify_hsm(&e);
 }
 
-/// Drops the tables and columns of schema versions past 5 (part of turning a database back
-/// into v4 or v1; a v1 database has no PCC tables, whose later columns then go with them).
+/// Drops the tables, indexes and columns of schema versions past 5 (part of turning a
+/// database back into v4 or v1; a v1 database has no PCC tables, whose later columns then go
+/// with them).
 fn drop_tables_after_v5(admin: &mut postgres::Client) {
+    for i in crate::core::schema::indexes_added_after(5) {
+        admin
+            .batch_execute(&format!("DROP INDEX IF EXISTS {i}"))
+            .unwrap();
+    }
     for t in crate::core::schema::tables_added_after(5) {
         admin.batch_execute(&format!("DROP TABLE {t}")).unwrap();
     }

@@ -406,6 +406,9 @@ mod tests {
                  ALTER TABLE inodes DROP COLUMN allocated; PRAGMA user_version = 3;",
             )
             .unwrap();
+            for i in schema::indexes_added_after(5) {
+                c.execute_batch(&format!("DROP INDEX {i}")).unwrap();
+            }
             for t in schema::tables_added_after(5) {
                 c.execute_batch(&format!("DROP TABLE {t}")).unwrap();
             }
@@ -474,6 +477,9 @@ mod tests {
             let c = Connection::open(&path).unwrap();
             c.execute_batch("ALTER TABLE inodes DROP COLUMN allocated; PRAGMA user_version = 4;")
                 .unwrap();
+            for i in schema::indexes_added_after(5) {
+                c.execute_batch(&format!("DROP INDEX {i}")).unwrap();
+            }
             for t in schema::tables_added_after(5) {
                 c.execute_batch(&format!("DROP TABLE {t}")).unwrap();
             }
