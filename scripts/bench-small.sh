@@ -57,7 +57,12 @@ if [ "$FLOOR" = 1 ] && [ -z "$FLOOR_CMD" ]; then
   "$FLOOR_BIN" memfs --help >/dev/null 2>&1 || { echo "no 'memfs' in $FLOOR_BIN (--floor-bin)" >&2; exit 1; }
 fi
 [ "$(id -u)" = 0 ] || { echo "needs root (drop_caches, tracefs)" >&2; exit 1; }
+for c in tar rsync git diff; do
+  command -v $c >/dev/null 2>&1 || { echo "needs $c (scripts/install-deps.sh installs it)" >&2; exit 1; }
+done
 TR=/sys/kernel/tracing
+# A fresh machine may not have tracefs mounted yet.
+[ -d "$TR/events" ] || mount -t tracefs tracefs "$TR" 2>/dev/null || true
 [ -d "$TR/events/fuse/fuse_request_send" ] || { echo "kernel has no fuse tracepoints" >&2; exit 1; }
 
 W=$(mktemp -d /var/tmp/tierfs-small.XXXXXX)

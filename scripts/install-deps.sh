@@ -3,6 +3,7 @@
 # the benchmarks, sqlite3 for inspecting metadata, acl (setfacl/getfacl, for the ACL tests),
 # faketime (libfaketime: the skewed-clock session test runs a daemon with its clock 60 s fast),
 # mpich (mpirun: the real IOR and mdtest run under MPI when installed; tested with `cat`),
+# rsync (a workload of scripts/bench-small.sh),
 # and a Rust toolchain if none is present.
 set -euo pipefail
 need=()
@@ -13,6 +14,7 @@ command -v setfacl >/dev/null 2>&1 || need+=(acl)
 command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
 command -v faketime >/dev/null 2>&1 || need+=(faketime)
 command -v mpirun >/dev/null 2>&1 || need+=(mpich)
+command -v rsync >/dev/null 2>&1 || need+=(rsync)
 command -v cc >/dev/null 2>&1 || need+=(build-essential)
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing Debian packages: ${need[*]}"
