@@ -905,6 +905,18 @@ fn open_unlinked_file_survives(e: &dyn MetaEngine) {
     assert!(e.trash(10, OPEN_TRASH_GRACE).unwrap().is_empty());
 }
 
+/// The objects in the trash (any age), sorted.
+fn trashed(e: &dyn MetaEngine) -> Vec<u64> {
+    let mut v: Vec<u64> = e
+        .trash(100, std::time::Duration::ZERO)
+        .unwrap()
+        .iter()
+        .map(|t| t.obj)
+        .collect();
+    v.sort_unstable();
+    v
+}
+
 /// A file whose last name goes while nobody has it open is gone at once for every request and
 /// for `usage`, and freed by `purge_unlinked` in batches: its objects reach the trash then.
 /// A file unlinked while open is not the purge's: its last close frees it.
@@ -980,16 +992,6 @@ fn unlinked_files_are_freed_by_the_purge(e: &dyn MetaEngine) {
         "objects count until the trash removes them"
     );
     // their objects reach the trash at the purge, not at the unlink
-    let trashed = |e: &dyn MetaEngine| {
-        let mut v: Vec<u64> = e
-            .trash(100, std::time::Duration::ZERO)
-            .unwrap()
-            .iter()
-            .map(|t| t.obj)
-            .collect();
-        v.sort_unstable();
-        v
-    };
     assert_eq!(trashed(e), Vec::<u64>::new());
     // in batches of at most `max`; the open one is not the purge's
     assert_eq!(e.purge_unlinked(2).unwrap(), 2);
@@ -1051,16 +1053,6 @@ fn freed_slices_trash_their_objects_once(e: &dyn MetaEngine) {
     .unwrap();
     e.commit_slices(g.ino, &[obj_slice(0, 0, 10, 9)], 10, 1)
         .unwrap();
-    let trashed = |e: &dyn MetaEngine| {
-        let mut v: Vec<u64> = e
-            .trash(10, std::time::Duration::ZERO)
-            .unwrap()
-            .iter()
-            .map(|t| t.obj)
-            .collect();
-        v.sort_unstable();
-        v
-    };
     // compaction of chunk 3: the older object 5 and the newer 6 go, one merged slice stays
     let newest = e.read_chunk(f.ino, 3).unwrap().last().unwrap().seq;
     assert!(e

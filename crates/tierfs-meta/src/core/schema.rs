@@ -313,68 +313,65 @@ pub fn tables() -> Vec<&'static str> {
     tables_added_after(0)
 }
 
+/// The DDL statements of the migrations past `version`, in order.
+fn statements_after(version: i64) -> impl Iterator<Item = &'static str> {
+    MIGRATIONS
+        .iter()
+        .filter(move |m| m.version > version)
+        .flat_map(|m| m.parts.iter().flat_map(|p| p.iter().copied()))
+}
+
 /// The (table, column) pairs the migrations past `version` add to existing tables.
 pub fn columns_added_after(version: i64) -> Vec<(&'static str, &'static str)> {
     // A column added to a table that is itself newer than `version` goes with its table.
     let new_tables = tables_added_after(version);
-    let mut v = Vec::new();
-    for m in MIGRATIONS.iter().filter(|m| m.version > version) {
-        for part in m.parts {
-            for stmt in part.iter() {
-                let words: Vec<&str> = stmt.split_whitespace().collect();
-                if let ["ALTER", "TABLE", table, "ADD", "COLUMN", column, ..] = words[..] {
-                    if !new_tables.contains(&table) {
-                        v.push((table, column));
-                    }
+    statements_after(version)
+        .filter_map(|stmt| {
+            let words: Vec<&str> = stmt.split_whitespace().collect();
+            match words[..] {
+                ["ALTER", "TABLE", table, "ADD", "COLUMN", column, ..]
+                    if !new_tables.contains(&table) =>
+                {
+                    Some((table, column))
                 }
+                _ => None,
             }
-        }
-    }
-    v
+        })
+        .collect()
 }
 
 /// The indexes the migrations past `version` create on tables that existed at `version` (an
 /// index on a newer table goes with its table), in creation order.
 pub fn indexes_added_after(version: i64) -> Vec<&'static str> {
     let new_tables = tables_added_after(version);
-    let mut v = Vec::new();
-    for m in MIGRATIONS.iter().filter(|m| m.version > version) {
-        for part in m.parts {
-            for stmt in part.iter() {
-                let words: Vec<&str> = stmt.split_whitespace().collect();
-                if let ["CREATE", "INDEX", name, "ON", on, ..] = words[..] {
-                    let table = on.split('(').next().unwrap_or(on);
-                    if !new_tables.contains(&table) {
-                        v.push(name);
-                    }
+    statements_after(version)
+        .filter_map(|stmt| {
+            let words: Vec<&str> = stmt.split_whitespace().collect();
+            match words[..] {
+                ["CREATE", "INDEX", name, "ON", on, ..]
+                    if !new_tables.contains(&on.split('(').next().unwrap_or(on)) =>
+                {
+                    Some(name)
                 }
+                _ => None,
             }
-        }
-    }
-    v
+        })
+        .collect()
 }
 
 /// The tables the migrations past `version` create, in creation order.
 pub fn tables_added_after(version: i64) -> Vec<&'static str> {
-    let mut v = Vec::new();
-    for m in MIGRATIONS.iter().filter(|m| m.version > version) {
-        for part in m.parts {
-            for stmt in part.iter() {
-                let s = stmt.trim_start();
-                if let Some(rest) = s.strip_prefix("CREATE TABLE ") {
-                    let name = rest
-                        .trim_start_matches("IF NOT EXISTS ")
-                        .split([' ', '('])
-                        .next()
-                        .unwrap_or("");
-                    if !name.is_empty() {
-                        v.push(name);
-                    }
-                }
-            }
-        }
-    }
-    v
+    statements_after(version)
+        .filter_map(|stmt| {
+            let rest = stmt.trim_start().strip_prefix("CREATE TABLE ")?;
+            let name = rest
+                .trim_start_matches("IF NOT EXISTS ")
+                .split([' ', '('])
+                .next()
+                .unwrap_or("");
+            (!name.is_empty()).then_some(name)
+        })
+        .collect()
 }
 
 fn is_word(b: u8) -> bool {
