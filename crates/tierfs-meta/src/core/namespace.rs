@@ -1088,38 +1088,35 @@ impl<D: Driver> Namespace for SqlMeta<D> {
 }
 
 impl<D: Driver> SqlMeta<D> {
-    /// Frees the files `candidates` finds (their inode numbers; `$1`.. are `args`, and the
-    /// statement ends where a `LIMIT` may follow) that, in the write transaction that frees
-    /// them, are still in state `orphan` and open nowhere; returns how many.
-    ///
-    /// SQLite reads the candidates first on a reader connection, so that a pass with nothing
-    /// to free never takes the one writer's lock. PostgreSQL selects and row-locks them in the
-    /// write transaction, skipping rows another transaction holds (another client's purge, an
-    /// open of a file in its grace): those are left for a later pass, and two clients' purges
-    /// free different files.
+    /// Frees the files `candidates` finds (read first, on a reader connection, so that a pass
+    /// with nothing to free writes nothing: every client runs one each second) that, in the
+    /// write transaction that frees them, are still in state `orphan` and open nowhere;
+    /// returns how many. On PostgreSQL the rows are locked first, skipping those another
+    /// transaction holds (another client's purge, an open of a file in its grace): those are
+    /// left for a later pass, and two clients' purges free different files.
     fn purge_found(&self, candidates: &str, args: &[Value], orphan: i64) -> Result<u64> {
-        let pg = self.d.dialect().row_locks();
-        let mut due: Vec<Ino> = Vec::new();
-        if !pg {
-            due = self.d.read(|tx| {
-                let mut v = Vec::new();
-                tx.query_each(candidates, args, &mut |r| {
-                    v.push(r.u64(0)?);
-                    Ok(())
-                })?;
-                Ok(v)
+        let due: Vec<Ino> = self.d.read(|tx| {
+            let mut v = Vec::new();
+            tx.query_each(candidates, args, &mut |r| {
+                v.push(r.u64(0)?);
+                Ok(())
             })?;
-            if due.is_empty() {
-                return Ok(0);
-            }
+            Ok(v)
+        })?;
+        if due.is_empty() {
+            return Ok(0);
         }
         self.d.write(|tx| {
             let mut inos = due.clone();
-            if pg {
+            if tx.dialect().row_locks() {
                 inos.clear();
                 tx.query_each(
-                    &format!("{candidates} FOR UPDATE SKIP LOCKED"),
-                    args,
+                    "SELECT ino FROM inodes WHERE ino = ANY($1) AND orphan = $2 \
+                     ORDER BY ino FOR UPDATE SKIP LOCKED",
+                    &[
+                        Value::IntList(due.iter().map(|i| *i as i64).collect()),
+                        Value::Int(orphan),
+                    ],
                     &mut |r| {
                         inos.push(r.u64(0)?);
                         Ok(())

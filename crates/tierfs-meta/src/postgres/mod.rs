@@ -443,6 +443,8 @@ impl PgEngine {
     /// Runs read-only `f` outside a transaction (each statement sees one snapshot).
     fn read<T>(&self, mut f: impl FnMut(&mut PgConn) -> Result<T>) -> Result<T> {
         let mut stale = 0u32;
+        let mut attempt = 0u32;
+        let started = Instant::now();
         loop {
             let (mut c, reused) = self.pool.get()?;
             match f(&mut c) {
@@ -452,6 +454,16 @@ impl PgEngine {
                     if !reused || stale > POOL_MAX as u32 {
                         return Err(MetaError::Unavailable(e));
                     }
+                }
+                // A read's statements rarely conflict (a deadlock with a lock it waits for);
+                // retried as a write's are, so that every operation keeps the promise that a
+                // busy database is retried (core::fault_tests).
+                Err(MetaError::Busy(_))
+                    if attempt < MAX_RETRIES && started.elapsed() < RETRY_BUDGET =>
+                {
+                    attempt += 1;
+                    drop(c);
+                    std::thread::sleep(backoff(attempt));
                 }
                 other => return other,
             }
