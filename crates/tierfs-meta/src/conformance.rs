@@ -1918,6 +1918,17 @@ fn pcc_open_checks_the_lease_and_records_in_one_step(e: &dyn MetaEngine) {
     // b's refused open left no row: after the give-back, a may attach again
     assert!(e.pcc_release(f.ino, "a", l.generation).unwrap());
     assert!(e.pcc_acquire(f.ino, "a").unwrap().generation > l.generation);
+    // a file that is not there, or that an unlink left for the purge: NotFound
+    let gone = e
+        .create(ROOT_INO, b"po-gone", &file(), Some(layout()), None)
+        .unwrap();
+    e.unlink(ROOT_INO, b"po-gone").unwrap();
+    for ino in [gone.ino, 999_999] {
+        assert!(matches!(
+            e.pcc_open(a, ino, "a", false, None),
+            Err(MetaError::NotFound)
+        ));
+    }
     // nothing is recorded under an ended session
     e.unregister_session(b).unwrap();
     assert!(matches!(

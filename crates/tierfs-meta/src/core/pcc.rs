@@ -1,8 +1,12 @@
 //! The PCC domain: RW-PCC leases (one owner client per file, with a generation), requests to
 //! give a lease back, and attach rules with their quotas.
 
+use std::sync::OnceLock;
+
 use super::common::AttrUpdate;
-use super::common::{check_name, lock1, lock_rows, record_open};
+use super::common::{
+    attr_from_row, check_name, lock1, lock_rows, record_open, ATTR_COLS, ATTR_COLS_I, VISIBLE,
+};
 use super::namespace::create_in;
 use super::SqlMeta;
 use crate::engine::Pcc;
@@ -13,14 +17,55 @@ use crate::types::*;
 use crate::vals;
 
 fn lease_from_row(r: &Row) -> Result<PccLease> {
+    lease_at(r, 0)
+}
+
+/// A lease from the [`LEASE_COLS`] that start at column `at` of `r`.
+fn lease_at(r: &Row, at: usize) -> Result<PccLease> {
     Ok(PccLease {
-        ino: r.u64(0)?,
-        client: r.text(1)?,
-        generation: r.u64(2)?,
-        dirty: r.bool(3)?,
-        acquired: r.i64(4)?,
-        snapshot: r.u64(5)?,
+        ino: r.u64(at)?,
+        client: r.text(at + 1)?,
+        generation: r.u64(at + 2)?,
+        dirty: r.bool(at + 3)?,
+        acquired: r.i64(at + 4)?,
+        snapshot: r.u64(at + 5)?,
     })
+}
+
+/// PostgreSQL's first statement of `pcc_open`: the session's row held (as
+/// [`super::session::hold_session`]), then the inode's row locked (as `lock1`), and its lease
+/// read, in one round trip instead of three (each is a round trip to a server across a
+/// network: issue 15). The session's lock is taken first: the inode's row is locked above
+/// the filter that asks for the session. The lease is read on the transaction's snapshot, as
+/// a statement after the lock would.
+fn pg_open_lock(tx: &mut dyn Tx, session: u64, ino: Ino) -> Result<(Attr, Option<PccLease>)> {
+    static SQL: OnceLock<String> = OnceLock::new();
+    let sql = SQL.get_or_init(|| {
+        format!(
+            "WITH s AS (SELECT id FROM sessions WHERE id = $2 FOR KEY SHARE), \
+                  l AS (SELECT ino FROM inodes WHERE ino = $1 AND {VISIBLE} \
+                        AND EXISTS (SELECT 1 FROM s) FOR UPDATE), \
+                  u AS (UPDATE inodes i SET ino = i.ino FROM l WHERE i.ino = l.ino \
+                        RETURNING {ATTR_COLS_I}) \
+             SELECT u.*, p.ino, p.client, p.generation, p.dirty, p.acquired, p.snapshot, \
+                    EXISTS (SELECT 1 FROM s) \
+             FROM (SELECT 1) AS one LEFT JOIN u ON TRUE LEFT JOIN pcc_leases p ON p.ino = u.ino"
+        )
+    });
+    let r = tx.one(sql, vals![ino, session])?;
+    let n = ATTR_COLS.split(", ").count();
+    if !r.bool(n + LEASE_COLS.split(", ").count())? {
+        return Err(MetaError::SessionEnded(session));
+    }
+    if r.opt_i64(0)?.is_none() {
+        return Err(MetaError::NotFound);
+    }
+    let attr = attr_from_row(&r)?;
+    let lease = match r.opt_i64(n)? {
+        Some(_) => Some(lease_at(&r, n)?),
+        None => None,
+    };
+    Ok((attr, lease))
 }
 
 /// Columns [`lease_from_row`] reads, in order.
@@ -165,14 +210,14 @@ impl<D: Driver> Pcc for SqlMeta<D> {
     ) -> Result<PccOpen> {
         self.d.write(|tx| {
             // The session's row before the inode's (the order `end_sessions` takes them in);
-            // SQLite: `record_open` checks the session in its insert.
-            if tx.dialect().is_postgres() {
-                super::session::hold_session(tx, session)?;
-            }
-            // The inode's row lock orders this open against pcc_acquire, which looks for
-            // other clients' opens under it (PostgreSQL; SQLite writes one at a time).
-            let attr = lock1(tx, ino)?;
-            let lease = lease_of(tx, ino)?;
+            // SQLite: `record_open` checks the session in its insert. The inode's row lock
+            // orders this open against pcc_acquire, which looks for other clients' opens under
+            // it (PostgreSQL; SQLite writes one at a time).
+            let (attr, lease) = if tx.dialect().is_postgres() {
+                pg_open_lock(tx, session, ino)?
+            } else {
+                (lock1(tx, ino)?, lease_of(tx, ino)?)
+            };
             let out = match lease {
                 Some(mut l) if l.client == client => {
                     if write && !l.dirty {

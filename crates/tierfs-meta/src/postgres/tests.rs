@@ -289,6 +289,7 @@ fn all_checks(server: &Server) {
         false,
     );
     eprintln!("fault injection on PostgreSQL: {:?}", t.elapsed());
+    pcc_open_round_trips(server);
     schema_and_format(server);
     a_v5_filesystem_upgrades_and_keeps_every_file(server);
     a_v7_filesystem_upgrades_and_keeps_every_file(server);
@@ -881,4 +882,45 @@ fn dump_from_sqlite_loads_into_postgres_and_back(server: &Server) {
         lite2.read_chunk(f.ino, 0).unwrap()[0].data,
         SliceData::Inline(b"abc".to_vec())
     );
+}
+
+/// `pcc_open` on PostgreSQL, the open of every file on a cluster: the session's hold, the
+/// inode's lock and the lease's read are one statement (issue 15: each statement is a round
+/// trip across the network), then the open's record and the changelog's; the owner's first
+/// open for writing adds the lease's dirty mark. (BEGIN and COMMIT are not counted.)
+fn pcc_open_round_trips(server: &Server) {
+    use crate::engine::Sessions;
+    let db = server.fresh_db();
+    let d = PgEngine::format(&db.url, &params()).expect("format");
+    let e = crate::core::SqlMeta::new(crate::sql::fault::FaultDriver::new(d));
+    let s = e
+        .register_session(&SessionInfo {
+            id: 0,
+            client_name: "a".into(),
+            host: "h".into(),
+            pid: 1,
+            mountpoint: "/mnt".into(),
+            version: "0".into(),
+            started: 0,
+            heartbeat: 0,
+        })
+        .unwrap();
+    let f = e.create(ROOT_INO, b"f", &file(), None, None).unwrap();
+    let cost = |write: bool| {
+        let n = e.driver().statements();
+        assert!(matches!(
+            e.pcc_open(s, f.ino, "a", write, None).unwrap(),
+            PccOpen::Opened { .. }
+        ));
+        e.driver().statements() - n
+    };
+    assert_eq!(cost(false), 3, "no lease");
+    e.close_files(s, &[f.ino]).unwrap();
+    e.pcc_acquire(f.ino, "a").unwrap();
+    assert_eq!(
+        cost(true),
+        4,
+        "the owner's first open for writing marks the lease dirty"
+    );
+    assert_eq!(cost(true), 3, "then it is dirty");
 }
