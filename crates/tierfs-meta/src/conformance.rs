@@ -1866,7 +1866,8 @@ fn rw_lease_refused_while_open_on_another_client(e: &dyn MetaEngine) {
     assert_eq!(e.pcc_acquire(g.ino, "b").unwrap().client, "b");
 }
 
-fn pcc_session(e: &dyn MetaEngine, name: &str) -> u64 {
+/// A session of client `name` (tests here and on each engine).
+pub(crate) fn pcc_session(e: &dyn MetaEngine, name: &str) -> u64 {
     e.register_session(&SessionInfo {
         id: 0,
         client_name: name.into(),

@@ -893,18 +893,7 @@ fn pcc_open_round_trips(server: &Server) {
     let db = server.fresh_db();
     let d = PgEngine::format(&db.url, &params()).expect("format");
     let e = crate::core::SqlMeta::new(crate::sql::fault::FaultDriver::new(d));
-    let s = e
-        .register_session(&SessionInfo {
-            id: 0,
-            client_name: "a".into(),
-            host: "h".into(),
-            pid: 1,
-            mountpoint: "/mnt".into(),
-            version: "0".into(),
-            started: 0,
-            heartbeat: 0,
-        })
-        .unwrap();
+    let s = crate::conformance::pcc_session(&e, "a");
     let f = e.create(ROOT_INO, b"f", &file(), None, None).unwrap();
     let cost = |write: bool| {
         let n = e.driver().statements();
