@@ -1172,9 +1172,7 @@ fn symlink_and_readlink() {
 #[test]
 fn statfs_reports_sane_values() {
     let t = TestFs::new(1);
-    let c = cstr(t.mnt(0));
-    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
-    io_res(unsafe { libc::statvfs(c.as_ptr(), &mut s) }).unwrap();
+    let s = statvfs(t.mnt(0)).unwrap();
     assert!(s.f_bsize > 0, "f_bsize");
     assert!(s.f_frsize > 0, "f_frsize");
     assert!(s.f_blocks > 0, "f_blocks");
@@ -1186,7 +1184,7 @@ fn statfs_reports_sane_values() {
     );
     assert_eq!(s.f_namemax, 255, "f_namemax");
     let mut sf: libc::statfs = unsafe { std::mem::zeroed() };
-    io_res(unsafe { libc::statfs(c.as_ptr(), &mut sf) }).unwrap();
+    io_res(unsafe { libc::statfs(cstr(t.mnt(0)).as_ptr(), &mut sf) }).unwrap();
     assert_eq!(sf.f_type, 0x6573_5546, "FUSE_SUPER_MAGIC");
 }
 

@@ -307,10 +307,9 @@ fn the_session_heartbeats_through_the_write_back_at_unmount() {
 
 /// `f_files` of `statfs` on `mnt`: the filesystem's inodes in use plus a fixed reserve.
 fn files_of(mnt: &Path) -> u64 {
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    let rc = unsafe { libc::statvfs(cstr(mnt).as_ptr(), &mut st) };
-    assert_eq!(rc, 0, "statvfs {}: {}", mnt.display(), errname(errno()));
-    st.f_files as u64
+    statvfs(mnt)
+        .unwrap_or_else(|e| panic!("statvfs {}: {e}", mnt.display()))
+        .f_files as u64
 }
 
 /// An unlink only drops the name (docs/semantics.md, "Unlink of a file nobody has open"): both

@@ -1050,6 +1050,13 @@ pub fn stat(p: &Path) -> io::Result<libc::stat> {
     }
 }
 
+pub fn statvfs(p: &Path) -> io::Result<libc::statvfs> {
+    let c = cstr(p);
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    io_res(unsafe { libc::statvfs(c.as_ptr(), &mut st) })?;
+    Ok(st)
+}
+
 pub fn fstat(fd: i32) -> io::Result<libc::stat> {
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     let r = unsafe { libc::fstat(fd, &mut st) };

@@ -22,7 +22,7 @@ pub const MAX_LINKS: i64 = 65000;
 // - 3 ([`PENDING`]): its last name went while nobody had it open: gone for every request
 //   (every read of attributes and every inode lock leaves it out, [`VISIBLE`]), its rows, inline
 //   bytes and objects freed by `purge_unlinked` in batches, off the unlink's request
-//   (`mark_pending`). `usage` does not count it.
+//   (`drop_inode`). `usage` does not count it.
 
 /// `inodes.orphan` of a file left for the purge (see above).
 pub const PENDING: i64 = 3;
