@@ -213,6 +213,10 @@ fn print_state(path: &Path, v: &serde_json::Value) {
     if b("pinned") {
         flags.push("pinned");
     }
+    if b("kept_open") {
+        // the engine still records an open of it by this client (docs/pcc.md, "Kept opens")
+        flags.push("kept_open");
+    }
     if s("type") != "none" && !b("complete") {
         flags.push("copying");
     }

@@ -13,7 +13,7 @@ use common::*;
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
-use std::os::unix::fs::{FileExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Barrier, Mutex, MutexGuard};
 use std::thread;
@@ -3337,4 +3337,188 @@ fn opens_behind_a_local_write_back_do_not_park_fuse_threads() {
             o.join().unwrap().expect("open after the write-back");
         }
     });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Kept opens under an RW-PCC lease (docs/pcc.md, "Kept opens")
+// ---------------------------------------------------------------------------------------------
+
+/// The files a statfs of the mount counts (the engine's live inodes).
+fn files_in_use(mnt: &Path) -> u64 {
+    let v = statvfs(mnt).unwrap();
+    (v.f_files - v.f_ffree) as u64
+}
+
+/// Client `a` with every new file RW-cached (a rule on `fname={*}`) and kept opens lasting
+/// `open_cache` seconds; client `b` without a rule.
+fn kept_fs(open_cache: &str) -> (TestFs, Vec<ClientOpts>) {
+    let (t, opts) = pcc_fs(
+        &[("a", &[("pcc_open_cache_secs", open_cache)]), ("b", &[])],
+        180,
+    );
+    let mnt = s(t.mnt(0));
+    pcc(
+        &t,
+        &[
+            "rule",
+            "add",
+            "--mode",
+            "rw",
+            "--client",
+            "a",
+            "fname={*}",
+            "--mount",
+            &mnt,
+        ],
+    )
+    .assert_ok();
+    // clients read the rules again every 2 s
+    thread::sleep(Duration::from_millis(2200));
+    (t, opts)
+}
+
+#[test]
+fn kept_opens_serve_reopens_without_the_engine_until_the_lease_goes() {
+    let _g = serial();
+    let (t, _) = kept_fs("60");
+    let (fa, fb) = (t.p(0, "f"), t.p(1, "f"));
+    let data = pattern(21, 0, 100_000);
+    fs::write(&fa, &data).unwrap();
+    let st = wait_dirty(&t, &fa);
+    assert!(
+        st.flags.iter().any(|f| f == "kept_open"),
+        "the create's close kept its open: {}",
+        st.raw
+    );
+    let kept0 = pcc_event(t.mnt(0), "opens_kept");
+    let opens0 = fuse_ops(t.mnt(0), "open");
+    for i in 0..20 {
+        assert_reads(&fa, &data, &format!("reopen {i} on the owner"));
+    }
+    // a writer of the (dirty) file is served on the kept open too
+    let more = pattern(22, 0, 4096);
+    write_at(&fa, 100_000, &more, false);
+    let mut all = data.clone();
+    all.extend_from_slice(&more);
+    assert_reads(&fa, &all, "the owner after its write");
+    assert_eq!(fuse_ops(t.mnt(0), "open") - opens0, 22, "FUSE opens");
+    assert_eq!(
+        pcc_event(t.mnt(0), "opens_kept") - kept0,
+        22,
+        "every reopen on the owner was served on the kept open"
+    );
+    // another client's open recalls the lease: the data is all there, and the kept open
+    // closed with the give-back
+    after_ttl();
+    assert_reads(&fb, &all, "b after the recall");
+    let st = state(&t, &fa);
+    assert_ne!(st.lease_owner.as_deref(), Some("a"), "{}", st.raw);
+    assert!(
+        !st.flags.iter().any(|f| f == "kept_open"),
+        "the kept open outlived the lease: {}",
+        st.raw
+    );
+    // without the lease, opens go to the engine again
+    let kept1 = pcc_event(t.mnt(0), "opens_kept");
+    after_ttl();
+    assert_reads(&fa, &all, "a after giving the file back");
+    assert_eq!(pcc_event(t.mnt(0), "opens_kept"), kept1);
+    // an attach -w by b is not refused for a's closed handles (the kept open went first)
+    pcc(&t, &["attach", "-w", &s(&fb)]).assert_ok();
+    assert_eq!(state(&t, &fb).lease_owner.as_deref(), Some("b"));
+}
+
+#[test]
+fn a_kept_open_ends_with_the_name_here_and_after_its_idle_time_elsewhere() {
+    let _g = serial();
+    let (t, _) = kept_fs("3");
+    let base = files_in_use(t.mnt(0));
+    // unlinked here: the kept open closes at once and the file is freed (inode count back),
+    // well before its idle time (3 s)
+    fs::write(t.p(0, "u"), b"x").unwrap();
+    wait_dirty(&t, &t.p(0, "u"));
+    assert_eq!(files_in_use(t.mnt(0)), base + 1);
+    let unlinked = Instant::now();
+    fs::remove_file(t.p(0, "u")).unwrap();
+    assert!(
+        wait_until(Duration::from_secs(10), || files_in_use(t.mnt(0)) == base),
+        "the file unlinked here is still counted: {} files, want {base}",
+        files_in_use(t.mnt(0))
+    );
+    assert!(
+        unlinked.elapsed() < Duration::from_secs(2),
+        "freed only after {:?}: the kept open waited for its idle time",
+        unlinked.elapsed()
+    );
+    // renamed here, then unlinked under its new name: the same
+    fs::write(t.p(0, "r1"), b"x").unwrap();
+    wait_dirty(&t, &t.p(0, "r1"));
+    fs::rename(t.p(0, "r1"), t.p(0, "r2")).unwrap();
+    let unlinked = Instant::now();
+    fs::remove_file(t.p(0, "r2")).unwrap();
+    assert!(
+        wait_until(Duration::from_secs(10), || files_in_use(t.mnt(0)) == base),
+        "the renamed file unlinked here is still counted"
+    );
+    assert!(
+        unlinked.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        unlinked.elapsed()
+    );
+    // unlinked by another client: kept as an open file would be (a's cache still serves it
+    // to a's handles), then freed once the kept open's idle time (3 s) is over
+    fs::write(t.p(0, "o"), b"x").unwrap();
+    wait_dirty(&t, &t.p(0, "o"));
+    after_ttl();
+    fs::remove_file(t.p(1, "o")).unwrap();
+    assert!(
+        wait_until(Duration::from_secs(15), || files_in_use(t.mnt(0)) == base),
+        "the file unlinked elsewhere was never freed"
+    );
+}
+
+#[test]
+fn no_kept_opens_while_a_changelog_reader_wants_open_records() {
+    let _g = serial();
+    let (t, _) = kept_fs("60");
+    let fa = t.p(0, "f");
+    fs::write(&fa, b"data").unwrap();
+    wait_dirty(&t, &fa);
+    assert_reads(&fa, b"data", "a kept open");
+    let kept0 = pcc_event(t.mnt(0), "opens_kept");
+    assert!(kept0 >= 1, "no open was served on the kept open");
+    let url = t.meta_url();
+    let reg = t.tierfs(&[
+        "changelog",
+        "register",
+        "--mask",
+        "OPEN,CLOSE",
+        "--meta",
+        &url,
+    ]);
+    reg.assert_ok();
+    let reader = reg.stdout.trim().to_string();
+    // kept opens are allowed a second at a time by the `pcc` worker (every 0.2 s)
+    thread::sleep(Duration::from_millis(1500));
+    let ino = fs::metadata(&fa).unwrap().ino();
+    assert_reads(&fa, b"data", "an open with an OPEN reader registered");
+    assert_eq!(
+        pcc_event(t.mnt(0), "opens_kept"),
+        kept0,
+        "served on a kept open"
+    );
+    let mut v: Vec<serde_json::Value> = Vec::new();
+    let seen = wait_until(Duration::from_secs(10), || {
+        let out = t.tierfs(&["changelog", "--meta", &url, "--json", "--reader", &reader]);
+        out.assert_ok();
+        v = out
+            .stdout
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
+        v.iter().any(|r| r["type"] == "OPEN" && r["target"] == ino)
+    });
+    assert!(seen, "no OPEN record of the reopen: {v:#?}");
+    t.tierfs(&["changelog", "deregister", &reader, "--meta", &url])
+        .assert_ok();
 }

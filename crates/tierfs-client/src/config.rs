@@ -55,6 +55,10 @@
 //! writeback_delay_secs = 30    # dirty RW-PCC files are written back this long after last close
 //! pcc_passthrough = true       # serve cached files by kernel FUSE passthrough
 //! pcc_recall_timeout_secs = 60 # how long an open waits for another client to give a file back
+//! pcc_open_cache_secs = 10     # kept opens under an RW-PCC lease (Lustre's open cache): the
+//!                              # engine's record of a closed file's open stays this long without
+//!                              # a handle, and opens on this client meanwhile need no metadata
+//!                              # round trip (docs/pcc.md, "Kept opens"); 0: off
 //! pcc_attach = "root"          # who may attach, detach, pin and unpin files by hand (`tierfs
 //!                              # pcc attach ...`), as Lustre's pcc_mode: "root" (only root, the
 //!                              # default, as Lustre), "owner" (root and the file's owner), or
@@ -106,6 +110,7 @@ pub struct ClientConfig {
     pub writeback_delay_secs: u64,
     pub pcc_passthrough: bool,
     pub pcc_recall_timeout_secs: u64,
+    pub pcc_open_cache_secs: u64,
     pub pcc_attach: String,
     pub jobid_var: String,
     pub hsm_mover_archives: Vec<u32>,
@@ -203,6 +208,7 @@ impl Default for ClientConfig {
             writeback_delay_secs: 30,
             pcc_passthrough: true,
             pcc_recall_timeout_secs: 60,
+            pcc_open_cache_secs: 10,
             pcc_attach: "root".into(),
             jobid_var: "disable".into(),
             hsm_mover_archives: Vec::new(),

@@ -352,6 +352,7 @@ pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Resul
                 eviction: cfg.eviction().map_err(DaemonError::Other)?,
                 writeback_delay: Duration::from_secs(cfg.writeback_delay_secs),
                 passthrough: cfg.pcc_passthrough,
+                open_cache: Duration::from_secs(cfg.pcc_open_cache_secs),
             };
             let p = Pcc::new(
                 pc,
@@ -560,7 +561,7 @@ fn start_workers(
         meta: meta.clone(),
         every: heartbeat,
         timeout: Duration::from_secs(cfg.session_timeout_secs),
-        health,
+        health: Arc::clone(&health),
     })
     .map_err(spawn_err)?;
     w.spawn(jobs::CloseRecorder {
@@ -572,8 +573,14 @@ fn start_workers(
     })
     .map_err(spawn_err)?;
     if let Some(p) = pcc {
-        w.spawn(jobs::PccUpkeep { pcc: Arc::clone(p) })
-            .map_err(spawn_err)?;
+        w.spawn(jobs::PccUpkeep {
+            pcc: Arc::clone(p),
+            meta: meta.clone(),
+            health: Arc::clone(&health),
+            // a kept open is served only while the last heartbeat is younger than this
+            fresh: Duration::from_secs(cfg.session_timeout_secs) / 2,
+        })
+        .map_err(spawn_err)?;
         w.spawn(jobs::PccWriteback::new(Arc::clone(p)))
             .map_err(spawn_err)?;
         w.spawn(jobs::PccRoCopy { pcc: Arc::clone(p) })
@@ -632,6 +639,10 @@ fn start_workers(
 fn stop_workers(mut workers: Workers, data: &DataPath, pcc: Option<&Arc<Pcc>>) {
     workers.stop(STOP_FIRST);
     data.flush_all();
+    if let Some(p) = pcc {
+        // FUSE has stopped: no handle is left, every kept open's close is queued now
+        p.unkeep_all();
+    }
     workers.stop(&["close-recorder"]);
     if let Some(p) = pcc {
         p.write_back_all();

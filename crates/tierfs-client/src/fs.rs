@@ -32,6 +32,7 @@ use crate::error::{ClientError, Result};
 use crate::lease::{Lease, Recalled, Recaller};
 use crate::metrics::Metrics;
 use crate::pcc::{Opened as CacheOpened, Pcc, RwAtCreate, Served};
+use crate::pcc_state::KeptBy;
 use crate::session::Session;
 
 /// What [`TierFs::list_dir`] hands a directory reply: "." or ".." (with the directory listed),
@@ -120,6 +121,12 @@ struct CachedHandle {
     file: Arc<std::fs::File>,
     write: bool,
     passthrough: bool,
+    /// Served on the file's kept open: the engine has no record of this handle's own
+    /// (`Pcc::open_kept`); its close sends nothing.
+    kept: bool,
+    /// The file was setuid or setgid at open: its record is never kept (a writer of such a
+    /// file is served by the daemon, which needs to know the mode at each open).
+    setid: bool,
 }
 
 /// What a new inode takes from its directory: its permission bits and, where the directory
@@ -424,7 +431,7 @@ pub struct FsInner {
     /// One passthrough backing file per inode, shared by its open handles.
     backing: Mutex<HashMap<Ino, (Arc<BackingId>, u32)>>,
     /// Last name each inode was looked up or created under (for fname rules at open).
-    names: Mutex<HashMap<Ino, Vec<u8>>>,
+    names: Mutex<HashMap<Ino, (Ino, Vec<u8>)>>,
     /// POSIX ACLs on (`posix_acl` in the client config; the kernel enforces them only when it
     /// accepted FUSE_POSIX_ACL at init).
     pub posix_acl: bool,
@@ -1186,6 +1193,16 @@ impl FsInner {
         snapshot: Option<u64>,
         block: bool,
     ) -> Result<Step<Opened>> {
+        let write = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        let sid = self.session.id();
+        if let (Some(pcc), None) = (&self.pcc, snapshot) {
+            // This client's RW file with a kept open: served without the engine.
+            if let Some(served) = pcc.open_kept(sid, ino, write) {
+                return self
+                    .open_cached_at(reply, ino, None, flags, served, true)
+                    .map(Step::Done);
+            }
+        }
         let a = self.meta.getattr(ino)?;
         if a.kind == Kind::Dir {
             return Err(ClientError::Meta(MetaError::IsDir));
@@ -1199,11 +1216,9 @@ impl FsInner {
             // thread) and opens again
             return Err(MetaError::from(HsmError::Released).into());
         }
-        let write = flags & libc::O_ACCMODE != libc::O_RDONLY;
         // A close of the file still queued here: the engine never stopped counting it open,
         // so no other client took its lease since (pcc_acquire refuses a file open
         // elsewhere): the close and this open cancel out if no lease was there before.
-        let sid = self.session.id();
         if self.pcc.is_none() && snapshot.is_none() && self.data.cancel_queued_close(ino, sid) {
             if let Ok(Lease::Free) = self.recaller.look(&a) {
                 let (fh, fl) = self.open_handle(&a, flags, true, sid);
@@ -1214,7 +1229,7 @@ impl FsInner {
         }
         let opened = match &self.pcc {
             Some(pcc) => {
-                let name = self.names.lock().get(&ino).cloned();
+                let name = self.names.lock().get(&ino).map(|(_, n)| n.clone());
                 let r = pcc.open(sid, &a, name.as_deref(), flags, snapshot, block);
                 if let Err(ClientError::Meta(MetaError::SessionEnded(s))) = &r {
                     // fenced: a new session for the next request (this one fails, EIO)
@@ -1737,13 +1752,13 @@ impl FsInner {
         }
     }
 
-    fn remember_name(&self, a: &Attr, name: &OsStr) {
+    fn remember_name(&self, a: &Attr, parent: Ino, name: &OsStr) {
         if self.pcc.is_some() && a.kind == Kind::File {
             let mut g = self.names.lock();
             if g.len() > 100_000 {
                 g.clear();
             }
-            g.insert(a.ino, name.as_bytes().to_vec());
+            g.insert(a.ino, (parent, name.as_bytes().to_vec()));
         }
     }
 
@@ -1760,13 +1775,29 @@ impl FsInner {
         served: Served,
         recorded: bool,
     ) -> Result<(u64, FopenFlags, Option<Arc<BackingId>>)> {
+        self.open_cached_at(reply, attr.ino, Some(attr.perm), flags, served, recorded)
+    }
+
+    /// [`FsInner::open_cached`] of inode `ino` whose mode is `perm`; `perm` None: served on
+    /// the file's kept open (no attributes read; a setuid or setgid file never has one).
+    fn open_cached_at(
+        &self,
+        reply: &dyn BackingReply,
+        ino: Ino,
+        perm: Option<u32>,
+        flags: i32,
+        served: Served,
+        recorded: bool,
+    ) -> Result<(u64, FopenFlags, Option<Arc<BackingId>>)> {
+        let kept = perm.is_none();
+        let perm = perm.unwrap_or(0);
         let sid = self.session.id();
         if !recorded {
-            self.session
-                .watch(sid, self.meta.open_file(sid, attr.ino))?;
+            self.session.watch(sid, self.meta.open_file(sid, ino))?;
         }
         let write = flags & libc::O_ACCMODE != libc::O_RDONLY;
-        let privileged = write && attr.perm & (libc::S_ISUID | libc::S_ISGID) != 0;
+        let setid = perm & (libc::S_ISUID | libc::S_ISGID) != 0;
+        let privileged = write && setid;
         let mut backing = None;
         let mut fl = FopenFlags::empty();
         if privileged {
@@ -1774,17 +1805,17 @@ impl FsInner {
             fl |= FopenFlags::FOPEN_DIRECT_IO;
         } else if self.passthrough.load(Ordering::Relaxed) {
             let mut g = self.backing.lock();
-            if let Some((id, n)) = g.get_mut(&attr.ino) {
+            if let Some((id, n)) = g.get_mut(&ino) {
                 *n += 1;
                 backing = Some(Arc::clone(id));
             } else {
                 match reply.backing(&served.file) {
                     Ok(id) => {
                         let id = Arc::new(id);
-                        g.insert(attr.ino, (Arc::clone(&id), 1));
+                        g.insert(ino, (Arc::clone(&id), 1));
                         backing = Some(id);
                     }
-                    Err(e) => tracing::debug!(ino = attr.ino, "passthrough refused: {e}"),
+                    Err(e) => tracing::debug!(ino, "passthrough refused: {e}"),
                 }
             }
         }
@@ -1796,6 +1827,8 @@ impl FsInner {
                 file: served.file,
                 write: write && served.rw,
                 passthrough: backing.is_some(),
+                kept,
+                setid,
             }),
             caller: tierfs_meta::changelog::current(),
             session: sid,
@@ -2060,7 +2093,7 @@ impl Filesystem for TierFs {
             Ok(self.meta.lookup(parent.0, name.as_bytes())?)
         }) {
             Ok(a) => {
-                self.remember_name(&a, name);
+                self.remember_name(&a, parent.0, name);
                 reply.entry(&self.entry_ttl_now(), &self.fattr(&a), Generation(0))
             }
             Err(ClientError::Meta(MetaError::NotFound)) if self.meta.getattr(parent.0).is_err() => {
@@ -2281,7 +2314,11 @@ impl Filesystem for TierFs {
         // changelog records of this request name its caller (crate::caller)
         let _caller = self.scope(req);
         match self.run("unlink", || {
-            Ok(self.meta.unlink(parent.0, name.as_bytes())?)
+            self.meta.unlink(parent.0, name.as_bytes())?;
+            if let Some(p) = &self.pcc {
+                p.name_gone(parent.0, name.as_bytes());
+            }
+            Ok(())
         }) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
@@ -2342,13 +2379,27 @@ impl Filesystem for TierFs {
         // changelog records of this request name its caller (crate::caller)
         let _caller = self.scope(req);
         let r = self.run("rename", || {
-            Ok(self.meta.rename(
+            self.meta.rename(
                 parent.0,
                 name.as_bytes(),
                 newparent.0,
                 newname.as_bytes(),
                 flags.bits(),
-            )?)
+            )?;
+            if let Some(p) = &self.pcc {
+                let (from, to) = (
+                    (parent.0, name.as_bytes()),
+                    (newparent.0, newname.as_bytes()),
+                );
+                if flags.bits() & libc::RENAME_EXCHANGE != 0 {
+                    p.names_exchanged(from, to);
+                } else {
+                    // a file the rename replaced lost its name here
+                    p.name_gone(to.0, to.1);
+                    p.name_moved(from, to);
+                }
+            }
+            Ok(())
         });
         match r {
             Ok(()) => reply.ok(),
@@ -2548,7 +2599,7 @@ impl Filesystem for TierFs {
             };
             self.store_inherited(a.ino, &inh)?;
             if let Some(pcc) = &self.pcc {
-                self.remember_name(&a, name);
+                self.remember_name(&a, parent.0, name);
                 let served = match (leased, rw.is_some()) {
                     (Some((rule, lease)), _) => pcc.on_create_leased(&a, rule, lease)?,
                     // the RW rules were checked in the create: none wanted the file
@@ -2851,7 +2902,11 @@ impl Filesystem for TierFs {
                         }
                     }
                 }
-                closed = pcc.on_close(ino.0, c.write);
+                closed = if c.kept {
+                    pcc.close_kept(ino.0, c.write)
+                } else {
+                    pcc.on_close(ino.0, c.write)
+                };
             }
             if let (Some(pcc), Some(_)) = (
                 &self.pcc,
@@ -2875,7 +2930,28 @@ impl Filesystem for TierFs {
             // Closes reach the metadata engine in batches (see DataPath::queue_close).
             // (under the session it was opened under: one that ended has no opens left)
             let opened_under = h.as_ref().map_or(self.session.id(), |h| h.session);
-            self.data.queue_close(ino.0, caller, opened_under);
+            let cached = h.as_ref().and_then(|h| h.cache.as_ref());
+            // A handle served on the kept open has no record of its own; the record of one
+            // served from this client's RW cache may stay as the file's kept open (docs/pcc.md).
+            let recorded = !cached.is_some_and(|c| c.kept);
+            let kept = match (&self.pcc, cached) {
+                (Some(pcc), Some(c))
+                    if recorded && !c.setid && opened_under == self.session.id() =>
+                {
+                    pcc.keep_open(
+                        ino.0,
+                        KeptBy {
+                            session: opened_under,
+                            caller: caller.clone(),
+                            at: self.names.lock().get(&ino.0).cloned(),
+                        },
+                    )
+                }
+                _ => false,
+            };
+            if recorded && !kept {
+                self.data.queue_close(ino.0, caller, opened_under);
+            }
             if h.as_ref().is_some_and(|h| h.cache.is_none()) {
                 // a handle of the data path (DataPath::open): the file's state may go
                 self.data.release(ino.0);
@@ -3006,7 +3082,7 @@ impl Filesystem for TierFs {
                             Generation(0),
                         );
                         if !full {
-                            self.remember_name(&a, name);
+                            self.remember_name(&a, ino.0, name);
                         }
                         full
                     }

@@ -22,7 +22,7 @@ use crate::data::DataPath;
 use crate::error::{ClientError, Result};
 use crate::lease::{Lease, Recaller};
 use crate::metrics::Metrics;
-use crate::pcc_state::{Event, FileState, Phase, Slot};
+use crate::pcc_state::{Event, FileState, KeptBy, Phase, Slot};
 use crate::recall::{Pass, RecallWork};
 
 /// How long an RW attach waits for another client's open of the file to go away (its close
@@ -42,7 +42,16 @@ pub struct PccConfig {
     pub eviction: Eviction,
     pub writeback_delay: Duration,
     pub passthrough: bool,
+    /// How long a kept open without users lasts (`pcc_open_cache_secs`; zero: no kept opens).
+    pub open_cache: Duration,
 }
+
+/// Kept opens on this client at most (each is a row the engine keeps for this session).
+const KEPT_MAX: usize = 8192;
+
+/// How far ahead the `pcc` worker allows kept opens at each of its rounds: if it stops (or
+/// its checks hang on the engine), opens stop being served on kept opens after this.
+const KEPT_LEASE: Duration = Duration::from_secs(1);
 
 /// Files first opened under an RO rule that wait for the `pcc-ro-copy` worker, at most; a
 /// first open that finds the queue full is served uncached and not queued (its next open
@@ -179,6 +188,14 @@ pub struct Pcc {
     ro_copies: Mutex<RoCopies<(Attr, u64)>>,
     /// When an application last opened a file here (ns): RO copies wait for a pause.
     last_open: std::sync::atomic::AtomicI64,
+    /// Until when (ns) opens may be served on kept opens: set by the `pcc` worker, about a
+    /// second ahead, while no changelog reader wants OPEN or CLOSE records and the session's
+    /// heartbeats succeed ([`Pcc::allow_kept_opens`]).
+    kept_until: std::sync::atomic::AtomicI64,
+    /// Kept opens now (their slots' `kept`), at most [`KEPT_MAX`].
+    kept: std::sync::atomic::AtomicUsize,
+    /// The kept opens by the directory and name this client knew them by.
+    kept_at: Mutex<HashMap<(Ino, Vec<u8>), Ino>>,
 }
 
 /// What [`Pcc::open`] did.
@@ -227,6 +244,9 @@ impl Pcc {
             validate_cursor: Mutex::new(0),
             ro_copies: Mutex::new(RoCopies::new(RO_COPY_QUEUE)),
             last_open: std::sync::atomic::AtomicI64::new(0),
+            kept_until: std::sync::atomic::AtomicI64::new(0),
+            kept: std::sync::atomic::AtomicUsize::new(0),
+            kept_at: Mutex::new(HashMap::new()),
         })
     }
 
@@ -235,7 +255,11 @@ impl Pcc {
         let mut g = self.slots.lock();
         if g.len() > 4096 {
             // Slots nobody holds and no handle counts: their state is the store's again.
-            g.retain(|_, s| Arc::strong_count(s) > 1 || s.st.lock().opens > 0);
+            // (Not those with a kept open: its record must be closed some day.)
+            g.retain(|_, s| {
+                let st = s.st.lock();
+                Arc::strong_count(s) > 1 || st.opens > 0 || st.kept.is_some()
+            });
         }
         if let Some(s) = g.get(&ino) {
             return Arc::clone(s);
@@ -267,6 +291,81 @@ impl Pcc {
                 st.phase = want;
                 st.verified = false;
                 st.reported = None;
+                self.close_kept_if_unleased(ino, &mut st);
+            }
+        }
+    }
+
+    /// Sends the close of the file's kept open (queued, as any close) if the lease it rode on
+    /// is no longer this client's here and no handle uses it.
+    fn close_kept_if_unleased(&self, ino: Ino, st: &mut FileState) {
+        if let Some(by) = st.unkeep_if_unleased() {
+            self.kept_closed(ino, by);
+        }
+    }
+
+    /// A kept open was taken away: its record's close goes to the engine with the next batch.
+    fn kept_closed(&self, ino: Ino, by: KeptBy) {
+        self.forget_kept(ino, &by);
+        self.data.queue_close(ino, by.caller, by.session);
+    }
+
+    fn forget_kept(&self, ino: Ino, by: &KeptBy) {
+        self.kept.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        if let Some(at) = &by.at {
+            let mut g = self.kept_at.lock();
+            if g.get(at) == Some(&ino) {
+                g.remove(at);
+            }
+        }
+    }
+
+    /// This client removed `parent`/`name` (an unlink, or a rename that replaced it): the
+    /// kept open of the file it named, if any, closes now (or at its last handle's close),
+    /// so that the engine frees the file as it would have without a kept open.
+    pub fn name_gone(&self, parent: Ino, name: &[u8]) {
+        let Some(ino) = self.kept_at.lock().remove(&(parent, name.to_vec())) else {
+            return;
+        };
+        let Some(slot) = self.slots.lock().get(&ino).cloned() else {
+            return;
+        };
+        let mut st = slot.st.lock();
+        if let Some(k) = st.kept.as_mut() {
+            k.gone = true;
+            k.by.at = None;
+        }
+        self.close_kept_if_unleased(ino, &mut st);
+    }
+
+    /// This client exchanged the names `a` and `b` (`RENAME_EXCHANGE`): kept opens follow.
+    pub fn names_exchanged(&self, a: (Ino, &[u8]), b: (Ino, &[u8])) {
+        let (ka, kb) = ((a.0, a.1.to_vec()), (b.0, b.1.to_vec()));
+        let (ia, ib) = {
+            let mut g = self.kept_at.lock();
+            (g.remove(&ka), g.remove(&kb))
+        };
+        for (ino, to) in [(ia, kb), (ib, ka)] {
+            let Some(ino) = ino else { continue };
+            if let Some(slot) = self.slots.lock().get(&ino).cloned() {
+                if let Some(k) = slot.st.lock().kept.as_mut() {
+                    k.by.at = Some(to.clone());
+                    self.kept_at.lock().insert(to, ino);
+                }
+            }
+        }
+    }
+
+    /// This client renamed `from` to `to`: a kept open of the file follows its name.
+    pub fn name_moved(&self, from: (Ino, &[u8]), to: (Ino, &[u8])) {
+        let Some(ino) = self.kept_at.lock().remove(&(from.0, from.1.to_vec())) else {
+            return;
+        };
+        let to = (to.0, to.1.to_vec());
+        if let Some(slot) = self.slots.lock().get(&ino).cloned() {
+            if let Some(k) = slot.st.lock().kept.as_mut() {
+                k.by.at = Some(to.clone());
+                self.kept_at.lock().insert(to, ino);
             }
         }
     }
@@ -278,10 +377,14 @@ impl Pcc {
             tracing::debug!(ino, "{e}");
             ClientError::Errno("the cached file is busy changing state", libc::EBUSY)
         })?;
+        self.close_kept_if_unleased(ino, &mut st);
         // (the only events that change the writers; the slot's lock, then the set's)
         if matches!(
             ev,
-            Event::Open { write: true } | Event::Close { write: true }
+            Event::Open { write: true }
+                | Event::Close { write: true }
+                | Event::OpenKept { write: true }
+                | Event::CloseKept { write: true }
         ) {
             let mut w = self.writing.lock();
             if st.writers > 0 {
@@ -895,6 +998,17 @@ impl Pcc {
         if e.dirty || ours.dirty {
             self.write_back_data(slot, e)?;
         }
+        // The kept open (if no handle uses it) closes before the lease goes: whoever takes the
+        // lease next (an `attach -w` elsewhere is refused while the file is open here) must
+        // not find this client's record of a handle that is closed.
+        let kept = slot.st.lock().unkeep(|_, _| true);
+        if let Some(by) = kept {
+            self.forget_kept(ino, &by);
+            if let Err(err) = self.meta.close_files(by.session, &[ino]) {
+                tracing::debug!(ino, "close of a kept open at give-back: {err}; queued");
+                self.data.queue_close(ino, by.caller, by.session);
+            }
+        }
         if !self.meta.pcc_release(ino, &self.client, e.generation)? {
             return Err(ClientError::Errno(
                 "the RW-PCC lease changed during its give-back",
@@ -976,6 +1090,113 @@ impl Pcc {
                 // The open was recorded: take it back.
                 let _ = self.meta.close_files(session, &[ino]);
                 Err(e)
+            }
+        }
+    }
+
+    /// An open of `ino` served on its kept open (see [`crate::pcc_state`]), without the
+    /// metadata engine: this client holds the file's RW-PCC lease and kept the engine's
+    /// record of an earlier open of it under `session`, which still counts the file open here.
+    /// None when that does not hold now (or a transition holds the file): the caller opens
+    /// as usual. A writer is served only if the lease is dirty already (the engine says so
+    /// before any writable descriptor exists, as for every open for writing).
+    pub fn open_kept(&self, session: u64, ino: Ino, write: bool) -> Option<Served> {
+        use std::sync::atomic::Ordering::Relaxed;
+        if !self.kept_opens_allowed() {
+            return None;
+        }
+        // No slot, no kept open.
+        let slot = self.slots.lock().get(&ino).cloned()?;
+        let _held = slot.op.try_lock()?;
+        if !slot.st.lock().kept_serves(session, write) {
+            return None;
+        }
+        self.store.get(ino).filter(|e| e.mode == Mode::Rw)?;
+        let f = match self.store.open_data(ino, true) {
+            Ok(f) => f,
+            Err(err) => {
+                tracing::debug!(ino, "kept open: cache file: {err}");
+                return None;
+            }
+        };
+        self.step(&slot, ino, Event::OpenKept { write }).ok()?;
+        self.last_open.store(now_nanos(), Relaxed);
+        self.store.touch(ino, |en| en.last_access = now_nanos());
+        self.metrics.pcc("hits", 1);
+        self.metrics.pcc("opens_kept", 1);
+        Some(Served {
+            file: Arc::new(f),
+            rw: true,
+        })
+    }
+
+    /// At the close of a handle served from this client's RW cache whose open the engine
+    /// recorded under `by.session` (the current one): keeps that record as the file's kept
+    /// open instead of closing it (true: the caller sends no close). Refused (false) when kept
+    /// opens are off or not allowed now, [`KEPT_MAX`] are kept, the file is not `Rw` here or
+    /// has a kept open already, or a transition holds it.
+    pub fn keep_open(&self, ino: Ino, by: KeptBy) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        if !self.kept_opens_allowed() || self.kept.load(Relaxed) >= KEPT_MAX {
+            return false;
+        }
+        let slot = self.slot(ino);
+        let Some(_held) = slot.op.try_lock() else {
+            return false;
+        };
+        let at = by.at.clone();
+        if slot.st.lock().keep(by).is_err() {
+            return false;
+        }
+        self.kept.fetch_add(1, Relaxed);
+        if let Some(at) = at {
+            self.kept_at.lock().insert(at, ino);
+        }
+        true
+    }
+
+    fn kept_opens_allowed(&self) -> bool {
+        !self.cfg.open_cache.is_zero()
+            && now_nanos() < self.kept_until.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Called by the `pcc` worker: kept opens may be made and served for about a second more
+    /// if `allowed` (no changelog reader wants OPEN or CLOSE records, the session's last
+    /// heartbeat is recent), else not at all from now on, and every kept open without users
+    /// is closed. Kept opens idle for `pcc_open_cache_secs` are closed too.
+    pub fn allow_kept_opens(&self, allowed: bool) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let until = if allowed {
+            now_nanos() + KEPT_LEASE.as_nanos() as i64
+        } else {
+            0
+        };
+        self.kept_until.store(until, Relaxed);
+        if self.kept.load(Relaxed) == 0 {
+            return;
+        }
+        let idle = self.cfg.open_cache;
+        self.unkeep_where(|k| !allowed || k.idle_since.elapsed() >= idle);
+    }
+
+    /// Closes every kept open without users (unmount, after FUSE stopped: then all of them).
+    pub fn unkeep_all(&self) {
+        self.kept_until
+            .store(0, std::sync::atomic::Ordering::Relaxed);
+        self.unkeep_where(|_| true);
+    }
+
+    fn unkeep_where(&self, due: impl Fn(&crate::pcc_state::Kept) -> bool) {
+        let slots: Vec<(Ino, Arc<Slot>)> = self
+            .slots
+            .lock()
+            .iter()
+            .map(|(i, s)| (*i, Arc::clone(s)))
+            .collect();
+        for (ino, slot) in slots {
+            let taken = slot.st.lock().unkeep(|k, _| due(k));
+            if let Some(by) = taken {
+                self.kept_closed(ino, by);
             }
         }
     }
@@ -1304,13 +1525,31 @@ impl Pcc {
 
     /// At the close of a handle served from the cache.
     pub fn on_close(&self, ino: Ino, wrote: bool) -> Result<()> {
+        self.close_handle(ino, wrote, false)
+    }
+
+    /// [`Pcc::on_close`] of a handle served on the file's kept open ([`Pcc::open_kept`]):
+    /// nothing goes to the engine for it, unless it was the kept open's last user and the
+    /// lease went meanwhile (then the kept open's close is queued).
+    pub fn close_kept(&self, ino: Ino, wrote: bool) -> Result<()> {
+        self.close_handle(ino, wrote, true)
+    }
+
+    fn close_handle(&self, ino: Ino, wrote: bool, kept: bool) -> Result<()> {
         let slot = self.slot(ino);
+        let close = if kept {
+            Event::CloseKept { write: wrote }
+        } else {
+            Event::Close { write: wrote }
+        };
         if !wrote {
             // A reader's close changes only the count (no transition waits for readers), so
             // it does not wait behind a write-back holding the file's lock.
-            if let Err(e) = slot.st.lock().apply(Event::Close { write: false }) {
+            let mut st = slot.st.lock();
+            if let Err(e) = st.apply(close) {
                 tracing::warn!(ino, "close of a cached handle not counted: {e}");
             }
+            self.close_kept_if_unleased(ino, &mut st);
             return Ok(());
         }
         let _held = slot.op.lock();
@@ -1320,7 +1559,7 @@ impl Pcc {
         } else {
             Ok(())
         };
-        if let Err(e) = self.step(&slot, ino, Event::Close { write: wrote }) {
+        if let Err(e) = self.step(&slot, ino, close) {
             tracing::warn!(ino, "close of a cached handle not counted: {e}");
         }
         if wrote {
@@ -1681,6 +1920,7 @@ impl Pcc {
             "lease_dirty": lease.as_ref().map(|l| l.dirty),
             "lease_snapshot": lease.as_ref().map(|l| l.snapshot),
             "phase": format!("{:?}", st.phase),
+            "kept_open": st.kept.is_some(),
             "client": self.client,
         });
         Ok(v.to_string())

@@ -16,7 +16,14 @@
 //! ```
 //!
 //! Open handles served from the cache are counted in every phase (a reader's handle may
-//! outlive a give-back); writers only in `Rw` (a give-back waits for them). The phase is
+//! outlive a give-back); writers only in `Rw` (a give-back waits for them).
+//!
+//! **The kept open** ([`Kept`], Lustre's open cache): while the file is `Rw` here, the last
+//! close of a handle whose open the engine recorded may leave that record in place instead of
+//! sending its close; later opens on this client are then served from the cache without the
+//! engine ([`Event::OpenKept`]), and counted as the kept record's users. The record is closed
+//! (sent to the engine) once it has no user and the lease is going or gone, or it was idle
+//! too long ([`FileState::unkeep`]). The phase is
 //! derived from the cache's store when a slot is made ([`FileState::from_store`]), so the
 //! store stays the persistent truth and a slot can be forgotten once nothing refers to it.
 
@@ -81,6 +88,43 @@ pub enum Event {
     GiveBackFailed,
     /// The file left the cache (evicted, stale, deleted, quarantined, lease lost).
     Dropped,
+    /// The close of a handle whose open the engine recorded, kept as the file's kept open
+    /// (its record stays in the engine; only in `Rw`, and only if none is kept yet). Applied
+    /// with [`FileState::keep`], which says for whom.
+    Keep,
+    /// A handle served on the kept open, without the engine (a writer only of a dirty `Rw`
+    /// file: the engine's lease says dirty already).
+    OpenKept {
+        write: bool,
+    },
+    /// Such a handle closes (nothing to send: the kept open's record stays).
+    CloseKept {
+        write: bool,
+    },
+}
+
+/// Who a kept open's record was made for: the session it was recorded under and the opener
+/// its changelog CLOSE record names when it is finally closed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeptBy {
+    pub session: u64,
+    pub caller: tierfs_meta::changelog::Caller,
+    /// The file's directory and name as this client last knew them (None: not known), so that
+    /// an unlink or rename here closes the kept open at once.
+    pub at: Option<(tierfs_meta::Ino, Vec<u8>)>,
+}
+
+/// An open of the file that the engine still records for this client after its handle
+/// closed (see the module's docs).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Kept {
+    pub by: KeptBy,
+    /// Handles open on it now.
+    pub users: u32,
+    /// Since when it has had no user.
+    pub idle_since: Instant,
+    /// This client removed or replaced the file's name: the record goes once no handle uses it.
+    pub gone: bool,
 }
 
 /// A transition the state machine does not allow (a bug, or a caller that should wait).
@@ -116,6 +160,8 @@ pub struct FileState {
     pub reported: Option<(u64, u64, i64)>,
     /// The read-only copy was verified (or made) since this daemon started.
     pub verified: bool,
+    /// The kept open, if any.
+    pub kept: Option<Kept>,
 }
 
 impl FileState {
@@ -183,6 +229,36 @@ impl FileState {
                 self.verified = false;
                 P::Uncached
             }
+            (P::Rw { dirty }, E::OpenKept { write }) if !write || dirty => {
+                let Some(k) = self.kept.as_mut() else {
+                    return Err(illegal);
+                };
+                k.users += 1;
+                self.opens += 1;
+                if write {
+                    self.writers += 1;
+                }
+                return Ok(());
+            }
+            (_, E::CloseKept { write }) => {
+                let ok = self.opens > 0
+                    && (!write || self.writers > 0)
+                    && self.kept.as_ref().is_some_and(|k| k.users > 0);
+                if !ok {
+                    return Err(illegal);
+                }
+                self.opens -= 1;
+                if write {
+                    self.writers -= 1;
+                }
+                if let Some(k) = self.kept.as_mut() {
+                    k.users -= 1;
+                    if k.users == 0 {
+                        k.idle_since = Instant::now();
+                    }
+                }
+                return Ok(());
+            }
             _ => return Err(illegal),
         };
         if !matches!(event, E::Open { .. } | E::Written) {
@@ -197,6 +273,57 @@ impl FileState {
         }
         self.phase = next;
         Ok(())
+    }
+
+    /// [`Event::Keep`]: the engine's record of an open closing here stays, made for `by`
+    /// (refused unless the file is `Rw` here with no kept open yet).
+    pub fn keep(&mut self, by: KeptBy) -> Result<(), Illegal> {
+        if !matches!(self.phase, Phase::Rw { .. }) || self.kept.is_some() {
+            return Err(Illegal {
+                from: self.phase,
+                event: Event::Keep,
+            });
+        }
+        self.kept = Some(Kept {
+            by,
+            users: 0,
+            idle_since: Instant::now(),
+            gone: false,
+        });
+        Ok(())
+    }
+
+    /// Whether an open may be served on the kept open now: one made under `session`, the
+    /// file `Rw` here (and dirty already for a writer).
+    pub fn kept_serves(&self, session: u64, write: bool) -> bool {
+        let rw = match self.phase {
+            Phase::Rw { dirty } => !write || dirty,
+            _ => false,
+        };
+        rw && self.kept.as_ref().is_some_and(|k| k.by.session == session)
+    }
+
+    /// Takes the kept open away when it has no user and `due(kept, phase)` says it should
+    /// go: the caller sends its close to the engine. A kept open with users stays (their
+    /// handles count on its record).
+    pub fn unkeep(&mut self, due: impl FnOnce(&Kept, Phase) -> bool) -> Option<KeptBy> {
+        match &self.kept {
+            Some(k) if k.users == 0 && due(k, self.phase) => self.kept.take().map(|k| k.by),
+            _ => None,
+        }
+    }
+
+    /// The kept open goes with the lease: once the file is no longer `Rw` here (a give-back,
+    /// a drop, a write-back does not count), or its name went here, a kept open without users
+    /// is closed.
+    pub fn unkeep_if_unleased(&mut self) -> Option<KeptBy> {
+        self.unkeep(|k, phase| {
+            k.gone
+                || !matches!(
+                    phase,
+                    Phase::Rw { .. } | Phase::WritingBack | Phase::GivingBack
+                )
+        })
     }
 }
 
@@ -326,6 +453,88 @@ mod tests {
         s.reported = told;
         assert!(s.apply(E::CopyDone).is_err());
         assert_eq!(s.reported, told);
+    }
+
+    fn by(session: u64) -> KeptBy {
+        KeptBy {
+            session,
+            caller: Default::default(),
+            at: None,
+        }
+    }
+
+    #[test]
+    fn a_kept_open_serves_only_its_session_and_a_writer_only_when_dirty() {
+        // only an Rw file keeps a record, and only one
+        for phase in [P::Uncached, P::Ro, P::WritingBack, P::GivingBack] {
+            assert!(at(phase).keep(by(1)).is_err(), "{phase:?}");
+        }
+        let mut s = at(P::Rw { dirty: false });
+        assert!(!s.kept_serves(1, false), "nothing kept yet");
+        assert!(s.apply(E::OpenKept { write: false }).is_err());
+        s.keep(by(1)).unwrap();
+        assert!(s.keep(by(1)).is_err(), "one kept open per file");
+        assert!(s.kept_serves(1, false));
+        assert!(!s.kept_serves(2, false), "another session's record is gone");
+        assert!(
+            !s.kept_serves(1, true),
+            "a clean lease: a writer goes to the engine"
+        );
+        assert!(s.apply(E::OpenKept { write: true }).is_err());
+        s.apply(E::OpenKept { write: false }).unwrap();
+        assert_eq!((s.opens, s.kept.as_ref().unwrap().users), (1, 1));
+        // a dirty lease serves writers, counted as writers (a give-back waits for them)
+        s.apply(E::Written).unwrap();
+        assert!(s.kept_serves(1, true));
+        s.apply(E::OpenKept { write: true }).unwrap();
+        assert_eq!((s.opens, s.writers), (2, 1));
+        assert!(s.apply(E::GiveBackStart).is_err());
+        // a kept open with users never goes, whatever the phase
+        assert_eq!(s.unkeep(|_, _| true), None);
+        s.apply(E::CloseKept { write: true }).unwrap();
+        s.apply(E::CloseKept { write: false }).unwrap();
+        assert!(
+            s.apply(E::CloseKept { write: false }).is_err(),
+            "no underflow"
+        );
+        assert_eq!((s.opens, s.writers), (0, 0));
+        // the lease stays: the record stays until its idle time is over
+        assert_eq!(s.unkeep_if_unleased(), None);
+        assert_eq!(s.unkeep(|_, _| true), Some(by(1)));
+        assert_eq!(s.kept, None);
+    }
+
+    #[test]
+    fn a_kept_open_goes_with_the_lease_or_the_name() {
+        // given back while a handle uses it: it stays until that handle's close
+        let mut s = at(P::Rw { dirty: false });
+        s.keep(by(7)).unwrap();
+        s.apply(E::OpenKept { write: false }).unwrap();
+        s.apply(E::GiveBackStart).unwrap();
+        assert_eq!(
+            s.unkeep_if_unleased(),
+            None,
+            "a give-back under way keeps it"
+        );
+        s.apply(E::GivenBack { keep: true }).unwrap();
+        assert_eq!(s.unkeep_if_unleased(), None, "a handle still uses it");
+        assert!(
+            !s.kept_serves(7, false),
+            "no new handle once the lease went"
+        );
+        s.apply(E::CloseKept { write: false }).unwrap();
+        assert_eq!(s.unkeep_if_unleased(), Some(by(7)));
+        // dropped (evicted, lease lost): it goes at once
+        let mut d = at(P::Rw { dirty: false });
+        d.keep(by(7)).unwrap();
+        d.apply(E::Dropped).unwrap();
+        assert_eq!(d.unkeep_if_unleased(), Some(by(7)));
+        // the name went here: it goes although the lease stays
+        let mut g = at(P::Rw { dirty: true });
+        g.keep(by(7)).unwrap();
+        assert_eq!(g.unkeep_if_unleased(), None);
+        g.kept.as_mut().unwrap().gone = true;
+        assert_eq!(g.unkeep_if_unleased(), Some(by(7)));
     }
 
     #[test]

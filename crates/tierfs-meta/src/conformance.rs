@@ -122,6 +122,10 @@ pub fn run_all(factory: &Factory<'_>) {
             changelog::changelog_namespace_records,
         ),
         (
+            "changelog_wanted_follows_the_readers",
+            changelog::changelog_wanted_follows_the_readers,
+        ),
+        (
             "allocated_bytes_follow_the_slices",
             allocated_bytes_follow_the_slices,
         ),

@@ -445,6 +445,12 @@ pub trait Changelog: Send + Sync {
     /// Deregisters readers idle past their idle time (purging what only they held); returns
     /// them. Clients call it now and then; the reader operations and `changelog_status` too.
     fn changelog_expire(&self) -> Result<Vec<IdleDeregistration>>;
+    /// The record types some registered reader wants of the changes `client` makes: the
+    /// union of the active readers' masks, less those of `client`'s own change follower
+    /// (HSM records apart), as the record gates decide (one read). A client asks before it
+    /// serves opens without the engine (kept opens under an RW-PCC lease, docs/pcc.md),
+    /// which write no OPEN or CLOSE record.
+    fn changelog_wanted(&self, client: &str) -> Result<Mask>;
 }
 
 /// Reports of the clients' background workers: each client publishes its workers' status

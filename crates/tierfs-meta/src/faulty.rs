@@ -410,6 +410,7 @@ impl Changelog for FaultyEngine {
         fn changelog_read(&self, reader: Option<u64>, mask: Mask, start: u64, end: u64, limit: usize) -> Result<Vec<ChangelogRecord>>;
         fn changelog_status(&self) -> Result<ChangelogStatus>;
         fn changelog_expire(&self) -> Result<Vec<IdleDeregistration>>;
+        fn changelog_wanted(&self, client: &str) -> Result<Mask>;
     }
 }
 

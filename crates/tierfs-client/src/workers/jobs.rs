@@ -26,17 +26,29 @@ pub const COMPACT_PER_ROUND: usize = 64;
 /// one): the session reaper reaps others only after a whole session timeout of it.
 pub struct Health {
     since: Mutex<Instant>,
+    /// The last heartbeat that succeeded (mounting counts as one).
+    last_ok: Mutex<Instant>,
 }
 
 impl Health {
     pub fn new() -> Arc<Health> {
         Arc::new(Health {
             since: Mutex::new(Instant::now()),
+            last_ok: Mutex::new(Instant::now()),
         })
     }
 
     fn broken(&self) {
         *self.since.lock() = Instant::now();
+    }
+
+    fn ok(&self) {
+        *self.last_ok.lock() = Instant::now();
+    }
+
+    /// Whether a heartbeat succeeded within `d`.
+    pub fn beat_within(&self, d: Duration) -> bool {
+        self.last_ok.lock().elapsed() < d
     }
 
     fn healthy_for(&self) -> Duration {
@@ -66,7 +78,10 @@ impl Worker for Heartbeat {
     fn work(&mut self, ctx: &Ctx) -> Result<Next, WorkError> {
         let id = self.session.id();
         match self.meta.heartbeat(id) {
-            Ok(()) => Ok(Next::Idle),
+            Ok(()) => {
+                self.health.ok();
+                Ok(Next::Idle)
+            }
             Err(tierfs_meta::MetaError::NotFound) => {
                 // Our session was reaped or evicted: fence, and carry on under a new one.
                 self.health.broken();
@@ -164,9 +179,15 @@ impl Worker for CloseRecorder {
 }
 
 /// `pcc`: reports the sizes of cached files being written, keeps the cache under its high
-/// watermark and its rules' quotas, and validates entries (every 5 s).
+/// watermark and its rules' quotas, and validates entries (every 5 s); allows kept opens for
+/// about a second more while no changelog reader wants this client's OPEN or CLOSE records and
+/// a heartbeat succeeded within `fresh`, and closes kept opens idle past `pcc_open_cache_secs`
+/// (all of them when not allowed) (docs/pcc.md, "Kept opens").
 pub struct PccUpkeep {
     pub pcc: Arc<Pcc>,
+    pub meta: Arc<dyn MetaEngine>,
+    pub health: Arc<Health>,
+    pub fresh: Duration,
 }
 
 impl Worker for PccUpkeep {
@@ -180,7 +201,19 @@ impl Worker for PccUpkeep {
         self.pcc.report_writers();
         self.pcc.keep_within_limits();
         self.pcc.validate_if_due();
-        Ok(Next::Idle)
+        if self.pcc.cfg.open_cache.is_zero() {
+            return Ok(Next::Idle);
+        }
+        let opens = tierfs_meta::changelog::RecordType::Open.bit()
+            | tierfs_meta::changelog::RecordType::Close.bit();
+        let wanted = self.meta.changelog_wanted(&self.pcc.client);
+        let allowed =
+            self.health.beat_within(self.fresh) && matches!(&wanted, Ok(m) if m.0 & opens == 0);
+        self.pcc.allow_kept_opens(allowed);
+        match wanted {
+            Ok(_) => Ok(Next::Idle),
+            Err(e) => Err(format!("reading the changelog readers' masks failed: {e}").into()),
+        }
     }
 }
 

@@ -211,3 +211,35 @@ pub fn changelog_namespace_records(e: &dyn MetaEngine) {
     }
     assert!(v.windows(2).all(|w| w[0].index < w[1].index));
 }
+
+/// `changelog_wanted`: the union of the active readers' masks, less what a follower of the
+/// asking client does not get (its own records, HSM ones apart); nothing once they go.
+pub fn changelog_wanted_follows_the_readers(e: &dyn MetaEngine) {
+    let idle = Duration::from_secs(3600);
+    assert_eq!(
+        e.changelog_wanted("a").unwrap().0,
+        0,
+        "no reader, nothing wanted"
+    );
+    let open_close = RecordType::Open.bit() | RecordType::Close.bit();
+    let f = e
+        .changelog_register_follower(Mask::all(), idle, "a")
+        .unwrap();
+    assert_eq!(
+        e.changelog_wanted("a").unwrap().0,
+        RecordType::Hsm.bit(),
+        "a's own follower wants none of a's records but HSM ones"
+    );
+    assert_eq!(
+        e.changelog_wanted("b").unwrap().0,
+        Mask::all().0,
+        "a's follower wants all of b's"
+    );
+    let r = e.changelog_register(Mask(open_close), idle).unwrap();
+    let w = e.changelog_wanted("a").unwrap().0;
+    assert_eq!(w & open_close, open_close, "{w:#x}");
+    assert_eq!(w & RecordType::Creat.bit(), 0, "{w:#x}");
+    e.changelog_deregister(r).unwrap();
+    e.changelog_deregister(f).unwrap();
+    assert_eq!(e.changelog_wanted("b").unwrap().0, 0, "readers gone");
+}

@@ -546,6 +546,27 @@ impl<D: Driver> Changelog for SqlMeta<D> {
         })
     }
 
+    fn changelog_wanted(&self, client: &str) -> Result<Mask> {
+        self.d.read(|tx| {
+            let mut mask = 0i64;
+            tx.query_each(
+                "SELECT mask, follower_of FROM changelog_readers WHERE state = 0",
+                vals![],
+                &mut |r| {
+                    let m = r.i64(0)?;
+                    // a follower of `client` gets none of its records but HSM ones (the gates)
+                    mask |= if r.opt_text(1)?.as_deref() == Some(client) {
+                        m & RecordType::Hsm.bit()
+                    } else {
+                        m
+                    };
+                    Ok(())
+                },
+            )?;
+            Ok(Mask(mask))
+        })
+    }
+
     fn changelog_expire(&self) -> Result<Vec<IdleDeregistration>> {
         // A cheap read first: most calls find nothing to do and then write nothing.
         let due = self.d.read(|tx| {
