@@ -163,7 +163,7 @@ pub struct MountArgs {
     #[arg(long, short = 'f')]
     pub foreground: bool,
     /// Client configuration file (TOML); see docs/configuration in the README for keys.
-    #[arg(long)]
+    #[arg(long, env = "TIERFS_CONFIG")]
     pub config: Option<PathBuf>,
     /// Seconds the kernel caches attributes and names (default 1).
     #[arg(long)]

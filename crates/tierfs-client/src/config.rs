@@ -412,6 +412,14 @@ mod tests {
     }
 
     #[test]
+    fn kept_opens_last_ten_seconds_by_default_and_zero_turns_them_off() {
+        assert_eq!(ClientConfig::default().pcc_open_cache_secs, 10);
+        let c = ClientConfig::from_toml("pcc_open_cache_secs = 0").unwrap();
+        assert_eq!(c.pcc_open_cache_secs, 0);
+        assert!(ClientConfig::from_toml("pcc_open_cache_secs = -1").is_err());
+    }
+
+    #[test]
     fn pcc_attach_defaults_to_root_only_and_is_checked() {
         let c = ClientConfig::default();
         assert_eq!(c.attach_policy(), Ok(AttachPolicy::Root));
