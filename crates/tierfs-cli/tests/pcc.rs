@@ -3384,12 +3384,12 @@ fn kept_opens_serve_reopens_without_the_engine_until_the_lease_goes() {
     let (fa, fb) = (t.p(0, "f"), t.p(1, "f"));
     let data = pattern(21, 0, 100_000);
     fs::write(&fa, &data).unwrap();
-    let st = wait_dirty(&t, &fa);
-    assert!(
-        st.flags.iter().any(|f| f == "kept_open"),
-        "the create's close kept its open: {}",
-        st.raw
-    );
+    wait_dirty(&t, &fa);
+    // (the kernel's RELEASE of the create's handle comes after close(2) returns)
+    let (st, kept) = wait_state(&t, &fa, Duration::from_secs(3), |s| {
+        s.flags.iter().any(|f| f == "kept_open")
+    });
+    assert!(kept, "the create's close did not keep its open: {}", st.raw);
     let kept0 = pcc_event(t.mnt(0), "opens_kept");
     let opens0 = fuse_ops(t.mnt(0), "open");
     for i in 0..20 {
@@ -3398,6 +3398,10 @@ fn kept_opens_serve_reopens_without_the_engine_until_the_lease_goes() {
     // a writer of the (dirty) file is served on the kept open too
     let more = pattern(22, 0, 4096);
     write_at(&fa, 100_000, &more, false);
+    // the writer's RELEASE (a size report under the file's lock) comes after close(2): an open
+    // meanwhile finds the file's transition lock held and goes to the engine, as it may
+    let (st, closed) = wait_state(&t, &fa, Duration::from_secs(3), |s| s.open_count == 0);
+    assert!(closed, "the writer's handle never closed: {}", st.raw);
     let mut all = data.clone();
     all.extend_from_slice(&more);
     assert_reads(&fa, &all, "the owner after its write");
