@@ -3454,6 +3454,28 @@ fn a_kept_open_ends_with_the_name_here_and_after_its_idle_time_elsewhere() {
         "freed only after {:?}: the kept open waited for its idle time",
         unlinked.elapsed()
     );
+    // unlinked while its handle is still open (as after `echo x > f; rm f` when the kernel's
+    // RELEASE of the handle comes after the unlink): the close keeps nothing, so the file is
+    // freed at the close
+    let mut held = Vec::new();
+    for i in 0..10 {
+        let p = t.p(0, &format!("q{i}"));
+        let mut f = fs::File::create(&p).unwrap();
+        f.write_all(b"x").unwrap();
+        fs::remove_file(&p).unwrap();
+        held.push(f);
+    }
+    let closed = Instant::now();
+    drop(held);
+    assert!(
+        wait_until(Duration::from_secs(10), || files_in_use(t.mnt(0)) == base),
+        "files unlinked while open are still counted after their close"
+    );
+    assert!(
+        closed.elapsed() < Duration::from_secs(2),
+        "freed only after {:?}: the closes were kept",
+        closed.elapsed()
+    );
     // renamed here, then unlinked under its new name: the same
     fs::write(t.p(0, "r1"), b"x").unwrap();
     wait_dirty(&t, &t.p(0, "r1"));

@@ -431,7 +431,7 @@ pub struct FsInner {
     /// One passthrough backing file per inode, shared by its open handles.
     backing: Mutex<HashMap<Ino, (Arc<BackingId>, u32)>>,
     /// Last name each inode was looked up or created under (for fname rules at open).
-    names: Mutex<HashMap<Ino, (Ino, Vec<u8>)>>,
+    names: Mutex<HashMap<Ino, Vec<u8>>>,
     /// POSIX ACLs on (`posix_acl` in the client config; the kernel enforces them only when it
     /// accepted FUSE_POSIX_ACL at init).
     pub posix_acl: bool,
@@ -1229,7 +1229,7 @@ impl FsInner {
         }
         let opened = match &self.pcc {
             Some(pcc) => {
-                let name = self.names.lock().get(&ino).map(|(_, n)| n.clone());
+                let name = self.names.lock().get(&ino).cloned();
                 let r = pcc.open(sid, &a, name.as_deref(), flags, snapshot, block);
                 if let Err(ClientError::Meta(MetaError::SessionEnded(s))) = &r {
                     // fenced: a new session for the next request (this one fails, EIO)
@@ -1752,13 +1752,13 @@ impl FsInner {
         }
     }
 
-    fn remember_name(&self, a: &Attr, parent: Ino, name: &OsStr) {
+    fn remember_name(&self, a: &Attr, name: &OsStr) {
         if self.pcc.is_some() && a.kind == Kind::File {
             let mut g = self.names.lock();
             if g.len() > 100_000 {
                 g.clear();
             }
-            g.insert(a.ino, (parent, name.as_bytes().to_vec()));
+            g.insert(a.ino, name.as_bytes().to_vec());
         }
     }
 
@@ -2093,7 +2093,7 @@ impl Filesystem for TierFs {
             Ok(self.meta.lookup(parent.0, name.as_bytes())?)
         }) {
             Ok(a) => {
-                self.remember_name(&a, parent.0, name);
+                self.remember_name(&a, name);
                 reply.entry(&self.entry_ttl_now(), &self.fattr(&a), Generation(0))
             }
             Err(ClientError::Meta(MetaError::NotFound)) if self.meta.getattr(parent.0).is_err() => {
@@ -2314,9 +2314,9 @@ impl Filesystem for TierFs {
         // changelog records of this request name its caller (crate::caller)
         let _caller = self.scope(req);
         match self.run("unlink", || {
-            self.meta.unlink(parent.0, name.as_bytes())?;
+            let ino = self.meta.unlink(parent.0, name.as_bytes())?;
             if let Some(p) = &self.pcc {
-                p.name_gone(parent.0, name.as_bytes());
+                p.name_gone(ino);
             }
             Ok(())
         }) {
@@ -2379,25 +2379,16 @@ impl Filesystem for TierFs {
         // changelog records of this request name its caller (crate::caller)
         let _caller = self.scope(req);
         let r = self.run("rename", || {
-            self.meta.rename(
+            let replaced = self.meta.rename(
                 parent.0,
                 name.as_bytes(),
                 newparent.0,
                 newname.as_bytes(),
                 flags.bits(),
             )?;
-            if let Some(p) = &self.pcc {
-                let (from, to) = (
-                    (parent.0, name.as_bytes()),
-                    (newparent.0, newname.as_bytes()),
-                );
-                if flags.bits() & libc::RENAME_EXCHANGE != 0 {
-                    p.names_exchanged(from, to);
-                } else {
-                    // a file the rename replaced lost its name here
-                    p.name_gone(to.0, to.1);
-                    p.name_moved(from, to);
-                }
+            // a file the rename replaced lost its name here
+            if let (Some(p), Some(ino)) = (&self.pcc, replaced) {
+                p.name_gone(ino);
             }
             Ok(())
         });
@@ -2599,7 +2590,7 @@ impl Filesystem for TierFs {
             };
             self.store_inherited(a.ino, &inh)?;
             if let Some(pcc) = &self.pcc {
-                self.remember_name(&a, parent.0, name);
+                self.remember_name(&a, name);
                 let served = match (leased, rw.is_some()) {
                     (Some((rule, lease)), _) => pcc.on_create_leased(&a, rule, lease)?,
                     // the RW rules were checked in the create: none wanted the file
@@ -2943,7 +2934,6 @@ impl Filesystem for TierFs {
                         KeptBy {
                             session: opened_under,
                             caller: caller.clone(),
-                            at: self.names.lock().get(&ino.0).cloned(),
                         },
                     )
                 }
@@ -3082,7 +3072,7 @@ impl Filesystem for TierFs {
                             Generation(0),
                         );
                         if !full {
-                            self.remember_name(&a, ino.0, name);
+                            self.remember_name(&a, name);
                         }
                         full
                     }

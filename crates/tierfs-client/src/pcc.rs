@@ -194,8 +194,6 @@ pub struct Pcc {
     kept_until: std::sync::atomic::AtomicI64,
     /// Kept opens now (their slots' `kept`), at most [`KEPT_MAX`].
     kept: std::sync::atomic::AtomicUsize,
-    /// The kept opens by the directory and name this client knew them by.
-    kept_at: Mutex<HashMap<(Ino, Vec<u8>), Ino>>,
 }
 
 /// What [`Pcc::open`] did.
@@ -246,7 +244,6 @@ impl Pcc {
             last_open: std::sync::atomic::AtomicI64::new(0),
             kept_until: std::sync::atomic::AtomicI64::new(0),
             kept: std::sync::atomic::AtomicUsize::new(0),
-            kept_at: Mutex::new(HashMap::new()),
         })
     }
 
@@ -306,68 +303,29 @@ impl Pcc {
 
     /// A kept open was taken away: its record's close goes to the engine with the next batch.
     fn kept_closed(&self, ino: Ino, by: KeptBy) {
-        self.forget_kept(ino, &by);
+        self.forget_kept();
         self.data.queue_close(ino, by.caller, by.session);
     }
 
-    fn forget_kept(&self, ino: Ino, by: &KeptBy) {
+    fn forget_kept(&self) {
         self.kept.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-        if let Some(at) = &by.at {
-            let mut g = self.kept_at.lock();
-            if g.get(at) == Some(&ino) {
-                g.remove(at);
-            }
-        }
     }
 
-    /// This client removed `parent`/`name` (an unlink, or a rename that replaced it): the
-    /// kept open of the file it named, if any, closes now (or at its last handle's close),
-    /// so that the engine frees the file as it would have without a kept open.
-    pub fn name_gone(&self, parent: Ino, name: &[u8]) {
-        let Some(ino) = self.kept_at.lock().remove(&(parent, name.to_vec())) else {
-            return;
-        };
+    /// This client removed a name of file `ino` (an unlink, or a rename that replaced it; the
+    /// engine tells which inode the name was): the file keeps no open from now on, and its
+    /// kept open, if any, closes now (or at its last handle's close), so that the engine frees
+    /// the file as it would have without kept opens. (A handle still open, whose RELEASE has
+    /// not come yet, is then closed as usual: `echo x > f; rm f` frees `f` at once.)
+    pub fn name_gone(&self, ino: Ino) {
         let Some(slot) = self.slots.lock().get(&ino).cloned() else {
             return;
         };
         let mut st = slot.st.lock();
+        st.name_gone = true;
         if let Some(k) = st.kept.as_mut() {
             k.gone = true;
-            k.by.at = None;
         }
         self.close_kept_if_unleased(ino, &mut st);
-    }
-
-    /// This client exchanged the names `a` and `b` (`RENAME_EXCHANGE`): kept opens follow.
-    pub fn names_exchanged(&self, a: (Ino, &[u8]), b: (Ino, &[u8])) {
-        let (ka, kb) = ((a.0, a.1.to_vec()), (b.0, b.1.to_vec()));
-        let (ia, ib) = {
-            let mut g = self.kept_at.lock();
-            (g.remove(&ka), g.remove(&kb))
-        };
-        for (ino, to) in [(ia, kb), (ib, ka)] {
-            let Some(ino) = ino else { continue };
-            if let Some(slot) = self.slots.lock().get(&ino).cloned() {
-                if let Some(k) = slot.st.lock().kept.as_mut() {
-                    k.by.at = Some(to.clone());
-                    self.kept_at.lock().insert(to, ino);
-                }
-            }
-        }
-    }
-
-    /// This client renamed `from` to `to`: a kept open of the file follows its name.
-    pub fn name_moved(&self, from: (Ino, &[u8]), to: (Ino, &[u8])) {
-        let Some(ino) = self.kept_at.lock().remove(&(from.0, from.1.to_vec())) else {
-            return;
-        };
-        let to = (to.0, to.1.to_vec());
-        if let Some(slot) = self.slots.lock().get(&ino).cloned() {
-            if let Some(k) = slot.st.lock().kept.as_mut() {
-                k.by.at = Some(to.clone());
-                self.kept_at.lock().insert(to, ino);
-            }
-        }
     }
 
     /// Moves a file's state machine (its slot's lock held); an illegal move is refused.
@@ -1003,7 +961,7 @@ impl Pcc {
         // not find this client's record of a handle that is closed.
         let kept = slot.st.lock().unkeep(|_, _| true);
         if let Some(by) = kept {
-            self.forget_kept(ino, &by);
+            self.forget_kept();
             if let Err(err) = self.meta.close_files(by.session, &[ino]) {
                 tracing::debug!(ino, "close of a kept open at give-back: {err}; queued");
                 self.data.queue_close(ino, by.caller, by.session);
@@ -1144,14 +1102,10 @@ impl Pcc {
         let Some(_held) = slot.op.try_lock() else {
             return false;
         };
-        let at = by.at.clone();
         if slot.st.lock().keep(by).is_err() {
             return false;
         }
         self.kept.fetch_add(1, Relaxed);
-        if let Some(at) = at {
-            self.kept_at.lock().insert(at, ino);
-        }
         true
     }
 

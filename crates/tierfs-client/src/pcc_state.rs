@@ -109,9 +109,6 @@ pub enum Event {
 pub struct KeptBy {
     pub session: u64,
     pub caller: tierfs_meta::changelog::Caller,
-    /// The file's directory and name as this client last knew them (None: not known), so that
-    /// an unlink or rename here closes the kept open at once.
-    pub at: Option<(tierfs_meta::Ino, Vec<u8>)>,
 }
 
 /// An open of the file that the engine still records for this client after its handle
@@ -162,6 +159,9 @@ pub struct FileState {
     pub verified: bool,
     /// The kept open, if any.
     pub kept: Option<Kept>,
+    /// This client removed a name of the file: its opens are no longer kept (the engine frees
+    /// an unlinked file at its last close, which a kept open would put off).
+    pub name_gone: bool,
 }
 
 impl FileState {
@@ -278,7 +278,7 @@ impl FileState {
     /// [`Event::Keep`]: the engine's record of an open closing here stays, made for `by`
     /// (refused unless the file is `Rw` here with no kept open yet).
     pub fn keep(&mut self, by: KeptBy) -> Result<(), Illegal> {
-        if !matches!(self.phase, Phase::Rw { .. }) || self.kept.is_some() {
+        if !matches!(self.phase, Phase::Rw { .. }) || self.kept.is_some() || self.name_gone {
             return Err(Illegal {
                 from: self.phase,
                 event: Event::Keep,
@@ -459,7 +459,6 @@ mod tests {
         KeptBy {
             session,
             caller: Default::default(),
-            at: None,
         }
     }
 
@@ -535,6 +534,9 @@ mod tests {
         assert_eq!(g.unkeep_if_unleased(), None);
         g.kept.as_mut().unwrap().gone = true;
         assert_eq!(g.unkeep_if_unleased(), Some(by(7)));
+        // and a file whose name went here keeps no open any more
+        g.name_gone = true;
+        assert!(g.keep(by(7)).is_err());
     }
 
     #[test]

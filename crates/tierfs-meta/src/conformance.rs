@@ -511,7 +511,10 @@ fn unlink_rmdir_nlink(e: &dyn MetaEngine) {
     assert!(matches!(e.rmdir(ROOT_INO, b"d"), Err(MetaError::NotEmpty)));
     assert!(matches!(e.unlink(ROOT_INO, b"d"), Err(MetaError::IsDir)));
     assert!(matches!(e.rmdir(d.ino, b"f"), Err(MetaError::NotDir)));
-    e.unlink(d.ino, b"f").unwrap();
+    // a second name first: the unlink tells which inode each name was
+    e.link(f.ino, ROOT_INO, b"f2").unwrap();
+    assert_eq!(e.unlink(ROOT_INO, b"f2").unwrap(), f.ino);
+    assert_eq!(e.unlink(d.ino, b"f").unwrap(), f.ino);
     assert!(matches!(e.getattr(f.ino), Err(MetaError::NotFound)));
     e.rmdir(ROOT_INO, b"d").unwrap();
     assert_eq!(e.getattr(ROOT_INO).unwrap().nlink, 2);
@@ -523,14 +526,18 @@ fn rename_cases(e: &dyn MetaEngine) {
     let b = e.create(ROOT_INO, b"b", &dir(), None, None).unwrap();
     let f = e.create(a.ino, b"f", &file(), None, None).unwrap();
     let g = e.create(b.ino, b"g", &file(), None, None).unwrap();
-    // across directories, over an existing file
-    e.rename(a.ino, b"f", b.ino, b"g", 0).unwrap();
+    // across directories, over an existing file: the rename tells which inode it replaced
+    assert_eq!(e.rename(a.ino, b"f", b.ino, b"g", 0).unwrap(), Some(g.ino));
     assert_eq!(e.lookup(b.ino, b"g").unwrap().ino, f.ino);
     // the replaced file has no name, and is gone once its grace is over
     // (replaced_file_stays_openable_for_its_grace checks the grace itself)
     assert_eq!(e.getattr(g.ino).unwrap().nlink, 0);
     e.purge_orphans(now_nanos() + 1).unwrap();
     assert!(matches!(e.getattr(g.ino), Err(MetaError::NotFound)));
+    // onto a free name, and onto itself: nothing replaced
+    assert_eq!(e.rename(b.ino, b"g", b.ino, b"g2", 0).unwrap(), None);
+    assert_eq!(e.rename(b.ino, b"g2", b.ino, b"g", 0).unwrap(), None);
+    assert_eq!(e.rename(b.ino, b"g", b.ino, b"g", 0).unwrap(), None);
     // NOREPLACE
     e.create(b.ino, b"h", &file(), None, None).unwrap();
     assert!(matches!(
@@ -541,8 +548,12 @@ fn rename_cases(e: &dyn MetaEngine) {
     let sub = e.create(a.ino, b"sub", &dir(), None, None).unwrap();
     let a_before = e.getattr(a.ino).unwrap().nlink;
     let b_before = e.getattr(b.ino).unwrap().nlink;
-    e.rename(a.ino, b"sub", b.ino, b"g", libc::RENAME_EXCHANGE)
-        .unwrap();
+    // (an exchange replaces nothing)
+    assert_eq!(
+        e.rename(a.ino, b"sub", b.ino, b"g", libc::RENAME_EXCHANGE)
+            .unwrap(),
+        None
+    );
     assert_eq!(e.lookup(b.ino, b"g").unwrap().ino, sub.ino);
     assert_eq!(e.lookup(a.ino, b"sub").unwrap().ino, f.ino);
     assert_eq!(e.getattr(a.ino).unwrap().nlink, a_before - 1);
@@ -550,7 +561,10 @@ fn rename_cases(e: &dyn MetaEngine) {
     assert_eq!(e.getattr(sub.ino).unwrap().parent, b.ino);
     // a directory over an empty directory; over a non-empty one fails
     let empty = e.create(ROOT_INO, b"empty", &dir(), None, None).unwrap();
-    e.rename(b.ino, b"g", ROOT_INO, b"empty", 0).unwrap();
+    assert_eq!(
+        e.rename(b.ino, b"g", ROOT_INO, b"empty", 0).unwrap(),
+        Some(empty.ino)
+    );
     assert!(matches!(e.getattr(empty.ino), Err(MetaError::NotFound)));
     assert!(matches!(
         e.rename(ROOT_INO, b"a", ROOT_INO, b"b", 0),

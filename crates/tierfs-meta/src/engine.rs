@@ -95,11 +95,12 @@ pub trait Namespace: Send + Sync {
         open_by: Option<u64>,
     ) -> Result<Attr>;
     fn link(&self, ino: Ino, new_parent: Ino, new_name: &[u8]) -> Result<Attr>;
-    /// Removes a name. A file whose last name goes while a client still has it open stays
-    /// readable until the last close ([`MetaEngine::close_file`]).
-    fn unlink(&self, parent: Ino, name: &[u8]) -> Result<()>;
+    /// Removes a name; returns the inode it named. A file whose last name goes while a client
+    /// still has it open stays readable until the last close ([`MetaEngine::close_file`]).
+    fn unlink(&self, parent: Ino, name: &[u8]) -> Result<Ino>;
     fn rmdir(&self, parent: Ino, name: &[u8]) -> Result<()>;
-    /// `flags`: libc::RENAME_NOREPLACE, libc::RENAME_EXCHANGE.
+    /// `flags`: libc::RENAME_NOREPLACE, libc::RENAME_EXCHANGE. Returns the inode that lost its
+    /// name `new_parent`/`new_name` to the rename, if one did (never with an exchange).
     fn rename(
         &self,
         parent: Ino,
@@ -107,7 +108,7 @@ pub trait Namespace: Send + Sync {
         new_parent: Ino,
         new_name: &[u8],
         flags: u32,
-    ) -> Result<()>;
+    ) -> Result<Option<Ino>>;
     /// Entries after cursor `offset` (0: from the start), at most `limit`, without "." and "..".
     fn readdir(&self, ino: Ino, offset: u64, limit: usize) -> Result<Vec<DirEntry>>;
     /// [`Namespace::readdir`] with each entry's attributes, read together (one statement), as

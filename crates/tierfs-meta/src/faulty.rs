@@ -274,9 +274,9 @@ impl Namespace for FaultyEngine {
         fn setattr(&self, ino: Ino, set: &SetAttr) -> Result<Attr>;
         fn create(&self, parent: Ino, name: &[u8], node: &NewNode, layout: Option<Layout>, open_by: Option<u64>) -> Result<Attr>;
         fn link(&self, ino: Ino, new_parent: Ino, new_name: &[u8]) -> Result<Attr>;
-        fn unlink(&self, parent: Ino, name: &[u8]) -> Result<()>;
+        fn unlink(&self, parent: Ino, name: &[u8]) -> Result<Ino>;
         fn rmdir(&self, parent: Ino, name: &[u8]) -> Result<()>;
-        fn rename(&self, parent: Ino, name: &[u8], new_parent: Ino, new_name: &[u8], flags: u32) -> Result<()>;
+        fn rename(&self, parent: Ino, name: &[u8], new_parent: Ino, new_name: &[u8], flags: u32) -> Result<Option<Ino>>;
         fn readdir(&self, ino: Ino, offset: u64, limit: usize) -> Result<Vec<DirEntry>>;
         fn readdir_plus(&self, ino: Ino, offset: u64, limit: usize) -> Result<Vec<(DirEntry, Attr)>>;
         fn readlink(&self, ino: Ino) -> Result<Vec<u8>>;

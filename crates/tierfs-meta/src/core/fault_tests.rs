@@ -132,17 +132,18 @@ fn ops() -> Vec<(&'static str, Op)> {
             e.create(ROOT_INO, b"m", &node(Kind::Dir), None, None)
                 .map(|_| ())
         }),
-        ("unlink", |e, _| e.unlink(ROOT_INO, b"b")),
-        ("unlink with data", |e, t| e.unlink(t.d, b"a")),
+        ("unlink", |e, _| e.unlink(ROOT_INO, b"b").map(|_| ())),
+        ("unlink with data", |e, t| e.unlink(t.d, b"a").map(|_| ())),
         ("rmdir", |e, _| e.rmdir(ROOT_INO, b"e")),
         ("rename over a file", |e, _| {
-            e.rename(ROOT_INO, b"b", ROOT_INO, b"c", 0)
+            e.rename(ROOT_INO, b"b", ROOT_INO, b"c", 0).map(|_| ())
         }),
         ("rename exchange", |e, _| {
             e.rename(ROOT_INO, b"b", ROOT_INO, b"c", libc::RENAME_EXCHANGE)
+                .map(|_| ())
         }),
         ("rename a directory", |e, t| {
-            e.rename(ROOT_INO, b"d", t.e, b"d", 0)
+            e.rename(ROOT_INO, b"d", t.e, b"d", 0).map(|_| ())
         }),
         ("link", |e, t| e.link(t.b, t.d, b"b2").map(|_| ())),
         ("truncate", |e, t| {

@@ -1970,7 +1970,9 @@ mod tests {
             steps[6] = cost(&mut || {
                 e.rewrite_data(g, &[slice(2)], 10, 2).unwrap();
             });
-            steps[7] = cost(&mut || e.unlink(ROOT_INO, name).unwrap());
+            steps[7] = cost(&mut || {
+                e.unlink(ROOT_INO, name).unwrap();
+            });
             steps[8] = cost(&mut || {
                 assert_eq!(e.purge_unlinked(64).unwrap(), u64::from(!archived));
             });

@@ -458,7 +458,7 @@ impl<D: Driver> Namespace for SqlMeta<D> {
         })
     }
 
-    fn unlink(&self, parent: Ino, name: &[u8]) -> Result<()> {
+    fn unlink(&self, parent: Ino, name: &[u8]) -> Result<Ino> {
         self.d.write(|tx| {
             let Some((id, ino, kind)) = find_dentry(tx, parent, name)? else {
                 dir_attr(tx, parent)?;
@@ -498,7 +498,7 @@ impl<D: Driver> Namespace for SqlMeta<D> {
                     .at(parent, name)
                     .flags(flags),
             )?;
-            Ok(())
+            Ok(ino)
         })
     }
 
@@ -546,7 +546,7 @@ impl<D: Driver> Namespace for SqlMeta<D> {
         new_parent: Ino,
         new_name: &[u8],
         flags: u32,
-    ) -> Result<()> {
+    ) -> Result<Option<Ino>> {
         check_name(new_name)?;
         let exchange = flags & libc::RENAME_EXCHANGE != 0;
         let noreplace = flags & libc::RENAME_NOREPLACE != 0;
@@ -571,7 +571,7 @@ impl<D: Driver> Namespace for SqlMeta<D> {
                 return if noreplace {
                     Err(MetaError::Exists)
                 } else {
-                    Ok(())
+                    Ok(None)
                 };
             }
             if tx.dialect().row_locks() {
@@ -659,7 +659,7 @@ impl<D: Driver> Namespace for SqlMeta<D> {
                             .flags(FLAG_EXCHANGE),
                     ],
                 )?;
-                return Ok(());
+                return Ok(None);
             }
             let mut new_parent_nlink = 0i64;
             // The inode the rename replaced, and whether it lost its last name (changelog).
@@ -670,7 +670,7 @@ impl<D: Driver> Namespace for SqlMeta<D> {
                 }
                 if dino == sino {
                     // Two names of one file: POSIX says do nothing.
-                    return Ok(());
+                    return Ok(None);
                 }
                 if dkind == Kind::Dir {
                     if skind != Kind::Dir {
@@ -731,7 +731,7 @@ impl<D: Driver> Namespace for SqlMeta<D> {
                 );
             }
             changelog::record_all(tx, &recs)?;
-            Ok(())
+            Ok(replaced.map(|(dino, _)| dino))
         })
     }
 
