@@ -502,3 +502,38 @@ fn permission_change_on_one_client_enforced_on_another() {
         );
     });
 }
+
+/// A directory removed and made again on another client while this client's kernel still
+/// holds the old one's entry (a long TTL, and this client does not follow the others'
+/// changes): the lookup under the old directory answers ESTALE, not "no such name", so the
+/// kernel walks the path again and finds the new directory's file.
+#[test]
+fn a_path_through_a_directory_remade_elsewhere_finds_the_new_one() {
+    let mut t = TestFs::with(Opts {
+        clients: 0,
+        ..Opts::default()
+    });
+    let a = t.mount_with(&ClientOpts {
+        name: "a".into(),
+        attr_ttl: Some(600.0),
+        config: Some("follow_changes = false\n".into()),
+        ..ClientOpts::default()
+    });
+    let b = t.mount_with(&ClientOpts {
+        name: "b".into(),
+        ..ClientOpts::default()
+    });
+    fs::create_dir(t.p(a, "d")).unwrap();
+    fs::write(t.p(a, "d/old"), b"old").unwrap();
+    let old = stat(&t.p(a, "d")).unwrap().st_ino;
+    // b replaces the directory
+    fs::remove_dir_all(t.p(b, "d")).unwrap();
+    fs::create_dir(t.p(b, "d")).unwrap();
+    fs::write(t.p(b, "d/new"), b"new").unwrap();
+    assert_ne!(stat(&t.p(b, "d")).unwrap().st_ino, old);
+    // a's kernel still has the old directory's entry (600 s) ...
+    assert_eq!(lstat(&t.p(a, "d")).unwrap().st_ino, old);
+    // ... yet a name under it is looked up in the new one
+    assert_eq!(read_all(&t.p(a, "d/new")).unwrap(), b"new");
+    assert_ne!(stat(&t.p(a, "d")).unwrap().st_ino, old);
+}

@@ -2096,7 +2096,7 @@ impl Filesystem for TierFs {
                 self.remember_name(&a, name);
                 reply.entry(&self.entry_ttl_now(), &self.fattr(&a), Generation(0))
             }
-            Err(ClientError::Meta(MetaError::NotFound)) if self.meta.getattr(parent.0).is_err() => {
+            Err(ClientError::Meta(MetaError::StaleDir)) => {
                 // The directory itself is gone (removed, maybe re-created, on another client):
                 // ESTALE makes the kernel walk the path again.
                 reply.error(Errno::ESTALE)

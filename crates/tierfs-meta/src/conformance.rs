@@ -516,7 +516,13 @@ fn unlink_rmdir_nlink(e: &dyn MetaEngine) {
     assert_eq!(e.unlink(ROOT_INO, b"f2").unwrap(), f.ino);
     assert_eq!(e.unlink(d.ino, b"f").unwrap(), f.ino);
     assert!(matches!(e.getattr(f.ino), Err(MetaError::NotFound)));
+    // no such name in a directory, and a lookup in a directory that is gone, differ
+    assert!(matches!(e.lookup(d.ino, b"f"), Err(MetaError::NotFound)));
     e.rmdir(ROOT_INO, b"d").unwrap();
+    assert!(matches!(e.lookup(d.ino, b"f"), Err(MetaError::StaleDir)));
+    let g = e.create(ROOT_INO, b"g", &file(), None, None).unwrap();
+    assert!(matches!(e.lookup(g.ino, b"f"), Err(MetaError::NotDir)));
+    e.unlink(ROOT_INO, b"g").unwrap();
     assert_eq!(e.getattr(ROOT_INO).unwrap().nlink, 2);
     assert!(matches!(e.unlink(ROOT_INO, b"d"), Err(MetaError::NotFound)));
 }

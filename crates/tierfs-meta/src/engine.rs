@@ -80,6 +80,9 @@ pub trait Listener: Send {
 
 /// The namespace: names, attributes, extended attributes, layouts and projects.
 pub trait Namespace: Send + Sync {
+    /// The attributes of `parent`/`name`: `NotFound` when the directory has no such name,
+    /// `StaleDir` when the directory itself is gone, `NotDir` when `parent` is not one (one
+    /// read: FUSE answers a negative entry or ESTALE from it alone).
     fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Attr>;
     fn getattr(&self, ino: Ino) -> Result<Attr>;
     /// Changes attributes; a size change truncates (freeing objects beyond the new end).

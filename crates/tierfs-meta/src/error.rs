@@ -7,6 +7,11 @@ use thiserror::Error;
 pub enum MetaError {
     #[error("no such file or directory")]
     NotFound,
+    /// A lookup in a directory that no longer exists (removed, maybe by another client): not
+    /// "no such name", so the kernel walks the path again (ESTALE) rather than caching a
+    /// negative entry under a dead directory.
+    #[error("the directory no longer exists")]
+    StaleDir,
     #[error("file exists")]
     Exists,
     #[error("not a directory")]
@@ -71,6 +76,7 @@ impl MetaError {
     pub fn errno(&self) -> i32 {
         match self {
             MetaError::NotFound => libc::ENOENT,
+            MetaError::StaleDir => libc::ESTALE,
             MetaError::Exists => libc::EEXIST,
             MetaError::NotDir => libc::ENOTDIR,
             MetaError::IsDir => libc::EISDIR,

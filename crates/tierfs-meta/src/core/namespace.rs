@@ -391,10 +391,12 @@ impl<D: Driver> Namespace for SqlMeta<D> {
         self.d.read(
             |tx| match tx.query_opt(lookup_sql(), vals![parent, name])? {
                 Some(r) => attr_from_row(&r),
-                None => {
-                    dir_attr(tx, parent)?;
-                    Err(MetaError::NotFound)
-                }
+                // no such name: in a directory that exists, or in one that is gone
+                None => match dir_attr(tx, parent) {
+                    Ok(_) => Err(MetaError::NotFound),
+                    Err(MetaError::NotFound) => Err(MetaError::StaleDir),
+                    Err(e) => Err(e),
+                },
             },
         )
     }
