@@ -25,6 +25,7 @@
 
 use std::time::Duration;
 
+use super::common::record_open;
 use super::SqlMeta;
 use crate::changelog::{
     for_ino, ChangelogError, ChangelogReader, ChangelogRecord, ChangelogStatus, IdleDeregistration,
@@ -32,7 +33,7 @@ use crate::changelog::{
 };
 use crate::engine::Changelog;
 use crate::error::{MetaError, Result};
-use crate::sql::{Driver, Row, Tx};
+use crate::sql::{Driver, Row, Tx, Value};
 use crate::types::*;
 use crate::vals;
 
@@ -148,16 +149,45 @@ const INSERT_SQLITE: &str = "INSERT INTO changelog \
 
 // The gate's WHERE is evaluated before its select list, so the lock is taken (and the NOTIFY
 // on [`NOTIFY_CHANNEL`] sent) only when a reader wants the record; the index (`nextval`, in the outer select list) is drawn for the
-// gate's row, after the lock.
-const INSERT_PG: &str = "INSERT INTO changelog \
+// gate's row, after the lock. `extra` adds a condition to the gate (evaluated before the lock).
+fn insert_pg(extra: &str) -> String {
+    format!(
+        "INSERT INTO changelog \
     (idx, time, type, flags, target, parent, name, sparent, sname, uid, gid, client, jobid) \
     SELECT nextval('changelog_seq_n_seq'), $1::BIGINT, $2::INTEGER, $3::INTEGER, $4::BIGINT, $5::BIGINT, $6::BYTEA, \
     $7::BIGINT, $8::BYTEA, $9::BIGINT, $10::BIGINT, $11::TEXT, $12::TEXT \
     FROM (SELECT pg_advisory_xact_lock(7882522153839479911) AS locked, \
     pg_notify('tierfs_changelog', '') AS notified \
     WHERE EXISTS (SELECT 1 FROM changelog_readers WHERE state = 0 AND (mask & $13::BIGINT) <> 0 \
-    AND (follower_of IS NULL OR follower_of <> $11::TEXT OR $2::INTEGER = 16))) \
-    AS gate";
+    AND (follower_of IS NULL OR follower_of <> $11::TEXT OR $2::INTEGER = 16)){extra}) \
+    AS gate"
+    )
+}
+
+fn insert_pg_sql() -> &'static str {
+    static S: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    S.get_or_init(|| insert_pg(""))
+}
+
+/// The parameters of [`record`]'s statements ($1 to $13), for `rec` made by `c`.
+fn rec_params(rec: &Rec<'_>, c: &crate::changelog::Caller, client: &str) -> Vec<Value> {
+    vals![
+        now_nanos(),
+        rec.typ as i64,
+        rec.flags as i64,
+        rec.target,
+        rec.parent,
+        rec.name,
+        rec.source.map(|s| s.0),
+        rec.source.map(|s| s.1),
+        c.uid as i64,
+        c.gid as i64,
+        client,
+        c.jobid.as_deref(),
+        rec.typ.bit(),
+    ]
+    .to_vec()
+}
 
 /// Writes `rec` in the caller's transaction if a registered reader's mask includes its type
 /// and the reader is not the change follower of the client making the record (HSM records
@@ -168,31 +198,50 @@ pub fn record(tx: &mut dyn Tx, rec: &Rec<'_>) -> Result<bool> {
     let c = for_ino(rec.target);
     let client = c.client_name();
     let sql = if tx.dialect().is_postgres() {
-        INSERT_PG
+        insert_pg_sql()
     } else {
         INSERT_SQLITE
     };
-    let n = tx.exec(
-        sql,
-        vals![
-            now_nanos(),
-            rec.typ as i64,
-            rec.flags as i64,
-            rec.target,
-            rec.parent,
-            rec.name,
-            rec.source.map(|s| s.0),
-            rec.source.map(|s| s.1),
-            c.uid as i64,
-            c.gid as i64,
-            &*client,
-            c.jobid.as_deref(),
-            rec.typ.bit(),
-        ],
-    )?;
+    let n = tx.exec(sql, &rec_params(rec, &c, &client))?;
     // On PostgreSQL the statement also sent the NOTIFY that wakes followers (delivered at
     // commit; identical notices of one transaction merge into one).
     Ok(n > 0)
+}
+
+/// Records an open of `ino` under `session` ([`record_open`]: `SessionEnded` when the session
+/// is gone) and its OPEN record ([`record`]). PostgreSQL: one statement, the open's upsert
+/// first and then, only when a reader wants OPEN records, the changelog's order lock and row
+/// (the gate reads the upsert's result, so the lock comes after the open's row lock, as with
+/// two statements); SQLite: the two statements.
+pub fn record_open_logged(tx: &mut dyn Tx, session: u64, ino: Ino) -> Result<()> {
+    if !tx.dialect().is_postgres() {
+        record_open(tx, session, ino)?;
+        record(tx, &Rec::new(RecordType::Open, ino))?;
+        return Ok(());
+    }
+    static S: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let sql = S.get_or_init(|| {
+        format!(
+            "WITH o AS (INSERT INTO open_files (session, ino, count) \
+                        SELECT $14::BIGINT, $15::BIGINT, 1 \
+                        WHERE EXISTS (SELECT 1 FROM sessions WHERE id = $14::BIGINT) \
+                        ON CONFLICT (ino, session) DO UPDATE SET count = open_files.count + 1 \
+                        RETURNING 1), \
+                  c AS ({} RETURNING 1) \
+             SELECT EXISTS (SELECT 1 FROM o), EXISTS (SELECT 1 FROM c)",
+            insert_pg(" AND EXISTS (SELECT 1 FROM o)")
+        )
+    });
+    let rec = Rec::new(RecordType::Open, ino);
+    let c = for_ino(ino);
+    let client = c.client_name();
+    let mut params = rec_params(&rec, &c, &client);
+    params.extend(vals![session, ino].iter().cloned());
+    let r = tx.one(sql, &params)?;
+    if !r.bool(0)? {
+        return Err(MetaError::SessionEnded(session));
+    }
+    Ok(())
 }
 
 /// Writes the records of one operation that makes several (a create that opens, a rename

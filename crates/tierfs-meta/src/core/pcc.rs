@@ -4,9 +4,7 @@
 use std::sync::OnceLock;
 
 use super::common::AttrUpdate;
-use super::common::{
-    attr_from_row, check_name, lock1, lock_rows, record_open, ATTR_COLS, ATTR_COLS_I, VISIBLE,
-};
+use super::common::{attr_from_row, check_name, lock1, lock_rows, ATTR_COLS, ATTR_COLS_I, VISIBLE};
 use super::namespace::create_in;
 use super::SqlMeta;
 use crate::engine::Pcc;
@@ -243,12 +241,8 @@ impl<D: Driver> Pcc for SqlMeta<D> {
                     lease: None,
                 },
             };
-            record_open(tx, session, ino)?;
-            // changelog: OPEN
-            super::changelog::record(
-                tx,
-                &super::changelog::Rec::new(crate::changelog::RecordType::Open, ino),
-            )?;
+            // changelog: OPEN (with the record of the open: one statement on PostgreSQL)
+            super::changelog::record_open_logged(tx, session, ino)?;
             Ok(out)
         })
     }

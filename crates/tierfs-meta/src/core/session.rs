@@ -5,7 +5,7 @@
 //! [`session_from_row`].
 
 use super::changelog::{self, Rec};
-use super::common::{lock1, lock_rows, purge_if_orphan, record_open};
+use super::common::{lock1, lock_rows, purge_if_orphan};
 use super::SqlMeta;
 use crate::changelog::RecordType;
 use crate::engine::Sessions;
@@ -238,9 +238,8 @@ impl<D: Driver> Sessions for SqlMeta<D> {
                 hold_session(tx, session)?;
             }
             lock1(tx, ino)?;
-            record_open(tx, session, ino)?;
-            // changelog: OPEN
-            changelog::record(tx, &Rec::new(RecordType::Open, ino))?;
+            // changelog: OPEN (with the record of the open: one statement on PostgreSQL)
+            changelog::record_open_logged(tx, session, ino)?;
             Ok(())
         })
     }

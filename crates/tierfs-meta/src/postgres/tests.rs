@@ -903,13 +903,32 @@ fn pcc_open_round_trips(server: &Server) {
         ));
         e.driver().statements() - n
     };
-    assert_eq!(cost(false), 3, "no lease");
+    // the session's hold, the inode's lock and the lease (one statement), then the record of
+    // the open with its changelog record (one statement)
+    assert_eq!(cost(false), 2, "no lease");
     e.close_files(s, &[f.ino]).unwrap();
     e.pcc_acquire(f.ino, "a").unwrap();
     assert_eq!(
         cost(true),
-        4,
+        3,
         "the owner's first open for writing marks the lease dirty"
     );
-    assert_eq!(cost(true), 3, "then it is dirty");
+    assert_eq!(cost(true), 2, "then it is dirty");
+    // the same with a reader of OPEN records: the record is written by that same statement
+    let r = e
+        .changelog_register(
+            crate::changelog::Mask::parse("OPEN").unwrap(),
+            std::time::Duration::from_secs(86_400),
+        )
+        .unwrap();
+    let before = e.changelog_status().unwrap().current;
+    assert_eq!(cost(false), 2, "with a reader");
+    assert_eq!(e.changelog_status().unwrap().current, before + 1);
+    e.changelog_deregister(r).unwrap();
+    // an ended session: refused, nothing recorded
+    e.unregister_session(s).unwrap();
+    assert!(matches!(
+        e.pcc_open(s, f.ino, "a", false, None),
+        Err(MetaError::SessionEnded(_))
+    ));
 }
