@@ -25,7 +25,7 @@
 
 use std::time::Duration;
 
-use super::common::record_open;
+use super::common::{open_upsert_sql, record_open};
 use super::SqlMeta;
 use crate::changelog::{
     for_ino, ChangelogError, ChangelogReader, ChangelogRecord, ChangelogStatus, IdleDeregistration,
@@ -170,23 +170,22 @@ fn insert_pg_sql() -> &'static str {
 }
 
 /// The parameters of [`record`]'s statements ($1 to $13), for `rec` made by `c`.
-fn rec_params(rec: &Rec<'_>, c: &crate::changelog::Caller, client: &str) -> Vec<Value> {
-    vals![
-        now_nanos(),
-        rec.typ as i64,
-        rec.flags as i64,
-        rec.target,
-        rec.parent,
-        rec.name,
-        rec.source.map(|s| s.0),
-        rec.source.map(|s| s.1),
-        c.uid as i64,
-        c.gid as i64,
-        client,
-        c.jobid.as_deref(),
-        rec.typ.bit(),
+fn rec_params(rec: &Rec<'_>, c: &crate::changelog::Caller, client: &str) -> [Value; 13] {
+    [
+        Value::from(now_nanos()),
+        Value::from(rec.typ as i64),
+        Value::from(rec.flags as i64),
+        Value::from(rec.target),
+        Value::from(rec.parent),
+        Value::from(rec.name),
+        Value::from(rec.source.map(|s| s.0)),
+        Value::from(rec.source.map(|s| s.1)),
+        Value::from(c.uid as i64),
+        Value::from(c.gid as i64),
+        Value::from(client),
+        Value::from(c.jobid.as_deref()),
+        Value::from(rec.typ.bit()),
     ]
-    .to_vec()
 }
 
 /// Writes `rec` in the caller's transaction if a registered reader's mask includes its type
@@ -222,21 +221,17 @@ pub fn record_open_logged(tx: &mut dyn Tx, session: u64, ino: Ino) -> Result<()>
     static S: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     let sql = S.get_or_init(|| {
         format!(
-            "WITH o AS (INSERT INTO open_files (session, ino, count) \
-                        SELECT $14::BIGINT, $15::BIGINT, 1 \
-                        WHERE EXISTS (SELECT 1 FROM sessions WHERE id = $14::BIGINT) \
-                        ON CONFLICT (ino, session) DO UPDATE SET count = open_files.count + 1 \
-                        RETURNING 1), \
-                  c AS ({} RETURNING 1) \
+            "WITH o AS ({} RETURNING 1), c AS ({} RETURNING 1) \
              SELECT EXISTS (SELECT 1 FROM o), EXISTS (SELECT 1 FROM c)",
+            open_upsert_sql("$14::BIGINT", "$15::BIGINT"),
             insert_pg(" AND EXISTS (SELECT 1 FROM o)")
         )
     });
     let rec = Rec::new(RecordType::Open, ino);
     let c = for_ino(ino);
     let client = c.client_name();
-    let mut params = rec_params(&rec, &c, &client);
-    params.extend(vals![session, ino].iter().cloned());
+    let mut params = rec_params(&rec, &c, &client).to_vec();
+    params.extend([Value::from(session), Value::from(ino)]);
     let r = tx.one(sql, &params)?;
     if !r.bool(0)? {
         return Err(MetaError::SessionEnded(session));

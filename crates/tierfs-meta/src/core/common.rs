@@ -330,17 +330,25 @@ pub fn drop_link(tx: &mut dyn Tx, ino: Ino, now: Nanos) -> Result<Option<i64>> {
         .transpose()
 }
 
+/// The statement that counts one more open of a file by a session, only under a session that
+/// still exists (the check is a primary-key lookup inside the insert), with `session` and `ino`
+/// as its placeholders for them ([`record_open`], and the PostgreSQL statement that also writes
+/// the changelog's OPEN record, `changelog::record_open_logged`).
+pub fn open_upsert_sql(session: &str, ino: &str) -> String {
+    format!(
+        "INSERT INTO open_files (session, ino, count) SELECT {session}, {ino}, 1 \
+         WHERE EXISTS (SELECT 1 FROM sessions WHERE id = {session}) \
+         ON CONFLICT (ino, session) DO UPDATE SET count = open_files.count + 1"
+    )
+}
+
 /// Counts one more open of `ino` by `session`.
 pub fn record_open(tx: &mut dyn Tx, session: u64, ino: Ino) -> Result<()> {
-    // Only under a session that still exists (one statement: the check is a primary-key
-    // lookup inside the insert); on PostgreSQL the caller holds the session's row first
-    // (`session::hold_session`), so a concurrent reap cannot interleave.
-    let n = tx.exec(
-        "INSERT INTO open_files (session, ino, count) SELECT $1, $2, 1 \
-         WHERE EXISTS (SELECT 1 FROM sessions WHERE id = $1) \
-         ON CONFLICT (ino, session) DO UPDATE SET count = open_files.count + 1",
-        vals![session, ino],
-    )?;
+    // On PostgreSQL the caller holds the session's row first (`session::hold_session`), so a
+    // concurrent reap cannot interleave.
+    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let sql = SQL.get_or_init(|| open_upsert_sql("$1", "$2"));
+    let n = tx.exec(sql, vals![session, ino])?;
     if n == 0 {
         return Err(MetaError::SessionEnded(session));
     }

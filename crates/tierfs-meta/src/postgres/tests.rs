@@ -925,7 +925,7 @@ fn pcc_open_round_trips(server: &Server) {
     assert_eq!(cost(false), 2, "with a reader");
     assert_eq!(e.changelog_status().unwrap().current, before + 1);
     e.changelog_deregister(r).unwrap();
-    // an ended session: refused, nothing recorded
+    // an ended session: refused
     e.unregister_session(s).unwrap();
     assert!(matches!(
         e.pcc_open(s, f.ino, "a", false, None),
