@@ -1094,8 +1094,14 @@ mod tests {
     fn fx(stripe_size: u64) -> Fx {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(dir.path().join("archive")).unwrap();
-        let (meta, _, rt, data) =
-            crate::data::fixture::data_path(dir.path(), "mover", 2, stripe_size, |m| m);
+        let (meta, _, rt, data) = crate::data::fixture::data_path(
+            dir.path(),
+            "mover",
+            2,
+            stripe_size,
+            crate::data::DataConfig::default(),
+            |m| m,
+        );
         let data = Arc::new(data);
         meta.hsm_archive_add(
             1,

@@ -53,6 +53,11 @@ impl ChunkCache {
         }
     }
 
+    /// How many chunks the cache holds at most.
+    pub fn capacity(&self) -> usize {
+        self.cap
+    }
+
     pub fn get(&self, key: &Key) -> Option<Cell> {
         let mut g = self.inner.lock();
         g.0 += 1;

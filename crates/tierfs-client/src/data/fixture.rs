@@ -25,8 +25,16 @@ pub fn fixture() -> Fixture {
 
 /// [`fixture`] with the engine wrapped by `wrap` (a [`tierfs_meta::faulty::FaultyEngine`]).
 pub fn fixture_with(wrap: impl FnOnce(Arc<dyn MetaEngine>) -> Arc<dyn MetaEngine>) -> Fixture {
+    fixture_configured(DataConfig::default(), wrap)
+}
+
+/// [`fixture_with`] on a data path configured by `cfg`.
+pub fn fixture_configured(
+    cfg: DataConfig,
+    wrap: impl FnOnce(Arc<dyn MetaEngine>) -> Arc<dyn MetaEngine>,
+) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
-    let (meta, targets, rt, data) = data_path(dir.path(), "durability", 1, 1 << 20, wrap);
+    let (meta, targets, rt, data) = data_path(dir.path(), "durability", 1, 1 << 20, cfg, wrap);
     let layout = data.choose_layout(ROOT_INO).unwrap();
     let node = NewNode {
         kind: Kind::File,
@@ -66,6 +74,7 @@ pub fn data_path(
     name: &str,
     stripe_count: u32,
     stripe_size: u64,
+    cfg: DataConfig,
     wrap: impl FnOnce(Arc<dyn MetaEngine>) -> Arc<dyn MetaEngine>,
 ) -> (
     Arc<dyn MetaEngine>,
@@ -108,7 +117,7 @@ pub fn data_path(
         rt.handle().clone(),
         Arc::new(Metrics::new()),
         0,
-        DataConfig::default(),
+        cfg,
     );
     (meta, targets, rt, data)
 }

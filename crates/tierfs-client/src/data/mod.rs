@@ -9,6 +9,8 @@ mod durability_tests;
 pub(crate) mod fixture;
 #[cfg(test)]
 mod race_tests;
+#[cfg(test)]
+mod read_tests;
 pub mod segments;
 pub mod space;
 
@@ -1138,7 +1140,10 @@ impl DataPath {
             }
             let last_chunk = (end - 1) / cs;
             let chunks_total = fsize.div_ceil(cs);
-            for ahead in 1..=self.cfg.readahead_chunks {
+            // Chunks read ahead go into the same cache as the ones this read waits for: past
+            // its capacity they would push those out (or each other) and be read twice.
+            let room = self.cache.capacity().saturating_sub(futs.len()) as u64;
+            for ahead in 1..=self.cfg.readahead_chunks.min(room) {
                 let c = last_chunk + ahead;
                 if c >= chunks_total {
                     break;
