@@ -91,6 +91,12 @@ pub struct CommonArgs {
     /// Fail a run that takes longer than this (its clients are aborted and remounted).
     #[arg(long, global = true, default_value = "10m", value_parser = util::parse_duration)]
     pub run_timeout: std::time::Duration,
+    /// Save each tierfs client's counters (its mount's `.tierfs-stats`: FUSE operations and
+    /// their latency, PCC events, bytes per target) right before and right after each run, as
+    /// DIR/RUN-cN.before.txt and DIR/RUN-cN.after.txt (RUN: workload, mode and repetition).
+    /// The difference is what the run cost each client.
+    #[arg(long, global = true, value_name = "DIR")]
+    pub mount_stats: Option<PathBuf>,
     /// No live progress display.
     #[arg(long, global = true)]
     pub no_progress: bool,
@@ -377,6 +383,7 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
             reps: c.reps,
             drop_caches: !c.no_drop_caches,
             run_timeout: c.run_timeout,
+            mount_stats: c.mount_stats.clone(),
         },
         progress: interactive && !c.no_progress,
         command_line: command_line(),

@@ -198,6 +198,8 @@ pub struct RunOptions {
     /// A run still going after this is failed: its clients' FUSE connections are aborted and
     /// they are unmounted (and mounted again for the next run).
     pub run_timeout: Duration,
+    /// Where to save each tierfs client's `.tierfs-stats` before and after each run.
+    pub mount_stats: Option<std::path::PathBuf>,
 }
 
 /// Runs `w` `reps` times in every mode, interleaved. Only an interrupt aborts; a failing run is
@@ -280,12 +282,14 @@ fn run_one(
     } else {
         Vec::new()
     };
+    save_mount_stats(opts, &mounts, &run, "before")?;
+    let watched = mounts.clone();
     let tierfs = env.cfg.tierfs.clone();
     let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
     let timeout = opts.run_timeout;
     let watchdog = std::thread::spawn(move || {
         if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = done_rx.recv_timeout(timeout) {
-            crate::fixture::force_unmount(&tierfs, &mounts);
+            crate::fixture::force_unmount(&tierfs, &watched);
             true
         } else {
             false
@@ -303,6 +307,7 @@ fn run_one(
             ),
         });
     }
+    save_mount_stats(opts, &mounts, &run, "after")?;
     progress.phase("cleaning up", 1);
     let _ = std::fs::remove_dir_all(&roots[0]);
     match res {
@@ -316,6 +321,28 @@ fn run_one(
             error: e.to_string(),
         }),
     }
+}
+
+/// Copies each client's `.tierfs-stats` to `opts.mount_stats/RUN-cN.WHEN.txt`, if asked to.
+fn save_mount_stats(
+    opts: &RunOptions,
+    mounts: &[std::path::PathBuf],
+    run: &str,
+    when: &str,
+) -> Result<(), BenchError> {
+    let Some(dir) = &opts.mount_stats else {
+        return Ok(());
+    };
+    std::fs::create_dir_all(dir)
+        .map_err(|e| BenchError::io(format!("create {}", dir.display()), e))?;
+    for (i, m) in mounts.iter().enumerate() {
+        let from = m.join(".tierfs-stats");
+        let to = dir.join(format!("{run}-c{}.{when}.txt", i + 1));
+        std::fs::copy(&from, &to).map_err(|e| {
+            BenchError::io(format!("copy {} to {}", from.display(), to.display()), e)
+        })?;
+    }
+    Ok(())
 }
 
 fn describe(w: &dyn Workload, mode: Mode, rep: u32, o: &Outcome) -> String {

@@ -85,6 +85,7 @@ pub fn run_modes(
             reps,
             drop_caches: false,
             run_timeout: limit,
+            mount_stats: None,
         },
         progress: false,
         command_line: "cargo test".into(),
