@@ -559,6 +559,81 @@ fn a_create_under_an_rw_rule_takes_its_lease_in_the_same_engine_call() {
     assert_eq!(read_all(&m.p("lost.rw")), b"again");
 }
 
+/// Kept opens (issue 15): while one writer's close(2) waits for the engine to take its size
+/// report (webserver's threads appending to one log file), another open of the file on the
+/// same client is served on the file's kept open without waiting for that report: the report
+/// holds the file's report lock, not its transition lock. (Before, the report held the
+/// transition lock, so the other open missed the kept open, was parked until the report
+/// ended, and then went to the engine.) The close completes once the engine answers, and the
+/// engine has the new size.
+#[test]
+fn an_open_on_the_kept_open_does_not_wait_for_another_handles_size_report() {
+    use std::os::unix::fs::MetadataExt;
+    let (_fs, engine, m) = under_an_rw_rule();
+    let p = m.p("log.rw");
+    fs::write(&p, pattern(4096, 1)).unwrap();
+    let ino = fs::metadata(&p).unwrap().ino();
+    // The close's record stays as the kept open (the kernel's RELEASE comes after close(2)):
+    // a reopen that the engine does not see shows it is there.
+    let opens = || m.plan.calls("pcc_open") + m.plan.calls("open_file");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let before = opens();
+        drop(fs::File::open(&p).unwrap());
+        if opens() == before {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no reopen was served on a kept open within 10 s"
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+    let mut w = fs::OpenOptions::new().append(true).open(&p).unwrap();
+    w.write_all(&pattern(100, 2)).unwrap();
+    m.plan.fail_next("pcc_report", 1, Fault::HoldReply);
+    let closing = thread::spawn(move || drop(w));
+    assert!(
+        m.plan.wait_held(Duration::from_secs(10)),
+        "the writer's close sent no size report"
+    );
+    // The report is held: an open for reading and one for writing are served meanwhile.
+    // (Their handles stay open until it is released: the new writer's own close reports too,
+    // after the held one.)
+    let (tx, rx) = mpsc::channel();
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    let p2 = p.clone();
+    let opener = thread::spawn(move || {
+        let r = fs::File::open(&p2).and_then(|r| {
+            fs::OpenOptions::new()
+                .append(true)
+                .open(&p2)
+                .map(|w| (r, w))
+        });
+        let ok = r.as_ref().map(|_| ()).map_err(|e| e.to_string());
+        let _ = tx.send(ok);
+        let _ = done_rx.recv_timeout(Duration::from_secs(60));
+        drop(r);
+    });
+    let served = rx.recv_timeout(Duration::from_secs(10));
+    m.plan.release();
+    let _ = done_tx.send(());
+    closing.join().unwrap();
+    opener.join().unwrap();
+    match served {
+        Ok(r) => r.expect("opens while another handle's report was held"),
+        Err(_) => panic!("the opens waited for another handle's size report to the engine"),
+    }
+    assert_eq!(
+        engine.getattr(ino).unwrap().size,
+        4196,
+        "the close's report"
+    );
+    let mut want = pattern(4096, 1);
+    want.extend_from_slice(&pattern(100, 2));
+    assert_eq!(read_all(&p), want);
+}
+
 /// RW-PCC (issue 14): a writer's close(2) reports the file's size and mtime to the engine at
 /// its FLUSH, and its RELEASE, which found the cache file as the FLUSH reported it, sends no
 /// second report (it changed nothing in the engine: one transaction per file saved). A close

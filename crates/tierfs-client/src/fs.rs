@@ -2825,7 +2825,7 @@ impl Filesystem for TierFs {
             if let (Some(pcc), Some(h)) = (&self.pcc, self.handle(fh)) {
                 if h.cache.as_ref().map(|c| c.write).unwrap_or(false) {
                     // close(2) of a writer: other clients see the new size and mtime now.
-                    match pcc.report(ino.0, true) {
+                    match pcc.report_writer(ino.0) {
                         Ok(_)
                         | Err(ClientError::Meta(MetaError::NotFound | MetaError::WouldBlock)) => {}
                         Err(e) => return Err(e),

@@ -675,7 +675,7 @@ impl Pcc {
     /// RO-PCC attach: a read-only copy tied to the file's current data version.
     pub fn attach_ro(&self, attr: &Attr, rule: Option<u64>) -> Result<()> {
         let slot = self.slot(attr.ino);
-        let _held = slot.op.lock();
+        let _held = slot.hold();
         self.sync(&slot, attr.ino);
         if attr.kind != Kind::File {
             return Err(ClientError::Errno(
@@ -737,7 +737,7 @@ impl Pcc {
     /// the lease's own transaction ([`MetaEngine::pcc_acquire_dirty`]).
     fn attach_rw_as(&self, attr: &Attr, rule: Option<u64>, created: bool) -> Result<Entry> {
         let slot = self.slot(attr.ino);
-        let _held = slot.op.lock();
+        let _held = slot.hold();
         self.sync(&slot, attr.ino);
         if attr.kind != Kind::File {
             return Err(ClientError::Errno(
@@ -851,7 +851,7 @@ impl Pcc {
     /// left it is a snapshot: the file stays dirty.
     pub fn write_back(&self, ino: Ino) -> Result<()> {
         let slot = self.slot(ino);
-        let _held = slot.op.lock();
+        let _held = slot.hold();
         self.sync(&slot, ino);
         let Some(e) = self.store.get(ino) else {
             return Ok(());
@@ -897,7 +897,7 @@ impl Pcc {
     /// read, so it holds every write acknowledged before the reader asked.
     pub fn snapshot(&self, ino: Ino, seq: u64) -> Result<()> {
         let slot = self.slot(ino);
-        let _held = slot.op.lock();
+        let _held = slot.hold();
         self.sync(&slot, ino);
         let Some(e) = self.store.get(ino).filter(|e| e.mode == Mode::Rw) else {
             return Ok(());
@@ -913,7 +913,7 @@ impl Pcc {
     /// Refused (EBUSY) while this client has writers of the file.
     pub fn give_back(&self, ino: Ino, keep: bool) -> Result<()> {
         let slot = self.slot(ino);
-        let _held = slot.op.lock();
+        let _held = slot.hold();
         self.sync(&slot, ino);
         let Some(e) = self.store.get(ino) else {
             // A lease in this client's name without data here: released only if clean.
@@ -1313,7 +1313,7 @@ impl Pcc {
             return Ok(None);
         };
         let slot = self.slot(attr.ino);
-        let _held = slot.op.lock();
+        let _held = slot.hold();
         // A writer's lease is taken dirty: "may be dirty" is in the engine before the writable
         // descriptor exists.
         match self.attach_rw_as(attr, Some(rule), write) {
@@ -1351,7 +1351,7 @@ impl Pcc {
         lease: PccLease,
     ) -> Result<Option<Served>> {
         let slot = self.slot(attr.ino);
-        let _held = slot.op.lock();
+        let _held = slot.hold();
         self.sync(&slot, attr.ino);
         // The new cache file (opened read-write) is the served descriptor itself.
         let attached = self.room_for(Some(rule), 0).and_then(|()| {
@@ -1389,7 +1389,21 @@ impl Pcc {
     /// forgets what was reported ([`FileState::reported`]).
     pub fn report(&self, ino: Ino, dirty: bool) -> Result<()> {
         let slot = self.slot(ino);
-        let _held = slot.op.lock();
+        let _held = slot.hold();
+        self.report_held(&slot, ino, dirty)
+    }
+
+    /// A writer's report (at its FLUSH and its close): as [`Pcc::report`] (dirty), under the
+    /// slot's `report` lock only (see [`Slot::report`]). The caller's handle must count as a
+    /// writer of the file until this returns.
+    pub fn report_writer(&self, ino: Ino) -> Result<()> {
+        let slot = self.slot(ino);
+        let _reporting = slot.report.lock();
+        self.report_held(&slot, ino, true)
+    }
+
+    /// [`Pcc::report`] with the slot's `report` lock held.
+    fn report_held(&self, slot: &Slot, ino: Ino, dirty: bool) -> Result<()> {
         let Some(e) = self.store.get(ino).filter(|e| e.mode == Mode::Rw) else {
             return Ok(());
         };
@@ -1409,8 +1423,8 @@ impl Pcc {
                 e.dirty = true;
                 e.last_write = now_nanos();
             });
-            self.sync(&slot, ino);
-            let _ = self.step(&slot, ino, Event::Written);
+            self.sync(slot, ino);
+            let _ = self.step(slot, ino, Event::Written);
         }
         let mut st = slot.st.lock();
         st.last_report = Some(Instant::now());
@@ -1506,13 +1520,10 @@ impl Pcc {
             self.close_kept_if_unleased(ino, &mut st);
             return Ok(());
         }
-        let _held = slot.op.lock();
         // Report before this handle stops counting as a writer: a recall waits for writers.
-        let reported = if wrote {
-            self.report(ino, true).map(|_| ())
-        } else {
-            Ok(())
-        };
+        // (Not under the transition lock: see Pcc::report_writer.)
+        let reported = self.report_writer(ino);
+        let _held = slot.op.lock();
         if let Err(e) = self.step(&slot, ino, close) {
             tracing::warn!(ino, "close of a cached handle not counted: {e}");
         }
@@ -1544,7 +1555,7 @@ impl Pcc {
     /// fsync of a cached file: the cache file and its description are durable.
     pub fn on_fsync(&self, ino: Ino, file: &File) -> Result<()> {
         let slot = self.slot(ino);
-        let _held = slot.op.lock();
+        let _held = slot.hold();
         file.sync_all()
             .map_err(|e| ClientError::Failed(format!("cache fsync: {e}"), libc::EIO))?;
         if self
@@ -1571,7 +1582,7 @@ impl Pcc {
         for r in self.meta.pcc_recalls_for(&self.client)? {
             let ino = r.ino;
             let slot = self.slot(ino);
-            let _held = slot.op.lock();
+            let _held = slot.hold();
             if self.writers(ino) > 0 {
                 if r.write {
                     // Writers bypass the daemon (passthrough): wait for their close; two
@@ -1611,7 +1622,7 @@ impl Pcc {
             if due {
                 // Not behind a write-back or give-back of the file: next time.
                 let slot = self.slot(ino);
-                let held = slot.op.try_lock();
+                let held = slot.try_hold();
                 if held.is_some() {
                     let _ = self.report(ino, true);
                 }
@@ -1736,7 +1747,7 @@ impl Pcc {
         // Not while an attach, write-back or give-back of the file runs: look again with the
         // file's transition lock held.
         let slot = self.slot(ino);
-        let _held = slot.op.lock();
+        let _held = slot.hold();
         self.sync(&slot, ino);
         if slot.st.lock().opens > 0 {
             return;
@@ -1765,7 +1776,7 @@ impl Pcc {
     /// (the only copy of its writes) is quarantined and reported with `why`.
     fn drop_lost_rw(&self, e: &Entry, why: &str) {
         let slot = self.slot(e.ino);
-        let _held = slot.op.lock();
+        let _held = slot.hold();
         let dirty = e.dirty || matches!(slot.st.lock().phase, Phase::Rw { dirty: true });
         if dirty {
             let q = self.store.quarantine(e.ino);

@@ -30,7 +30,7 @@
 use std::fmt;
 use std::time::Instant;
 
-use parking_lot::{Mutex, ReentrantMutex};
+use parking_lot::{Mutex, ReentrantMutex, ReentrantMutexGuard};
 
 use tierfs_pcc::store::{Entry, Mode};
 
@@ -333,8 +333,43 @@ pub struct Slot {
     /// Held across each transition, including its metadata transactions and copies;
     /// re-entrant (a give-back writes back, an eviction gives back).
     pub op: ReentrantMutex<()>,
-    /// The state; changed only with `op` held, read without it (counters, `tierfs pcc state`).
+    /// Held while the engine is told the file's size and mtime: by every transition (with
+    /// `op`, see [`Slot::hold`]), and alone by a writer's report (its close, its FLUSH), which
+    /// needs no transition lock: while its handle counts as a writer, no give-back, drop or
+    /// whole write-back can start. So an open served on the kept open (which takes `op` only,
+    /// and changes counts) does not wait behind another handle's report to the engine.
+    /// Taken after `op`, never before it.
+    pub report: ReentrantMutex<()>,
+    /// The state; changed with `op` or `report` held (a report's `Written`), read without
+    /// them (counters, `tierfs pcc state`).
     pub st: Mutex<FileState>,
+}
+
+/// A transition's hold of a file ([`Slot::hold`]).
+pub struct Held<'a> {
+    _op: ReentrantMutexGuard<'a, ()>,
+    _report: ReentrantMutexGuard<'a, ()>,
+}
+
+impl Slot {
+    /// Holds the file for a transition: `op`, then `report` (a writer's report under way ends
+    /// first, so no transition sees the engine's size change under it).
+    pub fn hold(&self) -> Held<'_> {
+        let op = self.op.lock();
+        Held {
+            _op: op,
+            _report: self.report.lock(),
+        }
+    }
+
+    /// [`Slot::hold`] if neither lock is taken by another thread now.
+    pub fn try_hold(&self) -> Option<Held<'_>> {
+        let op = self.op.try_lock()?;
+        Some(Held {
+            _op: op,
+            _report: self.report.try_lock()?,
+        })
+    }
 }
 
 #[cfg(test)]
