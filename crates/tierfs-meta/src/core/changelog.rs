@@ -207,6 +207,21 @@ pub fn record(tx: &mut dyn Tx, rec: &Rec<'_>) -> Result<bool> {
     Ok(n > 0)
 }
 
+/// PostgreSQL: the gated insert of a record (parameters `$1` to `$13`, [`record_params`]) as
+/// a data-modifying CTE of a bigger statement, written only when that statement's CTE `after`
+/// yields a row (and, as [`record`]'s, only when a reader wants it: the changelog's order
+/// lock is then taken after whatever `after` locked).
+pub(crate) fn pg_insert_after(after: &str) -> String {
+    insert_pg(&format!(" AND EXISTS (SELECT 1 FROM {after})"))
+}
+
+/// The parameters (`$1` to `$13`) of `rec`'s record, made by the caller of this thread.
+pub(crate) fn record_params(rec: &Rec<'_>) -> [Value; 13] {
+    let c = for_ino(rec.target);
+    let client = c.client_name();
+    rec_params(rec, &c, &client)
+}
+
 /// Records an open of `ino` under `session` ([`record_open`]: `SessionEnded` when the session
 /// is gone) and its OPEN record ([`record`]). PostgreSQL: one statement, the open's upsert
 /// first and then, only when a reader wants OPEN records, the changelog's order lock and row
@@ -224,13 +239,10 @@ pub fn record_open_logged(tx: &mut dyn Tx, session: u64, ino: Ino) -> Result<()>
             "WITH o AS ({} RETURNING 1), c AS ({} RETURNING 1) \
              SELECT EXISTS (SELECT 1 FROM o), EXISTS (SELECT 1 FROM c)",
             open_upsert_sql("$14::BIGINT", "$15::BIGINT"),
-            insert_pg(" AND EXISTS (SELECT 1 FROM o)")
+            pg_insert_after("o")
         )
     });
-    let rec = Rec::new(RecordType::Open, ino);
-    let c = for_ino(ino);
-    let client = c.client_name();
-    let mut params = rec_params(&rec, &c, &client).to_vec();
+    let mut params = record_params(&Rec::new(RecordType::Open, ino)).to_vec();
     params.extend([Value::from(session), Value::from(ino)]);
     let r = tx.one(sql, &params)?;
     if !r.bool(0)? {

@@ -155,6 +155,59 @@ fn insert_lease(
     Ok((a, lease_from_row(&r)?))
 }
 
+/// [`Pcc::pcc_report`] on PostgreSQL: one statement, sent as its own transaction
+/// ([`Driver::write_one`]). The inode's row is updated first (its lock, as `lock_rows` takes
+/// it in the transaction of the other engines), only if `client` holds the lease at
+/// `generation` on the statement's snapshot; then the lease's dirty flag, and the changelog's
+/// MTIME record (gated as [`super::changelog::record`]'s). A lease changed or given back by
+/// a transaction that committed after the snapshot also updated the inode's row, so the
+/// update is a serialization failure and the statement is retried on a new snapshot. Nothing
+/// updated: `NotFound` when the file has no lease (or no inode), `WouldBlock` when another
+/// holder or generation has it, as the other engines answer.
+fn pg_report(
+    tx: &mut dyn Tx,
+    ino: Ino,
+    client: &str,
+    generation: u64,
+    dirty: bool,
+    size: u64,
+    mtime: Nanos,
+) -> Result<Attr> {
+    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let sql = SQL.get_or_init(|| {
+        format!(
+            "WITH u AS (UPDATE inodes SET size = $15, mtime = $16, \
+             ctime = GREATEST(ctime, $16), \
+             hsm = CASE WHEN $17 <> 0 AND hsm & 8 <> 0 THEN hsm | 2 ELSE hsm END \
+             WHERE ino = $14 AND orphan <> 3 AND EXISTS (SELECT 1 FROM pcc_leases \
+             WHERE ino = $14 AND client = $18 AND generation = $19) RETURNING {ATTR_COLS}), \
+             p AS (UPDATE pcc_leases SET dirty = $17 WHERE ino = $14 AND EXISTS (SELECT 1 FROM u)), \
+             c AS ({} RETURNING 1) \
+             SELECT u.*, (SELECT client = $18 AND generation = $19 FROM pcc_leases \
+             WHERE ino = $14) FROM (SELECT 1) AS one LEFT JOIN u ON TRUE",
+            super::changelog::pg_insert_after("u")
+        )
+    });
+    let rec = super::changelog::Rec::new(crate::changelog::RecordType::Mtime, ino);
+    let mut params = super::changelog::record_params(&rec).to_vec();
+    params.extend(
+        vals![ino, size, mtime, dirty as i64, client, generation]
+            .iter()
+            .cloned(),
+    );
+    let r = tx.one(sql, &params)?;
+    if r.is_null(0)? {
+        // (column 22, after the 22 attribute columns: whether the lease is this holder's;
+        // null: no lease)
+        return Err(if r.is_null(22)? || r.bool(22)? {
+            MetaError::NotFound
+        } else {
+            MetaError::WouldBlock
+        });
+    }
+    attr_from_row(&r)
+}
+
 impl<D: Driver> Pcc for SqlMeta<D> {
     fn pcc_lease(&self, ino: Ino) -> Result<Option<PccLease>> {
         self.d.read(|tx| lease_of(tx, ino))
@@ -256,6 +309,11 @@ impl<D: Driver> Pcc for SqlMeta<D> {
         size: u64,
         mtime: Nanos,
     ) -> Result<Attr> {
+        if self.d.dialect().is_postgres() {
+            return self
+                .d
+                .write_one(|tx| pg_report(tx, ino, client, generation, dirty, size, mtime));
+        }
         // A dirty cache of an archived file makes it dirty (HSM), in the same statement.
         static UPDATE: AttrUpdate = AttrUpdate::new(
             "UPDATE inodes SET size = $2, mtime = $3, ctime = GREATEST(ctime, $3), \

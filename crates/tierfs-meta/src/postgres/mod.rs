@@ -169,6 +169,15 @@ impl PgUrl {
         }
         cfg.keepalives(true);
         cfg.keepalives_idle(Duration::from_secs(10));
+        // Every transaction is REPEATABLE READ: those the engine begins say so, and a
+        // one-statement write (`Driver::write_one`), sent without BEGIN, gets it from here.
+        let opts = cfg
+            .get_options()
+            .map(|o| format!("{o} "))
+            .unwrap_or_default();
+        cfg.options(&format!(
+            "{opts}-c default_transaction_isolation=repeatable\\ read"
+        ));
         if cfg.get_application_name().is_none() {
             cfg.application_name("tierfs");
         }
@@ -253,6 +262,8 @@ pub struct PgEngine {
     /// pool's other users. Connected when first used, again after it broke.
     priority: Pool,
     dialect: Dialect,
+    /// Transactions begun (`BEGIN` sent) so far: what a one-statement write saves.
+    begun: std::sync::atomic::AtomicU64,
 }
 
 /// Backoff before retry `attempt` (1-based): 2 ms doubling to 256 ms, with jitter.
@@ -282,7 +293,14 @@ impl PgEngine {
             pool: Pool::new(cfg, POOL_MAX, Duration::from_secs(30)),
             url,
             dialect: Dialect::new(DialectKind::Postgres),
+            begun: std::sync::atomic::AtomicU64::new(0),
         })
+    }
+
+    /// Write transactions begun so far (each a `BEGIN` and a `COMMIT` or `ROLLBACK` round
+    /// trip beside its statements; one-statement writes begin none).
+    pub fn transactions_begun(&self) -> u64 {
+        self.begun.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The URL, without its password.
@@ -314,7 +332,7 @@ impl PgEngine {
     fn exclusive_tx<T>(&self, mut f: impl FnMut(&mut dyn Tx) -> Result<T>) -> Result<T> {
         let (mut c, _) = self.pool.get()?;
         c.batch(&format!(
-            "BEGIN; SELECT pg_advisory_xact_lock({})",
+            "BEGIN ISOLATION LEVEL READ COMMITTED; SELECT pg_advisory_xact_lock({})",
             schema::PG_MIGRATION_LOCK
         ))?;
         match f(&mut PgTx::new(&mut c, &self.dialect)) {
@@ -352,7 +370,8 @@ impl PgEngine {
             tables.push("schema_version");
             let drop = format!("DROP TABLE IF EXISTS {} CASCADE", tables.join(", "));
             c.batch(&format!(
-                "BEGIN; SELECT pg_advisory_xact_lock({}); {drop}; COMMIT",
+                "BEGIN ISOLATION LEVEL READ COMMITTED; SELECT pg_advisory_xact_lock({}); {drop}; \
+                 COMMIT",
                 schema::PG_MIGRATION_LOCK
             ))?;
         }
@@ -383,6 +402,8 @@ impl PgEngine {
         loop {
             let (mut c, reused) = pool.get()?;
             let r = (|| {
+                self.begun
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 if let Err(e) = c.batch("BEGIN ISOLATION LEVEL REPEATABLE READ") {
                     return Err(if reused && matches!(e, MetaError::Unavailable(_)) {
                         TxFail::Stale(e)
@@ -431,6 +452,54 @@ impl PgEngine {
                     return Err(MetaError::Busy(attempt));
                 }
                 Err(TxFail::Error(e)) => {
+                    if matches!(e, MetaError::Unavailable(_)) {
+                        c.discard();
+                    }
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    /// [`Driver::write_one`]: `f`'s one statement outside a transaction, retried as
+    /// [`PgEngine::write_commit_on`] retries a transaction (a serialization failure or
+    /// deadlock: backoff; a reused connection found dead: a new one, the statement again).
+    fn write_one_on<T>(
+        &self,
+        pool: &Pool,
+        mut f: impl FnMut(&mut PgConn) -> Result<T>,
+    ) -> Result<T> {
+        let mut attempt = 0u32;
+        let mut stale = 0u32;
+        let started = Instant::now();
+        loop {
+            let (mut c, reused) = pool.get()?;
+            match f(&mut c) {
+                Ok(v) => return Ok(v),
+                Err(MetaError::Unavailable(e)) if reused && stale < POOL_MAX as u32 => {
+                    // (the statement is idempotent: sent again on a new connection)
+                    c.discard();
+                    stale += 1;
+                    tracing::debug!("metadata connection was closed, connecting again: {e}");
+                }
+                Err(MetaError::Busy(_))
+                    if attempt < MAX_RETRIES && started.elapsed() < RETRY_BUDGET =>
+                {
+                    attempt += 1;
+                    drop(c);
+                    let d = backoff(attempt);
+                    tracing::debug!(attempt, "metadata statement conflict, retrying in {d:?}");
+                    std::thread::sleep(d);
+                }
+                Err(MetaError::Busy(_)) => {
+                    tracing::warn!(
+                        attempt,
+                        "metadata statement still conflicting after {:?}",
+                        started.elapsed()
+                    );
+                    return Err(MetaError::Busy(attempt));
+                }
+                Err(e) => {
                     if matches!(e, MetaError::Unavailable(_)) {
                         c.discard();
                     }
@@ -591,6 +660,10 @@ impl Driver for PgEngine {
 
     fn read<T>(&self, mut f: impl FnMut(&mut dyn Tx) -> Result<T>) -> Result<T> {
         PgEngine::read(self, |c| f(&mut PgTx::new(c, &self.dialect)))
+    }
+
+    fn write_one<T>(&self, mut f: impl FnMut(&mut dyn Tx) -> Result<T>) -> Result<T> {
+        self.write_one_on(&self.pool, |c| f(&mut PgTx::single(c, &self.dialect)))
     }
 
     fn write_priority<T>(&self, mut f: impl FnMut(&mut dyn Tx) -> Result<T>) -> Result<T> {

@@ -290,6 +290,8 @@ fn all_checks(server: &Server) {
     );
     eprintln!("fault injection on PostgreSQL: {:?}", t.elapsed());
     pcc_open_round_trips(server);
+    pcc_report_round_trips(server);
+    connections_default_to_repeatable_read(server);
     schema_and_format(server);
     a_v5_filesystem_upgrades_and_keeps_every_file(server);
     a_v7_filesystem_upgrades_and_keeps_every_file(server);
@@ -931,4 +933,79 @@ fn pcc_open_round_trips(server: &Server) {
         e.pcc_open(s, f.ino, "a", false, None),
         Err(MetaError::SessionEnded(_))
     ));
+}
+
+/// `pcc_report` on PostgreSQL, sent at every close of an RW-PCC writer: one statement and no
+/// transaction around it (issue 15: webserver's log appends under 1gbe waited for its 7 round
+/// trips), with the changelog's MTIME record in that statement when a reader wants it, and the
+/// other engines' answers when the lease is not the caller's.
+fn pcc_report_round_trips(server: &Server) {
+    let db = server.fresh_db();
+    let d = PgEngine::format(&db.url, &params()).expect("format");
+    let e = crate::core::SqlMeta::new(crate::sql::fault::FaultDriver::new(d));
+    let f = e.create(ROOT_INO, b"f", &file(), None, None).unwrap();
+    let l = e.pcc_acquire(f.ino, "a").unwrap();
+    let report = |client: &str, generation: u64, size: u64| {
+        e.pcc_report(f.ino, client, generation, true, size, 1_000_000_000)
+    };
+    let cost = |size: u64| {
+        let (n, t) = (
+            e.driver().statements(),
+            e.driver().inner().transactions_begun(),
+        );
+        let a = report("a", l.generation, size).unwrap();
+        assert_eq!(a.size, size, "the report's attributes");
+        (
+            e.driver().statements() - n,
+            e.driver().inner().transactions_begun() - t,
+        )
+    };
+    assert_eq!(cost(10), (1, 0), "one statement, no transaction");
+    assert_eq!(e.getattr(f.ino).unwrap().size, 10);
+    assert!(e.pcc_lease(f.ino).unwrap().unwrap().dirty);
+    let r = e
+        .changelog_register(
+            crate::changelog::Mask::parse("MTIME").unwrap(),
+            std::time::Duration::from_secs(86_400),
+        )
+        .unwrap();
+    let before = e.changelog_status().unwrap().current;
+    assert_eq!(cost(20), (1, 0), "with a reader of MTIME records");
+    assert_eq!(e.changelog_status().unwrap().current, before + 1);
+    e.changelog_deregister(r).unwrap();
+    // not the caller's lease: nothing changes
+    assert!(matches!(
+        report("a", l.generation + 1, 30),
+        Err(MetaError::WouldBlock)
+    ));
+    assert!(matches!(
+        report("b", l.generation, 30),
+        Err(MetaError::WouldBlock)
+    ));
+    assert_eq!(e.getattr(f.ino).unwrap().size, 20);
+    assert!(e.pcc_release(f.ino, "a", l.generation).unwrap());
+    assert!(matches!(
+        report("a", l.generation, 30),
+        Err(MetaError::NotFound)
+    ));
+    assert_eq!(e.getattr(f.ino).unwrap().size, 20);
+}
+
+/// The pool's connections run every transaction REPEATABLE READ, including a one-statement
+/// write, which is sent without BEGIN and so takes the connection's default.
+fn connections_default_to_repeatable_read(server: &Server) {
+    let db = server.fresh_db();
+    let d = PgEngine::format(&db.url, &params()).expect("format");
+    let level = crate::sql::Driver::write_one(&d, |tx| {
+        tx.one("SELECT current_setting('transaction_isolation')", &[])?
+            .text(0)
+    })
+    .unwrap();
+    assert_eq!(level, "repeatable read");
+    // and a one-statement write refuses a second statement
+    let r = crate::sql::Driver::write_one(&d, |tx| {
+        tx.exec("SELECT 1", &[])?;
+        tx.exec("SELECT 2", &[])
+    });
+    assert!(matches!(r, Err(MetaError::Db(_))), "{r:?}");
 }

@@ -153,6 +153,9 @@ impl<D: Driver> Driver for FaultDriver<D> {
         self.inner
             .write_commit(|tx| f(&mut FaultTx { tx, d: self }))
     }
+    fn write_one<T>(&self, mut f: impl FnMut(&mut dyn Tx) -> Result<T>) -> Result<T> {
+        self.inner.write_one(|tx| f(&mut FaultTx { tx, d: self }))
+    }
     fn read<T>(&self, mut f: impl FnMut(&mut dyn Tx) -> Result<T>) -> Result<T> {
         self.inner.read(|tx| f(&mut FaultTx { tx, d: self }))
     }

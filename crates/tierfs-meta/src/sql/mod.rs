@@ -527,6 +527,16 @@ pub trait Driver: Send + Sync + 'static {
     fn write<T>(&self, mut f: impl FnMut(&mut dyn Tx) -> Result<T>) -> Result<T> {
         self.write_commit(|tx| f(tx).map(Ok))?
     }
+    /// A write that is ONE statement, sent as its own transaction: on PostgreSQL one round
+    /// trip instead of three (no `BEGIN`/`COMMIT`; the pool's connections default to
+    /// `REPEATABLE READ`, the isolation of [`Driver::write`]'s transactions, so the statement
+    /// sees one snapshot and a concurrent update of a row it updates is a serialization
+    /// failure, retried as a transaction's is). `f` must send exactly one statement (a second
+    /// one is refused, as a bug) and be idempotent: a pooled connection found dead when the
+    /// statement is sent is replaced and the statement sent again. SQLite: [`Driver::write`].
+    fn write_one<T>(&self, f: impl FnMut(&mut dyn Tx) -> Result<T>) -> Result<T> {
+        self.write(f)
+    }
     /// Like [`Driver::write`], for the session's heartbeat: on a connection of its own that no
     /// other work uses (PostgreSQL), so that a pool held by long transactions or a burst of
     /// I/O never delays it past the session timeout. SQLite: [`Driver::write`] (embedded: no

@@ -132,11 +132,42 @@ fn to_row(r: &postgres::Row) -> Result<Row> {
 pub struct PgTx<'a> {
     conn: &'a mut PgConn,
     dialect: &'a Dialect,
+    /// Statements this one may still send (None: any number): a one-statement write
+    /// ([`crate::sql::Driver::write_one`]) runs outside a transaction, where a second
+    /// statement would not be atomic with the first.
+    left: Option<u32>,
 }
 
 impl<'a> PgTx<'a> {
     pub fn new(conn: &'a mut PgConn, dialect: &'a Dialect) -> PgTx<'a> {
-        PgTx { conn, dialect }
+        PgTx {
+            conn,
+            dialect,
+            left: None,
+        }
+    }
+
+    /// A [`PgTx`] outside any transaction that may send one statement only.
+    pub fn single(conn: &'a mut PgConn, dialect: &'a Dialect) -> PgTx<'a> {
+        PgTx {
+            conn,
+            dialect,
+            left: Some(1),
+        }
+    }
+
+    /// Counts a statement about to be sent; refuses one past the allowance.
+    fn send(&mut self) -> Result<()> {
+        match &mut self.left {
+            None => Ok(()),
+            Some(0) => Err(MetaError::Db(
+                "a one-statement write tried a second statement (a bug)".into(),
+            )),
+            Some(n) => {
+                *n -= 1;
+                Ok(())
+            }
+        }
     }
 
     /// The connection itself (for what the driver does outside the core).
@@ -159,6 +190,7 @@ impl Tx for PgTx<'_> {
     }
 
     fn exec(&mut self, sql: &str, params_: &[Value]) -> Result<u64> {
+        self.send()?;
         let p = params(params_);
         self.conn.exec(sql, &refs(&p))
     }
@@ -170,6 +202,7 @@ impl Tx for PgTx<'_> {
         f: &mut dyn FnMut(Row) -> Result<()>,
     ) -> Result<()> {
         use postgres::fallible_iterator::FallibleIterator;
+        self.send()?;
         let p = params(params_);
         let st = self.conn.prep(sql)?;
         let mut it = self.conn.client.query_raw(&st, refs(&p)).map_err(pg_err)?;
@@ -180,6 +213,7 @@ impl Tx for PgTx<'_> {
     }
 
     fn query(&mut self, sql: &str, params_: &[Value]) -> Result<Vec<Row>> {
+        self.send()?;
         let p = params(params_);
         self.conn
             .query(sql, &refs(&p))?
@@ -190,6 +224,7 @@ impl Tx for PgTx<'_> {
 
     fn query_opt(&mut self, sql: &str, params_: &[Value]) -> Result<Option<Row>> {
         use postgres::fallible_iterator::FallibleIterator;
+        self.send()?;
         let p = params(params_);
         let st = self.conn.prep(sql)?;
         let mut it = self.conn.client.query_raw(&st, refs(&p)).map_err(pg_err)?;
@@ -205,10 +240,12 @@ impl Tx for PgTx<'_> {
     }
 
     fn batch(&mut self, sql: &str) -> Result<()> {
+        self.send()?;
         self.conn.batch(sql)
     }
 
     fn notify(&mut self, channel: &str, payload: &str) -> Result<()> {
+        self.send()?;
         self.conn
             .exec("SELECT pg_notify($1, $2)", &[&channel, &payload])
             .map(|_| ())
