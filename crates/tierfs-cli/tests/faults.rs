@@ -634,6 +634,65 @@ fn an_open_on_the_kept_open_does_not_wait_for_another_handles_size_report() {
     assert_eq!(read_all(&p), want);
 }
 
+/// RW-PCC: of several writers of a file on one client, only the last one's RELEASE reports
+/// (each close(2) reported its own writes at its FLUSH): a writer whose RELEASE finds another
+/// writer still open sends nothing, and the last writer's close carries what the file holds.
+/// (webserver's threads append to one log file: each append's RELEASE found the others' writes
+/// and reported again, so every append cost two reports, one after the other.) To see it, A's
+/// FLUSH report is held until B, open for writing beside it, has appended: A's RELEASE then
+/// finds the file changed since A's report.
+#[test]
+fn only_the_last_writers_release_reports() {
+    use std::os::unix::fs::MetadataExt;
+    let (_fs, engine, m) = under_an_rw_rule();
+    let p = m.p("log.rw");
+    fs::write(&p, pattern(4096, 3)).unwrap();
+    let ino = fs::metadata(&p).unwrap().ino();
+    let mut a = fs::OpenOptions::new().append(true).open(&p).unwrap();
+    let mut b = fs::OpenOptions::new().append(true).open(&p).unwrap();
+    a.write_all(&pattern(100, 4)).unwrap();
+    m.plan.fail_next("pcc_report", 1, Fault::HoldReply);
+    let releases = fuse_ops(&m.mnt, "release");
+    let closing = thread::spawn(move || drop(a));
+    assert!(
+        m.plan.wait_held(Duration::from_secs(10)),
+        "A's close sent no size report"
+    );
+    b.write_all(&pattern(100, 5)).unwrap();
+    // (A's held report counted)
+    let reports = m.plan.calls("pcc_report");
+    m.plan.release();
+    closing.join().unwrap();
+    // (the kernel sends A's RELEASE after its close(2) returned)
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while fuse_ops(&m.mnt, "release") == releases && std::time::Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(10));
+    }
+    assert!(fuse_ops(&m.mnt, "release") > releases, "A's RELEASE came");
+    assert_eq!(
+        m.plan.calls("pcc_report"),
+        reports,
+        "A's RELEASE reported although B still writes"
+    );
+    assert_eq!(
+        engine.getattr(ino).unwrap().size,
+        4196,
+        "A's FLUSH reported"
+    );
+    drop(b);
+    let local = fs::metadata(&p).unwrap();
+    let e = engine.getattr(ino).unwrap();
+    assert_eq!(
+        (e.size, e.mtime),
+        (4296, local.mtime() * 1_000_000_000 + local.mtime_nsec()),
+        "the last writer's close reported the file as it is"
+    );
+    let mut want = pattern(4096, 3);
+    want.extend_from_slice(&pattern(100, 4));
+    want.extend_from_slice(&pattern(100, 5));
+    assert_eq!(read_all(&p), want);
+}
+
 /// RW-PCC (issue 14): a writer's close(2) reports the file's size and mtime to the engine at
 /// its FLUSH, and its RELEASE, which found the cache file as the FLUSH reported it, sends no
 /// second report (it changed nothing in the engine: one transaction per file saved). A close

@@ -1520,6 +1520,21 @@ impl Pcc {
             self.close_kept_if_unleased(ino, &mut st);
             return Ok(());
         }
+        {
+            // The close(2) of this handle reported its writes at its FLUSH; its RELEASE
+            // reports (mmap writes after that FLUSH) only as the file's last writer: another
+            // writer's close comes after it and reports what the file holds then. (Checked and
+            // counted under the transition lock, which every writer's close takes: of two
+            // closing writers, exactly one is the last.)
+            let _held = slot.op.lock();
+            if slot.st.lock().writers > 1 {
+                if let Err(e) = self.step(&slot, ino, close) {
+                    tracing::warn!(ino, "close of a cached handle not counted: {e}");
+                }
+                self.store.note_size(ino);
+                return Ok(());
+            }
+        }
         // Report before this handle stops counting as a writer: a recall waits for writers.
         // (Not under the transition lock: see Pcc::report_writer.)
         let reported = self.report_writer(ino);
