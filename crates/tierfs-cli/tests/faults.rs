@@ -634,6 +634,66 @@ fn an_open_on_the_kept_open_does_not_wait_for_another_handles_size_report() {
     assert_eq!(read_all(&p), want);
 }
 
+/// Kept opens: a reader's open is served on the file's kept open while the file is being
+/// written back (its transition lock held, here while the write-back's report to the engine
+/// is held): it changes only counts, as a reader's close does. (Before, it missed the kept
+/// open, was parked until the write-back ended, and then went to the engine: webserver's
+/// fileset, written back a few seconds after it was made, parked 209 reads.)
+#[test]
+fn a_reader_is_served_on_the_kept_open_during_a_write_back() {
+    let fs = TestFs::new(1);
+    let engine = open_engine(&fs.meta_url()).expect("open the engine");
+    engine
+        .pcc_rule_add("rw", None, "fname={*.rw}", None)
+        .unwrap();
+    let m = FaultyMount::with_config(
+        &fs,
+        "faulty",
+        ClientConfig {
+            writeback_delay_secs: 1,
+            ..cached_config(&fs)
+        },
+    );
+    let p = m.p("page.rw");
+    fs::write(&p, pattern(65536, 6)).unwrap();
+    let opens = || m.plan.calls("pcc_open") + m.plan.calls("open_file");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let before = opens();
+        drop(fs::File::open(&p).unwrap());
+        if opens() == before {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no reopen was served on a kept open within 10 s"
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+    // the write-back (due 1 s after the last write) holds the file until its report returns
+    m.plan.fail_next("pcc_report", 1, Fault::HoldReply);
+    assert!(
+        m.plan.wait_held(Duration::from_secs(15)),
+        "no write-back reported within 15 s"
+    );
+    let (tx, rx) = mpsc::channel();
+    let p2 = p.clone();
+    let reader = thread::spawn(move || {
+        let r = fs::File::open(&p2).and_then(|mut f| {
+            let mut v = Vec::new();
+            f.read_to_end(&mut v).map(|_| v)
+        });
+        let _ = tx.send(r.map_err(|e| e.to_string()));
+    });
+    let served = rx.recv_timeout(Duration::from_secs(10));
+    m.plan.release();
+    reader.join().unwrap();
+    match served {
+        Ok(r) => assert!(r.expect("the read") == pattern(65536, 6), "the bytes read"),
+        Err(_) => panic!("the reader's open waited for the write-back"),
+    }
+}
+
 /// RW-PCC: of several writers of a file on one client, only the last one's RELEASE reports
 /// (each close(2) reported its own writes at its FLUSH): a writer whose RELEASE finds another
 /// writer still open sends nothing, and the last writer's close carries what the file holds.

@@ -1065,7 +1065,15 @@ impl Pcc {
         }
         // No slot, no kept open.
         let slot = self.slots.lock().get(&ino).cloned()?;
-        let _held = slot.op.try_lock()?;
+        // A writer is served only between transitions. A reader only changes counts (as its
+        // close does), so it is served whatever transition holds the file, the phase
+        // permitting: one that starts meanwhile finds it counted, and one that changed the
+        // phase first refuses its `OpenKept` below.
+        let _held = if write {
+            Some(slot.op.try_lock()?)
+        } else {
+            None
+        };
         if !slot.st.lock().kept_serves(session, write) {
             return None;
         }

@@ -230,15 +230,10 @@ impl FileState {
                 P::Uncached
             }
             (P::Rw { dirty }, E::OpenKept { write }) if !write || dirty => {
-                let Some(k) = self.kept.as_mut() else {
-                    return Err(illegal);
-                };
-                k.users += 1;
-                self.opens += 1;
-                if write {
-                    self.writers += 1;
-                }
-                return Ok(());
+                return self.open_kept(write).ok_or(illegal);
+            }
+            (P::WritingBack, E::OpenKept { write: false }) => {
+                return self.open_kept(false).ok_or(illegal);
             }
             (_, E::CloseKept { write }) => {
                 let ok = self.opens > 0
@@ -293,11 +288,24 @@ impl FileState {
         Ok(())
     }
 
+    /// A handle served on the kept open: counted as its user (None: no kept open).
+    fn open_kept(&mut self, write: bool) -> Option<()> {
+        let k = self.kept.as_mut()?;
+        k.users += 1;
+        self.opens += 1;
+        if write {
+            self.writers += 1;
+        }
+        Some(())
+    }
+
     /// Whether an open may be served on the kept open now: one made under `session`, the
-    /// file `Rw` here (and dirty already for a writer).
+    /// file `Rw` here (and dirty already for a writer), or being written back for a reader
+    /// (the cache file is the file's data either way, and no transition waits for readers).
     pub fn kept_serves(&self, session: u64, write: bool) -> bool {
         let rw = match self.phase {
             Phase::Rw { dirty } => !write || dirty,
+            Phase::WritingBack => !write,
             _ => false,
         };
         rw && self.kept.as_ref().is_some_and(|k| k.by.session == session)
@@ -572,6 +580,26 @@ mod tests {
         // and a file whose name went here keeps no open any more
         g.name_gone = true;
         assert!(g.keep(by(7)).is_err());
+    }
+
+    #[test]
+    fn a_write_back_under_way_serves_readers_on_the_kept_open_not_writers() {
+        let mut s = at(P::Rw { dirty: true });
+        s.keep(by(3)).unwrap();
+        s.apply(E::WriteBackStart).unwrap();
+        assert!(s.kept_serves(3, false));
+        assert!(!s.kept_serves(3, true), "a writer waits for the write-back");
+        assert!(s.apply(E::OpenKept { write: true }).is_err());
+        s.apply(E::OpenKept { write: false }).unwrap();
+        assert_eq!((s.opens, s.writers), (1, 0));
+        // a reader does not keep the written-back file dirty
+        s.apply(E::WriteBackDone { clean: true }).unwrap();
+        assert_eq!(s.phase, P::Rw { dirty: false });
+        s.apply(E::CloseKept { write: false }).unwrap();
+        // nor is a reader served once a give-back started
+        s.apply(E::GiveBackStart).unwrap();
+        assert!(!s.kept_serves(3, false));
+        assert!(s.apply(E::OpenKept { write: false }).is_err());
     }
 
     #[test]
