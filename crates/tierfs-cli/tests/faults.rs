@@ -559,6 +559,26 @@ fn a_create_under_an_rw_rule_takes_its_lease_in_the_same_engine_call() {
     assert_eq!(read_all(&m.p("lost.rw")), b"again");
 }
 
+/// Waits (at most 10 s) until `p`'s last close left its record as the file's kept open: a
+/// reopen the engine does not see shows it is there (the kernel's RELEASE comes after
+/// close(2)).
+fn wait_for_kept_open(m: &FaultyMount, p: &Path) {
+    let opens = || m.plan.calls("pcc_open") + m.plan.calls("open_file");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let before = opens();
+        drop(fs::File::open(p).unwrap());
+        if opens() == before {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no reopen was served on a kept open within 10 s"
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// Kept opens (issue 15): while one writer's close(2) waits for the engine to take its size
 /// report (webserver's threads appending to one log file), another open of the file on the
 /// same client is served on the file's kept open without waiting for that report: the report
@@ -573,22 +593,7 @@ fn an_open_on_the_kept_open_does_not_wait_for_another_handles_size_report() {
     let p = m.p("log.rw");
     fs::write(&p, pattern(4096, 1)).unwrap();
     let ino = fs::metadata(&p).unwrap().ino();
-    // The close's record stays as the kept open (the kernel's RELEASE comes after close(2)):
-    // a reopen that the engine does not see shows it is there.
-    let opens = || m.plan.calls("pcc_open") + m.plan.calls("open_file");
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let before = opens();
-        drop(fs::File::open(&p).unwrap());
-        if opens() == before {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no reopen was served on a kept open within 10 s"
-        );
-        thread::sleep(Duration::from_millis(100));
-    }
+    wait_for_kept_open(&m, &p);
     let mut w = fs::OpenOptions::new().append(true).open(&p).unwrap();
     w.write_all(&pattern(100, 2)).unwrap();
     m.plan.fail_next("pcc_report", 1, Fault::HoldReply);
@@ -656,20 +661,7 @@ fn a_reader_is_served_on_the_kept_open_during_a_write_back() {
     );
     let p = m.p("page.rw");
     fs::write(&p, pattern(65536, 6)).unwrap();
-    let opens = || m.plan.calls("pcc_open") + m.plan.calls("open_file");
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let before = opens();
-        drop(fs::File::open(&p).unwrap());
-        if opens() == before {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no reopen was served on a kept open within 10 s"
-        );
-        thread::sleep(Duration::from_millis(100));
-    }
+    wait_for_kept_open(&m, &p);
     // the write-back (due 1 s after the last write) holds the file until its report returns
     m.plan.fail_next("pcc_report", 1, Fault::HoldReply);
     assert!(
