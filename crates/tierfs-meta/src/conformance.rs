@@ -2031,6 +2031,20 @@ fn pcc_create_takes_the_lease_in_the_create(e: &dyn MetaEngine) {
     ));
     assert!(!e.pcc_break(f.ino, "a", l.generation).unwrap());
     e.close_files(a, &[f.ino]).unwrap();
+    // a lease taken at create has the create's generation (no counter: creates do not queue
+    // on one row); any later attach of the file has a greater one, and a report or give-back
+    // of the create's lease is refused once that attach holds it
+    assert_eq!(l.generation, 0);
+    e.pcc_report(f.ino, "a", l.generation, false, 0, 1).unwrap();
+    assert!(e.pcc_release(f.ino, "a", l.generation).unwrap());
+    let again = e.pcc_acquire(f.ino, "b").unwrap();
+    assert!(again.generation > l.generation);
+    assert!(matches!(
+        e.pcc_report(f.ino, "a", l.generation, true, 5, 1),
+        Err(MetaError::WouldBlock)
+    ));
+    assert!(!e.pcc_release(f.ino, "b", l.generation).unwrap());
+    assert!(e.pcc_release(f.ino, "b", again.generation).unwrap());
     // the rule does not want it: a plain create, no lease, the data version as a create's
     let (g, none) = e
         .pcc_create(

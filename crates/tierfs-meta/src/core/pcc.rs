@@ -126,16 +126,26 @@ fn acquire_in(tx: &mut dyn Tx, ino: Ino, client: &str, dirty: bool) -> Result<(A
     )? {
         return Err(MetaError::InUse);
     }
-    insert_lease(tx, a, client, dirty)
+    insert_lease(tx, a, client, dirty, false)
 }
 
-/// The end of [`acquire_in`] (the inode's row locked, nobody else's lease or open on it):
-/// moves the data version and inserts the lease.
+/// The generation of a lease taken in its file's create (`pcc_create`): no later attach of
+/// the same inode can have it (those take [`next_seq`], which starts at 1), and an inode is
+/// created once (inode numbers are never reused), so it is as unique as a counted one, and
+/// the creates of all clients do not queue on (and, under REPEATABLE READ, conflict over) the
+/// one `pcc_generation` row: measured under 1gbe, filebench fileserver's 4 threads had 314 of
+/// 1,017 RW creates rolled back and retried on it.
+pub const CREATE_GENERATION: u64 = 0;
+
+/// The end of [`acquire_in`] and of an attach at create (the inode's row locked, nobody
+/// else's lease or open on it): moves the data version and inserts the lease, of generation
+/// [`CREATE_GENERATION`] when `at_create`.
 fn insert_lease(
     tx: &mut dyn Tx,
     mut a: Attr,
     client: &str,
     dirty: bool,
+    at_create: bool,
 ) -> Result<(Attr, PccLease)> {
     let ino = a.ino;
     // The inode row before the counter (the lock order).
@@ -144,7 +154,11 @@ fn insert_lease(
         vals![ino],
     )?;
     a.data_version += 1;
-    let generation = next_seq(tx)?;
+    let generation = if at_create {
+        CREATE_GENERATION
+    } else {
+        next_seq(tx)?
+    };
     let r = tx.one(
         &format!(
             "INSERT INTO pcc_leases (ino, client, generation, dirty, acquired, snapshot) \
@@ -246,7 +260,7 @@ impl<D: Driver> Pcc for SqlMeta<D> {
             // has no lease, no open elsewhere and no archive, and it is a regular file as
             // created (`a`): the lease (dirty) is inserted and the version moved without
             // reading any of that again.
-            let (a, l) = insert_lease(tx, a, client, true)?;
+            let (a, l) = insert_lease(tx, a, client, true, true)?;
             Ok((a, Some(l)))
         })
     }
