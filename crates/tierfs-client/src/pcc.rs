@@ -1637,16 +1637,16 @@ impl Pcc {
             if self.store.get(ino).is_none_or(|e| e.mode != Mode::Rw) {
                 continue;
             }
-            let due = self
-                .peek(ino)
-                .and_then(|s| s.last_report)
-                .map(|t| t.elapsed() > Duration::from_secs(1))
-                .unwrap_or(true);
-            if due {
-                // Not behind a write-back or give-back of the file: next time.
+            let due = |s: &FileState| {
+                s.last_report
+                    .is_none_or(|t| t.elapsed() > Duration::from_secs(1))
+            };
+            if self.peek(ino).is_none_or(|s| due(&s)) {
+                // Not behind a write-back, a give-back or another report of the file: next
+                // time. (Due again once held: a close may have reported meanwhile.)
                 let slot = self.slot(ino);
                 let held = slot.try_hold();
-                if held.is_some() {
+                if held.is_some() && due(&slot.st.lock()) {
                     let _ = self.report(ino, true);
                 }
             }
