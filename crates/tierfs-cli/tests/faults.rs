@@ -496,12 +496,19 @@ fn the_follower_catches_up_after_an_engine_hiccup() {
 /// A filesystem with an RW rule for `*.rw`, an engine of its own on it, and the faulty client
 /// mounted with a cache.
 fn under_an_rw_rule() -> (TestFs, Arc<dyn MetaEngine>, FaultyMount) {
+    under_an_rw_rule_with(|c| c)
+}
+
+/// [`under_an_rw_rule`] with the client's configuration changed by `config`.
+fn under_an_rw_rule_with(
+    config: impl FnOnce(ClientConfig) -> ClientConfig,
+) -> (TestFs, Arc<dyn MetaEngine>, FaultyMount) {
     let fs = TestFs::new(1);
     let engine = open_engine(&fs.meta_url()).expect("open the engine");
     engine
         .pcc_rule_add("rw", None, "fname={*.rw}", None)
         .unwrap();
-    let m = FaultyMount::with_config(&fs, "faulty", cached_config(&fs));
+    let m = FaultyMount::with_config(&fs, "faulty", config(cached_config(&fs)));
     (fs, engine, m)
 }
 
@@ -646,19 +653,10 @@ fn an_open_on_the_kept_open_does_not_wait_for_another_handles_size_report() {
 /// fileset, written back a few seconds after it was made, parked 209 reads.)
 #[test]
 fn a_reader_is_served_on_the_kept_open_during_a_write_back() {
-    let fs = TestFs::new(1);
-    let engine = open_engine(&fs.meta_url()).expect("open the engine");
-    engine
-        .pcc_rule_add("rw", None, "fname={*.rw}", None)
-        .unwrap();
-    let m = FaultyMount::with_config(
-        &fs,
-        "faulty",
-        ClientConfig {
-            writeback_delay_secs: 1,
-            ..cached_config(&fs)
-        },
-    );
+    let (_fs, _engine, m) = under_an_rw_rule_with(|c| ClientConfig {
+        writeback_delay_secs: 1,
+        ..c
+    });
     let p = m.p("page.rw");
     fs::write(&p, pattern(65536, 6)).unwrap();
     wait_for_kept_open(&m, &p);

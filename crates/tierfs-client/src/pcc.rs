@@ -1528,6 +1528,14 @@ impl Pcc {
             self.close_kept_if_unleased(ino, &mut st);
             return Ok(());
         }
+        // A writer's close stops counting it (transition lock held) and notes the cache
+        // file's size.
+        let count_close = || {
+            if let Err(e) = self.step(&slot, ino, close) {
+                tracing::warn!(ino, "close of a cached handle not counted: {e}");
+            }
+            self.store.note_size(ino);
+        };
         {
             // The close(2) of this handle reported its writes at its FLUSH; its RELEASE
             // reports (mmap writes after that FLUSH) only as the file's last writer: another
@@ -1536,23 +1544,16 @@ impl Pcc {
             // closing writers, exactly one is the last.)
             let _held = slot.op.lock();
             if slot.st.lock().writers > 1 {
-                if let Err(e) = self.step(&slot, ino, close) {
-                    tracing::warn!(ino, "close of a cached handle not counted: {e}");
-                }
-                self.store.note_size(ino);
+                count_close();
                 return Ok(());
             }
         }
         // Report before this handle stops counting as a writer: a recall waits for writers.
         // (Not under the transition lock: see Pcc::report_writer.)
         let reported = self.report_writer(ino);
+        // (held through the answer below: the entry is marked dirty before any validation)
         let _held = slot.op.lock();
-        if let Err(e) = self.step(&slot, ino, close) {
-            tracing::warn!(ino, "close of a cached handle not counted: {e}");
-        }
-        if wrote {
-            self.store.note_size(ino);
-        }
+        count_close();
         match reported {
             // The lease went while this writer had the file open (it cannot be given back or
             // broken meanwhile, so an admin's `detach --force-stale` or a lost cache took it):

@@ -348,8 +348,9 @@ pub struct Slot {
     /// and changes counts) does not wait behind another handle's report to the engine.
     /// Taken after `op`, never before it.
     pub report: ReentrantMutex<()>,
-    /// The state; changed with `op` or `report` held (a report's `Written`), read without
-    /// them (counters, `tierfs pcc state`).
+    /// The state, under its own lock: transitions change it with `op` held, a writer's
+    /// report (its `Written`) with `report` held, and a reader's kept open and close with
+    /// neither (they change only counts); read without them (counters, `tierfs pcc state`).
     pub st: Mutex<FileState>,
 }
 

@@ -204,11 +204,7 @@ fn pg_report(
     });
     let rec = super::changelog::Rec::new(crate::changelog::RecordType::Mtime, ino);
     let mut params = super::changelog::record_params(&rec).to_vec();
-    params.extend(
-        vals![ino, size, mtime, dirty as i64, client, generation]
-            .iter()
-            .cloned(),
-    );
+    params.extend_from_slice(vals![ino, size, mtime, dirty as i64, client, generation]);
     let r = tx.one(sql, &params)?;
     if r.is_null(0)? {
         // (column 22, after the 22 attribute columns: whether the lease is this holder's;
