@@ -227,6 +227,91 @@ fn truncate_on_one_client_seen_on_open_by_another() {
     assert_same_bytes(&got, &want, 0, "c1 after truncate+write on c0");
 }
 
+/// Another client's commit landing between this client's last look at a file and its own
+/// commit of it: the own commit's answer holds the other's change (its size too), which this
+/// client's kernel never saw. The next open here must drop the kernel's size and pages though
+/// the data version it finds is the one this client's commit made. (IOR "hard" in CI: this
+/// client's read past the end it had written itself came back empty.) `a` neither follows the
+/// others' changes nor lets its kernel's attributes expire during the test, so only the open
+/// can make it right.
+#[test]
+fn a_commit_over_another_clients_change_does_not_keep_the_kernels_cache() {
+    let mut t = TestFs::with(Opts {
+        clients: 0,
+        ..Opts::default()
+    });
+    let a = t.mount_with(&ClientOpts {
+        name: "a".into(),
+        attr_ttl: Some(600.0),
+        config: Some("follow_changes = false\n".into()),
+        ..ClientOpts::default()
+    });
+    let b = t.mount_with(&ClientOpts {
+        name: "b".into(),
+        ..ClientOpts::default()
+    });
+
+    // The size: a's kernel takes 100 (a's buffered write) for 600 s, b extends the file to
+    // 1100, a's close commits on top of b's change.
+    let ours = pattern(21, 0, 100);
+    let theirs = pattern(22, 1000, 100);
+    {
+        let h = fs::File::create(t.p(a, "f")).unwrap();
+        h.write_all_at(&ours, 0).unwrap();
+        assert_eq!(h.metadata().unwrap().len(), 100);
+        fs::OpenOptions::new()
+            .write(true)
+            .open(t.p(b, "f"))
+            .unwrap()
+            .write_all_at(&theirs, 1000)
+            .unwrap();
+    }
+    let mut want = ours.clone();
+    want.resize(1000, 0);
+    want.extend_from_slice(&theirs);
+    assert_same_bytes(
+        &read_all(&t.p(a, "f")).unwrap(),
+        &want,
+        0,
+        "a after its own close",
+    );
+
+    // The pages: a reads a file through a handle it keeps, b rewrites its first page, a writes
+    // elsewhere through the kept handle and closes it.
+    let old = pattern(23, 0, 12288);
+    fs::write(t.p(a, "g"), &old).unwrap();
+    let h = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(t.p(a, "g"))
+        .unwrap();
+    assert_same_bytes(
+        &pread_exact(&h, 0, 12288).unwrap(),
+        &old,
+        0,
+        "a's first read",
+    );
+    let page = pattern(24, 0, 4096);
+    fs::OpenOptions::new()
+        .write(true)
+        .open(t.p(b, "g"))
+        .unwrap()
+        .write_all_at(&page, 0)
+        .unwrap();
+    let tail = pattern(25, 8192, 100);
+    h.write_all_at(&tail, 8192).unwrap();
+    drop(h);
+    let mut want = old;
+    want[..4096].copy_from_slice(&page);
+    want[8192..8292].copy_from_slice(&tail);
+    assert_same_bytes(
+        &read_all(&t.p(a, "g")).unwrap(),
+        &want,
+        0,
+        "a after its own close",
+    );
+}
+
 /// IOR "hard": every client writes 47008-byte transfers into one shared file, interleaved
 /// (transfer k of client r at offset (k * clients + r) * 47008), so neighbouring transfers from
 /// different clients share every 1 MiB block boundary.

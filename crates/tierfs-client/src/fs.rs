@@ -1149,7 +1149,7 @@ impl FsInner {
             self.chmod_acl(ino, m)?;
         }
         if size.is_some() {
-            self.data.invalidate(ino, Some(&a));
+            self.data.changed(ino, &a);
         }
         Ok(Step::Done(a))
     }
@@ -3471,7 +3471,7 @@ impl Filesystem for TierFs {
             let a = self
                 .meta
                 .fallocate(ino.0, offset, length, keep, punch || zero)?;
-            self.data.invalidate(ino.0, Some(&a));
+            self.data.changed(ino.0, &a);
             Ok(())
         });
         match r {

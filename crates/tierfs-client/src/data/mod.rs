@@ -106,7 +106,9 @@ struct FileInner {
     /// from the engine before that commit (older version) must not show the size from before
     /// it, once the buffered writes no longer count in `pending_end`.
     last_commit: Option<(u64, u64)>,
-    /// The data version the kernel's page cache of this file reflects.
+    /// The data version the kernel's page cache (and cached size) of this file reflects; an
+    /// open whose attributes show another version drops them. Only [`FileInner::changed_to`]
+    /// moves it past a version this client did not read itself.
     seen_version: Option<u64>,
     chunk_slices: HashMap<u64, Arc<Vec<Slice>>>,
     /// Bumped whenever `chunk_slices` or `attr` is forgotten or replaced (a commit, a
@@ -126,6 +128,25 @@ struct FileInner {
     deferred_error: Option<i32>,
     /// Handles of this client open on the file through the data path.
     opens: u32,
+}
+
+impl FileInner {
+    /// This client changed the file, its change making data version `v` (a commit, a
+    /// truncate, a fallocate: each adds one to the version). The kernel saw the change go
+    /// through, so its cache reflects `v` if it reflected the version just before; if another
+    /// client's change came in between (the commit's size then also holds that client's
+    /// extension, which the kernel never learnt), the mark stays where it was, and the next
+    /// open drops the kernel's pages and size. (Moving it on regardless kept, at the next
+    /// open, a size from before another client's commit: reads past it ended early, and pages
+    /// it had overwritten were served.)
+    fn changed_to(&mut self, v: u64) {
+        if self
+            .seen_version
+            .is_some_and(|s| s == v || s.checked_add(1) == Some(v))
+        {
+            self.seen_version = Some(v);
+        }
+    }
 }
 
 impl FileInner {
@@ -975,7 +996,7 @@ impl DataPath {
                     }
                 }
                 inner.forget_slices();
-                inner.seen_version = Some(a.data_version);
+                inner.changed_to(a.data_version);
                 inner.last_commit = Some((a.data_version, a.size));
                 let size = a.size;
                 let mut a2 = a.clone();
@@ -1045,17 +1066,31 @@ impl DataPath {
         }
         let a = self.meta.rewrite_data(ino, &slices, size, mtime)?;
         self.space.invalidate();
-        self.invalidate(ino, Some(&a));
+        self.changed(ino, &a);
         Ok(a)
     }
 
-    /// Forgets cached attributes and slices (after truncate, setstripe, or a remote change).
+    /// Forgets cached attributes and slices (after setstripe, a remote change, or attributes
+    /// read again), keeping `attr` if given. The kernel's cache is not taken to reflect it: an
+    /// open that finds another version than the kernel last saw drops the kernel's pages.
     pub fn invalidate(&self, ino: Ino, attr: Option<&Attr>) {
+        self.learn(ino, attr, false);
+    }
+
+    /// [`DataPath::invalidate`] after this client's own change of the file's data (a
+    /// truncate, a fallocate, a rewrite), `attr` being what the change made: the kernel's
+    /// cache reflects it if nothing else changed the file since the kernel last saw it
+    /// ([`FileInner::changed_to`]).
+    pub fn changed(&self, ino: Ino, attr: &Attr) {
+        self.learn(ino, Some(attr), true);
+    }
+
+    fn learn(&self, ino: Ino, attr: Option<&Attr>, ours: bool) {
         if let Some(st) = self.existing(ino) {
             let mut inner = st.inner.lock();
             inner.forget_slices();
-            if let Some(a) = attr {
-                inner.seen_version = Some(a.data_version);
+            if let (Some(a), true) = (attr, ours) {
+                inner.changed_to(a.data_version);
             }
             inner.attr = attr.cloned();
             inner.last_commit = None;
