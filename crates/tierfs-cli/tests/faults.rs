@@ -646,6 +646,45 @@ fn an_open_on_the_kept_open_does_not_wait_for_another_handles_size_report() {
     assert_eq!(read_all(&p), want);
 }
 
+/// Kept opens: the allowance to serve them (renewed for about a second at a time) comes from a
+/// worker of its own, so a periodic size report of a file being written that hangs (an engine
+/// slow to answer, here held by fault injection for 2.5 s) does not stop it: an open of
+/// another file with a kept open is still served without the engine. (Before, the `pcc`
+/// worker renewed the allowance after its size reports: held behind one, the allowance lapsed
+/// and opens went to the engine; varmail under load sent 711 of 2,976 opens there.)
+#[test]
+fn kept_opens_are_served_while_a_periodic_size_report_hangs() {
+    let (_fs, _engine, m) = under_an_rw_rule_with(|c| ClientConfig {
+        // no write-back (whose report could be the one held) during the test
+        writeback_delay_secs: 600,
+        ..c
+    });
+    let p = m.p("page.rw");
+    fs::write(&p, pattern(4096, 1)).unwrap();
+    wait_for_kept_open(&m, &p);
+    // a writer that stays open: the `pcc` worker reports its size every second
+    let mut w = fs::File::create(m.p("log.rw")).unwrap();
+    w.write_all(&pattern(100, 2)).unwrap();
+    m.plan.fail_next("pcc_report", 1, Fault::HoldReply);
+    assert!(
+        m.plan.wait_held(Duration::from_secs(10)),
+        "no periodic size report of the open writer within 10 s"
+    );
+    // longer than one allowance, with that report held
+    thread::sleep(Duration::from_millis(2500));
+    let opens = || m.plan.calls("pcc_open") + m.plan.calls("open_file");
+    let before = opens();
+    let read = read_all(&p);
+    let went = opens() - before;
+    m.plan.release();
+    drop(w);
+    assert_eq!(read, pattern(4096, 1));
+    assert_eq!(
+        went, 0,
+        "an open of a file with a kept open went to the engine while a size report hung"
+    );
+}
+
 /// Kept opens: a reader's open is served on the file's kept open while the file is being
 /// written back (its transition lock held, here while the write-back's report to the engine
 /// is held): it changes only counts, as a reader's close does. (Before, it missed the kept

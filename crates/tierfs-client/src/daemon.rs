@@ -573,14 +573,18 @@ fn start_workers(
     })
     .map_err(spawn_err)?;
     if let Some(p) = pcc {
-        w.spawn(jobs::PccUpkeep {
-            pcc: Arc::clone(p),
-            meta: meta.clone(),
-            health: Arc::clone(&health),
-            // a kept open is served only while the last heartbeat is younger than this
-            fresh: Duration::from_secs(cfg.session_timeout_secs) / 2,
-        })
-        .map_err(spawn_err)?;
+        w.spawn(jobs::PccUpkeep { pcc: Arc::clone(p) })
+            .map_err(spawn_err)?;
+        if !p.cfg.open_cache.is_zero() {
+            w.spawn(jobs::PccKeptOpens {
+                pcc: Arc::clone(p),
+                meta: meta.clone(),
+                health: Arc::clone(&health),
+                // a kept open is served only while the last heartbeat is younger than this
+                fresh: Duration::from_secs(cfg.session_timeout_secs) / 2,
+            })
+            .map_err(spawn_err)?;
+        }
         w.spawn(jobs::PccWriteback::new(Arc::clone(p)))
             .map_err(spawn_err)?;
         w.spawn(jobs::PccRoCopy { pcc: Arc::clone(p) })

@@ -179,15 +179,9 @@ impl Worker for CloseRecorder {
 }
 
 /// `pcc`: reports the sizes of cached files being written, keeps the cache under its high
-/// watermark and its rules' quotas, and validates entries (every 5 s); allows kept opens for
-/// about a second more while no changelog reader wants this client's OPEN or CLOSE records and
-/// a heartbeat succeeded within `fresh`, and closes kept opens idle past `pcc_open_cache_secs`
-/// (all of them when not allowed) (docs/pcc.md, "Kept opens").
+/// watermark and its rules' quotas, and validates entries (every 5 s).
 pub struct PccUpkeep {
     pub pcc: Arc<Pcc>,
-    pub meta: Arc<dyn MetaEngine>,
-    pub health: Arc<Health>,
-    pub fresh: Duration,
 }
 
 impl Worker for PccUpkeep {
@@ -201,9 +195,31 @@ impl Worker for PccUpkeep {
         self.pcc.report_writers();
         self.pcc.keep_within_limits();
         self.pcc.validate_if_due();
-        if self.pcc.cfg.open_cache.is_zero() {
-            return Ok(Next::Idle);
-        }
+        Ok(Next::Idle)
+    }
+}
+
+/// `pcc-kept-opens`: allows kept opens for about a second more while no changelog reader
+/// wants this client's OPEN or CLOSE records and a heartbeat succeeded within `fresh`, and
+/// closes kept opens idle past `pcc_open_cache_secs` (all of them when not allowed)
+/// (docs/pcc.md, "Kept opens"). A worker of its own: behind the `pcc` worker's size reports
+/// (one engine round trip per file being written, slow under load or across a network) the
+/// allowance lapsed, and opens that kept opens serve went to the engine.
+pub struct PccKeptOpens {
+    pub pcc: Arc<Pcc>,
+    pub meta: Arc<dyn MetaEngine>,
+    pub health: Arc<Health>,
+    pub fresh: Duration,
+}
+
+impl Worker for PccKeptOpens {
+    fn name(&self) -> &'static str {
+        "pcc-kept-opens"
+    }
+    fn interval(&self) -> Duration {
+        PCC_INTERVAL
+    }
+    fn work(&mut self, _ctx: &Ctx) -> Result<Next, WorkError> {
         let opens = tierfs_meta::changelog::RecordType::Open.bit()
             | tierfs_meta::changelog::RecordType::Close.bit();
         let wanted = self.meta.changelog_wanted(&self.pcc.client);
