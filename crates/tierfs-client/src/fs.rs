@@ -2431,6 +2431,10 @@ impl Filesystem for TierFs {
                 text.push_str(&format!(
                     "tierfs_pcc_cache_used_bytes {used}\ntierfs_pcc_cache_capacity_bytes {cap}\ntierfs_pcc_cache_files {files}\n"
                 ));
+                let (index, dir) = p.store_syncs();
+                text.push_str(&format!(
+                    "tierfs_pcc_index_syncs_total {index}\ntierfs_pcc_data_dir_syncs_total {dir}\n"
+                ));
                 for (rule, used, files, quota) in p.rule_usage() {
                     text.push_str(&format!(
                         "tierfs_pcc_rule_used_bytes{{rule=\"{rule}\"}} {used}\ntierfs_pcc_rule_files{{rule=\"{rule}\"}} {files}\n"

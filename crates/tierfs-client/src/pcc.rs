@@ -1950,6 +1950,12 @@ impl Pcc {
     pub fn usage(&self) -> (u64, u64, usize) {
         (self.used(), self.cfg.capacity, self.store.entries().len())
     }
+
+    /// (fdatasyncs of the cache index, fsyncs of the cache's data directory) so far: what
+    /// fsyncs of cached files cost beyond the files themselves.
+    pub fn store_syncs(&self) -> (u64, u64) {
+        self.store.sync_counts()
+    }
 }
 
 impl RecallWork for Pcc {

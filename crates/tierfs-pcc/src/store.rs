@@ -10,7 +10,8 @@
 //!   (`{"put":{entry}}` or `{"del":ino}`), each appended by one write(2) to a descriptor kept
 //!   open, so a change costs no open, no rename and no fsync, and a kill -9 of the daemon
 //!   never tears a line. It is fdatasynced when the application asks for durability (fsync of
-//!   a cached file: [`CacheStore::sync_entry`]) and rewritten whole (compacted: a temporary
+//!   a cached file: [`CacheStore::sync_entry`]; only if lines were appended since the last
+//!   sync, and concurrent fsyncs share one) and rewritten whole (compacted: a temporary
 //!   file, fsynced, renamed over it) at open and when it holds many more lines than entries. A
 //!   line torn by power loss is skipped at load; data whose description was lost is kept
 //!   aside, never deleted. (Caches written by older versions, one `meta/<ino>.json` per
@@ -111,6 +112,21 @@ pub struct CacheStore {
     /// The index journal (see the module's header). Locked after `entries` (the one order),
     /// so its lines are in the order the map changed.
     journal: Mutex<Journal>,
+    /// Held by [`CacheStore::sync_entry`] while it syncs, one at a time: an fsync waiting
+    /// here often finds its lines (and its file's name) made durable by the one before.
+    syncing: Mutex<Synced>,
+    /// Names made in `data/` so far (a cached file created): the directory needs an fsync
+    /// for a file's name to survive power loss only after one of these.
+    names_made: std::sync::atomic::AtomicU64,
+    /// fdatasyncs of the index and fsyncs of `data/` done (`sync_counts`).
+    index_syncs: std::sync::atomic::AtomicU64,
+    dir_syncs: std::sync::atomic::AtomicU64,
+}
+
+/// What is durable: `names_made` up to this count (the data directory's last fsync).
+#[derive(Default)]
+struct Synced {
+    names: u64,
 }
 
 /// Bytes each cached file takes on disk, as last measured, and their sum.
@@ -135,9 +151,13 @@ impl Sizes {
 
 /// The open index journal.
 struct Journal {
-    file: File,
+    file: std::sync::Arc<File>,
     /// Lines it holds (compacted when far more than the entries).
     lines: usize,
+    /// Lines appended since the store opened, and how many of them are durable (an
+    /// fdatasync, or a compaction, which writes them all into a synced file).
+    appended: u64,
+    durable: u64,
 }
 
 /// One line of the index journal.
@@ -182,9 +202,15 @@ impl CacheStore {
         }
         let store = CacheStore {
             journal: Mutex::new(Journal {
-                file,
+                file: std::sync::Arc::new(file),
                 lines: map.len(),
+                appended: 0,
+                durable: 0,
             }),
+            syncing: Mutex::new(Synced::default()),
+            names_made: Default::default(),
+            index_syncs: Default::default(),
+            dir_syncs: Default::default(),
             root,
             capacity,
             entries: Mutex::new(map),
@@ -322,11 +348,14 @@ impl CacheStore {
         line.push(b'\n');
         let mut j = self.journal.lock();
         let index = self.root.join("index");
-        j.file.write_all(&line).map_err(|e| io(&index, e))?;
+        (&*j.file).write_all(&line).map_err(|e| io(&index, e))?;
         j.lines += 1;
+        j.appended += 1;
         if j.lines > COMPACT_SLACK + 2 * map.len() {
-            j.file = Self::write_index(&self.root, map)?;
+            j.file = std::sync::Arc::new(Self::write_index(&self.root, map)?);
             j.lines = map.len();
+            // every line so far is in the new index, which write_index synced
+            j.durable = j.appended;
         }
         Ok(())
     }
@@ -341,17 +370,41 @@ impl CacheStore {
 
     /// Makes an entry's description durable (the application asked for durability): the
     /// index journal (every change so far) and the data directory (the cached file's name).
+    /// Each is synced only if something was added to it since its last sync (an fsync of a
+    /// file appending again, or of a file whose name is older than the directory's last sync,
+    /// costs no sync of the directory), and one sync serves every fsync waiting for it.
     pub fn sync_entry(&self, _ino: Ino) -> Result<()> {
-        {
+        use std::sync::atomic::Ordering::SeqCst;
+        let mut synced = self.syncing.lock();
+        // The lines appended before this call (this entry's among them) and more.
+        let pending = {
             let j = self.journal.lock();
-            j.file
-                .sync_data()
+            (j.durable < j.appended).then(|| (std::sync::Arc::clone(&j.file), j.appended))
+        };
+        if let Some((file, upto)) = pending {
+            // without the journal's lock: changes go on being appended meanwhile
+            file.sync_data()
                 .map_err(|e| io(&self.root.join("index"), e))?;
+            self.index_syncs.fetch_add(1, SeqCst);
+            let mut j = self.journal.lock();
+            j.durable = j.durable.max(upto);
         }
-        let data = self.root.join("data");
-        File::open(&data)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| io(&data, e))
+        let names = self.names_made.load(SeqCst);
+        if synced.names < names {
+            let data = self.root.join("data");
+            File::open(&data)
+                .and_then(|d| d.sync_all())
+                .map_err(|e| io(&data, e))?;
+            self.dir_syncs.fetch_add(1, SeqCst);
+            synced.names = names;
+        }
+        Ok(())
+    }
+
+    /// (fdatasyncs of the index, fsyncs of the data directory) done since the store opened.
+    pub fn sync_counts(&self) -> (u64, u64) {
+        use std::sync::atomic::Ordering::SeqCst;
+        (self.index_syncs.load(SeqCst), self.dir_syncs.load(SeqCst))
     }
 
     pub fn get(&self, ino: Ino) -> Option<Entry> {
@@ -398,14 +451,18 @@ impl CacheStore {
     /// Creates an empty data file for `ino` (replacing any old one), private to the daemon.
     pub fn create_data(&self, ino: Ino) -> Result<File> {
         let p = self.data_path(ino);
-        OpenOptions::new()
+        let f = OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(true)
             .mode(0o600)
             .open(&p)
-            .map_err(|e| io(&p, e))
+            .map_err(|e| io(&p, e))?;
+        // (counted once made: a sync that reads the count after this covers the name)
+        self.names_made
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(f)
     }
 
     /// Opens the cached data of `ino`.
@@ -578,6 +635,44 @@ mod tests {
             .permissions()
             .mode();
         assert_eq!(mode & 0o777, 0o700);
+    }
+
+    #[test]
+    fn fsync_syncs_only_what_changed_since_the_last_sync() {
+        let d = tempfile::tempdir().unwrap();
+        let s = CacheStore::open(d.path(), "fs", 1 << 30).unwrap();
+        // a new cached file: its description and its name
+        s.create_data(1).unwrap();
+        s.put(entry(1, Mode::Rw, 1)).unwrap();
+        s.sync_entry(1).unwrap();
+        assert_eq!(s.sync_counts(), (1, 1));
+        // nothing changed since: no sync at all
+        s.sync_entry(1).unwrap();
+        assert_eq!(s.sync_counts(), (1, 1));
+        // its description changed, its name did not: the index only
+        s.update(1, |e| e.dirty = true).unwrap();
+        s.sync_entry(1).unwrap();
+        assert_eq!(s.sync_counts(), (2, 1));
+        // another file's name made since: the directory too
+        s.create_data(2).unwrap();
+        s.put(entry(2, Mode::Rw, 1)).unwrap();
+        s.sync_entry(2).unwrap();
+        assert_eq!(s.sync_counts(), (3, 2));
+        // a removal needs neither for the files that stay
+        s.remove(2);
+        s.sync_entry(1).unwrap();
+        assert_eq!(
+            s.sync_counts(),
+            (4, 2),
+            "the removal's line is synced, not the directory"
+        );
+        // through a compaction (the index rewritten into a new, synced file): the lines
+        // appended to the new file after it are synced, in that file
+        for i in 0..(COMPACT_SLACK as u64 + 10) {
+            s.update(1, |e| e.last_write = i as i64).unwrap();
+        }
+        s.sync_entry(1).unwrap();
+        assert_eq!(s.sync_counts(), (5, 2));
     }
 
     #[test]
