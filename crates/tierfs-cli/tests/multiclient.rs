@@ -227,15 +227,10 @@ fn truncate_on_one_client_seen_on_open_by_another() {
     assert_same_bytes(&got, &want, 0, "c1 after truncate+write on c0");
 }
 
-/// Another client's commit landing between this client's last look at a file and its own
-/// commit of it: the own commit's answer holds the other's change (its size too), which this
-/// client's kernel never saw. The next open here must drop the kernel's size and pages though
-/// the data version it finds is the one this client's commit made. (IOR "hard" in CI: this
-/// client's read past the end it had written itself came back empty.) `a` neither follows the
-/// others' changes nor lets its kernel's attributes expire during the test, so only the open
-/// can make it right.
-#[test]
-fn a_commit_over_another_clients_change_does_not_keep_the_kernels_cache() {
+/// Two clients: `a`, whose kernel keeps names and attributes for 600 s and which does not
+/// follow the others' changes (so only what its own requests do can correct its kernel), and
+/// `b`, as mounted by default. Returns the filesystem and their client numbers.
+fn a_slow_to_learn_and_b() -> (TestFs, usize, usize) {
     let mut t = TestFs::with(Opts {
         clients: 0,
         ..Opts::default()
@@ -250,6 +245,19 @@ fn a_commit_over_another_clients_change_does_not_keep_the_kernels_cache() {
         name: "b".into(),
         ..ClientOpts::default()
     });
+    (t, a, b)
+}
+
+/// Another client's commit landing between this client's last look at a file and its own
+/// commit of it: the own commit's answer holds the other's change (its size too), which this
+/// client's kernel never saw. The next open here must drop the kernel's size and pages though
+/// the data version it finds is the one this client's commit made. (IOR "hard" in CI: this
+/// client's read past the end it had written itself came back empty.) `a` neither follows the
+/// others' changes nor lets its kernel's attributes expire during the test, so only the open
+/// can make it right.
+#[test]
+fn a_commit_over_another_clients_change_does_not_keep_the_kernels_cache() {
+    let (t, a, b) = a_slow_to_learn_and_b();
 
     // The size: a's kernel takes 100 (a's buffered write) for 600 s, b extends the file to
     // 1100, a's close commits on top of b's change.
@@ -594,20 +602,7 @@ fn permission_change_on_one_client_enforced_on_another() {
 /// kernel walks the path again and finds the new directory's file.
 #[test]
 fn a_path_through_a_directory_remade_elsewhere_finds_the_new_one() {
-    let mut t = TestFs::with(Opts {
-        clients: 0,
-        ..Opts::default()
-    });
-    let a = t.mount_with(&ClientOpts {
-        name: "a".into(),
-        attr_ttl: Some(600.0),
-        config: Some("follow_changes = false\n".into()),
-        ..ClientOpts::default()
-    });
-    let b = t.mount_with(&ClientOpts {
-        name: "b".into(),
-        ..ClientOpts::default()
-    });
+    let (t, a, b) = a_slow_to_learn_and_b();
     fs::create_dir(t.p(a, "d")).unwrap();
     fs::write(t.p(a, "d/old"), b"old").unwrap();
     let old = stat(&t.p(a, "d")).unwrap().st_ino;
