@@ -484,6 +484,7 @@ pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Resul
                 client_name.clone(),
                 reader,
                 Arc::clone(&xattr_hint),
+                Arc::clone(&data),
             ))
             .map_err(|e| DaemonError::Other(format!("cannot start a worker: {e}")))?;
     }

@@ -587,6 +587,12 @@ impl DataPath {
         Ok(a)
     }
 
+    /// The data version this client's kernel's cache (pages and size) of `ino` reflects, when
+    /// the file has a state here (open, or recently).
+    pub fn kernel_version(&self, ino: Ino) -> Option<u64> {
+        self.existing(ino)?.inner.lock().seen_version
+    }
+
     /// The data version reads of `ino` see now, when this client has no write of it buffered
     /// or being committed and knows its attributes (None otherwise: a read then goes through
     /// the data path, which commits first or reads the attributes again).

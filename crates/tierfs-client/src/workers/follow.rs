@@ -35,6 +35,7 @@ use tierfs_meta::changelog::{ChangelogError, ChangelogRecord, Mask, RecordType};
 use tierfs_meta::{Channel, Ino, Listener, MetaEngine, MetaError};
 
 use super::{Ctx, Next, WorkError, Worker};
+use crate::data::DataPath;
 use crate::xattr_hint::XattrHint;
 
 /// How often the follower reads the changelog when it cannot be notified (SQLite).
@@ -218,6 +219,8 @@ pub struct Follower {
     /// The mount's memory of inodes without xattrs: an inode whose attributes another client
     /// changed is asked of the engine again, as the kernel is.
     pub xattr_hint: Arc<XattrHint>,
+    /// The mount's data path: what data version its kernel's cache of a file reflects.
+    data: Arc<DataPath>,
     /// Last record index processed.
     last: u64,
     /// Last index cleared.
@@ -237,6 +240,7 @@ impl Follower {
         client: String,
         reader: u64,
         xattr_hint: Arc<XattrHint>,
+        data: Arc<DataPath>,
     ) -> Follower {
         Follower {
             meta,
@@ -245,6 +249,7 @@ impl Follower {
             client,
             reader,
             xattr_hint,
+            data,
             last: 0,
             cleared: 0,
             last_clear: Instant::now(),
@@ -265,6 +270,11 @@ impl Follower {
             if let Inval::Inode { ino, .. } = &i {
                 self.xattr_hint.forget(*ino);
             }
+            if let Inval::Inode { ino, pages: true } = &i {
+                if self.taken_in(*ino) {
+                    continue;
+                }
+            }
             // ENOENT: the kernel holds nothing of it (not an error).
             let _ = match &i {
                 Inval::Entry(p, name) => n.inval_entry(INodeNo(*p), OsStr::from_bytes(name)),
@@ -273,6 +283,20 @@ impl Follower {
             };
             self.invalidated += 1;
         }
+    }
+
+    /// Whether this client's kernel already reflects the file's data as the engine has it now
+    /// (an open since the change dropped the kernel's size and pages, or found them current):
+    /// then the record's change is taken in, and invalidating again would do harm. The
+    /// kernel drops the answer of an attribute request that was in flight when an
+    /// invalidation came, and a read past the old size then ended at it: a reader that
+    /// reopened after another client's commit, and read past the size it had known, got end
+    /// of file when this follower's invalidation for that commit crossed its refresh.
+    fn taken_in(&self, ino: Ino) -> bool {
+        let Some(v) = self.data.kernel_version(ino) else {
+            return false;
+        };
+        matches!(self.meta.getattr(ino), Ok(a) if a.data_version == v)
     }
 
     /// The reader is gone (dropped for idleness while this client could not read): register
