@@ -24,6 +24,8 @@ use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+use std::sync::Arc;
 
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
@@ -113,20 +115,15 @@ pub struct CacheStore {
     /// so its lines are in the order the map changed.
     journal: Mutex<Journal>,
     /// Held by [`CacheStore::sync_entry`] while it syncs, one at a time: an fsync waiting
-    /// here often finds its lines (and its file's name) made durable by the one before.
-    syncing: Mutex<Synced>,
+    /// here often finds its lines (and its file's name) made durable by the one before. It
+    /// holds how many of `names_made` the data directory's last fsync covered.
+    syncing: Mutex<u64>,
     /// Names made in `data/` so far (a cached file created): the directory needs an fsync
     /// for a file's name to survive power loss only after one of these.
-    names_made: std::sync::atomic::AtomicU64,
+    names_made: AtomicU64,
     /// fdatasyncs of the index and fsyncs of `data/` done (`sync_counts`).
-    index_syncs: std::sync::atomic::AtomicU64,
-    dir_syncs: std::sync::atomic::AtomicU64,
-}
-
-/// What is durable: `names_made` up to this count (the data directory's last fsync).
-#[derive(Default)]
-struct Synced {
-    names: u64,
+    index_syncs: AtomicU64,
+    dir_syncs: AtomicU64,
 }
 
 /// Bytes each cached file takes on disk, as last measured, and their sum.
@@ -151,7 +148,7 @@ impl Sizes {
 
 /// The open index journal.
 struct Journal {
-    file: std::sync::Arc<File>,
+    file: Arc<File>,
     /// Lines it holds (compacted when far more than the entries).
     lines: usize,
     /// Lines appended since the store opened, and how many of them are durable (an
@@ -202,12 +199,12 @@ impl CacheStore {
         }
         let store = CacheStore {
             journal: Mutex::new(Journal {
-                file: std::sync::Arc::new(file),
+                file: Arc::new(file),
                 lines: map.len(),
                 appended: 0,
                 durable: 0,
             }),
-            syncing: Mutex::new(Synced::default()),
+            syncing: Mutex::new(0),
             names_made: Default::default(),
             index_syncs: Default::default(),
             dir_syncs: Default::default(),
@@ -352,7 +349,7 @@ impl CacheStore {
         j.lines += 1;
         j.appended += 1;
         if j.lines > COMPACT_SLACK + 2 * map.len() {
-            j.file = std::sync::Arc::new(Self::write_index(&self.root, map)?);
+            j.file = Arc::new(Self::write_index(&self.root, map)?);
             j.lines = map.len();
             // every line so far is in the new index, which write_index synced
             j.durable = j.appended;
@@ -374,12 +371,11 @@ impl CacheStore {
     /// file appending again, or of a file whose name is older than the directory's last sync,
     /// costs no sync of the directory), and one sync serves every fsync waiting for it.
     pub fn sync_entry(&self, _ino: Ino) -> Result<()> {
-        use std::sync::atomic::Ordering::SeqCst;
-        let mut synced = self.syncing.lock();
+        let mut dir_synced = self.syncing.lock();
         // The lines appended before this call (this entry's among them) and more.
         let pending = {
             let j = self.journal.lock();
-            (j.durable < j.appended).then(|| (std::sync::Arc::clone(&j.file), j.appended))
+            (j.durable < j.appended).then(|| (Arc::clone(&j.file), j.appended))
         };
         if let Some((file, upto)) = pending {
             // without the journal's lock: changes go on being appended meanwhile
@@ -390,20 +386,19 @@ impl CacheStore {
             j.durable = j.durable.max(upto);
         }
         let names = self.names_made.load(SeqCst);
-        if synced.names < names {
+        if *dir_synced < names {
             let data = self.root.join("data");
             File::open(&data)
                 .and_then(|d| d.sync_all())
                 .map_err(|e| io(&data, e))?;
             self.dir_syncs.fetch_add(1, SeqCst);
-            synced.names = names;
+            *dir_synced = names;
         }
         Ok(())
     }
 
     /// (fdatasyncs of the index, fsyncs of the data directory) done since the store opened.
     pub fn sync_counts(&self) -> (u64, u64) {
-        use std::sync::atomic::Ordering::SeqCst;
         (self.index_syncs.load(SeqCst), self.dir_syncs.load(SeqCst))
     }
 
@@ -460,8 +455,7 @@ impl CacheStore {
             .open(&p)
             .map_err(|e| io(&p, e))?;
         // (counted once made: a sync that reads the count after this covers the name)
-        self.names_made
-            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.names_made.fetch_add(1, SeqCst);
         Ok(f)
     }
 

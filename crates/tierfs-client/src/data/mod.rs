@@ -147,9 +147,7 @@ impl FileInner {
             self.seen_version = Some(v);
         }
     }
-}
 
-impl FileInner {
     /// Forgets the cached slice lists; answers read from the engine before this are not kept.
     fn forget_slices(&mut self) {
         self.chunk_slices.clear();
