@@ -96,6 +96,10 @@ pub fn run_all(factory: &Factory<'_>) {
             pcc_create_takes_the_lease_in_the_create,
         ),
         (
+            "pcc_create_asks_the_rule_about_the_file_made",
+            pcc_create_asks_the_rule_about_the_file_made,
+        ),
+        (
             "pcc_transitions_are_conditional_on_generation_and_dirty",
             pcc_transitions_are_conditional_on_generation_and_dirty,
         ),
@@ -120,6 +124,10 @@ pub fn run_all(factory: &Factory<'_>) {
         (
             "changelog_namespace_records",
             changelog::changelog_namespace_records,
+        ),
+        (
+            "changelog_create_open_and_unlink_records",
+            changelog::changelog_create_open_and_unlink_records,
         ),
         (
             "changelog_wanted_follows_the_readers",
@@ -2089,6 +2097,88 @@ fn pcc_create_takes_the_lease_in_the_create(e: &dyn MetaEngine) {
         e.lookup(ROOT_INO, b"pc3"),
         Err(MetaError::NotFound)
     ));
+}
+
+/// The rule is asked about the file as made: in a set-group-ID directory the file has the
+/// directory's group, in a project-inheriting one its project, and a rule on either sees that.
+fn pcc_create_asks_the_rule_about_the_file_made(e: &dyn MetaEngine) {
+    let a = pcc_session(e, "a");
+    let d = e
+        .create(
+            ROOT_INO,
+            b"sg",
+            &NewNode {
+                perm: 0o2775,
+                gid: 77,
+                ..dir()
+            },
+            None,
+            None,
+        )
+        .unwrap();
+    let mine = NewNode {
+        gid: 1000,
+        ..file()
+    };
+    let group_77 = |x: &Attr| x.gid == 77;
+    let group_1000 = |x: &Attr| x.gid == 1000;
+    // a rule on the directory's group: the file made has it, so it is leased (dirty, a's)
+    let (f, l) = e
+        .pcc_create(d.ino, b"f", &mine, Some(layout()), Some(a), "a", &group_77)
+        .unwrap();
+    assert_eq!(f.gid, 77);
+    let l = l.expect("the file made has the group the rule wants");
+    assert_eq!((l.ino, l.client.as_str(), l.dirty), (f.ino, "a", true));
+    assert_eq!(e.pcc_lease(f.ino).unwrap(), Some(l));
+    // a rule on the group asked for, which the file made does not have: no lease anywhere
+    let (g, none) = e
+        .pcc_create(
+            d.ino,
+            b"g",
+            &mine,
+            Some(layout()),
+            Some(a),
+            "a",
+            &group_1000,
+        )
+        .unwrap();
+    assert_eq!(g.gid, 77);
+    assert!(none.is_none());
+    assert_eq!(e.pcc_lease(g.ino).unwrap(), None);
+    // outside the directory the group asked for is the file's
+    let (h, l) = e
+        .pcc_create(
+            ROOT_INO,
+            b"h",
+            &mine,
+            Some(layout()),
+            Some(a),
+            "a",
+            &group_1000,
+        )
+        .unwrap();
+    assert_eq!(h.gid, 1000);
+    assert!(l.is_some());
+    assert!(e.pcc_lease(h.ino).unwrap().is_some());
+    // a project handed down: a rule on the project sees it
+    let p = e.create(ROOT_INO, b"proj", &dir(), None, None).unwrap();
+    e.set_projid(p.ino, 42, true).unwrap();
+    let (k, l) = e
+        .pcc_create(p.ino, b"k", &file(), Some(layout()), Some(a), "a", &|x| {
+            x.projid == 42
+        })
+        .unwrap();
+    assert_eq!(k.projid, 42);
+    assert!(l.is_some());
+    assert!(e.pcc_lease(k.ino).unwrap().is_some());
+    let (m, none) = e
+        .pcc_create(p.ino, b"m", &file(), Some(layout()), Some(a), "a", &|x| {
+            x.projid == 0
+        })
+        .unwrap();
+    assert_eq!(m.projid, 42);
+    assert!(none.is_none());
+    assert_eq!(e.pcc_lease(m.ino).unwrap(), None);
 }
 
 fn pcc_transitions_are_conditional_on_generation_and_dirty(e: &dyn MetaEngine) {

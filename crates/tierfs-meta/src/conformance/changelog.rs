@@ -212,6 +212,58 @@ pub fn changelog_namespace_records(e: &dyn MetaEngine) {
     assert!(v.windows(2).all(|w| w[0].index < w[1].index));
 }
 
+/// A create that opens its file records CREAT then OPEN, both about the new inode, with or
+/// without a lease taken in it; a failed create records nothing; unlinks record UNLNK, LAST
+/// only at the last name.
+pub fn changelog_create_open_and_unlink_records(e: &dyn MetaEngine) {
+    let s = super::pcc_session(e, "a");
+    e.changelog_register(Mask::all(), DAY).unwrap();
+    let _c = caller().enter();
+    let f = e
+        .create(ROOT_INO, b"f", &file(), Some(layout()), Some(s))
+        .unwrap()
+        .ino;
+    let (g, lease) = e
+        .pcc_create(
+            ROOT_INO,
+            b"g",
+            &file(),
+            Some(layout()),
+            Some(s),
+            "a",
+            &|_| true,
+        )
+        .unwrap();
+    assert!(lease.is_some());
+    assert!(e
+        .create(ROOT_INO, b"f", &file(), Some(layout()), Some(s))
+        .is_err());
+    e.link(g.ino, ROOT_INO, b"g2").unwrap();
+    e.unlink(ROOT_INO, b"g").unwrap();
+    e.unlink(ROOT_INO, b"g2").unwrap();
+    let v = records(e);
+    use RecordType::*;
+    assert_eq!(
+        types(&v),
+        [Creat, Open, Creat, Open, Hlink, Unlnk, Unlnk],
+        "{v:#?}"
+    );
+    let at = |i: usize| (v[i].target, v[i].parent, v[i].name.clone());
+    assert_eq!(at(0), (f, ROOT_INO, b"f".to_vec()));
+    assert_eq!(v[1].target, f);
+    assert_eq!(at(2), (g.ino, ROOT_INO, b"g".to_vec()));
+    assert_eq!(v[3].target, g.ino);
+    assert_eq!(at(5), (g.ino, ROOT_INO, b"g".to_vec()));
+    assert_eq!(v[5].flags & FLAG_LAST, 0);
+    assert_eq!(at(6), (g.ino, ROOT_INO, b"g2".to_vec()));
+    assert_eq!(v[6].flags & FLAG_LAST, FLAG_LAST);
+    for x in &v {
+        assert_eq!((x.uid, x.gid), (1234, 567));
+        assert_eq!(x.client, "conf-client");
+    }
+    assert!(v.windows(2).all(|w| w[0].index < w[1].index));
+}
+
 /// `changelog_wanted`: the union of the active readers' masks, less what a follower of the
 /// asking client does not get (its own records, HSM ones apart); nothing once they go.
 pub fn changelog_wanted_follows_the_readers(e: &dyn MetaEngine) {

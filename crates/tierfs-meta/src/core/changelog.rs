@@ -151,16 +151,43 @@ const INSERT_SQLITE: &str = "INSERT INTO changelog \
 // on [`NOTIFY_CHANNEL`] sent) only when a reader wants the record; the index (`nextval`, in the outer select list) is drawn for the
 // gate's row, after the lock. `extra` adds a condition to the gate (evaluated before the lock).
 fn insert_pg(extra: &str) -> String {
+    insert_pg_at(0, &[], extra)
+}
+
+/// [`insert_pg`] with its 13 parameters numbered from `base + 1` (so that a statement can hold
+/// several records, or put its own parameters first), and the fields of `over` (by their
+/// parameter's number, 1 to 13: the flags are 3, the target 4) taken from SQL expressions
+/// instead, their parameters the value when the expression is NULL (PostgreSQL must see every
+/// parameter used to know its type).
+fn insert_pg_at(base: usize, over: &[(usize, &str)], extra: &str) -> String {
+    let p = |i: usize, ty: &str| match over.iter().find(|(n, _)| *n == i) {
+        Some((_, e)) => format!("COALESCE(({e})::{ty}, ${}::{ty})", base + i),
+        None => format!("${}::{ty}", base + i),
+    };
     format!(
         "INSERT INTO changelog \
     (idx, time, type, flags, target, parent, name, sparent, sname, uid, gid, client, jobid) \
-    SELECT nextval('changelog_seq_n_seq'), $1::BIGINT, $2::INTEGER, $3::INTEGER, $4::BIGINT, $5::BIGINT, $6::BYTEA, \
-    $7::BIGINT, $8::BYTEA, $9::BIGINT, $10::BIGINT, $11::TEXT, $12::TEXT \
+    SELECT nextval('changelog_seq_n_seq'), {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {} \
     FROM (SELECT pg_advisory_xact_lock(7882522153839479911) AS locked, \
     pg_notify('tierfs_changelog', '') AS notified \
-    WHERE EXISTS (SELECT 1 FROM changelog_readers WHERE state = 0 AND (mask & $13::BIGINT) <> 0 \
-    AND (follower_of IS NULL OR follower_of <> $11::TEXT OR $2::INTEGER = 16)){extra}) \
-    AS gate"
+    WHERE EXISTS (SELECT 1 FROM changelog_readers WHERE state = 0 AND (mask & {}) <> 0 \
+    AND (follower_of IS NULL OR follower_of <> {} OR {} = 16)){extra}) \
+    AS gate",
+        p(1, "BIGINT"),
+        p(2, "INTEGER"),
+        p(3, "INTEGER"),
+        p(4, "BIGINT"),
+        p(5, "BIGINT"),
+        p(6, "BYTEA"),
+        p(7, "BIGINT"),
+        p(8, "BYTEA"),
+        p(9, "BIGINT"),
+        p(10, "BIGINT"),
+        p(11, "TEXT"),
+        p(12, "TEXT"),
+        p(13, "BIGINT"),
+        p(11, "TEXT"),
+        p(2, "INTEGER"),
     )
 }
 
@@ -213,6 +240,18 @@ pub fn record(tx: &mut dyn Tx, rec: &Rec<'_>) -> Result<bool> {
 /// lock is then taken after whatever `after` locked).
 pub(crate) fn pg_insert_after(after: &str) -> String {
     insert_pg(&format!(" AND EXISTS (SELECT 1 FROM {after})"))
+}
+
+/// [`pg_insert_after`] for a statement that holds more than one record or computes fields:
+/// this record's parameters are `$base+1` to `$base+13`, the fields of `over` SQL expressions
+/// ([`insert_pg_at`]), and the gate also waits for the condition `also` (e.g. that an earlier
+/// record's CTE ran: records are numbered in the order their CTEs run).
+pub(crate) fn pg_insert_at(base: usize, over: &[(usize, &str)], after: &str, also: &str) -> String {
+    insert_pg_at(
+        base,
+        over,
+        &format!(" AND EXISTS (SELECT 1 FROM {after}){also}"),
+    )
 }
 
 /// The parameters (`$1` to `$13`) of `rec`'s record, made by the caller of this thread.

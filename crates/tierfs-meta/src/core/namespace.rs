@@ -18,6 +18,7 @@ use super::common::{
     record_open, retire_inode, touch_dir, trash_slices, zero_range, ATTR_COLS, ATTR_COLS_I,
     MAX_LINKS, PENDING,
 };
+use super::pcc::LEASE_COLS;
 use super::SqlMeta;
 use crate::changelog::{RecordType, FLAG_EXCHANGE, FLAG_LAST};
 use crate::engine::Namespace;
@@ -280,6 +281,255 @@ pub(crate) fn create_in(
     Ok(a)
 }
 
+/// Numbers of the parameters of [`pg_create_sql`] after its two records' (`$1` to `$26`).
+const PC: usize = 26;
+
+/// PostgreSQL: a whole create as ONE statement, sent as its own transaction
+/// ([`Driver::write_once`]): the session's row held (when the new file is opened), the
+/// parent's row locked, the checks, the inode, its name, the parent's times and link count,
+/// the open, the lease of an RW-PCC attach at create (when `$42`, the client, is not null
+/// and the new file has the group asked for and project 0, i.e. its parent handed neither
+/// down: the facts the caller's rule was asked about, see `Pcc::pcc_create`; generation
+/// `$43`, dirty), and the CREAT (and OPEN) records, in the order a transaction of
+/// the other path takes them. Across a network each statement is a round trip, and a create
+/// runs under its directory's kernel lock, so every other create and unlink in the directory
+/// waits for it (issue 15: the BEGIN, session, lock, insert, lease, changelog and COMMIT of
+/// the other path were eight). Nothing is written when a check fails; the last four columns
+/// say which (the session's row, the parent's kind and link count, whether the name is
+/// taken, all on the statement's snapshot).
+fn pg_create_sql() -> &'static str {
+    static S: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    S.get_or_init(|| {
+        let p = |i: usize| format!("${}", PC + i);
+        let (kind, perm, uid, gid, nlink, size, rdev, now) =
+            (p(1), p(2), p(3), p(4), p(5), p(6), p(7), p(8));
+        let (ss, st, parent, symlink, name, plinks, open_by, client, generation) =
+            (p(9), p(10), p(11), p(12), p(13), p(14), p(15), p(16), p(17));
+        let dir = Kind::Dir as i64;
+        let sgid = libc::S_ISGID;
+        let target = [(4, "SELECT ino FROM n")];
+        format!(
+            "WITH s AS (SELECT id FROM sessions WHERE id = {open_by}::BIGINT FOR KEY SHARE), \
+             p AS (SELECT ino, kind, perm, gid, nlink, projid, projinherit FROM inodes \
+                   WHERE ino = {parent}::BIGINT \
+                   AND ({open_by}::BIGINT IS NULL OR EXISTS (SELECT 1 FROM s)) FOR UPDATE), \
+             ok AS (SELECT * FROM p WHERE kind = {dir} AND nlink > 0 AND NOT EXISTS \
+                    (SELECT 1 FROM dentries WHERE parent = {parent}::BIGINT \
+                     AND name = {name}::BYTEA)), \
+             n AS (INSERT INTO inodes (kind, perm, uid, gid, nlink, size, rdev, atime, mtime, \
+                       ctime, crtime, projid, projinherit, stripe_size, stripe_targets, parent, \
+                       symlink) \
+                   SELECT {kind}::BIGINT, {perm}::BIGINT | CASE WHEN ok.perm & {sgid} <> 0 \
+                            AND {kind}::BIGINT = {dir} THEN {sgid} ELSE 0 END, \
+                          {uid}::BIGINT, \
+                          CASE WHEN ok.perm & {sgid} <> 0 THEN ok.gid ELSE {gid}::BIGINT END, \
+                          {nlink}::BIGINT, {size}::BIGINT, {rdev}::BIGINT, {now}::BIGINT, \
+                          {now}::BIGINT, {now}::BIGINT, {now}::BIGINT, \
+                          CASE WHEN ok.projinherit <> 0 THEN ok.projid ELSE 0 END, \
+                          CASE WHEN ok.projinherit <> 0 AND {kind}::BIGINT = {dir} \
+                               THEN 1 ELSE 0 END, \
+                          {ss}::BIGINT, {st}::TEXT, {parent}::BIGINT, {symlink}::BYTEA \
+                   FROM ok RETURNING {ATTR_COLS}), \
+             d AS (INSERT INTO dentries (parent, name, ino, kind) \
+                   SELECT {parent}::BIGINT, {name}::BYTEA, n.ino, {kind}::BIGINT FROM n), \
+             t AS (UPDATE inodes SET mtime = {now}::BIGINT, ctime = {now}::BIGINT, \
+                   nlink = nlink + {plinks}::BIGINT \
+                   WHERE ino = {parent}::BIGINT AND EXISTS (SELECT 1 FROM n)), \
+             o AS (INSERT INTO open_files (session, ino, count) \
+                   SELECT {open_by}::BIGINT, n.ino, 1 FROM n WHERE {open_by}::BIGINT IS NOT NULL), \
+             l AS (INSERT INTO pcc_leases (ino, client, generation, dirty, acquired, snapshot) \
+                   SELECT n.ino, {client}::TEXT, {generation}::BIGINT, 1, {now}::BIGINT, 0 \
+                   FROM n WHERE {client}::TEXT IS NOT NULL AND n.gid = {gid}::BIGINT \
+                   AND n.projid = 0 RETURNING {LEASE_COLS}), \
+             c1 AS ({} RETURNING 1), \
+             c2 AS ({} RETURNING 1) \
+             SELECT n.*, l.*, EXISTS (SELECT 1 FROM s), (SELECT kind FROM p), \
+                    (SELECT nlink FROM p), \
+                    EXISTS (SELECT 1 FROM dentries WHERE parent = {parent}::BIGINT \
+                            AND name = {name}::BYTEA) \
+             FROM (SELECT 1) AS one LEFT JOIN n ON TRUE LEFT JOIN l ON TRUE",
+            changelog::pg_insert_at(0, &target, "n", ""),
+            changelog::pg_insert_at(
+                13,
+                &target,
+                "n",
+                &format!(" AND {open_by}::BIGINT IS NOT NULL AND (SELECT count(*) FROM c1) >= 0"),
+            ),
+        )
+    })
+}
+
+/// [`Namespace::create`] on PostgreSQL ([`pg_create_sql`]), with the lease of an RW-PCC
+/// attach at create for `lease_client` when given (dirty, of generation
+/// [`super::pcc::CREATE_GENERATION`]). The errors are the other path's, in its order.
+pub(super) fn pg_create(
+    tx: &mut dyn Tx,
+    parent: Ino,
+    name: &[u8],
+    node: &NewNode,
+    layout: Option<&Layout>,
+    open_by: Option<u64>,
+    lease_client: Option<&str>,
+) -> Result<(Attr, Option<PccLease>)> {
+    let (ss, st) = match (layout, node.kind) {
+        (Some(l), Kind::File) => (l.stripe_size as i64, l.encode_targets()),
+        _ => (0, String::new()),
+    };
+    let dir = node.kind == Kind::Dir;
+    let typ = match node.kind {
+        Kind::File => RecordType::Creat,
+        Kind::Dir => RecordType::Mkdir,
+        Kind::Symlink => RecordType::Slink,
+        _ => RecordType::Mknod,
+    };
+    // (the records' target is the new inode's number, taken in the statement)
+    let mut params: Vec<Value> = Vec::with_capacity(PC + 17);
+    params.extend(changelog::record_params(&Rec::new(typ, 0).at(parent, name)));
+    params.extend(changelog::record_params(&Rec::new(RecordType::Open, 0)));
+    params.extend([
+        (node.kind as i64).into(),
+        (node.perm & 0o7777).into(),
+        node.uid.into(),
+        node.gid.into(),
+        (if dir { 2i64 } else { 1 }).into(),
+        (node.symlink.as_ref().map(|s| s.len()).unwrap_or(0) as i64).into(),
+        node.rdev.into(),
+        now_nanos().into(),
+        ss.into(),
+        st.into(),
+        parent.into(),
+        node.symlink.as_deref().into(),
+        name.into(),
+        (dir as i64).into(),
+        open_by.into(),
+        lease_client.into(),
+        (super::pcc::CREATE_GENERATION as i64).into(),
+    ]);
+    let r = tx.one(pg_create_sql(), &params)?;
+    let n = ATTR_COLS.split(", ").count();
+    let m = n + LEASE_COLS.split(", ").count();
+    if r.is_null(0)? {
+        // Nothing made: why, in the order of the other path's checks.
+        if let (Some(s), false) = (open_by, r.bool(m)?) {
+            return Err(MetaError::SessionEnded(s));
+        }
+        if r.is_null(m + 1)? {
+            return Err(MetaError::NotFound);
+        }
+        if r.i64(m + 1)? != Kind::Dir as i64 {
+            return Err(MetaError::NotDir);
+        }
+        if r.i64(m + 2)? == 0 {
+            return Err(MetaError::NotFound);
+        }
+        if r.bool(m + 3)? {
+            return Err(MetaError::Exists);
+        }
+        return Err(MetaError::Db(
+            "a create made nothing and no check failed".into(),
+        ));
+    }
+    let a = attr_from_row(&r)?;
+    let lease = if r.is_null(n)? {
+        None
+    } else {
+        Some(super::pcc::lease_at(&r, n)?)
+    };
+    Ok((a, lease))
+}
+
+/// PostgreSQL: a whole unlink as ONE statement sent as its own transaction
+/// ([`Driver::write_once`]), for the reason [`pg_create_sql`] gives: the name read, the
+/// parent's and the file's rows locked in ascending order (the aggregate `v` reads them all
+/// before anything changes), the checks, the name's removal, the parent's times, the file's
+/// link count, ctime and (at its last link) its mark for the purge with its lease's end,
+/// and the UNLNK record (flag LAST at the last link). A file whose last link goes while it
+/// has HSM state is not touched (`v.archived`): its unlink also cancels its requests and may
+/// queue its archive's removal, which the transaction of the other path does. Columns: the
+/// name's inode and kind (null: no such name), whether the parent exists and is a directory,
+/// whether the file is such an HSM file.
+fn pg_unlink_sql() -> &'static str {
+    static S: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    S.get_or_init(|| {
+        let dir = Kind::Dir as i64;
+        format!(
+            "WITH e AS (SELECT id, ino, kind FROM dentries \
+                        WHERE parent = $14::BIGINT AND name = $15::BYTEA), \
+             lk AS (SELECT ino, kind, nlink, hsm FROM inodes \
+                    WHERE ino = $14::BIGINT OR ino = (SELECT ino FROM e) \
+                    ORDER BY ino FOR UPDATE), \
+             v AS (SELECT bool_or(ino = $14::BIGINT) AS pfound, \
+                          bool_or(ino = $14::BIGINT AND kind = {dir}) AS pdir, \
+                          bool_or(ino = (SELECT ino FROM e) AND ino <> $14::BIGINT \
+                                  AND nlink <= 1 AND hsm <> 0) AS archived FROM lk), \
+             ok AS (SELECT e.id, e.ino FROM e, v \
+                    WHERE v.pdir AND e.kind <> {dir} AND NOT COALESCE(v.archived, FALSE)), \
+             d AS (DELETE FROM dentries WHERE id = (SELECT id FROM ok)), \
+             t AS (UPDATE inodes SET mtime = $16::BIGINT, ctime = $16::BIGINT \
+                   WHERE ino = $14::BIGINT AND EXISTS (SELECT 1 FROM ok)), \
+             u AS (UPDATE inodes SET nlink = nlink - 1, ctime = $16::BIGINT, \
+                   orphan = CASE WHEN nlink > 1 THEN orphan \
+                       WHEN EXISTS (SELECT 1 FROM open_files f WHERE f.ino = inodes.ino) THEN 1 \
+                       WHEN hsm <> 0 THEN orphan ELSE {PENDING} END \
+                   WHERE ino = (SELECT ino FROM ok) RETURNING nlink, orphan), \
+             x AS (DELETE FROM pcc_leases WHERE ino = (SELECT ino FROM ok) \
+                   AND EXISTS (SELECT 1 FROM u WHERE nlink <= 0 AND orphan = {PENDING})), \
+             r AS (DELETE FROM pcc_revokes WHERE ino = (SELECT ino FROM ok) \
+                   AND EXISTS (SELECT 1 FROM u WHERE nlink <= 0 AND orphan = {PENDING})), \
+             c AS ({} RETURNING 1) \
+             SELECT (SELECT ino FROM e), (SELECT kind FROM e), \
+                    COALESCE((SELECT pfound FROM v), FALSE), \
+                    COALESCE((SELECT pdir FROM v), FALSE), \
+                    COALESCE((SELECT archived FROM v), FALSE)",
+            changelog::pg_insert_at(
+                0,
+                &[
+                    (3, "SELECT CASE WHEN nlink > 0 THEN 0 ELSE 1 END FROM u"),
+                    (4, "SELECT ino FROM ok"),
+                ],
+                "ok",
+                " AND (SELECT count(*) FROM u) >= 0",
+            ),
+        )
+    })
+}
+
+/// [`Namespace::unlink`] on PostgreSQL ([`pg_unlink_sql`]): the inode unlinked, or None when
+/// the file is one that [`pg_unlink_sql`] leaves to a transaction (nothing was changed). The
+/// errors are the other path's, in its order.
+fn pg_unlink(tx: &mut dyn Tx, parent: Ino, name: &[u8]) -> Result<Option<Ino>> {
+    debug_assert_eq!(FLAG_LAST, 1, "pg_unlink_sql writes the flag as 1");
+    let mut params: Vec<Value> = Vec::with_capacity(16);
+    params.extend(changelog::record_params(
+        &Rec::new(RecordType::Unlnk, 0)
+            .at(parent, name)
+            .flags(FLAG_LAST),
+    ));
+    params.extend([parent.into(), name.into(), now_nanos().into()]);
+    let r = tx.one(pg_unlink_sql(), &params)?;
+    let (pfound, pdir) = (r.bool(2)?, r.bool(3)?);
+    if r.is_null(0)? {
+        return Err(if pfound && !pdir {
+            MetaError::NotDir
+        } else {
+            MetaError::NotFound
+        });
+    }
+    if !pfound {
+        return Err(MetaError::NotFound);
+    }
+    if !pdir {
+        return Err(MetaError::NotDir);
+    }
+    if r.i64(1)? == Kind::Dir as i64 {
+        return Err(MetaError::IsDir);
+    }
+    if r.bool(4)? {
+        return Ok(None);
+    }
+    Ok(Some(r.u64(0)?))
+}
+
 /// [`Namespace::setattr`] inside the transaction `tx` (also run after a data commit, in the
 /// same transaction: [`crate::engine::FileData::commit_slices_then`]).
 pub(super) fn setattr_in(tx: &mut dyn Tx, ino: Ino, set: &SetAttr) -> Result<Attr> {
@@ -418,6 +668,12 @@ impl<D: Driver> Namespace for SqlMeta<D> {
         open_by: Option<u64>,
     ) -> Result<Attr> {
         check_name(name)?;
+        if self.d.dialect().is_postgres() {
+            return self
+                .d
+                .write_once(|tx| pg_create(tx, parent, name, node, layout.as_ref(), open_by, None))
+                .map(|(a, _)| a);
+        }
         self.d
             .write(|tx| create_in(tx, parent, name, node, layout.clone(), open_by))
     }
@@ -461,6 +717,12 @@ impl<D: Driver> Namespace for SqlMeta<D> {
     }
 
     fn unlink(&self, parent: Ino, name: &[u8]) -> Result<Ino> {
+        if self.d.dialect().is_postgres() {
+            if let Some(ino) = self.d.write_once(|tx| pg_unlink(tx, parent, name))? {
+                return Ok(ino);
+            }
+            // (a file with HSM state losing its last link: the transaction below)
+        }
         self.d.write(|tx| {
             let Some((id, ino, kind)) = find_dentry(tx, parent, name)? else {
                 dir_attr(tx, parent)?;

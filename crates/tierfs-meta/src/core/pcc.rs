@@ -19,7 +19,7 @@ fn lease_from_row(r: &Row) -> Result<PccLease> {
 }
 
 /// A lease from the [`LEASE_COLS`] that start at column `at` of `r`.
-fn lease_at(r: &Row, at: usize) -> Result<PccLease> {
+pub(super) fn lease_at(r: &Row, at: usize) -> Result<PccLease> {
     Ok(PccLease {
         ino: r.u64(at)?,
         client: r.text(at + 1)?,
@@ -67,7 +67,7 @@ fn pg_open_lock(tx: &mut dyn Tx, session: u64, ino: Ino) -> Result<(Attr, Option
 }
 
 /// Columns [`lease_from_row`] reads, in order.
-const LEASE_COLS: &str = "ino, client, generation, dirty, acquired, snapshot";
+pub(super) const LEASE_COLS: &str = "ino, client, generation, dirty, acquired, snapshot";
 
 fn lease_of(tx: &mut dyn Tx, ino: Ino) -> Result<Option<PccLease>> {
     tx.query_opt(
@@ -88,6 +88,76 @@ fn next_seq(tx: &mut dyn Tx) -> Result<u64> {
 }
 
 impl<D: Driver> SqlMeta<D> {
+    /// [`Pcc::pcc_create`] on PostgreSQL: the create and its lease in one statement
+    /// ([`super::namespace::pg_create`]). The rule (`want`, client code) cannot be asked
+    /// inside a statement, so it is asked first about the file as it will be when its parent
+    /// hands down neither its group (set-group-ID) nor its project, and the statement takes
+    /// the lease only when the file made is so; then it is asked about the file made. When
+    /// the two answers differ (a parent that hands its group or project down, and a rule that
+    /// looks at them), the lease is taken after the create, as an attach of an existing file
+    /// is (a second transaction); if that fails, the file stays uncached. A lease is thus
+    /// never taken that the rule, asked about the file made, does not want.
+    #[allow(clippy::too_many_arguments)]
+    fn pg_create_leased(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        node: &NewNode,
+        layout: Option<Layout>,
+        open_by: Option<u64>,
+        client: &str,
+        want: &dyn Fn(&Attr) -> bool,
+    ) -> Result<(Attr, Option<PccLease>)> {
+        let now = now_nanos();
+        let guess = Attr {
+            ino: 0,
+            kind: node.kind,
+            perm: node.perm & 0o7777,
+            uid: node.uid,
+            gid: node.gid,
+            nlink: 1,
+            size: 0,
+            rdev: node.rdev,
+            atime: now,
+            mtime: now,
+            ctime: now,
+            crtime: now,
+            projid: 0,
+            data_version: 0,
+            layout: layout.clone(),
+            dir_default: StripeDefault::default(),
+            parent,
+            allocated: 0,
+            hsm: crate::hsm::HsmFlags(0),
+            xattr_count: 0,
+        };
+        let lease_for = want(&guess).then_some(client);
+        let (a, lease) = self.d.write_once(|tx| {
+            super::namespace::pg_create(tx, parent, name, node, layout.as_ref(), open_by, lease_for)
+        })?;
+        if !want(&a) {
+            // A lease is taken only for a file with the guessed group and project, which the
+            // rule wanted; its answer may still change with time (a rule on a file's age).
+            if let Some(l) = lease {
+                self.pcc_release(a.ino, client, l.generation)?;
+            }
+            return Ok((a, None));
+        }
+        if lease.is_some() {
+            return Ok((a, lease));
+        }
+        match self.d.write(|tx| acquire_in(tx, a.ino, client, true)) {
+            Ok((a, l)) => Ok((a, Some(l))),
+            Err(e) => {
+                tracing::warn!(
+                    ino = a.ino,
+                    "the cache's lease on a new file could not be taken, it stays uncached: {e}"
+                );
+                Ok((a, None))
+            }
+        }
+    }
+
     /// [`Pcc::pcc_acquire`], the lease taken dirty when `dirty` (one transaction).
     fn acquire(&self, ino: Ino, client: &str, dirty: bool) -> Result<PccLease> {
         self.d
@@ -249,6 +319,9 @@ impl<D: Driver> Pcc for SqlMeta<D> {
             return Err(MetaError::Invalid(
                 "only regular files can be cached".into(),
             ));
+        }
+        if self.d.dialect().is_postgres() {
+            return self.pg_create_leased(parent, name, node, layout, open_by, client, want);
         }
         self.d.write(|tx| {
             let a = create_in(tx, parent, name, node, layout.clone(), open_by)?;

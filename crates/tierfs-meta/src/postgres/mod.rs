@@ -464,9 +464,12 @@ impl PgEngine {
     /// [`Driver::write_one`]: `f`'s one statement outside a transaction, retried as
     /// [`PgEngine::write_commit_on`] retries a transaction (a serialization failure or
     /// deadlock: backoff; a reused connection found dead: a new one, the statement again).
+    /// With `resend` false ([`Driver::write_once`]) a statement is never sent twice: only a
+    /// connection already known to be closed is replaced, before sending.
     fn write_one_on<T>(
         &self,
         pool: &Pool,
+        resend: bool,
         mut f: impl FnMut(&mut PgConn) -> Result<T>,
     ) -> Result<T> {
         let mut attempt = 0u32;
@@ -474,9 +477,14 @@ impl PgEngine {
         let started = Instant::now();
         loop {
             let (mut c, reused) = pool.get()?;
+            if reused && c.client.is_closed() && stale < POOL_MAX as u32 {
+                c.discard();
+                stale += 1;
+                continue;
+            }
             match f(&mut c) {
                 Ok(v) => return Ok(v),
-                Err(MetaError::Unavailable(e)) if reused && stale < POOL_MAX as u32 => {
+                Err(MetaError::Unavailable(e)) if resend && reused && stale < POOL_MAX as u32 => {
                     // (the statement is idempotent: sent again on a new connection)
                     c.discard();
                     stale += 1;
@@ -663,7 +671,13 @@ impl Driver for PgEngine {
     }
 
     fn write_one<T>(&self, mut f: impl FnMut(&mut dyn Tx) -> Result<T>) -> Result<T> {
-        self.write_one_on(&self.pool, |c| f(&mut PgTx::single(c, &self.dialect)))
+        self.write_one_on(&self.pool, true, |c| f(&mut PgTx::single(c, &self.dialect)))
+    }
+
+    fn write_once<T>(&self, mut f: impl FnMut(&mut dyn Tx) -> Result<T>) -> Result<T> {
+        self.write_one_on(&self.pool, false, |c| {
+            f(&mut PgTx::single(c, &self.dialect))
+        })
     }
 
     fn write_priority<T>(&self, mut f: impl FnMut(&mut dyn Tx) -> Result<T>) -> Result<T> {

@@ -156,6 +156,9 @@ impl<D: Driver> Driver for FaultDriver<D> {
     fn write_one<T>(&self, mut f: impl FnMut(&mut dyn Tx) -> Result<T>) -> Result<T> {
         self.inner.write_one(|tx| f(&mut FaultTx { tx, d: self }))
     }
+    fn write_once<T>(&self, mut f: impl FnMut(&mut dyn Tx) -> Result<T>) -> Result<T> {
+        self.inner.write_once(|tx| f(&mut FaultTx { tx, d: self }))
+    }
     fn read<T>(&self, mut f: impl FnMut(&mut dyn Tx) -> Result<T>) -> Result<T> {
         self.inner.read(|tx| f(&mut FaultTx { tx, d: self }))
     }

@@ -537,6 +537,15 @@ pub trait Driver: Send + Sync + 'static {
     fn write_one<T>(&self, f: impl FnMut(&mut dyn Tx) -> Result<T>) -> Result<T> {
         self.write(f)
     }
+    /// Like [`Driver::write_one`], for a statement that is NOT idempotent (a create, an
+    /// unlink): sent at most once. A pooled connection already known to be closed is replaced
+    /// before the statement is sent; a failure of the connection after it was sent is
+    /// returned (`Unavailable`, EIO), as a failed `COMMIT` is, since the statement may have
+    /// committed. Serialization failures and deadlocks are retried (nothing was committed).
+    /// SQLite: [`Driver::write`].
+    fn write_once<T>(&self, f: impl FnMut(&mut dyn Tx) -> Result<T>) -> Result<T> {
+        self.write(f)
+    }
     /// Like [`Driver::write`], for the session's heartbeat: on a connection of its own that no
     /// other work uses (PostgreSQL), so that a pool held by long transactions or a burst of
     /// I/O never delays it past the session timeout. SQLite: [`Driver::write`] (embedded: no
