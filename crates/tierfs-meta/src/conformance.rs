@@ -2145,6 +2145,28 @@ fn pcc_create_asks_the_rule_about_the_file_made(e: &dyn MetaEngine) {
     assert_eq!(g.gid, 77);
     assert!(none.is_none());
     assert_eq!(e.pcc_lease(g.ino).unwrap(), None);
+    // again a file the rule on the directory's group wants
+    let (f2, l) = e
+        .pcc_create(d.ino, b"f2", &mine, Some(layout()), Some(a), "a", &group_77)
+        .unwrap();
+    assert_eq!(f2.gid, 77);
+    assert!(l.is_some());
+    assert!(e.pcc_lease(f2.ino).unwrap().is_some());
+    // the directory no longer set-group-ID: the file has the group asked for, not wanted
+    e.setattr(
+        d.ino,
+        &SetAttr {
+            perm: Some(0o775),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let (f3, none) = e
+        .pcc_create(d.ino, b"f3", &mine, Some(layout()), Some(a), "a", &group_77)
+        .unwrap();
+    assert_eq!(f3.gid, 1000);
+    assert!(none.is_none());
+    assert_eq!(e.pcc_lease(f3.ino).unwrap(), None);
     // outside the directory the group asked for is the file's
     let (h, l) = e
         .pcc_create(

@@ -17,16 +17,28 @@ pub mod schema;
 pub mod session;
 pub mod workers;
 
+use std::collections::HashMap;
+
+use parking_lot::Mutex;
+
 use crate::sql::Driver;
+use crate::types::Ino;
 
 /// The metadata engine: the shared core over driver `D`.
 pub struct SqlMeta<D: Driver> {
     d: D,
+    /// What directories handed down to the last files created in them, as those creates
+    /// found it: the guess an RW-PCC create on PostgreSQL asks its rule about
+    /// (`pcc::SqlMeta::pg_create_leased`). A hint only: a wrong one costs a transaction.
+    handed: Mutex<HashMap<Ino, namespace::HandedDown>>,
 }
 
 impl<D: Driver> SqlMeta<D> {
     pub fn new(driver: D) -> SqlMeta<D> {
-        SqlMeta { d: driver }
+        SqlMeta {
+            d: driver,
+            handed: Mutex::new(HashMap::new()),
+        }
     }
 
     /// The engine's driver (its own settings and tools: a path, a URL, the pool).

@@ -281,6 +281,21 @@ pub(crate) fn create_in(
     Ok(a)
 }
 
+/// What a directory hands down to a file made in it: its group when it is set-group-ID, its
+/// project when its project is inherited (0 otherwise).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct HandedDown {
+    pub gid: Option<u32>,
+    pub projid: u32,
+}
+
+impl HandedDown {
+    /// The group and project a file asked for with group `gid` gets.
+    pub fn apply(&self, gid: u32) -> (u32, u32) {
+        (self.gid.unwrap_or(gid), self.projid)
+    }
+}
+
 /// Numbers of the parameters of [`pg_create_sql`] after its two records' (`$1` to `$26`).
 const PC: usize = 26;
 
@@ -288,15 +303,14 @@ const PC: usize = 26;
 /// ([`Driver::write_once`]): the session's row held (when the new file is opened), the
 /// parent's row locked, the checks, the inode, its name, the parent's times and link count,
 /// the open, the lease of an RW-PCC attach at create (when `$42`, the client, is not null
-/// and the new file has the group asked for and project 0, i.e. its parent handed neither
-/// down: the facts the caller's rule was asked about, see `Pcc::pcc_create`; generation
-/// `$43`, dirty), and the CREAT (and OPEN) records, in the order a transaction of
-/// the other path takes them. Across a network each statement is a round trip, and a create
+/// and the new file has group `$44` and project `$45`, the facts the caller's rule was asked
+/// about, see `SqlMeta::pg_create_leased`; generation `$43`, dirty), and the CREAT (and OPEN)
+/// records, in the order a transaction of the other path takes them. Across a network each statement is a round trip, and a create
 /// runs under its directory's kernel lock, so every other create and unlink in the directory
 /// waits for it (issue 15: the BEGIN, session, lock, insert, lease, changelog and COMMIT of
 /// the other path were eight). Nothing is written when a check fails; the last four columns
 /// say which (the session's row, the parent's kind and link count, whether the name is
-/// taken, all on the statement's snapshot).
+/// taken, all on the statement's snapshot), and the next four what the parent hands down.
 fn pg_create_sql() -> &'static str {
     static S: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     S.get_or_init(|| {
@@ -305,6 +319,7 @@ fn pg_create_sql() -> &'static str {
             (p(1), p(2), p(3), p(4), p(5), p(6), p(7), p(8));
         let (ss, st, parent, symlink, name, plinks, open_by, client, generation) =
             (p(9), p(10), p(11), p(12), p(13), p(14), p(15), p(16), p(17));
+        let (lease_gid, lease_projid) = (p(18), p(19));
         let dir = Kind::Dir as i64;
         let sgid = libc::S_ISGID;
         let target = [(4, "SELECT ino FROM n")];
@@ -339,14 +354,16 @@ fn pg_create_sql() -> &'static str {
                    SELECT {open_by}::BIGINT, n.ino, 1 FROM n WHERE {open_by}::BIGINT IS NOT NULL), \
              l AS (INSERT INTO pcc_leases (ino, client, generation, dirty, acquired, snapshot) \
                    SELECT n.ino, {client}::TEXT, {generation}::BIGINT, 1, {now}::BIGINT, 0 \
-                   FROM n WHERE {client}::TEXT IS NOT NULL AND n.gid = {gid}::BIGINT \
-                   AND n.projid = 0 RETURNING {LEASE_COLS}), \
+                   FROM n WHERE {client}::TEXT IS NOT NULL AND n.gid = {lease_gid}::BIGINT \
+                   AND n.projid = {lease_projid}::BIGINT RETURNING {LEASE_COLS}), \
              c1 AS ({} RETURNING 1), \
              c2 AS ({} RETURNING 1) \
              SELECT n.*, l.*, EXISTS (SELECT 1 FROM s), (SELECT kind FROM p), \
                     (SELECT nlink FROM p), \
                     EXISTS (SELECT 1 FROM dentries WHERE parent = {parent}::BIGINT \
-                            AND name = {name}::BYTEA) \
+                            AND name = {name}::BYTEA), \
+                    (SELECT perm FROM p), (SELECT gid FROM p), (SELECT projid FROM p), \
+                    (SELECT projinherit FROM p) \
              FROM (SELECT 1) AS one LEFT JOIN n ON TRUE LEFT JOIN l ON TRUE",
             changelog::pg_insert_at(0, &target, "n", ""),
             changelog::pg_insert_at(
@@ -360,8 +377,9 @@ fn pg_create_sql() -> &'static str {
 }
 
 /// [`Namespace::create`] on PostgreSQL ([`pg_create_sql`]), with the lease of an RW-PCC
-/// attach at create for `lease_client` when given (dirty, of generation
-/// [`super::pcc::CREATE_GENERATION`]). The errors are the other path's, in its order.
+/// attach at create for `lease.0` when given, if the file made has the group and project
+/// `lease.1` (dirty, of generation [`super::pcc::CREATE_GENERATION`]); and what the parent
+/// hands down. The errors are the other path's, in its order.
 pub(super) fn pg_create(
     tx: &mut dyn Tx,
     parent: Ino,
@@ -369,8 +387,8 @@ pub(super) fn pg_create(
     node: &NewNode,
     layout: Option<&Layout>,
     open_by: Option<u64>,
-    lease_client: Option<&str>,
-) -> Result<(Attr, Option<PccLease>)> {
+    lease: Option<(&str, (u32, u32))>,
+) -> Result<(Attr, Option<PccLease>, HandedDown)> {
     let (ss, st) = match (layout, node.kind) {
         (Some(l), Kind::File) => (l.stripe_size as i64, l.encode_targets()),
         _ => (0, String::new()),
@@ -402,8 +420,10 @@ pub(super) fn pg_create(
         name.into(),
         (dir as i64).into(),
         open_by.into(),
-        lease_client.into(),
+        lease.map(|l| l.0).into(),
         (super::pcc::CREATE_GENERATION as i64).into(),
+        lease.map(|l| l.1 .0).unwrap_or(0).into(),
+        lease.map(|l| l.1 .1).unwrap_or(0).into(),
     ]);
     let r = tx.one(pg_create_sql(), &params)?;
     let n = ATTR_COLS.split(", ").count();
@@ -435,7 +455,13 @@ pub(super) fn pg_create(
     } else {
         Some(super::pcc::lease_at(&r, n)?)
     };
-    Ok((a, lease))
+    let handed = HandedDown {
+        gid: (r.u32(m + 4)? & libc::S_ISGID != 0)
+            .then(|| r.u32(m + 5))
+            .transpose()?,
+        projid: if r.i64(m + 7)? != 0 { r.u32(m + 6)? } else { 0 },
+    };
+    Ok((a, lease, handed))
 }
 
 /// PostgreSQL: a whole unlink as ONE statement sent as its own transaction
@@ -672,7 +698,7 @@ impl<D: Driver> Namespace for SqlMeta<D> {
             return self
                 .d
                 .write_once(|tx| pg_create(tx, parent, name, node, layout.as_ref(), open_by, None))
-                .map(|(a, _)| a);
+                .map(|(a, _, _)| a);
         }
         self.d
             .write(|tx| create_in(tx, parent, name, node, layout.clone(), open_by))

@@ -87,16 +87,22 @@ fn next_seq(tx: &mut dyn Tx) -> Result<u64> {
     )? as u64)
 }
 
+/// Directories whose [`SqlMeta::handed`] hint is kept (all are dropped past it).
+const HANDED_HINTS: usize = 4096;
+
 impl<D: Driver> SqlMeta<D> {
     /// [`Pcc::pcc_create`] on PostgreSQL: the create and its lease in one statement
     /// ([`super::namespace::pg_create`]). The rule (`want`, client code) cannot be asked
-    /// inside a statement, so it is asked first about the file as it will be when its parent
-    /// hands down neither its group (set-group-ID) nor its project, and the statement takes
-    /// the lease only when the file made is so; then it is asked about the file made. When
-    /// the two answers differ (a parent that hands its group or project down, and a rule that
-    /// looks at them), the lease is taken after the create, as an attach of an existing file
-    /// is (a second transaction); if that fails, the file stays uncached. A lease is thus
-    /// never taken that the rule, asked about the file made, does not want.
+    /// inside a statement, so it is asked first about the file as it will be if its parent
+    /// hands down what it handed down at the last create in it ([`SqlMeta::handed`]: its
+    /// group when set-group-ID, its project when inherited; nothing for a parent not seen
+    /// yet), and the statement takes the lease only when the file made has that group and
+    /// project; then the rule is asked about the file made. When the two answers differ (the
+    /// first create in a directory that hands a group or project down, with a rule that looks
+    /// at them; or a parent changed since), the lease is taken after the create, as an attach
+    /// of an existing file is (a second transaction; if that fails, the file stays
+    /// uncached), or given back. So the lease held is always what the rule, asked about the
+    /// file made, wants.
     #[allow(clippy::too_many_arguments)]
     fn pg_create_leased(
         &self,
@@ -109,12 +115,14 @@ impl<D: Driver> SqlMeta<D> {
         want: &dyn Fn(&Attr) -> bool,
     ) -> Result<(Attr, Option<PccLease>)> {
         let now = now_nanos();
+        let hint = self.handed.lock().get(&parent).copied().unwrap_or_default();
+        let (gid, projid) = hint.apply(node.gid);
         let guess = Attr {
             ino: 0,
             kind: node.kind,
             perm: node.perm & 0o7777,
             uid: node.uid,
-            gid: node.gid,
+            gid,
             nlink: 1,
             size: 0,
             rdev: node.rdev,
@@ -122,7 +130,7 @@ impl<D: Driver> SqlMeta<D> {
             mtime: now,
             ctime: now,
             crtime: now,
-            projid: 0,
+            projid,
             data_version: 0,
             layout: layout.clone(),
             dir_default: StripeDefault::default(),
@@ -131,10 +139,17 @@ impl<D: Driver> SqlMeta<D> {
             hsm: crate::hsm::HsmFlags(0),
             xattr_count: 0,
         };
-        let lease_for = want(&guess).then_some(client);
-        let (a, lease) = self.d.write_once(|tx| {
+        let lease_for = want(&guess).then_some((client, (gid, projid)));
+        let (a, lease, handed) = self.d.write_once(|tx| {
             super::namespace::pg_create(tx, parent, name, node, layout.as_ref(), open_by, lease_for)
         })?;
+        if handed != hint {
+            let mut h = self.handed.lock();
+            if h.len() >= HANDED_HINTS {
+                h.clear();
+            }
+            h.insert(parent, handed);
+        }
         if !want(&a) {
             // A lease is taken only for a file with the guessed group and project, which the
             // rule wanted; its answer may still change with time (a rule on a file's age).
