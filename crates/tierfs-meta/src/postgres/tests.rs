@@ -291,6 +291,7 @@ fn all_checks(server: &Server) {
     eprintln!("fault injection on PostgreSQL: {:?}", t.elapsed());
     pcc_open_round_trips(server);
     pcc_report_round_trips(server);
+    create_and_unlink_round_trips(server);
     connections_default_to_repeatable_read(server);
     schema_and_format(server);
     a_v5_filesystem_upgrades_and_keeps_every_file(server);
@@ -989,6 +990,104 @@ fn pcc_report_round_trips(server: &Server) {
         Err(MetaError::NotFound)
     ));
     assert_eq!(e.getattr(f.ino).unwrap().size, 20);
+}
+
+/// `create` (opened at once or not, with an RW-PCC lease or without) and `unlink` on
+/// PostgreSQL: one statement each and no transaction around it (issue 15: both run under
+/// their directory's kernel lock, and varmail's creates and unlinks queued behind their 8
+/// round trips each), with their changelog records in that statement when a reader wants
+/// them. A create under a directory that hands down its project, with a rule on the project,
+/// takes a second transaction the first time only (the rule is asked about what the
+/// directory handed down at its last create).
+fn create_and_unlink_round_trips(server: &Server) {
+    let db = server.fresh_db();
+    let d = PgEngine::format(&db.url, &params()).expect("format");
+    let e = crate::core::SqlMeta::new(crate::sql::fault::FaultDriver::new(d));
+    let s = crate::conformance::pcc_session(&e, "a");
+    let cost = |f: &mut dyn FnMut()| {
+        let (n, t) = (
+            e.driver().statements(),
+            e.driver().inner().transactions_begun(),
+        );
+        f();
+        (
+            e.driver().statements() - n,
+            e.driver().inner().transactions_begun() - t,
+        )
+    };
+    let one = (1, 0);
+    assert_eq!(
+        cost(&mut || {
+            e.create(ROOT_INO, b"f", &file(), None, None).unwrap();
+        }),
+        one,
+        "create"
+    );
+    assert_eq!(
+        cost(&mut || {
+            e.create(ROOT_INO, b"g", &file(), None, Some(s)).unwrap();
+        }),
+        one,
+        "create opened"
+    );
+    assert_eq!(
+        cost(&mut || {
+            e.unlink(ROOT_INO, b"f").unwrap();
+        }),
+        one,
+        "unlink"
+    );
+    let proj = e.create(ROOT_INO, b"p", &dir(), None, None).unwrap().ino;
+    e.set_projid(proj, 7, true).unwrap();
+    let rule = |a: &Attr| a.projid == 7;
+    let leased = |name: &[u8]| {
+        let (a, l) = e
+            .pcc_create(proj, name, &file(), None, Some(s), "a", &rule)
+            .unwrap();
+        assert_eq!(a.projid, 7);
+        assert!(l.is_some(), "the rule wants the file");
+    };
+    let (n, t) = cost(&mut || leased(b"x"));
+    assert!(
+        n > 1 && t == 1,
+        "the first create under the project: its statement, then the lease's transaction \
+         ({n} statements, {t} transactions)"
+    );
+    assert_eq!(cost(&mut || leased(b"y")), one, "then in the create");
+    let r = e
+        .changelog_register(
+            crate::changelog::Mask::all(),
+            std::time::Duration::from_secs(86_400),
+        )
+        .unwrap();
+    let before = e.changelog_status().unwrap().current;
+    assert_eq!(cost(&mut || leased(b"z")), one, "with a reader");
+    assert_eq!(
+        cost(&mut || {
+            e.unlink(proj, b"z").unwrap();
+        }),
+        one,
+        "unlink with a reader"
+    );
+    // CREAT, OPEN, UNLNK
+    assert_eq!(e.changelog_status().unwrap().current, before + 3);
+    e.changelog_deregister(r).unwrap();
+    // a name that is not there, a name taken: one statement, nothing changed
+    assert_eq!(
+        cost(&mut || {
+            assert!(matches!(e.unlink(ROOT_INO, b"f"), Err(MetaError::NotFound)));
+        }),
+        one
+    );
+    assert_eq!(
+        cost(&mut || {
+            assert!(matches!(
+                e.create(ROOT_INO, b"g", &file(), None, None),
+                Err(MetaError::Exists)
+            ));
+        }),
+        one
+    );
 }
 
 /// The pool's connections run every transaction REPEATABLE READ, including a one-statement
