@@ -251,3 +251,80 @@ fn many_lock_waits_on_one_cpu_do_not_starve_the_unlock() {
     let log = fs::read_to_string(t.log_path("c0")).unwrap();
     assert!(log.contains("FUSE over io_uring: "), "{log}");
 }
+
+/// A request that blocks on its ring thread (here a create, waiting for the engine's write
+/// lock, which the test holds) holds up no other request of the same CPU: the lookups made
+/// meanwhile from that CPU, which read the engine beside the held lock (SQLite's write-ahead
+/// log), are answered. A ring thread keeps an entry with the kernel only while it is free, so
+/// the kernel gives them to the queue's other threads; when each thread kept spare entries,
+/// the kernel put them on the blocked thread's, behind the create (docs/architecture.md).
+#[test]
+fn a_request_blocked_in_the_engine_holds_up_no_other_of_its_cpu() {
+    if fs::metadata(PARAM).is_err() {
+        eprintln!("skipped: this kernel has no FUSE over io_uring");
+        return;
+    }
+    let mut t = TestFs::new(0);
+    if !t.meta_url().starts_with("sqlite://") {
+        eprintln!("skipped: the engine is not the embedded one");
+        return;
+    }
+    let _param = Param::set(true);
+    let i = t.mount_with(&uring("c0"));
+    let mnt = t.mnt(i).to_path_buf();
+    let pid = t.daemon_pid(i);
+    fs::create_dir(mnt.join("a")).unwrap();
+    fs::create_dir(mnt.join("b")).unwrap();
+    // The engine's write lock, held by the test (the daemon's writes wait for it, up to its
+    // busy timeout and retries; its reads go on).
+    let db = rusqlite::Connection::open(t.meta_path()).expect("open the database");
+    db.execute_batch("BEGIN IMMEDIATE").expect("take the write lock");
+    let held = Instant::now();
+    let blocked = {
+        let p = mnt.join("a/new");
+        thread::spawn(move || {
+            pin_to_cpu0();
+            fs::write(&p, b"x")
+        })
+    };
+    // (the create is in the daemon by now: its kernel lock on `a` is taken at once)
+    thread::sleep(Duration::from_millis(300));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let b = mnt.join("b");
+    let lookups = thread::spawn(move || {
+        pin_to_cpu0();
+        for n in 0..16 {
+            let r = fs::metadata(b.join(format!("none-{n}")));
+            let _ = tx.send(r.err().and_then(|e| e.raw_os_error()));
+        }
+    });
+    let mut answered = Vec::new();
+    for _ in 0..16 {
+        match rx.recv_timeout(Duration::from_secs(3)) {
+            Ok(e) => answered.push(e),
+            Err(_) => break,
+        }
+    }
+    let waited = held.elapsed();
+    assert!(!blocked.is_finished(), "the create did not wait for the lock");
+    db.execute_batch("ROLLBACK").expect("let the lock go");
+    let created = blocked.join().unwrap();
+    if answered.len() < 16 {
+        // SAFETY: a signal to the test's own daemon, so that stuck requests end.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        let _ = lookups.join();
+        panic!(
+            "{} of 16 lookups from the CPU of a blocked create were answered in {waited:?}",
+            answered.len()
+        );
+    }
+    lookups.join().unwrap();
+    assert!(
+        answered.iter().all(|e| *e == Some(libc::ENOENT)),
+        "{answered:?}"
+    );
+    created.expect("the create, once the lock was let go");
+    assert_eq!(fs::read(mnt.join("a/new")).unwrap(), b"x");
+    let log = fs::read_to_string(t.log_path("c0")).unwrap();
+    assert!(log.contains("FUSE over io_uring: "), "{log}");
+}
