@@ -14,25 +14,16 @@
 //! FORGET, INTERRUPT and notifications still go over /dev/fuse, whose reader threads keep
 //! running beside the ring threads.
 //!
-//! Here each queue is served by `threads_per_queue` threads, each with its own ring. Only a
-//! ring's own thread submits to it: a reply sent from another thread (a deferred reply, e.g. a
-//! lock wait's) writes the entry's buffers, queues the commit and wakes the ring thread through
-//! an eventfd the ring polls.
-//!
-//! A thread keeps exactly ONE entry with the kernel while it is free, and none while it
-//! serves a request on its own stack: the kernel hands a request only to an entry it holds,
-//! so a request never waits behind another one that a busy (or blocked: an engine call that
-//! hangs) thread is serving, but goes to another free thread of its queue or waits in the
-//! kernel for the first one to be free, as a /dev/fuse request waits for any free reader.
-//! (With several entries per thread, the kernel put requests on the spare entries of a thread
-//! that was blocked, behind its request.)
+//! Here each queue is served by `threads_per_queue` threads, each with its own ring and
+//! `ENTRIES_PER_THREAD` entries to start with. Only a ring's own thread submits to it: a reply
+//! sent from another thread (a deferred reply, e.g. a lock wait's) writes the entry's buffers,
+//! queues the commit and wakes the ring thread through an eventfd the ring polls.
 //!
 //! A request whose reply is deferred holds its entry until it is answered, and the kernel
 //! queues a CPU's requests until one of that queue's entries comes back: with a fixed number
 //! of entries, enough lock waits on one CPU would starve the very request (the unlock) that
-//! ends them. So a ring thread whose request was deferred registers another entry, so that it
-//! again has one with the kernel (up to `MAX_ENTRIES_PER_THREAD`), as /dev/fuse has no limit
-//! either.
+//! ends them. So a ring thread registers another entry whenever fewer than two of its entries
+//! are left with the kernel (up to `MAX_ENTRIES_PER_THREAD`), as /dev/fuse has no limit either.
 
 use std::cell::UnsafeCell;
 use std::io;
@@ -81,9 +72,9 @@ const HEADER_SIZE: usize = 288;
 const IN_HEADER_SIZE: usize = 40;
 const OUT_HEADER_SIZE: usize = 16;
 
-/// Entries each ring thread registers to start with, and keeps with the kernel while free:
-/// one (see the module doc). More are registered for deferred replies (lock waits).
-pub(crate) const ENTRIES_PER_THREAD: usize = 1;
+/// Entries each ring thread registers. One request per entry is in user space at a time; a
+/// thread dispatches one at a time, the others serve deferred replies (lock waits).
+pub(crate) const ENTRIES_PER_THREAD: usize = 4;
 
 /// The most entries a ring thread registers as deferred replies pile up (each has a payload
 /// buffer of the request size, allocated zeroed: untouched pages cost no memory).
@@ -481,11 +472,10 @@ impl RingThread {
                     debug!("fuse io_uring queue {qid}: destroy");
                     continue;
                 }
-                // Deferred replies hold their entries: keep one with the kernel, so a request
-                // that would end the waits (an unlock) always finds one. (A request answered
-                // here is no longer held: its entry goes back with its commit below.)
+                // Deferred replies hold their entries: keep two with the kernel, so a request
+                // that would end the waits (an unlock) always finds one.
                 let held = self.shared.held.load(Ordering::Acquire);
-                if self.registered.saturating_sub(held) < ENTRIES_PER_THREAD {
+                if self.registered.saturating_sub(held) < 2 {
                     if self.add_entry(fuse_fd)? {
                         live += 1;
                     } else if !warned_full {
