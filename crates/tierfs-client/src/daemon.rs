@@ -590,6 +590,8 @@ fn start_workers(
             .map_err(spawn_err)?;
         w.spawn(jobs::PccRoCopy { pcc: Arc::clone(p) })
             .map_err(spawn_err)?;
+        w.spawn(jobs::PccSpares { pcc: Arc::clone(p) })
+            .map_err(spawn_err)?;
         // Another client's open waits on recalls: never behind a write-back.
         w.spawn(jobs::PccRecall {
             pcc: Arc::clone(p),

@@ -124,6 +124,19 @@ pub struct CacheStore {
     /// fdatasyncs of the index and fsyncs of `data/` done (`sync_counts`).
     index_syncs: AtomicU64,
     dir_syncs: AtomicU64,
+    /// Empty files made ahead in `spare/` (their numbers), which [`CacheStore::create_data`]
+    /// renames into `data/` instead of creating a file there. A create allocates an inode,
+    /// which on some filesystems is far dearer than a rename (ext4 without a journal skips
+    /// one at a time the inodes of the directory's group freed in the last minutes, and a
+    /// cache frees many: docs/benchmarks.md, issue 14 session 24); made off the request path
+    /// ([`CacheStore::top_up_spares`], the `pcc-spares` worker), the allocation no longer
+    /// runs inside a create, under the directory's kernel lock. A spare is never opened before
+    /// it is renamed, and never made from a file given up (a descriptor may still read it).
+    spares: Mutex<Vec<u64>>,
+    /// The next spare's number.
+    spare_seq: AtomicU64,
+    /// Creates that took a spare (`spare_counts`).
+    spares_taken: AtomicU64,
 }
 
 /// Bytes each cached file takes on disk, as last measured, and their sum.
@@ -168,6 +181,33 @@ enum Record {
 /// The journal is compacted when it holds more lines than this many plus twice the entries.
 const COMPACT_SLACK: usize = 4096;
 
+/// `rename(2)` that fails with EEXIST instead of replacing `to` (`renameat2`,
+/// `RENAME_NOREPLACE`).
+fn rename_noreplace(from: &Path, to: &Path) -> std::io::Result<()> {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    let c = |p: &Path| {
+        CString::new(p.as_os_str().as_bytes())
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))
+    };
+    let (f, t) = (c(from)?, c(to)?);
+    // SAFETY: two NUL-terminated paths that live across the call.
+    let r = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            f.as_ptr(),
+            libc::AT_FDCWD,
+            t.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
 fn io(p: &Path, e: std::io::Error) -> CacheError {
     CacheError::Io(p.display().to_string(), e)
 }
@@ -177,7 +217,7 @@ impl CacheStore {
     /// entry a previous run left.
     pub fn open(dir: &Path, fs_uuid: &str, capacity: u64) -> Result<CacheStore> {
         let root = dir.join(fs_uuid);
-        for sub in ["data", "quarantine"] {
+        for sub in ["data", "quarantine", "spare"] {
             let p = root.join(sub);
             fs::DirBuilder::new()
                 .recursive(true)
@@ -189,6 +229,11 @@ impl CacheStore {
         use std::os::unix::fs::PermissionsExt;
         for p in [dir.to_path_buf(), root.clone()] {
             let _ = fs::set_permissions(&p, fs::Permissions::from_mode(0o700));
+        }
+        // Spares of an earlier run: empty files nobody names; made again as needed.
+        let spare = root.join("spare");
+        for de in fs::read_dir(&spare).map_err(|e| io(&spare, e))?.flatten() {
+            let _ = fs::remove_file(de.path());
         }
         let map = Self::load(&root)?;
         let file = Self::write_index(&root, &map)?;
@@ -208,6 +253,9 @@ impl CacheStore {
             names_made: Default::default(),
             index_syncs: Default::default(),
             dir_syncs: Default::default(),
+            spares: Mutex::new(Vec::new()),
+            spare_seq: Default::default(),
+            spares_taken: Default::default(),
             root,
             capacity,
             entries: Mutex::new(map),
@@ -443,9 +491,66 @@ impl CacheStore {
         Ok(e)
     }
 
-    /// Creates an empty data file for `ino` (replacing any old one), private to the daemon.
+    /// Makes empty spare files until `want` are ready (see `spares`); how many it made.
+    /// Stops at the first failure (a full disk), which it returns.
+    pub fn top_up_spares(&self, want: usize) -> Result<usize> {
+        let mut made = 0;
+        while self.spares.lock().len() < want {
+            let n = self.spare_seq.fetch_add(1, SeqCst);
+            let p = self.spare_path(n);
+            OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&p)
+                .map_err(|e| io(&p, e))?;
+            self.spares.lock().push(n);
+            made += 1;
+        }
+        Ok(made)
+    }
+
+    fn spare_path(&self, n: u64) -> PathBuf {
+        self.root.join("spare").join(n.to_string())
+    }
+
+    /// (spares ready, creates that took one so far)
+    pub fn spare_counts(&self) -> (usize, u64) {
+        (self.spares.lock().len(), self.spares_taken.load(SeqCst))
+    }
+
+    /// Creates an empty data file for `ino` (replacing any old one), private to the daemon:
+    /// a spare renamed into place when one is ready, else a new file.
     pub fn create_data(&self, ino: Ino) -> Result<File> {
         let p = self.data_path(ino);
+        let spare = self.spares.lock().pop();
+        if let Some(n) = spare {
+            let sp = self.spare_path(n);
+            // Never over an existing file (a descriptor may read it): that one is truncated in
+            // place below, as before spares. (Truncated again: a spare is made empty, and
+            // nothing writes it before this.)
+            let taken = rename_noreplace(&sp, &p).and_then(|()| {
+                OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .truncate(true)
+                    .open(&p)
+            });
+            match taken {
+                Ok(f) => {
+                    self.names_made.fetch_add(1, SeqCst);
+                    self.spares_taken.fetch_add(1, SeqCst);
+                    return Ok(f);
+                }
+                Err(e) => {
+                    if sp.exists() {
+                        // (not renamed: `data/` had the name) kept for the next create
+                        self.spares.lock().push(n);
+                    }
+                    tracing::debug!(ino, "a spare cache file was not used, making one: {e}")
+                }
+            }
+        }
         let f = OpenOptions::new()
             .read(true)
             .write(true)
@@ -685,7 +790,7 @@ mod tests {
             }
             // one local file per cached file: no description files
             let files = std::fs::read_dir(d.path().join("fs")).unwrap().count();
-            assert_eq!(files, 3, "data, quarantine, index");
+            assert_eq!(files, 4, "data, quarantine, spare, index");
             let lines = std::fs::read_to_string(d.path().join("fs/index"))
                 .unwrap()
                 .lines()
@@ -838,6 +943,44 @@ mod tests {
         let s = CacheStore::open(d.path(), "fs", 1 << 30).unwrap();
         assert_eq!(s.entries().len(), 18);
         assert_eq!(s.used(), sum(&s));
+    }
+
+    #[test]
+    fn creates_take_spares_made_ahead_and_never_replace_a_file() {
+        use std::io::{Read, Seek, Write};
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let s = CacheStore::open(dir.path(), "fs", 1 << 30).unwrap();
+        let spare_dir = dir.path().join("fs").join("spare");
+        assert_eq!(s.top_up_spares(3).unwrap(), 3);
+        assert_eq!(s.top_up_spares(3).unwrap(), 0, "already 3");
+        assert_eq!(fs::read_dir(&spare_dir).unwrap().count(), 3);
+        // a create takes one: the data file is empty, private, and the spare is gone
+        let mut f = s.create_data(7).unwrap();
+        assert_eq!(s.spare_counts(), (2, 1));
+        assert_eq!(fs::read_dir(&spare_dir).unwrap().count(), 2);
+        let m = fs::metadata(s.data_path(7)).unwrap();
+        assert_eq!((m.len(), m.mode() & 0o777), (0, 0o600));
+        f.write_all(b"abc").unwrap();
+        // a create over an existing data file truncates that file in place (a descriptor on
+        // it sees it), as without spares; the spare stays ready
+        let ino_before = fs::metadata(s.data_path(7)).unwrap().ino();
+        let _g = s.create_data(7).unwrap();
+        assert_eq!(fs::metadata(s.data_path(7)).unwrap().ino(), ino_before);
+        assert_eq!(s.spare_counts(), (2, 1));
+        let mut back = Vec::new();
+        f.rewind().unwrap();
+        f.read_to_end(&mut back).unwrap();
+        assert!(back.is_empty(), "the old descriptor sees the truncation");
+        // spares left by a run are not used by the next one: made again
+        drop(s);
+        let s = CacheStore::open(dir.path(), "fs", 1 << 30).unwrap();
+        assert_eq!(fs::read_dir(&spare_dir).unwrap().count(), 0);
+        assert_eq!(s.spare_counts(), (0, 0));
+        // no spare ready: a create makes the file
+        s.create_data(8).unwrap();
+        assert_eq!(s.spare_counts(), (0, 0));
+        assert!(s.data_path(8).exists());
     }
 
     #[test]

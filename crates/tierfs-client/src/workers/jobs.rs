@@ -233,6 +233,34 @@ impl Worker for PccKeptOpens {
     }
 }
 
+/// Spare cache files the `pcc-spares` worker keeps ready.
+pub const PCC_SPARES: usize = 512;
+
+/// How often the `pcc-spares` worker tops the spares up.
+const PCC_SPARES_INTERVAL: Duration = Duration::from_millis(100);
+
+/// `pcc-spares`: keeps [`PCC_SPARES`] empty files ready in the cache directory, which the
+/// creates of cached files rename into place instead of allocating a file on the request
+/// path (`tierfs_pcc::store::CacheStore::top_up_spares`; docs/pcc.md).
+pub struct PccSpares {
+    pub pcc: Arc<Pcc>,
+}
+
+impl Worker for PccSpares {
+    fn name(&self) -> &'static str {
+        "pcc-spares"
+    }
+    fn interval(&self) -> Duration {
+        PCC_SPARES_INTERVAL
+    }
+    fn work(&mut self, _ctx: &Ctx) -> Result<Next, WorkError> {
+        match self.pcc.store.top_up_spares(PCC_SPARES) {
+            Ok(_) => Ok(Next::Idle),
+            Err(e) => Err(format!("making spare cache files failed: {e}").into()),
+        }
+    }
+}
+
 /// How soon the `pcc-ro-copy` worker looks again at an empty queue.
 const RO_COPY_INTERVAL: Duration = Duration::from_millis(50);
 
