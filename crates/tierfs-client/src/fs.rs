@@ -2435,6 +2435,10 @@ impl Filesystem for TierFs {
                 text.push_str(&format!(
                     "tierfs_pcc_index_syncs_total {index}\ntierfs_pcc_data_dir_syncs_total {dir}\n"
                 ));
+                let (ready, taken) = p.store.spare_counts();
+                text.push_str(&format!(
+                    "tierfs_pcc_spares_ready {ready}\ntierfs_pcc_spares_taken_total {taken}\n"
+                ));
                 for (rule, used, files, quota) in p.rule_usage() {
                     text.push_str(&format!(
                         "tierfs_pcc_rule_used_bytes{{rule=\"{rule}\"}} {used}\ntierfs_pcc_rule_files{{rule=\"{rule}\"}} {files}\n"

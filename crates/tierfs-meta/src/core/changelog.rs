@@ -239,7 +239,7 @@ pub fn record(tx: &mut dyn Tx, rec: &Rec<'_>) -> Result<bool> {
 /// yields a row (and, as [`record`]'s, only when a reader wants it: the changelog's order
 /// lock is then taken after whatever `after` locked).
 pub(crate) fn pg_insert_after(after: &str) -> String {
-    insert_pg(&format!(" AND EXISTS (SELECT 1 FROM {after})"))
+    pg_insert_at(0, &[], after, "")
 }
 
 /// [`pg_insert_after`] for a statement that holds more than one record or computes fields:

@@ -190,6 +190,26 @@ fn delete_dir_inode(tx: &mut dyn Tx, ino: Ino) -> Result<()> {
     Ok(())
 }
 
+/// The layout columns of a new inode (stripe size, encoded targets): a regular file's layout,
+/// nothing for other kinds.
+fn layout_cols(layout: Option<&Layout>, kind: Kind) -> (i64, String) {
+    match (layout, kind) {
+        (Some(l), Kind::File) => (l.stripe_size as i64, l.encode_targets()),
+        _ => (0, String::new()),
+    }
+}
+
+/// The changelog record of a create of `kind`: CREAT (file), MKDIR (dir), SLINK (symlink),
+/// MKNOD (other kinds).
+fn made_record(kind: Kind) -> RecordType {
+    match kind {
+        Kind::File => RecordType::Creat,
+        Kind::Dir => RecordType::Mkdir,
+        Kind::Symlink => RecordType::Slink,
+        _ => RecordType::Mknod,
+    }
+}
+
 /// [`Namespace::create`] in the caller's transaction (`name` already checked): also what
 /// `tierfs hsm import` creates its files with (`core::hsm`).
 pub(crate) fn create_in(
@@ -229,10 +249,7 @@ pub(crate) fn create_in(
     };
     let nlink: i64 = if node.kind == Kind::Dir { 2 } else { 1 };
     let size = node.symlink.as_ref().map(|s| s.len()).unwrap_or(0) as i64;
-    let (ss, st) = match (&layout, node.kind) {
-        (Some(l), Kind::File) => (l.stripe_size as i64, l.encode_targets()),
-        _ => (0, String::new()),
-    };
+    let (ss, st) = layout_cols(layout.as_ref(), node.kind);
     let parent_links: i64 = if node.kind == Kind::Dir { 1 } else { 0 };
     let mut params: Vec<Value> = vec![
         (node.kind as i64).into(),
@@ -266,13 +283,7 @@ pub(crate) fn create_in(
         get_attr(tx, ino)?
     };
     // changelog: CREAT (file), MKDIR (dir), SLINK (symlink), MKNOD (other kinds)
-    let typ = match node.kind {
-        Kind::File => RecordType::Creat,
-        Kind::Dir => RecordType::Mkdir,
-        Kind::Symlink => RecordType::Slink,
-        _ => RecordType::Mknod,
-    };
-    let made = Rec::new(typ, a.ino).at(parent, name);
+    let made = Rec::new(made_record(node.kind), a.ino).at(parent, name);
     if open_by.is_some() {
         changelog::record_all(tx, &[made, Rec::new(RecordType::Open, a.ino)])?;
     } else {
@@ -389,20 +400,13 @@ pub(super) fn pg_create(
     open_by: Option<u64>,
     lease: Option<(&str, (u32, u32))>,
 ) -> Result<(Attr, Option<PccLease>, HandedDown)> {
-    let (ss, st) = match (layout, node.kind) {
-        (Some(l), Kind::File) => (l.stripe_size as i64, l.encode_targets()),
-        _ => (0, String::new()),
-    };
+    let (ss, st) = layout_cols(layout, node.kind);
     let dir = node.kind == Kind::Dir;
-    let typ = match node.kind {
-        Kind::File => RecordType::Creat,
-        Kind::Dir => RecordType::Mkdir,
-        Kind::Symlink => RecordType::Slink,
-        _ => RecordType::Mknod,
-    };
     // (the records' target is the new inode's number, taken in the statement)
-    let mut params: Vec<Value> = Vec::with_capacity(PC + 17);
-    params.extend(changelog::record_params(&Rec::new(typ, 0).at(parent, name)));
+    let mut params: Vec<Value> = Vec::with_capacity(PC + 19);
+    params.extend(changelog::record_params(
+        &Rec::new(made_record(node.kind), 0).at(parent, name),
+    ));
     params.extend(changelog::record_params(&Rec::new(RecordType::Open, 0)));
     params.extend([
         (node.kind as i64).into(),
@@ -478,6 +482,7 @@ fn pg_unlink_sql() -> &'static str {
     static S: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     S.get_or_init(|| {
         let dir = Kind::Dir as i64;
+        let last_flag = format!("SELECT CASE WHEN nlink > 0 THEN 0 ELSE {FLAG_LAST} END FROM u");
         format!(
             "WITH e AS (SELECT id, ino, kind FROM dentries \
                         WHERE parent = $14::BIGINT AND name = $15::BYTEA), \
@@ -509,10 +514,7 @@ fn pg_unlink_sql() -> &'static str {
                     COALESCE((SELECT archived FROM v), FALSE)",
             changelog::pg_insert_at(
                 0,
-                &[
-                    (3, "SELECT CASE WHEN nlink > 0 THEN 0 ELSE 1 END FROM u"),
-                    (4, "SELECT ino FROM ok"),
-                ],
+                &[(3, &last_flag), (4, "SELECT ino FROM ok"),],
                 "ok",
                 " AND (SELECT count(*) FROM u) >= 0",
             ),
@@ -524,7 +526,6 @@ fn pg_unlink_sql() -> &'static str {
 /// the file is one that [`pg_unlink_sql`] leaves to a transaction (nothing was changed). The
 /// errors are the other path's, in its order.
 fn pg_unlink(tx: &mut dyn Tx, parent: Ino, name: &[u8]) -> Result<Option<Ino>> {
-    debug_assert_eq!(FLAG_LAST, 1, "pg_unlink_sql writes the flag as 1");
     let mut params: Vec<Value> = Vec::with_capacity(16);
     params.extend(changelog::record_params(
         &Rec::new(RecordType::Unlnk, 0)
