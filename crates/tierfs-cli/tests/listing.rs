@@ -155,6 +155,53 @@ fn ls_l_shows_what_stat_of_each_entry_shows() {
     );
 }
 
+/// A listing asks the engine for pages of 512 entries and ends at the first short page:
+/// directories of sizes around that boundary list every name once, with "." and "..", both
+/// with READDIR (`ls -f`, no attributes) and READDIRPLUS (`ls -la`), and so does a directory
+/// read again through the same open handle after a rewind.
+#[test]
+fn listings_end_at_page_boundaries() {
+    let t = TestFs::new(1);
+    for n in [0usize, 1, 511, 512, 513, 1024, 1025] {
+        let d = t.p(0, &format!("d{n}"));
+        fs::create_dir(&d).unwrap();
+        for i in 0..n {
+            fs::write(d.join(format!("f{i:05}")), b"").unwrap();
+        }
+        let mut want: Vec<String> = (0..n).map(|i| format!("f{i:05}")).collect();
+        want.extend([".".to_string(), "..".to_string()]);
+        want.sort();
+        for args in [&["-1fa"][..], &["-1a", "--sort=none", "-l"][..]] {
+            let out = Command::new("ls").args(args).arg(&d).output().unwrap();
+            assert!(out.status.success(), "ls {args:?}");
+            let mut got: Vec<String> = String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .filter(|l| !l.starts_with("total "))
+                .map(|l| l.rsplit(' ').next().unwrap().to_string())
+                .collect();
+            got.sort();
+            assert_eq!(got, want, "ls {args:?} of a directory of {n} files");
+        }
+        // the same handle, read to its end twice (rewinddir between)
+        let dir = cstr(&d);
+        let dp = unsafe { libc::opendir(dir.as_ptr()) };
+        assert!(!dp.is_null());
+        for round in 0..2 {
+            let mut count = 0;
+            loop {
+                let e = unsafe { libc::readdir(dp) };
+                if e.is_null() {
+                    break;
+                }
+                count += 1;
+            }
+            assert_eq!(count, n + 2, "round {round} of d{n} through one handle");
+            unsafe { libc::rewinddir(dp) };
+        }
+        unsafe { libc::closedir(dp) };
+    }
+}
+
 #[test]
 fn listing_on_one_client_shows_changes_of_another_within_the_ttl() {
     let t = TestFs::with(Opts {

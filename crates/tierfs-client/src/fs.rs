@@ -47,6 +47,9 @@ enum Listed<'a, T> {
     Entry(T),
 }
 
+/// Entries asked of the engine per page of a directory listing.
+const LIST_PAGE: usize = 512;
+
 /// Name of the virtual stats file in the root directory (`tierfs stats MOUNT` reads it).
 pub const STATS_NAME: &str = ".tierfs-stats";
 const STATS_INO: u64 = u64::MAX - 1;
@@ -1715,23 +1718,22 @@ impl FsInner {
         cursor_of: impl Fn(&T) -> u64,
         mut add: impl FnMut(Listed<'_, T>) -> bool,
     ) -> Result<()> {
-        let a = self.meta.getattr(ino)?;
-        let dot = |add: &mut dyn FnMut(Listed<'_, T>) -> bool, ino, offset, name| {
-            add(Listed::Dot {
-                dir: &a,
-                ino,
-                offset,
-                name,
-            })
-        };
         let mut off = offset;
-        if off == 0 {
-            if dot(&mut add, ino, 1, ".") {
+        if off < 2 {
+            // The directory's own attributes only for "." and ".."; past them the page's read
+            // checks that the directory is still one (ENOENT when it is gone).
+            let a = self.meta.getattr(ino)?;
+            let dot = |add: &mut dyn FnMut(Listed<'_, T>) -> bool, ino, offset, name| {
+                add(Listed::Dot {
+                    dir: &a,
+                    ino,
+                    offset,
+                    name,
+                })
+            };
+            if off == 0 && dot(&mut add, ino, 1, ".") {
                 return Ok(());
             }
-            off = 1;
-        }
-        if off == 1 {
             if dot(&mut add, a.parent.max(1), 2, "..") {
                 return Ok(());
             }
@@ -1740,14 +1742,16 @@ impl FsInner {
         let mut cursor = off - 2;
         loop {
             let page = page(cursor)?;
-            if page.is_empty() {
-                return Ok(());
-            }
+            let last = page.len() < LIST_PAGE;
             for e in page {
                 cursor = cursor_of(&e);
                 if add(Listed::Entry(e)) {
                     return Ok(());
                 }
+            }
+            // A short page is the directory's end: no read of an empty page after it.
+            if last {
+                return Ok(());
             }
         }
     }
@@ -3012,7 +3016,7 @@ impl Filesystem for TierFs {
             self.list_dir(
                 ino.0,
                 offset,
-                |cursor| self.meta.readdir(ino.0, cursor, 512),
+                |cursor| self.meta.readdir(ino.0, cursor, LIST_PAGE),
                 |e| e.offset,
                 |item| match item {
                     Listed::Dot {
@@ -3047,7 +3051,7 @@ impl Filesystem for TierFs {
             self.list_dir(
                 ino.0,
                 offset,
-                |cursor| self.meta.readdir_plus(ino.0, cursor, 512),
+                |cursor| self.meta.readdir_plus(ino.0, cursor, LIST_PAGE),
                 |(e, _)| e.offset,
                 |item| match item {
                     Listed::Dot {
@@ -3107,24 +3111,26 @@ impl Filesystem for TierFs {
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
         let r = self.run("statfs", || {
-            let usage = self.meta.usage()?;
+            // The inode count alone: `usage` also sums the inline bytes, a scan of every
+            // small file's data (30-70 ms on 9,000 files, once per `find` and `du`).
+            let inodes = self.meta.inodes_used()?;
             let fills = self.data.space.fills();
             let total: u64 = fills.iter().map(|f| f.capacity).sum();
             let used: u64 = fills.iter().map(|f| f.used).sum();
-            Ok((usage, total, used))
+            Ok((inodes, total, used))
         });
         match r {
-            Ok((usage, total, used)) => {
+            Ok((inodes, total, used)) => {
                 let bsize = 4096u64;
                 let blocks = total / bsize;
                 let free = total.saturating_sub(used) / bsize;
-                let files = usage.inodes + 1_000_000_000;
+                let files = inodes + 1_000_000_000;
                 reply.statfs(
                     blocks,
                     free,
                     free,
                     files,
-                    files - usage.inodes,
+                    files - inodes,
                     bsize as u32,
                     255,
                     bsize as u32,

@@ -986,6 +986,7 @@ fn unlinked_files_are_freed_by_the_purge(e: &dyn MetaEngine) {
     e.link(files[0].ino, ROOT_INO, b"f0-too").unwrap();
     let full = e.usage().unwrap();
     assert_eq!(full.inodes, base.inodes + 6);
+    assert_eq!(e.inodes_used().unwrap(), full.inodes, "statfs's count");
     // inline bytes, and the objects' bytes on their targets
     assert_eq!(full.bytes, base.bytes + 5 * 3000 + 6 * 10);
     e.unlink(ROOT_INO, b"f0-too").unwrap();
@@ -1018,6 +1019,7 @@ fn unlinked_files_are_freed_by_the_purge(e: &dyn MetaEngine) {
     // and for `usage`: neither their inodes nor their inline bytes
     let after = e.usage().unwrap();
     assert_eq!(after.inodes, base.inodes + 1, "only the open one counts");
+    assert_eq!(e.inodes_used().unwrap(), after.inodes, "statfs's count");
     assert_eq!(
         after.bytes,
         base.bytes + 6 * 10,
@@ -1041,6 +1043,7 @@ fn unlinked_files_are_freed_by_the_purge(e: &dyn MetaEngine) {
     assert!(matches!(e.getattr(held.ino), Err(MetaError::NotFound)));
     assert_eq!(trashed(e), vec![100, 101, 102, 103, 104, 200]);
     assert_eq!(e.usage().unwrap().inodes, base.inodes);
+    assert_eq!(e.inodes_used().unwrap(), base.inodes);
     assert_eq!(e.purge_unlinked(64).unwrap(), 0);
 }
 

@@ -370,6 +370,9 @@ pub trait Admin: Send + Sync {
     fn info(&self) -> Result<FsInfo>;
     fn targets(&self) -> Result<Vec<TargetInfo>>;
     fn usage(&self) -> Result<Usage>;
+    /// [`Usage::inodes`] alone (what `statfs` reports), without the scan of inline data that
+    /// the bytes need.
+    fn inodes_used(&self) -> Result<u64>;
     /// Makes every committed transaction durable against power loss (fsync semantics).
     fn sync(&self) -> Result<()>;
     /// Background housekeeping of the engine (SQLite: checkpoint the write-ahead log; every

@@ -389,6 +389,7 @@ impl Admin for FaultyEngine {
         fn info(&self) -> Result<FsInfo>;
         fn targets(&self) -> Result<Vec<TargetInfo>>;
         fn usage(&self) -> Result<Usage>;
+        fn inodes_used(&self) -> Result<u64>;
         fn sync(&self) -> Result<()>;
         fn maintain(&self) -> Result<()>;
         fn export_rows(&self, sink: &mut dyn FnMut(DumpRow) -> Result<()>) -> Result<()>;

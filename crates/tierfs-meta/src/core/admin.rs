@@ -14,6 +14,11 @@ use crate::sql::{Driver, Row, Tx, Value};
 use crate::types::*;
 use crate::vals;
 
+/// The inodes in use: files left for the purge (orphan 3; few rows, the partial index
+/// `inodes_unlinked`) count as gone.
+const INODES_USED: &str =
+    "SELECT (SELECT COUNT(*) FROM inodes) - (SELECT COUNT(*) FROM inodes WHERE orphan = 3)";
+
 /// The condition (on `inodes i`) of a file without names that nobody holds: unlinked while
 /// open (`orphan = 1`) or with no link, no directory entry, and no open anywhere. Files a
 /// rename replaced (`orphan = 2`) wait for their grace and `purge_orphans`; files left for the
@@ -267,12 +272,13 @@ impl<D: Driver> Admin for SqlMeta<D> {
             // `inodes_unlinked`), their inline bytes too; their objects, like every file's,
             // count until the trash has removed them.
             let r = tx.one(
-                "SELECT (SELECT COUNT(*) FROM inodes) \
-                        - (SELECT COUNT(*) FROM inodes WHERE orphan = 3), \
+                &format!(
+                    "SELECT ({INODES_USED}), \
                         (SELECT CAST(COALESCE(SUM(used), 0) AS BIGINT) FROM targets), \
                         (SELECT CAST(COALESCE(SUM(len), 0) AS BIGINT) FROM slices \
                          WHERE inline IS NOT NULL \
-                         AND ino NOT IN (SELECT ino FROM inodes WHERE orphan = 3))",
+                         AND ino NOT IN (SELECT ino FROM inodes WHERE orphan = 3))"
+                ),
                 vals![],
             )?;
             Ok(Usage {
@@ -280,6 +286,10 @@ impl<D: Driver> Admin for SqlMeta<D> {
                 bytes: (r.i64(1)? + r.i64(2)?).max(0) as u64,
             })
         })
+    }
+
+    fn inodes_used(&self) -> Result<u64> {
+        self.d.read(|tx| tx.one(INODES_USED, vals![])?.u64(0))
     }
 
     fn sync(&self) -> Result<()> {
