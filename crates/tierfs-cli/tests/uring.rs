@@ -142,6 +142,19 @@ fn requests_go_over_the_ring_and_fall_back_to_dev_fuse_without_it() {
         let log = fs::read_to_string(t.log_path("c0")).unwrap();
         assert!(log.contains("FUSE over io_uring: "), "{log}");
         let pid = t.daemon_pid(i);
+        // Each ring thread runs on its queue's CPU only (the kernel queues a request on the
+        // queue of the CPU its caller runs on); unpinned, a cold `ls -l` of 10,000 files took
+        // 0.85 s here against 0.23 s pinned.
+        let rings = ring_threads_cpus(pid);
+        assert!(!rings.is_empty(), "no fuser-uring threads in the daemon");
+        for (name, cpus) in &rings {
+            let qid = name
+                .trim_start_matches("fuser-uring-")
+                .split('-')
+                .next()
+                .unwrap();
+            assert_eq!(cpus, qid, "{name} may run on CPUs {cpus}");
+        }
         t.umount(i);
         assert!(
             wait_until(Duration::from_secs(20), || !process_alive(pid)),
@@ -170,6 +183,28 @@ fn requests_go_over_the_ring_and_fall_back_to_dev_fuse_without_it() {
     let pid = t.daemon_pid(i);
     t.umount(i);
     assert!(wait_until(Duration::from_secs(20), || !process_alive(pid)));
+}
+
+/// The daemon `pid`'s ring threads (`fuser-uring-QUEUE-N`) with the CPUs each may run on
+/// (`Cpus_allowed_list` of /proc). The name is cut by the kernel to 15 bytes, which keeps
+/// "fuser-uring-Q-N" whole for queues and threads under 10.
+fn ring_threads_cpus(pid: i32) -> Vec<(String, String)> {
+    let mut v = Vec::new();
+    for task in fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let status = fs::read_to_string(task.unwrap().path().join("status")).unwrap_or_default();
+        let field = |k: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(k))
+                .map(|x| x.trim().to_string())
+                .unwrap_or_default()
+        };
+        let name = field("Name:");
+        if name.starts_with("fuser-uring-") {
+            v.push((name, field("Cpus_allowed_list:")));
+        }
+    }
+    v
 }
 
 /// Pins the calling thread to CPU 0 (the kernel puts its FUSE requests on ring queue 0).

@@ -249,6 +249,32 @@ fn eio_header(unique: u64) -> [u8; OUT_HEADER_SIZE] {
     oh
 }
 
+/// Keeps the calling thread on CPU `cpu`, as libfuse does with its ring threads: the kernel
+/// queues a request on the queue of the CPU its caller runs on, so the thread that serves it
+/// is woken on that CPU (no cross-CPU wake-up, and the caller, which waits, gives it the CPU).
+/// Left unpinned when `cpu` is not one this process may run on (a cpuset, an offline CPU).
+fn pin_to_cpu(cpu: usize) {
+    // SAFETY: cpu_set_t is plain data; the calls read and write only the set given.
+    unsafe {
+        let mut allowed: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut allowed) != 0
+            || cpu >= libc::CPU_SETSIZE as usize
+            || !libc::CPU_ISSET(cpu, &allowed)
+        {
+            debug!("fuse io_uring: CPU {cpu} not allowed here; its ring thread is not pinned");
+            return;
+        }
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            debug!(
+                "fuse io_uring: pinning a ring thread to CPU {cpu}: {}",
+                io::Error::last_os_error()
+            );
+        }
+    }
+}
+
 /// Adds 1 to eventfd `fd` (wakes the ring that polls it).
 fn signal(fd: i32) {
     let one: u64 = 1;
@@ -410,6 +436,7 @@ impl RingThread {
     ) -> io::Result<()> {
         let qid = self.shared.qid;
         let _ = self.shared.owner.set(std::thread::current().id());
+        pin_to_cpu(qid as usize);
         for _ in 0..ENTRIES_PER_THREAD {
             self.add_entry(fuse_fd)?;
         }
