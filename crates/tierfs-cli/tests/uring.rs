@@ -9,6 +9,7 @@
 
 mod common;
 
+use common::faulty::FaultyMount;
 use common::*;
 use std::fs;
 use std::io::{Read, Write};
@@ -16,6 +17,8 @@ use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::thread;
 use std::time::{Duration, Instant};
+use tierfs_client::config::ClientConfig;
+use tierfs_meta::faulty::Fault;
 
 const PARAM: &str = "/sys/module/fuse/parameters/enable_uring";
 const COUNTER: &str = "tierfs_fuse_uring_requests_total";
@@ -285,4 +288,65 @@ fn many_lock_waits_on_one_cpu_do_not_starve_the_unlock() {
     );
     let log = fs::read_to_string(t.log_path("c0")).unwrap();
     assert!(log.contains("FUSE over io_uring: "), "{log}");
+}
+
+/// A request that blocks on its ring thread (an engine call that hangs: here a LOOKUP whose
+/// answer the engine holds) holds up no other request of that CPU. One ring thread per queue
+/// (`fuse_threads = 2` on this 2-queue machine, or 1 per queue on more CPUs), every request
+/// from CPU 0: the kernel can only put the next requests on entries of the thread that is
+/// stuck, and without the rescuer (crate `fuser`'s `uring::Rescuer`) they waited for it.
+#[test]
+fn a_request_that_hangs_on_its_ring_thread_holds_up_no_other() {
+    if fs::metadata(PARAM).is_err() {
+        eprintln!("skipped: this kernel has no FUSE over io_uring");
+        return;
+    }
+    let t = TestFs::new(0);
+    let _param = Param::set(true);
+    let config = ClientConfig {
+        client_name: Some("ring".into()),
+        fuse_threads: 2,
+        fuse_uring: true,
+        ..ClientConfig::default()
+    };
+    let m = FaultyMount::with_config(&t, "ring", config);
+    fs::write(m.p("a"), b"alpha").unwrap();
+    // (a lookup holds its directory's kernel lock shared: the create below, in another
+    // directory, must not need that one)
+    fs::create_dir(m.p("d")).unwrap();
+    assert!(
+        stat_value(&m.mnt, COUNTER) > 0,
+        "the mount does not use the ring"
+    );
+    m.plan.fail_next("lookup", 1, Fault::HoldReply);
+    let p = m.p("d/held");
+    let held = thread::spawn(move || {
+        pin_to_cpu0();
+        fs::metadata(p).is_err()
+    });
+    assert!(
+        m.plan.wait_held(Duration::from_secs(10)),
+        "the LOOKUP of 'held' did not reach the engine"
+    );
+    // Requests from the same CPU while that one is held: lookups of new names, an open,
+    // a read, a create.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (a, dir) = (m.p("a"), m.mnt.clone());
+    thread::spawn(move || {
+        pin_to_cpu0();
+        for i in 0..20 {
+            assert!(fs::metadata(dir.join(format!("none-{i}"))).is_err());
+        }
+        let read = fs::read(&a).unwrap();
+        fs::write(dir.join("b"), b"beta").unwrap();
+        let _ = tx.send(read);
+    });
+    let got = rx.recv_timeout(Duration::from_secs(5));
+    m.plan.release();
+    assert!(held.join().unwrap(), "'held' does not exist");
+    assert_eq!(
+        got.expect("requests from the same CPU waited for the held LOOKUP"),
+        b"alpha"
+    );
+    assert_eq!(fs::read(m.p("b")).unwrap(), b"beta");
 }

@@ -295,6 +295,7 @@ impl<FS: Filesystem> Session<FS> {
         // tierfs patch: FUSE over io_uring threads, beside the /dev/fuse readers (which still
         // carry FORGET, INTERRUPT and notifications).
         let mut rings = Vec::new();
+        let mut rescue = None;
         if let Some(payload) = uring_payload {
             let queues = crate::uring::possible_cpus()?;
             let per_queue = (n_threads / queues).max(1);
@@ -302,9 +303,11 @@ impl<FS: Filesystem> Session<FS> {
                 use std::os::fd::AsRawFd;
                 ch.as_fd().as_raw_fd()
             };
+            let mut cores = Vec::new();
             for qid in 0..queues {
                 for t in 0..per_queue {
                     let (ring, stop) = crate::uring::RingThread::new(qid as u16, payload)?;
+                    cores.push(ring.core());
                     let thread_name = format!("fuser-uring-{qid}-{t}");
                     let event_loop = SessionEventLoop {
                         thread_name: thread_name.clone(),
@@ -319,6 +322,21 @@ impl<FS: Filesystem> Session<FS> {
                     rings.push((handle, stop));
                 }
             }
+            // Serves the requests of a ring whose thread is held up by one (crate::uring).
+            let (rescuer, stop) = crate::uring::Rescuer::new(cores);
+            let event_loop = SessionEventLoop {
+                thread_name: "fuser-rescue".to_string(),
+                filesystem: filesystem.clone(),
+                ch: ch.clone(),
+                allowed,
+                session_owner,
+            };
+            rescue = Some((
+                thread::Builder::new()
+                    .name("fuser-rescue".to_string())
+                    .spawn(move || rescuer.run(&event_loop))?,
+                stop,
+            ));
             info!(
                 "FUSE over io_uring: {queues} queues, {per_queue} threads each, {} entries per thread \
                  (more while replies wait, up to {})",
@@ -370,6 +388,12 @@ impl<FS: Filesystem> Session<FS> {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => warn!("FUSE io_uring thread: {e}"),
                 Err(_) => return Err(io::Error::other("io_uring thread panicked")),
+            }
+        }
+        if let Some((handle, stop)) = rescue {
+            stop.stop();
+            if handle.join().is_err() {
+                return Err(io::Error::other("io_uring rescue thread panicked"));
             }
         }
 

@@ -26,6 +26,7 @@
 //! are left with the kernel (up to `MAX_ENTRIES_PER_THREAD`), as /dev/fuse has no limit either.
 
 use std::cell::UnsafeCell;
+use std::collections::VecDeque;
 use std::io;
 use std::io::IoSlice;
 use std::os::fd::AsRawFd;
@@ -34,10 +35,13 @@ use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::sync::OnceLock;
 use std::sync::atomic::AtomicBool;
+use std::sync::atomic::AtomicI32;
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering;
 use std::thread::ThreadId;
+use std::time::Duration;
+use std::time::Instant;
 
 use io_uring::IoUring;
 use io_uring::opcode;
@@ -355,20 +359,48 @@ fn eventfd() -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-/// A ring thread, ready to run.
-pub(crate) struct RingThread {
+/// A ring and what only the thread serving it at the moment touches: its own thread, or the
+/// rescuer while that thread is busy with one request (see [`Rescuer`]).
+struct RingState {
     ring: IoUring<Entry128>,
+    /// Entries registered so far (the first slots of `shared.entries`).
+    registered: usize,
+    /// Entries the kernel still has or may still complete (registered minus those it ended).
+    live: usize,
+    warned_full: bool,
+    /// Completions harvested from the ring and not yet taken: a server takes one at a time, so
+    /// what a busy thread harvested with its request is not stuck behind it.
+    pending: VecDeque<(u64, i32, u32)>,
+}
+
+/// One ring, shared by its thread and the rescuer.
+pub(crate) struct RingCore {
+    state: Mutex<RingState>,
     shared: Arc<RingShared>,
     stop: Arc<AtomicBool>,
     stop_wake: Arc<OwnedFd>,
     payload_size: usize,
-    /// Entries registered so far (the first slots of `shared.entries`).
-    registered: usize,
+    fuse_fd: AtomicI32,
+    /// When (nanoseconds of [`clock_ns`]) the ring's thread began serving its current request;
+    /// 0 while it is not serving one.
+    busy_since: AtomicU64,
 }
 
 // SAFETY: the iovecs inside the entries point into their own heap buffers, which move with
-// `shared`.
-unsafe impl Send for RingThread {}
+// `shared`; the ring is only used under `state`'s lock.
+unsafe impl Send for RingCore {}
+unsafe impl Sync for RingCore {}
+
+/// A ring thread, ready to run.
+pub(crate) struct RingThread {
+    core: Arc<RingCore>,
+}
+
+/// Nanoseconds of a monotonic clock, never 0.
+fn clock_ns() -> u64 {
+    static START: OnceLock<Instant> = OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_nanos() as u64 + 1
+}
 
 impl RingThread {
     /// Builds the ring and buffers of one thread of queue `qid`.
@@ -376,8 +408,9 @@ impl RingThread {
         let ring: IoUring<Entry128> =
             IoUring::builder().build((ENTRIES_PER_THREAD as u32 + 2).next_power_of_two().max(8))?;
         let wake = eventfd()?;
-        let entries: Box<[OnceLock<Box<Entry>>]> =
-            (0..MAX_ENTRIES_PER_THREAD).map(|_| OnceLock::new()).collect();
+        let entries: Box<[OnceLock<Box<Entry>>]> = (0..MAX_ENTRIES_PER_THREAD)
+            .map(|_| OnceLock::new())
+            .collect();
         let stop_wake = Arc::new(eventfd()?);
         let stop = Arc::new(AtomicBool::new(false));
         let shared = Arc::new(RingShared {
@@ -392,143 +425,195 @@ impl RingThread {
             stop: Arc::clone(&stop),
             wake: Arc::clone(&stop_wake),
         };
-        Ok((
-            RingThread {
+        let core = Arc::new(RingCore {
+            state: Mutex::new(RingState {
                 ring,
-                shared,
-                stop,
-                stop_wake,
-                payload_size,
                 registered: 0,
-            },
-            rs,
-        ))
+                live: 0,
+                warned_full: false,
+                pending: VecDeque::new(),
+            }),
+            shared,
+            stop,
+            stop_wake,
+            payload_size,
+            fuse_fd: AtomicI32::new(-1),
+            busy_since: AtomicU64::new(0),
+        });
+        Ok((RingThread { core }, rs))
     }
 
-    fn push(&mut self, sqe: &Entry128) -> io::Result<()> {
-        loop {
-            // SAFETY: the buffers an SQE names (iovecs, entries) live as long as the ring.
-            if unsafe { self.ring.submission().push(sqe) }.is_ok() {
-                return Ok(());
-            }
-            self.ring.submit()?;
-        }
-    }
-
-    /// Makes and registers one more entry (false when the thread has its most already).
-    fn add_entry(&mut self, fuse_fd: i32) -> io::Result<bool> {
-        let idx = self.registered;
-        let Some(slot) = self.shared.entries.get(idx) else {
-            return Ok(false);
-        };
-        let ent = slot.get_or_init(|| Entry::new(self.payload_size));
-        let sqe = register_sqe(fuse_fd, self.shared.qid, ent.iov.as_ptr(), idx);
-        self.push(&sqe)?;
-        self.registered += 1;
-        Ok(true)
+    /// The ring, for the session's [`Rescuer`].
+    pub(crate) fn core(&self) -> Arc<RingCore> {
+        Arc::clone(&self.core)
     }
 
     /// Registers the entries and serves requests until the connection ends or `stop`.
     pub(crate) fn run<FS: Filesystem>(
-        mut self,
+        self,
         fuse_fd: i32,
         se: &SessionEventLoop<FS>,
     ) -> io::Result<()> {
-        let qid = self.shared.qid;
-        let _ = self.shared.owner.set(std::thread::current().id());
+        let core = self.core;
+        let qid = core.shared.qid;
+        let _ = core.shared.owner.set(std::thread::current().id());
         pin_to_cpu(qid as usize);
-        for _ in 0..ENTRIES_PER_THREAD {
-            self.add_entry(fuse_fd)?;
+        core.fuse_fd.store(fuse_fd, Ordering::Release);
+        {
+            let mut st = core.state.lock();
+            for _ in 0..ENTRIES_PER_THREAD {
+                core.add_entry(&mut st)?;
+            }
+            let w = wake_sqe(core.shared.wake.as_raw_fd());
+            push(&mut st.ring, &w)?;
+            let mut s = wake_sqe(core.stop_wake.as_raw_fd());
+            s = s.user_data(WAKE - 1);
+            push(&mut st.ring, &s)?;
+            st.live = st.registered;
         }
-        let w = wake_sqe(self.shared.wake.as_raw_fd());
-        self.push(&w)?;
-        let mut s = wake_sqe(self.stop_wake.as_raw_fd());
-        s = s.user_data(WAKE - 1);
-        self.push(&s)?;
-        let mut live = self.registered;
-        let mut warned_full = false;
         let mut buf = FuseReadBuf::new();
         let buf = buf.as_mut();
-        let mut done: Vec<(u64, i32, u32)> = Vec::new();
-        while live > 0 && !self.stop.load(Ordering::Acquire) {
-            match self.ring.submit_and_wait(1) {
-                Ok(_) => {}
-                Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
-                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {}
-                Err(e) => return Err(e),
-            }
-            done.clear();
-            done.extend(
-                self.ring
-                    .completion()
-                    .map(|c| (c.user_data(), c.result(), c.flags())),
-            );
-            for &(ud, res, flags) in &done {
-                if ud >= WAKE - 1 {
-                    let fd = if ud == WAKE {
-                        self.shared.wake.as_raw_fd()
-                    } else {
-                        self.stop_wake.as_raw_fd()
-                    };
-                    let mut v = 0u64;
-                    // SAFETY: reading 8 bytes from a nonblocking eventfd.
-                    let _ = unsafe { libc::read(fd, (&mut v as *mut u64).cast(), 8) };
-                    if !io_uring::cqueue::more(flags) {
-                        let mut again = wake_sqe(fd);
-                        again = again.user_data(ud);
-                        self.push(&again)?;
+        loop {
+            // The lock is held while waiting in the kernel (the rescuer leaves a waiting
+            // thread alone) and dropped while serving (the rescuer may then take over).
+            let idx = {
+                let mut st = core.state.lock();
+                loop {
+                    if st.live == 0 || core.stop.load(Ordering::Acquire) {
+                        return Ok(());
                     }
-                    continue;
-                }
-                let idx = ud as usize;
-                if res < 0 {
-                    // -ENOTCONN/-ECANCELED: the connection ended (unmount) or the queue stopped;
-                    // on register, -EOPNOTSUPP/-EINVAL: the kernel refused the ring (it then
-                    // goes on over /dev/fuse).
-                    if res != -libc::ENOTCONN && res != -libc::ECANCELED {
-                        warn!(
-                            "fuse io_uring queue {qid} entry {idx}: {}",
-                            io::Error::from_raw_os_error(-res)
-                        );
+                    core.queue_commits(&mut st)?;
+                    if let Some((ud, res, flags)) = st.pending.pop_front() {
+                        if let Some(idx) = core.take(&mut st, ud, res, flags)? {
+                            break idx;
+                        }
+                        continue;
                     }
-                    live -= 1;
-                    continue;
-                }
-                if self.serve(idx, buf, se) {
-                    // DESTROY: answered; the kernel tears the ring down next.
-                    debug!("fuse io_uring queue {qid}: destroy");
-                    continue;
-                }
-                // Deferred replies hold their entries: keep two with the kernel, so a request
-                // that would end the waits (an unlock) always finds one.
-                let held = self.shared.held.load(Ordering::Acquire);
-                if self.registered.saturating_sub(held) < 2 {
-                    if self.add_entry(fuse_fd)? {
-                        live += 1;
-                    } else if !warned_full {
-                        warned_full = true;
-                        warn!(
-                            "fuse io_uring queue {qid}: {held} requests wait for their replies \
-                             on one thread's {} entries: more requests of this CPU wait in \
-                             the kernel",
-                            self.registered
-                        );
+                    match st.ring.submit_and_wait(1) {
+                        Ok(_) => {}
+                        Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
+                        Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {}
+                        Err(e) => return Err(e),
                     }
+                    harvest(&mut st);
                 }
+            };
+            core.busy_since.store(clock_ns(), Ordering::Release);
+            let destroy = core.serve(idx, buf, se);
+            core.busy_since.store(0, Ordering::Release);
+            if destroy {
+                // DESTROY: answered; the kernel tears the ring down next.
+                debug!("fuse io_uring queue {qid}: destroy");
             }
-            let commits: Vec<(usize, u64)> = std::mem::take(&mut *self.shared.commits.lock());
-            for (idx, commit_id) in commits {
-                let sqe = commit_sqe(fuse_fd, qid, idx, commit_id);
-                self.push(&sqe)?;
-            }
+        }
+    }
+}
+
+/// Queues `sqe`, submitting what is queued when the submission queue is full.
+fn push(ring: &mut IoUring<Entry128>, sqe: &Entry128) -> io::Result<()> {
+    loop {
+        // SAFETY: the buffers an SQE names (iovecs, entries) live as long as the ring.
+        if unsafe { ring.submission().push(sqe) }.is_ok() {
+            return Ok(());
+        }
+        ring.submit()?;
+    }
+}
+
+/// Moves the ring's completions to `pending`.
+fn harvest(st: &mut RingState) {
+    let RingState { ring, pending, .. } = st;
+    pending.extend(
+        ring.completion()
+            .map(|c| (c.user_data(), c.result(), c.flags())),
+    );
+}
+
+impl RingCore {
+    /// Makes and registers one more entry (false when the ring has its most already).
+    fn add_entry(&self, st: &mut RingState) -> io::Result<bool> {
+        let idx = st.registered;
+        let Some(slot) = self.shared.entries.get(idx) else {
+            return Ok(false);
+        };
+        let ent = slot.get_or_init(|| Entry::new(self.payload_size));
+        let fuse_fd = self.fuse_fd.load(Ordering::Acquire);
+        let sqe = register_sqe(fuse_fd, self.shared.qid, ent.iov.as_ptr(), idx);
+        push(&mut st.ring, &sqe)?;
+        st.registered += 1;
+        Ok(true)
+    }
+
+    /// Queues the commits of the replies written since the last call.
+    fn queue_commits(&self, st: &mut RingState) -> io::Result<()> {
+        let commits: Vec<(usize, u64)> = std::mem::take(&mut *self.shared.commits.lock());
+        let fuse_fd = self.fuse_fd.load(Ordering::Acquire);
+        for (idx, commit_id) in commits {
+            let sqe = commit_sqe(fuse_fd, self.shared.qid, idx, commit_id);
+            push(&mut st.ring, &sqe)?;
         }
         Ok(())
     }
 
-    /// Copies the request out of entry `idx` and dispatches it. True for DESTROY.
+    /// Handles one completion: the eventfd polls and ended entries here; a request's entry
+    /// index is returned for a server to serve (it then counts as held).
+    fn take(&self, st: &mut RingState, ud: u64, res: i32, flags: u32) -> io::Result<Option<usize>> {
+        let qid = self.shared.qid;
+        if ud >= WAKE - 1 {
+            let fd = if ud == WAKE {
+                self.shared.wake.as_raw_fd()
+            } else {
+                self.stop_wake.as_raw_fd()
+            };
+            let mut v = 0u64;
+            // SAFETY: reading 8 bytes from a nonblocking eventfd.
+            let _ = unsafe { libc::read(fd, (&mut v as *mut u64).cast(), 8) };
+            if !io_uring::cqueue::more(flags) {
+                let mut again = wake_sqe(fd);
+                again = again.user_data(ud);
+                push(&mut st.ring, &again)?;
+            }
+            return Ok(None);
+        }
+        let idx = ud as usize;
+        if res < 0 {
+            // -ENOTCONN/-ECANCELED: the connection ended (unmount) or the queue stopped;
+            // on register, -EOPNOTSUPP/-EINVAL: the kernel refused the ring (it then
+            // goes on over /dev/fuse).
+            if res != -libc::ENOTCONN && res != -libc::ECANCELED {
+                warn!(
+                    "fuse io_uring queue {qid} entry {idx}: {}",
+                    io::Error::from_raw_os_error(-res)
+                );
+            }
+            st.live = st.live.saturating_sub(1);
+            return Ok(None);
+        }
+        let held = self.shared.held.fetch_add(1, Ordering::AcqRel) + 1;
+        // Deferred replies hold their entries: keep two with the kernel, so a request that
+        // would end the waits (an unlock) always finds one.
+        if st.registered.saturating_sub(held) < 2 {
+            if self.add_entry(st)? {
+                st.live += 1;
+            } else if !st.warned_full {
+                st.warned_full = true;
+                warn!(
+                    "fuse io_uring queue {qid}: {held} requests wait for their replies \
+                     on one thread's {} entries: more requests of this CPU wait in \
+                     the kernel",
+                    st.registered
+                );
+            }
+        }
+        Ok(Some(idx))
+    }
+
+    /// Copies the request out of entry `idx` (taken: counted in `held`) and dispatches it.
+    /// True for DESTROY.
     fn serve<FS: Filesystem>(&self, idx: usize, buf: &mut [u8], se: &SessionEventLoop<FS>) -> bool {
         let Some(ent) = self.shared.entries.get(idx).and_then(OnceLock::get) else {
             error!("fuse io_uring: completion of unknown entry {idx}");
+            self.shared.held.fetch_sub(1, Ordering::AcqRel);
             return false;
         };
         // SAFETY: the kernel has completed the entry: its buffers hold a request nobody else
@@ -550,6 +635,7 @@ impl RingThread {
             let len = IN_HEADER_SIZE + op_sz + payload_sz;
             if len > buf.len() {
                 error!("fuse io_uring: request of {len} bytes");
+                self.shared.held.fetch_sub(1, Ordering::AcqRel);
                 return false;
             }
             buf[..IN_HEADER_SIZE].copy_from_slice(&hdr[..IN_HEADER_SIZE]);
@@ -563,7 +649,6 @@ impl RingThread {
             (len, unique)
         };
         REQUESTS.fetch_add(1, Ordering::Relaxed);
-        self.shared.held.fetch_add(1, Ordering::AcqRel);
         ent.owed.store(unique, Ordering::Release);
         let sender = ReplySender::Uring(UringReplySender {
             ring: Arc::clone(&self.shared),
@@ -592,6 +677,166 @@ impl RingThread {
         }
         false
     }
+}
+
+/// How long a ring's thread may serve one request before the rescuer serves the requests
+/// that came to its ring meanwhile, and how often the rescuer looks.
+const RESCUE_AFTER: Duration = Duration::from_millis(5);
+
+/// Threads the rescuer may run requests on at once (more wait for one of them).
+const RESCUE_THREADS: usize = 64;
+
+/// Serves the requests of a ring whose thread is busy with one request for longer than
+/// [`RESCUE_AFTER`] (an engine call that hangs, a slow query).
+///
+/// The kernel puts a request on a free entry of its CPU's queue, whichever thread's ring it
+/// belongs to; a thread serving one request does not see the ring's other completions until it
+/// is done, where `/dev/fuse` would have handed them to another reader thread. Every
+/// `RESCUE_AFTER` the rescuer looks at each ring: one whose thread has been serving for that
+/// long and is not waiting in the kernel (its lock is free) gets its queued replies committed
+/// and its completions taken, and each request goes to one of up to [`RESCUE_THREADS`] threads.
+/// Its thread, once back, goes on as before. A ring's submissions all happen under its lock, so
+/// the rescuer and the ring's thread never touch it at once.
+pub(crate) struct Rescuer {
+    cores: Vec<Arc<RingCore>>,
+    stop: Arc<AtomicBool>,
+}
+
+/// Ends a [`Rescuer`].
+#[derive(Debug, Clone)]
+pub(crate) struct RescuerStop(Arc<AtomicBool>);
+
+impl RescuerStop {
+    pub(crate) fn stop(&self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
+type RescueJob = (Arc<RingCore>, usize);
+
+impl Rescuer {
+    pub(crate) fn new(cores: Vec<Arc<RingCore>>) -> (Rescuer, RescuerStop) {
+        let stop = Arc::new(AtomicBool::new(false));
+        (
+            Rescuer {
+                cores,
+                stop: Arc::clone(&stop),
+            },
+            RescuerStop(stop),
+        )
+    }
+
+    /// Looks at the rings until stopped; then ends its threads (each after its request).
+    pub(crate) fn run<FS: Filesystem>(self, se: &SessionEventLoop<FS>) {
+        let (tx, rx) = std::sync::mpsc::channel::<RescueJob>();
+        let rx = Arc::new(Mutex::new(rx));
+        // Requests sent to the threads and not yet served (queued or running).
+        let inflight = Arc::new(AtomicUsize::new(0));
+        let mut threads: Vec<std::thread::JoinHandle<()>> = Vec::new();
+        while !self.stop.load(Ordering::Acquire) {
+            std::thread::sleep(RESCUE_AFTER);
+            let now = clock_ns();
+            for core in &self.cores {
+                let since = core.busy_since.load(Ordering::Acquire);
+                if since == 0 || now.saturating_sub(since) < RESCUE_AFTER.as_nanos() as u64 {
+                    continue;
+                }
+                let Some(mut st) = core.state.try_lock() else {
+                    continue;
+                };
+                let taken = match rescue(core, &mut st) {
+                    Ok(v) => v,
+                    Err(e) => {
+                        warn!("fuse io_uring queue {}: rescue: {e}", core.shared.qid);
+                        continue;
+                    }
+                };
+                drop(st);
+                for idx in taken {
+                    // a thread for each request that would otherwise wait behind another
+                    if inflight.load(Ordering::Acquire) >= threads.len()
+                        && threads.len() < RESCUE_THREADS
+                    {
+                        match spawn_rescue_thread(se, threads.len(), &rx, &inflight) {
+                            Ok(h) => threads.push(h),
+                            Err(e) => warn!("fuse io_uring: rescue thread: {e}"),
+                        }
+                    }
+                    if threads.is_empty() {
+                        // No thread to run it on: serve it here rather than never.
+                        let mut buf = FuseReadBuf::new();
+                        core.serve(idx, buf.as_mut(), se);
+                    } else {
+                        inflight.fetch_add(1, Ordering::AcqRel);
+                        let _ = tx.send((Arc::clone(core), idx));
+                    }
+                }
+            }
+        }
+        drop(tx);
+        for h in threads {
+            let _ = h.join();
+        }
+    }
+}
+
+/// Commits what a busy ring's replies queued, and takes its completions: the requests to serve.
+fn rescue(core: &RingCore, st: &mut RingState) -> io::Result<Vec<usize>> {
+    if st.live == 0 {
+        return Ok(Vec::new());
+    }
+    core.queue_commits(st)?;
+    submit(&mut st.ring)?;
+    harvest(st);
+    let mut taken = Vec::new();
+    while let Some((ud, res, flags)) = st.pending.pop_front() {
+        if let Some(idx) = core.take(st, ud, res, flags)? {
+            taken.push(idx);
+        }
+    }
+    // what `take` queued (a poll re-armed, an entry added)
+    submit(&mut st.ring)?;
+    Ok(taken)
+}
+
+/// Submits what is queued without waiting; a full completion queue (EBUSY) or a signal
+/// (EINTR) leaves it for the next submission.
+fn submit(ring: &mut IoUring<Entry128>) -> io::Result<()> {
+    match ring.submit() {
+        Ok(_) => Ok(()),
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR) | Some(libc::EBUSY)) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+fn spawn_rescue_thread<FS: Filesystem>(
+    se: &SessionEventLoop<FS>,
+    n: usize,
+    rx: &Arc<Mutex<std::sync::mpsc::Receiver<RescueJob>>>,
+    inflight: &Arc<AtomicUsize>,
+) -> io::Result<std::thread::JoinHandle<()>> {
+    let name = format!("fuser-rescue-{n}");
+    let el = SessionEventLoop {
+        thread_name: name.clone(),
+        ch: se.ch.clone(),
+        filesystem: Arc::clone(&se.filesystem),
+        allowed: se.allowed,
+        session_owner: se.session_owner,
+    };
+    let rx = Arc::clone(rx);
+    let inflight = Arc::clone(inflight);
+    std::thread::Builder::new().name(name).spawn(move || {
+        let mut buf = FuseReadBuf::new();
+        let buf = buf.as_mut();
+        loop {
+            let job = rx.lock().recv();
+            let Ok((core, idx)) = job else {
+                return;
+            };
+            core.serve(idx, buf, &el);
+            inflight.fetch_sub(1, Ordering::AcqRel);
+        }
+    })
 }
 
 #[cfg(test)]

@@ -20,6 +20,8 @@
 //! added to each client's `--config` file, so the same tests run on mounts with that setting.
 #![allow(dead_code)]
 
+pub mod faulty;
+
 use std::ffi::CString;
 use std::fs;
 use std::io::{self, Read};
