@@ -489,12 +489,7 @@ impl RingThread {
                         }
                         continue;
                     }
-                    match st.ring.submit_and_wait(1) {
-                        Ok(_) => {}
-                        Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
-                        Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {}
-                        Err(e) => return Err(e),
-                    }
+                    submit(&mut st.ring, 1)?;
                     harvest(&mut st);
                 }
             };
@@ -786,7 +781,7 @@ fn rescue(core: &RingCore, st: &mut RingState) -> io::Result<Vec<usize>> {
         return Ok(Vec::new());
     }
     core.queue_commits(st)?;
-    submit(&mut st.ring)?;
+    submit(&mut st.ring, 0)?;
     harvest(st);
     let mut taken = Vec::new();
     while let Some((ud, res, flags)) = st.pending.pop_front() {
@@ -795,14 +790,14 @@ fn rescue(core: &RingCore, st: &mut RingState) -> io::Result<Vec<usize>> {
         }
     }
     // what `take` queued (a poll re-armed, an entry added)
-    submit(&mut st.ring)?;
+    submit(&mut st.ring, 0)?;
     Ok(taken)
 }
 
-/// Submits what is queued without waiting; a full completion queue (EBUSY) or a signal
-/// (EINTR) leaves it for the next submission.
-fn submit(ring: &mut IoUring<Entry128>) -> io::Result<()> {
-    match ring.submit() {
+/// Submits what is queued and waits for `wait` completions (0: does not wait); a full
+/// completion queue (EBUSY) or a signal (EINTR) leaves it for the next submission.
+fn submit(ring: &mut IoUring<Entry128>, wait: usize) -> io::Result<()> {
+    match ring.submit_and_wait(wait) {
         Ok(_) => Ok(()),
         Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR) | Some(libc::EBUSY)) => Ok(()),
         Err(e) => Err(e),

@@ -514,7 +514,7 @@ fn pg_unlink_sql() -> &'static str {
                     COALESCE((SELECT archived FROM v), FALSE)",
             changelog::pg_insert_at(
                 0,
-                &[(3, &last_flag), (4, "SELECT ino FROM ok"),],
+                &[(3, &last_flag), (4, "SELECT ino FROM ok")],
                 "ok",
                 " AND (SELECT count(*) FROM u) >= 0",
             ),
