@@ -5,7 +5,8 @@ mod common;
 use common::*;
 use std::fs;
 use std::io::Write;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::process::Command;
 use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -616,4 +617,179 @@ fn a_path_through_a_directory_remade_elsewhere_finds_the_new_one() {
     // ... yet a name under it is looked up in the new one
     assert_eq!(read_all(&t.p(a, "d/new")).unwrap(), b"new");
     assert_ne!(stat(&t.p(a, "d")).unwrap().st_ino, old);
+}
+
+/// Two clients with `attr_ttl` [`TTL`] and the kernel's writeback cache off (its SETATTRs of
+/// mtime and ctime never wait), so a setattr of a file being written may wait for the commit.
+fn two_without_writeback_cache() -> TestFs {
+    let mut t = TestFs::with(Opts {
+        clients: 0,
+        ..Opts::default()
+    });
+    for name in ["c0", "c1"] {
+        t.mount_with(&ClientOpts {
+            name: name.into(),
+            attr_ttl: Some(TTL),
+            config: Some("writeback_cache = false\n".into()),
+            ..Default::default()
+        });
+    }
+    t
+}
+
+fn deferred(t: &TestFs, i: usize) -> u64 {
+    stat_value(t.mnt(i), "tierfs_setattrs_deferred_total")
+}
+
+/// tar's futimens, fchown and fchmod, and `cp -a`'s times and ACL, come while the file's data is
+/// buffered on the writing client; they wait for its commit (docs/semantics.md, "Attribute
+/// changes of a file being written"). The other client sees each file whole after the TTL:
+/// data, mode, owner and mtime as in the source.
+#[test]
+fn tar_and_cp_a_attributes_reach_another_client_with_the_data() {
+    let t = two_without_writeback_cache();
+    let src = t.root().join("src");
+    fs::create_dir(&src).unwrap();
+    let files: [(&str, u32, u32, u32, i64); 3] = [
+        ("plain", 0o644, 0, 0, 1_000_000_000),
+        ("script", 0o755, 0, 0, 1_100_000_000),
+        ("owned", 0o640, 1234, 5678, 1_200_000_000),
+    ];
+    for (name, mode, uid, gid, mtime) in files {
+        let p = src.join(name);
+        fs::write(&p, format!("contents of {name}\n").repeat(100)).unwrap();
+        let c = cstr(&p);
+        io_res(unsafe { libc::chown(c.as_ptr(), uid, gid) }).unwrap();
+        io_res(unsafe { libc::chmod(c.as_ptr(), mode) }).unwrap();
+        let times = [
+            libc::timespec {
+                tv_sec: mtime,
+                tv_nsec: 0,
+            },
+            libc::timespec {
+                tv_sec: mtime,
+                tv_nsec: 0,
+            },
+        ];
+        io_res(unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), times.as_ptr(), 0) }).unwrap();
+    }
+    let tarball = t.root().join("src.tar");
+    let ok = Command::new("tar")
+        .arg("cf")
+        .arg(&tarball)
+        .arg("-C")
+        .arg(t.root())
+        .arg("src")
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "tar cf");
+    let before = deferred(&t, 0);
+    let ok = Command::new("tar")
+        .arg("xf")
+        .arg(&tarball)
+        .current_dir(t.mnt(0))
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "tar xf into c0");
+    let after_tar = deferred(&t, 0);
+    assert!(
+        after_tar >= before + 3 * files.len() as u64,
+        "tar's futimens, fchown and fchmod of each file waited for its commit: {} of {}",
+        after_tar - before,
+        3 * files.len()
+    );
+    let ok = Command::new("cp")
+        .arg("-a")
+        .arg(&src)
+        .arg(t.p(0, "copy"))
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "cp -a into c0");
+    assert!(
+        deferred(&t, 0) > after_tar,
+        "cp -a's times or ACL waited for the commit of its copy"
+    );
+    after_ttl(TTL);
+    for dir in ["src", "copy"] {
+        for (name, mode, uid, gid, mtime) in files {
+            let p = t.p(1, &format!("{dir}/{name}"));
+            let st = stat(&p).unwrap();
+            assert_eq!(
+                (st.st_mode & 0o7777, st.st_uid, st.st_gid, st.st_mtime),
+                (mode, uid, gid, mtime),
+                "{dir}/{name} as c1 sees it"
+            );
+            assert_eq!(
+                read_all(&p).unwrap(),
+                format!("contents of {name}\n").repeat(100).into_bytes(),
+                "{dir}/{name} read on c1"
+            );
+        }
+    }
+}
+
+/// The writing client shows a waiting change at once; a change that takes permissions away
+/// never waits: another client enforces it within the TTL while the writer still has the file
+/// open with its data buffered.
+#[test]
+fn a_file_being_written_shows_its_changes_here_and_takes_permissions_away_at_once() {
+    let t = two_without_writeback_cache();
+    let p0 = t.p(0, "f");
+    let f = fs::OpenOptions::new()
+        .create_new(true)
+        .write(true)
+        .mode(0o600)
+        .open(&p0)
+        .unwrap();
+    use std::os::fd::AsRawFd;
+    let fd = f.as_raw_fd();
+    (&f).write_all(b"first").unwrap();
+    let before = deferred(&t, 0);
+    io_res(unsafe { libc::fchmod(fd, 0o644) }).unwrap();
+    io_res(unsafe { libc::fchown(fd, 0, 0) }).unwrap();
+    let times = [
+        libc::timespec {
+            tv_sec: 0,
+            tv_nsec: libc::UTIME_OMIT,
+        },
+        libc::timespec {
+            tv_sec: 1_234_567_890,
+            tv_nsec: 0,
+        },
+    ];
+    io_res(unsafe { libc::futimens(fd, times.as_ptr()) }).unwrap();
+    assert_eq!(deferred(&t, 0), before + 3, "all three waited");
+    let st = stat(&p0).unwrap();
+    assert_eq!((st.st_mode & 0o7777, st.st_mtime), (0o644, 1_234_567_890));
+    // Past the TTL, this client's kernel asks again: still shown.
+    after_ttl(TTL);
+    let st = stat(&p0).unwrap();
+    assert_eq!((st.st_mode & 0o7777, st.st_mtime), (0o644, 1_234_567_890));
+    assert_eq!(st.st_size, 5);
+
+    // Taking read away from others does not wait for the data.
+    (&f).write_all(b" second").unwrap();
+    io_res(unsafe { libc::fchmod(fd, 0o600) }).unwrap();
+    assert_eq!(deferred(&t, 0), before + 3, "the chmod 0600 went at once");
+    after_ttl(TTL);
+    let p1 = t.p(1, "f");
+    as_user(&Cred::new(1000, 1000), move || {
+        let r = fs::File::open(&p1);
+        assert!(
+            matches!(&r, Err(e) if err_of(e) == libc::EACCES),
+            "c1 lets uid 1000 open a file made 0600 on c0 (still open there): {r:?}"
+        );
+    });
+    drop(f);
+    after_ttl(TTL);
+    let st = stat(&t.p(1, "f")).unwrap();
+    assert_eq!(st.st_mode & 0o7777, 0o600);
+    assert!(
+        st.st_mtime > 1_234_567_890,
+        "the later write moved the mtime"
+    );
+    assert_eq!(read_all(&t.p(1, "f")).unwrap(), b"first second");
 }

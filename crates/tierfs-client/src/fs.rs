@@ -649,6 +649,16 @@ impl FsInner {
     }
 
     fn fattr(&self, a: &Attr) -> FileAttr {
+        // Attribute changes waiting for the commit of this client's buffered writes show here
+        // at once (data/deferred.rs).
+        let shown;
+        let a = match (a.kind, self.data.shown(a)) {
+            (Kind::File, Some(s)) => {
+                shown = s;
+                &shown
+            }
+            _ => a,
+        };
         // Every reply with attributes says whether the inode has xattrs.
         self.xattr_hint.seen(a);
         let mut size = if a.kind == Kind::File {
@@ -856,8 +866,10 @@ impl FsInner {
         let parsed =
             Acl::decode(value).map_err(|e| ClientError::Failed(e.to_string(), e.errno()))?;
         // Read from the engine now: an ACL to remove from an inode it counts no xattrs for is
-        // absent already (nothing to do, at the time of this read).
+        // absent already (nothing to do, at the time of this read). As this client shows it:
+        // with a chmod that waits for its buffered writes' commit.
         let a = self.meta.getattr(ino)?;
+        let a = self.data.shown(&a).unwrap_or(a);
         if name == acl::DEFAULT {
             if a.kind != Kind::Dir {
                 return Err(ClientError::Errno(
@@ -886,6 +898,22 @@ impl FsInner {
             // nothing changes, as on ext4 (not even the ctime).
             return Ok(());
         }
+        if access.is_mode() && !a.has_xattrs() && !self.writeback_cache {
+            // A mode that adds permissions to a file with writes buffered here (`cp -a`'s ACL
+            // after its copy): with their commit (data/deferred.rs).
+            let set = SetAttr {
+                perm: Some(perm),
+                ..Default::default()
+            };
+            if self.data.defer_setattr(ino, &set).is_some() {
+                if let Some(n) = self.notifier.get() {
+                    let _ = n.inval_inode(INodeNo(ino), -1, 0);
+                }
+                return Ok(());
+            }
+        }
+        // Changes waiting for a commit of buffered writes go first: this one is newer.
+        self.data.settle(ino)?;
         // The mode is set only when it changes (as on ext4; the ACL's own change moves the
         // ctime); its reply counts the xattrs in the same transaction.
         let now = if perm != a.perm {
@@ -1132,13 +1160,22 @@ impl FsInner {
             ctime: ctime.map(from_time),
             kill_setid,
         };
+        if size.is_none() && !local && !self.writeback_cache {
+            // Times, a mode that adds permissions, a chown that takes nothing away, of a file
+            // with writes buffered here (tar's futimens, fchown and fchmod before its close):
+            // they go in the transaction that commits those writes (data/deferred.rs).
+            if let Some(a) = self.data.defer_setattr(ino, &set) {
+                return Ok(Step::Done(a));
+            }
+        }
         // Buffered writes land first, so the truncate or the times given (tar sets mtime
         // before close) apply after them and are not overwritten by their commit; times
-        // alone go in the commit's own transaction.
+        // alone go in the commit's own transaction, and so does any change when changes
+        // wait for the commit (this one is newer: theirs must not overwrite it afterwards).
         let committed = if size.is_some() {
             self.data.flush(ino)?;
             None
-        } else if mtime.is_some() || atime.is_some() {
+        } else if mtime.is_some() || atime.is_some() || self.data.has_deferred(ino) {
             self.data.flush_then(ino, Some(&set))?
         } else {
             None
@@ -2039,6 +2076,19 @@ impl Filesystem for TierFs {
             }
         }
         negotiate_common(config, self.readdirplus, self.posix_acl, self.fuse_uring);
+        // A chmod that waited for a commit of buffered writes (data/deferred.rs), applied to a
+        // file another client gave an ACL meanwhile: the ACL follows the mode, as at any chmod.
+        let fs = Arc::downgrade(&self.inner);
+        self.data.set_chmod_hook(Box::new(move |ino, mode| {
+            if let Some(fs) = fs.upgrade() {
+                if let Err(e) = fs.chmod_acl(ino, mode) {
+                    tracing::warn!(
+                        ino,
+                        "access ACL not brought in step with mode {mode:o}: {e}"
+                    );
+                }
+            }
+        }));
         // The kernel's writeback cache: writes gather in the page cache and come here in large
         // WRITEs (at close, fsync, writeback), through any writable handle of the file; the
         // kernel keeps size, mtime and ctime of the files it caches and sends them by SETATTR.

@@ -42,6 +42,8 @@ pub struct Metrics {
     pub buffered_bytes: Gauge,
     /// Commits of buffered writes that failed and were kept for the next attempt.
     pub commits_put_back: Counter,
+    /// Setattrs kept for the commit of the file's buffered writes (data/deferred.rs).
+    pub setattrs_deferred: Counter,
     /// GETXATTR and LISTXATTR answered without the engine (the inode has no xattrs).
     pub xattr_answered_locally: Counter,
     handles: parking_lot::RwLock<std::collections::HashMap<&'static str, OpHandles>>,
@@ -178,6 +180,13 @@ impl Metrics {
              answer) and whose data was kept for the next attempt",
             commits_put_back.clone(),
         );
+        let setattrs_deferred = Counter::default();
+        registry.register(
+            "setattrs_deferred",
+            "Setattrs (times, a mode that adds permissions, a chown that takes nothing away) of \
+             a file with writes buffered here, committed in the transaction of those writes",
+            setattrs_deferred.clone(),
+        );
         let xattr_answered_locally = Counter::default();
         registry.register(
             "xattr_answered_locally",
@@ -190,6 +199,7 @@ impl Metrics {
             file_states,
             buffered_bytes,
             commits_put_back,
+            setattrs_deferred,
             xattr_answered_locally,
             ops,
             errors,

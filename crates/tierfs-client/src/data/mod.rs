@@ -3,6 +3,9 @@
 //! metadata transaction at flush, fsync, close, or when the buffer fills.
 
 pub mod cache;
+mod deferred;
+#[cfg(test)]
+mod deferred_tests;
 #[cfg(test)]
 mod durability_tests;
 #[cfg(test)]
@@ -126,6 +129,9 @@ struct FileInner {
     pending_end: u64,
     /// An error of a background upload, reported at the next write, flush or fsync.
     deferred_error: Option<i32>,
+    /// Attribute changes waiting for the commit of `pending` (never without it; see
+    /// [`deferred`]): in its transaction, and shown by this client meanwhile.
+    deferred: Option<deferred::Deferred>,
     /// Handles of this client open on the file through the data path.
     opens: u32,
 }
@@ -196,7 +202,13 @@ pub struct DataPath {
     /// Chunks that got new slices: compaction looks at them in the background.
     compact_candidates: Mutex<std::collections::HashSet<(Ino, u64)>>,
     info_cache: Mutex<Option<(std::time::Instant, HashMap<Ino, tierfs_meta::StripeDefault>)>>,
+    /// Run after a commit that applied a waiting chmod to a file that has extended attributes
+    /// by then (another client gave it an ACL meanwhile): keeps the ACL in step with the mode.
+    chmod_hook: OnceLock<ChmodHook>,
 }
+
+/// See [`DataPath::set_chmod_hook`].
+pub type ChmodHook = Box<dyn Fn(Ino, u32) + Send + Sync>;
 
 fn chunk_range(layout: &Layout, off: u64, end: u64) -> impl Iterator<Item = (u64, u64, u64)> {
     // (chunk, start within chunk, end within chunk)
@@ -238,6 +250,7 @@ impl DataPath {
             session: OnceLock::new(),
             compact_candidates: Mutex::new(Default::default()),
             info_cache: Mutex::new(None),
+            chmod_hook: OnceLock::new(),
             cfg,
             meta,
             targets,
@@ -249,6 +262,12 @@ impl DataPath {
     /// Commits buffered writes under `session` from now on (set once, at mount).
     pub fn set_session(&self, session: Arc<Session>) {
         let _ = self.session.set(session);
+    }
+
+    /// What to run after a commit applied a waiting chmod to a file that has extended attributes
+    /// (its mode; set once, by the filesystem, whose chmod keeps an access ACL in step).
+    pub fn set_chmod_hook(&self, hook: ChmodHook) {
+        let _ = self.chmod_hook.set(hook);
     }
 
     /// The current session id (0 before [`DataPath::set_session`]).
@@ -568,6 +587,60 @@ impl DataPath {
         a.allocated.saturating_add(pending).min(size)
     }
 
+    /// A setattr of `ino` that may wait for the commit of the writes buffered here
+    /// ([`deferred::may_wait`], judged on the attributes this client shows): kept for that
+    /// commit's transaction; the attributes to answer with (`None`: nothing buffered, the
+    /// attributes unknown here, or a change that must go now).
+    pub fn defer_setattr(&self, ino: Ino, set: &SetAttr) -> Option<Attr> {
+        let st = self.existing(ino)?;
+        let mut inner = st.inner.lock();
+        if inner.pending.is_empty() || inner.deferred_error.is_some() {
+            return None;
+        }
+        let base = inner.attr.clone()?;
+        let shown = match &inner.deferred {
+            Some(d) => d.apply(&base),
+            None => base.clone(),
+        };
+        if !deferred::may_wait(&shown, set) {
+            return None;
+        }
+        let now = now_nanos();
+        let d = deferred::Deferred {
+            set: deferred::pinned(set, now),
+            at: now,
+        };
+        let d = deferred::Deferred::merge(inner.deferred.take(), d);
+        let a = d.apply(&base);
+        inner.deferred = Some(d);
+        self.metrics.setattrs_deferred.inc();
+        Some(a)
+    }
+
+    /// Whether attribute changes of `ino` wait for the commit of its buffered writes.
+    pub fn has_deferred(&self, ino: Ino) -> bool {
+        self.existing(ino)
+            .is_some_and(|st| st.inner.lock().deferred.is_some())
+    }
+
+    /// Commits the buffered writes of `ino` when attribute changes wait for them: before a
+    /// change that does not wait goes to the engine on its own (it is newer, and must not be
+    /// overwritten by theirs afterwards).
+    pub fn settle(&self, ino: Ino) -> Result<()> {
+        if self.has_deferred(ino) {
+            self.flush(ino)?;
+        }
+        Ok(())
+    }
+
+    /// `a` (read from the engine, or known) as this client shows it: with the attribute
+    /// changes waiting for the commit of its buffered writes; `None` when none wait.
+    pub fn shown(&self, a: &Attr) -> Option<Attr> {
+        let st = self.existing(a.ino)?;
+        let inner = st.inner.lock();
+        inner.deferred.as_ref().map(|d| d.apply(a))
+    }
+
     fn attr_of(&self, st: &FileState, ino: Ino) -> Result<Attr> {
         let generation = {
             let inner = st.inner.lock();
@@ -688,6 +761,9 @@ impl DataPath {
                     p.upload = Some((target, obj, self.spawn_upload(target, obj, bytes)));
                 }
             }
+            if let Some(d) = inner.deferred.as_mut() {
+                d.written();
+            }
             inner.pending_bytes += data.len();
             self.buffer(data.len());
             inner.pending_end = inner.pending_end.max(end);
@@ -790,7 +866,7 @@ impl DataPath {
             return Ok(None);
         };
         let _order = st.flush_lock.lock();
-        let (mut pending, end, taken, session) = {
+        let (mut pending, end, taken, session, waiting) = {
             let mut inner = st.inner.lock();
             if let Some(e) = inner.deferred_error.take() {
                 // (what is buffered now stays for the next commit)
@@ -798,8 +874,31 @@ impl DataPath {
             }
             let p = std::mem::take(&mut inner.pending);
             let taken = std::mem::take(&mut inner.pending_bytes);
-            (p, inner.pending_end, taken, inner.pending_session)
+            // (never without pending writes; taken only with them)
+            let waiting = if p.is_empty() {
+                None
+            } else {
+                inner.deferred.take()
+            };
+            (p, inner.pending_end, taken, inner.pending_session, waiting)
         };
+        // The attribute changes that waited for this commit go in its transaction, before the
+        // caller's own (`then`, newer).
+        let merged = match (&waiting, then) {
+            (None, t) => t.cloned(),
+            (Some(d), None) => Some(d.set.clone()),
+            (Some(d), Some(t)) => Some(
+                deferred::Deferred::merge(
+                    Some(d.clone()),
+                    deferred::Deferred {
+                        set: t.clone(),
+                        at: d.at,
+                    },
+                )
+                .set,
+            ),
+        };
+        let then = merged.as_ref();
         // The bytes stop counting against buffer_limit once this commit is over, unless it
         // failed and they were put back for the next one.
         struct Unbuffer<'a>(&'a DataPath, usize);
@@ -972,6 +1071,13 @@ impl DataPath {
             inner.pending.extend(later);
             inner.pending_bytes += taken;
             inner.pending_end = inner.pending_end.max(end);
+            if let Some(d) = waiting.clone() {
+                // (older than whatever waited since)
+                inner.deferred = Some(match inner.deferred.take() {
+                    Some(newer) => deferred::Deferred::merge(Some(d), newer),
+                    None => d,
+                });
+            }
             self.metrics.commits_put_back.inc();
         } else if result.is_ok() {
             for (t, n) in reserved {
@@ -1006,6 +1112,13 @@ impl DataPath {
                 let mut a2 = a.clone();
                 a2.size = size.max(inner.pending_end);
                 inner.attr = Some(a2);
+                drop(inner);
+                if let (Some(p), true) = (waiting.and_then(|d| d.set.perm), a.has_xattrs()) {
+                    // An ACL came meanwhile (another client's): it follows the mode now.
+                    if let Some(hook) = self.chmod_hook.get() {
+                        hook(ino, p);
+                    }
+                }
                 Ok(Some(a))
             }
             Err(ClientError::Meta(MetaError::NotFound)) => Ok(None),

@@ -1,0 +1,212 @@
+//! Setattrs that wait for the commit of buffered writes (data/deferred.rs), on the data path
+//! of a real SQLite engine wrapped by a fault-injecting one: what is kept, what goes in the
+//! commit, and that a failed commit loses none of it.
+
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use tierfs_meta::faulty::{Fault, FaultPlan, FaultyEngine};
+use tierfs_meta::{SetAttr, TimeSet};
+
+use super::fixture::{fixture_with, Fixture};
+
+/// The fixture's file, made 0600 as tar creates the files it extracts.
+fn faulty() -> (Arc<FaultPlan>, Fixture) {
+    let plan = FaultPlan::new();
+    let p = Arc::clone(&plan);
+    let f = fixture_with(|m| Arc::new(FaultyEngine::new(m, p)));
+    f.data.meta.setattr(f.ino, &chmod(0o600)).unwrap();
+    (plan, f)
+}
+
+/// Setattrs that reached the engine after [`faulty`]'s own.
+fn setattrs(plan: &FaultPlan) -> u64 {
+    plan.calls("setattr") - 1
+}
+
+fn chmod(p: u32) -> SetAttr {
+    SetAttr {
+        perm: Some(p),
+        ..Default::default()
+    }
+}
+
+/// tar's three setattrs after its writes: futimens (mtime only), fchown by root, fchmod.
+fn tar_setattrs() -> [SetAttr; 3] {
+    [
+        SetAttr {
+            mtime: Some(TimeSet::At(1_700_000_000_000_000_000)),
+            ..Default::default()
+        },
+        SetAttr {
+            uid: Some(1000),
+            gid: Some(1000),
+            kill_setid: true,
+            ..Default::default()
+        },
+        chmod(0o664),
+    ]
+}
+
+#[test]
+fn the_setattrs_of_a_file_being_written_go_in_its_commit() {
+    let (plan, f) = faulty();
+    f.data.write(f.ino, 0, b"hello").unwrap();
+    let mut last = None;
+    for set in tar_setattrs() {
+        last = Some(f.data.defer_setattr(f.ino, &set).expect("may wait"));
+    }
+    let answered = last.unwrap();
+    assert_eq!(
+        (answered.perm, answered.uid, answered.gid, answered.mtime),
+        (0o664, 1000, 1000, 1_700_000_000_000_000_000)
+    );
+    assert_eq!(setattrs(&plan), 0, "nothing reached the engine");
+    assert_eq!(plan.calls("commit_slices"), 0);
+    // The engine still has the file as created; this client shows it changed.
+    let before = f.data.meta.getattr(f.ino).unwrap();
+    assert_eq!((before.perm, before.uid), (0o600, 0));
+    let shown = f.data.shown(&before).expect("changes wait");
+    assert_eq!((shown.perm, shown.uid, shown.gid), (0o664, 1000, 1000));
+    assert!(shown.ctime >= before.ctime);
+
+    let committed = f.data.flush(f.ino).unwrap().expect("a commit");
+    assert_eq!(
+        plan.calls("commit_slices"),
+        1,
+        "one transaction for all of it"
+    );
+    assert_eq!(setattrs(&plan), 0);
+    let a = f.data.meta.getattr(f.ino).unwrap();
+    assert_eq!(
+        (a.perm, a.uid, a.gid, a.mtime, a.size),
+        (0o664, 1000, 1000, 1_700_000_000_000_000_000, 5)
+    );
+    assert_eq!(committed.perm, 0o664);
+    assert!(f.data.shown(&a).is_none(), "nothing waits any more");
+    f.finish();
+}
+
+#[test]
+fn what_takes_away_or_finds_nothing_buffered_does_not_wait() {
+    let (plan, f) = faulty();
+    assert!(
+        f.data.defer_setattr(f.ino, &chmod(0o666)).is_none(),
+        "nothing is buffered"
+    );
+    f.data.write(f.ino, 0, b"x").unwrap();
+    f.data
+        .defer_setattr(f.ino, &chmod(0o644))
+        .expect("adds read");
+    assert!(
+        f.data.defer_setattr(f.ino, &chmod(0o600)).is_none(),
+        "0644 (as shown here) -> 0600 takes read away from group and others"
+    );
+    let regroup = SetAttr {
+        gid: Some(5),
+        ..Default::default()
+    };
+    assert!(
+        f.data.defer_setattr(f.ino, &regroup).is_none(),
+        "group 0 would lose its read bit"
+    );
+    assert!(f.data.defer_setattr(f.ino, &chmod(0o4755)).is_none());
+    let truncate = SetAttr {
+        size: Some(0),
+        ..Default::default()
+    };
+    assert!(f.data.defer_setattr(f.ino, &truncate).is_none());
+    let give_away = SetAttr {
+        uid: Some(7),
+        ..Default::default()
+    };
+    f.data
+        .defer_setattr(f.ino, &give_away)
+        .expect("root gives the file away");
+    let again = SetAttr {
+        uid: Some(8),
+        ..Default::default()
+    };
+    assert!(
+        f.data.defer_setattr(f.ino, &again).is_none(),
+        "owner 7 (as shown here) would lose the file"
+    );
+    assert_eq!(setattrs(&plan), 0);
+    f.finish();
+}
+
+#[test]
+fn a_failed_commit_keeps_the_waiting_changes_for_the_next() {
+    let (plan, f) = faulty();
+    f.data.write(f.ino, 0, b"data").unwrap();
+    for set in tar_setattrs() {
+        f.data.defer_setattr(f.ino, &set).expect("may wait");
+    }
+    plan.fail_next("commit_slices", 1, Fault::Error);
+    assert!(f.data.flush(f.ino).is_err());
+    let a = f.data.meta.getattr(f.ino).unwrap();
+    assert_eq!((a.perm, a.uid, a.size), (0o600, 0, 0), "nothing committed");
+    let shown = f.data.shown(&a).expect("the changes still wait");
+    assert_eq!((shown.perm, shown.uid), (0o664, 1000));
+    // A change made after the failure is newer than the ones put back.
+    f.data
+        .defer_setattr(f.ino, &chmod(0o666))
+        .expect("may wait");
+    f.data.flush(f.ino).unwrap().expect("a commit");
+    let a = f.data.meta.getattr(f.ino).unwrap();
+    assert_eq!(
+        (a.perm, a.uid, a.gid, a.mtime, a.size),
+        (0o666, 1000, 1000, 1_700_000_000_000_000_000, 4)
+    );
+    f.finish();
+}
+
+#[test]
+fn a_write_after_given_times_makes_the_commit_time_the_mtime() {
+    let (_plan, f) = faulty();
+    f.data.write(f.ino, 0, b"one").unwrap();
+    let old = 1_000_000_000;
+    let times = SetAttr {
+        mtime: Some(TimeSet::At(old)),
+        atime: Some(TimeSet::At(old)),
+        ..Default::default()
+    };
+    f.data.defer_setattr(f.ino, &times).unwrap();
+    f.data.write(f.ino, 3, b"two").unwrap();
+    f.data.flush(f.ino).unwrap();
+    let a = f.data.meta.getattr(f.ino).unwrap();
+    assert!(a.mtime > old, "the write came after the futimens");
+    assert_eq!(a.atime, old, "atime stays as given");
+    assert_eq!(a.size, 6);
+    f.finish();
+}
+
+#[test]
+fn an_acl_that_came_meanwhile_follows_the_waiting_chmod() {
+    let (_plan, f) = faulty();
+    let seen: Arc<Mutex<Vec<(u64, u32)>>> = Arc::default();
+    let s = Arc::clone(&seen);
+    f.data
+        .set_chmod_hook(Box::new(move |ino, mode| s.lock().push((ino, mode))));
+    f.data.write(f.ino, 0, b"x").unwrap();
+    f.data.defer_setattr(f.ino, &chmod(0o664)).unwrap();
+    // Another client gives the file an ACL before the commit.
+    f.data
+        .meta
+        .setxattr(f.ino, b"system.posix_acl_access", b"acl", 0)
+        .unwrap();
+    f.data.flush(f.ino).unwrap();
+    assert_eq!(*seen.lock(), vec![(f.ino, 0o664)]);
+    // Without an ACL, a waiting chmod needs nothing more.
+    f.data.write(f.ino, 1, b"y").unwrap();
+    f.data
+        .meta
+        .removexattr(f.ino, b"system.posix_acl_access")
+        .unwrap();
+    let a = f.data.meta.getattr(f.ino).unwrap();
+    f.data.open(&a);
+    f.data.defer_setattr(f.ino, &chmod(0o666)).unwrap();
+    f.data.flush(f.ino).unwrap();
+    assert_eq!(seen.lock().len(), 1);
+    f.finish();
+}
