@@ -7,11 +7,13 @@
 //! past the busy timeout. Reads use a small pool of reader connections, which WAL lets run
 //! beside the writer.
 
+pub mod walbatch;
+
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use rusqlite::Connection;
+use rusqlite::{Connection, OpenFlags};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::core::schema;
@@ -65,7 +67,11 @@ const WAL_LIMIT: u64 = 64 << 20;
 
 impl SqliteEngine {
     fn connect(path: &Path) -> Result<Connection> {
-        let c = Connection::open(path)?;
+        // Each transaction's log frames in one write (walbatch.rs).
+        let c = match walbatch::vfs() {
+            Some(vfs) => Connection::open_with_flags_and_vfs(path, OpenFlags::default(), vfs)?,
+            None => Connection::open(path)?,
+        };
         c.busy_timeout(BUSY_TIMEOUT)?;
         // Every statement of the engine stays prepared (the default cache of 16 thrashes).
         c.set_prepared_statement_cache_capacity(256);
