@@ -132,7 +132,14 @@ pub struct CacheStore {
     /// ([`CacheStore::top_up_spares`], the `pcc-spares` worker), the allocation no longer
     /// runs inside a create, under the directory's kernel lock. A spare is never opened before
     /// it is renamed, and never made from a file given up (a descriptor may still read it).
+    /// Spare `n` is `spare/{n % 2}/n`: the worker makes them in the two directories in turn,
+    /// and a create takes one from the directory the worker is not making one in now
+    /// (`spare_making`): a rename out of a directory waits for its lock, which a create in it
+    /// holds while the filesystem allocates (half a millisecond and more on the filesystems
+    /// above: docs/benchmarks.md, issue 14 session 26).
     spares: Mutex<Vec<u64>>,
+    /// The number of the spare being made now (`u64::MAX`: none).
+    spare_making: AtomicU64,
     /// The next spare's number.
     spare_seq: AtomicU64,
     /// Creates that took a spare (`spare_counts`).
@@ -217,7 +224,7 @@ impl CacheStore {
     /// entry a previous run left.
     pub fn open(dir: &Path, fs_uuid: &str, capacity: u64) -> Result<CacheStore> {
         let root = dir.join(fs_uuid);
-        for sub in ["data", "quarantine", "spare"] {
+        for sub in ["data", "quarantine", "spare", "spare/0", "spare/1"] {
             let p = root.join(sub);
             fs::DirBuilder::new()
                 .recursive(true)
@@ -230,10 +237,15 @@ impl CacheStore {
         for p in [dir.to_path_buf(), root.clone()] {
             let _ = fs::set_permissions(&p, fs::Permissions::from_mode(0o700));
         }
-        // Spares of an earlier run: empty files nobody names; made again as needed.
+        // Spares of an earlier run: empty files nobody names; made again as needed. (Files
+        // directly in `spare/` are an older layout's.)
         let spare = root.join("spare");
-        for de in fs::read_dir(&spare).map_err(|e| io(&spare, e))?.flatten() {
-            let _ = fs::remove_file(de.path());
+        for d in [spare.clone(), spare.join("0"), spare.join("1")] {
+            for de in fs::read_dir(&d).map_err(|e| io(&d, e))?.flatten() {
+                if de.file_type().is_ok_and(|t| !t.is_dir()) {
+                    let _ = fs::remove_file(de.path());
+                }
+            }
         }
         let map = Self::load(&root)?;
         let file = Self::write_index(&root, &map)?;
@@ -254,6 +266,7 @@ impl CacheStore {
             index_syncs: Default::default(),
             dir_syncs: Default::default(),
             spares: Mutex::new(Vec::new()),
+            spare_making: AtomicU64::new(u64::MAX),
             spare_seq: Default::default(),
             spares_taken: Default::default(),
             root,
@@ -498,12 +511,14 @@ impl CacheStore {
         while self.spares.lock().len() < want {
             let n = self.spare_seq.fetch_add(1, SeqCst);
             let p = self.spare_path(n);
-            OpenOptions::new()
+            self.spare_making.store(n, SeqCst);
+            let r = OpenOptions::new()
                 .write(true)
                 .create_new(true)
                 .mode(0o600)
-                .open(&p)
-                .map_err(|e| io(&p, e))?;
+                .open(&p);
+            self.spare_making.store(u64::MAX, SeqCst);
+            r.map_err(|e| io(&p, e))?;
             self.spares.lock().push(n);
             made += 1;
         }
@@ -511,7 +526,25 @@ impl CacheStore {
     }
 
     fn spare_path(&self, n: u64) -> PathBuf {
-        self.root.join("spare").join(n.to_string())
+        self.root
+            .join("spare")
+            .join((n % 2).to_string())
+            .join(n.to_string())
+    }
+
+    /// Takes a ready spare, one in the directory no spare is being made in now when there is
+    /// one (see `spares`).
+    fn take_spare(&self) -> Option<u64> {
+        let making = self.spare_making.load(SeqCst);
+        let mut g = self.spares.lock();
+        let i = match making {
+            u64::MAX => g.len().checked_sub(1)?,
+            m => g
+                .iter()
+                .rposition(|n| n % 2 != m % 2)
+                .or_else(|| g.len().checked_sub(1))?,
+        };
+        Some(g.swap_remove(i))
     }
 
     /// (spares ready, creates that took one so far)
@@ -523,7 +556,7 @@ impl CacheStore {
     /// a spare renamed into place when one is ready, else a new file.
     pub fn create_data(&self, ino: Ino) -> Result<File> {
         let p = self.data_path(ino);
-        let spare = self.spares.lock().pop();
+        let spare = self.take_spare();
         if let Some(n) = spare {
             let sp = self.spare_path(n);
             // Never over an existing file (a descriptor may read it): that one is truncated in
@@ -952,13 +985,24 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let s = CacheStore::open(dir.path(), "fs", 1 << 30).unwrap();
         let spare_dir = dir.path().join("fs").join("spare");
+        let spares = || {
+            ["0", "1"]
+                .iter()
+                .map(|d| fs::read_dir(spare_dir.join(d)).unwrap().count())
+                .sum::<usize>()
+        };
         assert_eq!(s.top_up_spares(3).unwrap(), 3);
         assert_eq!(s.top_up_spares(3).unwrap(), 0, "already 3");
-        assert_eq!(fs::read_dir(&spare_dir).unwrap().count(), 3);
+        assert_eq!(spares(), 3);
+        assert_eq!(
+            fs::read_dir(spare_dir.join("0")).unwrap().count(),
+            2,
+            "spares 0 and 2 in spare/0, 1 in spare/1"
+        );
         // a create takes one: the data file is empty, private, and the spare is gone
         let mut f = s.create_data(7).unwrap();
         assert_eq!(s.spare_counts(), (2, 1));
-        assert_eq!(fs::read_dir(&spare_dir).unwrap().count(), 2);
+        assert_eq!(spares(), 2);
         let m = fs::metadata(s.data_path(7)).unwrap();
         assert_eq!((m.len(), m.mode() & 0o777), (0, 0o600));
         f.write_all(b"abc").unwrap();
@@ -974,13 +1018,37 @@ mod tests {
         assert!(back.is_empty(), "the old descriptor sees the truncation");
         // spares left by a run are not used by the next one: made again
         drop(s);
+        fs::write(spare_dir.join("99"), b"").unwrap(); // the older layout's
         let s = CacheStore::open(dir.path(), "fs", 1 << 30).unwrap();
-        assert_eq!(fs::read_dir(&spare_dir).unwrap().count(), 0);
+        assert_eq!(spares(), 0);
+        assert_eq!(
+            fs::read_dir(&spare_dir).unwrap().count(),
+            2,
+            "only the two directories"
+        );
         assert_eq!(s.spare_counts(), (0, 0));
         // no spare ready: a create makes the file
         s.create_data(8).unwrap();
         assert_eq!(s.spare_counts(), (0, 0));
         assert!(s.data_path(8).exists());
+    }
+
+    #[test]
+    fn a_create_takes_a_spare_from_the_directory_no_spare_is_being_made_in() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = CacheStore::open(dir.path(), "fs", 1 << 30).unwrap();
+        assert_eq!(s.top_up_spares(4).unwrap(), 4); // 0..=3
+                                                    // the worker is making spare 4 (in spare/0): a create takes one of spare/1
+        s.spare_making.store(4, SeqCst);
+        let n = s.take_spare().unwrap();
+        assert_eq!(n % 2, 1, "took {n}");
+        let m = s.take_spare().unwrap();
+        assert_eq!(m % 2, 1, "took {m}");
+        // only spare/0's left: one of those rather than none
+        assert_eq!(s.take_spare().unwrap() % 2, 0);
+        s.spare_making.store(u64::MAX, SeqCst);
+        assert!(s.take_spare().is_some());
+        assert!(s.take_spare().is_none());
     }
 
     #[test]
