@@ -65,6 +65,7 @@ launch() {
             return 0
         fi
         if ! kill -0 "$(cat "$dir/pid")" 2>/dev/null; then
+            grep -m 3 -i "panicked\|error" "$dir/server.log" >&2 || true
             tail -n 20 "$dir/server.log" >&2
             log "Garage exited while starting"
             return 1
@@ -84,21 +85,26 @@ start() {
     local dir
     dir=$(mktemp -d /tmp/tierfs-s3.XXXXXX)
     echo "$bin" >"$dir/garage-bin"
-    local port rpc admin tries=0
-    while :; do
-        port=$((20000 + RANDOM % 30000))
-        rpc=$((port + 1))
-        admin=$((port + 2))
-        tries=$((tries + 1))
-        if port_free "$port" && port_free "$rpc" && port_free "$admin"; then
-            break
-        fi
-        [[ $tries -lt 20 ]] || { log "no free ports"; rm -rf "$dir"; exit 1; }
-    done
-    echo "$port" >"$dir/port"
-    echo "$LISTEN" >"$dir/listen"
-    umask 077
-    cat >"$dir/garage.toml" <<EOF
+    # Ports below Linux's ephemeral range (32768-60999): a port picked there can be taken as
+    # the source port of another connection between the check and Garage's bind (Garage then
+    # panics while starting). A start that fails all the same is tried again on new ports.
+    local port rpc admin tries attempt
+    for attempt in 1 2 3; do
+        tries=0
+        while :; do
+            port=$((20000 + RANDOM % 12000))
+            rpc=$((port + 1))
+            admin=$((port + 2))
+            tries=$((tries + 1))
+            if port_free "$port" && port_free "$rpc" && port_free "$admin"; then
+                break
+            fi
+            [[ $tries -lt 20 ]] || { log "no free ports"; rm -rf "$dir"; exit 1; }
+        done
+        echo "$port" >"$dir/port"
+        echo "$LISTEN" >"$dir/listen"
+        umask 077
+        cat >"$dir/garage.toml" <<EOF
 metadata_dir = "$dir/meta"
 data_dir = "$dir/data"
 db_engine = "lmdb"
@@ -117,12 +123,19 @@ root_domain = ".s3.garage.localhost"
 [admin]
 api_bind_addr = "127.0.0.1:$admin"
 EOF
-    umask 022
-    if ! launch "$dir"; then
+        umask 022
+        if launch "$dir"; then
+            break
+        fi
         kill "$(cat "$dir/pid" 2>/dev/null)" 2>/dev/null || true
-        rm -rf "$dir"
-        exit 1
-    fi
+        if [[ $attempt -eq 3 ]]; then
+            rm -rf "$dir"
+            exit 1
+        fi
+        log "start attempt $attempt failed; trying again on other ports"
+        rm -rf "$dir/meta" "$dir/data"
+        : >"$dir/server.log"
+    done
     {
         local node
         node=$(g "$dir" node id -q 2>/dev/null | cut -d@ -f1)
