@@ -651,14 +651,11 @@ impl FsInner {
     fn fattr(&self, a: &Attr) -> FileAttr {
         // Attribute changes waiting for the commit of this client's buffered writes show here
         // at once (data/deferred.rs).
-        let shown;
-        let a = match (a.kind, self.data.shown(a)) {
-            (Kind::File, Some(s)) => {
-                shown = s;
-                &shown
-            }
-            _ => a,
+        let shown = match a.kind {
+            Kind::File => self.data.shown(a),
+            _ => None,
         };
+        let a = shown.as_ref().unwrap_or(a);
         // Every reply with attributes says whether the inode has xattrs.
         self.xattr_hint.seen(a);
         let mut size = if a.kind == Kind::File {

@@ -30,18 +30,8 @@ impl Deferred {
         let Some(o) = older else {
             return newer;
         };
-        let n = newer.set;
         Deferred {
-            set: SetAttr {
-                perm: n.perm.or(o.set.perm),
-                uid: n.uid.or(o.set.uid),
-                gid: n.gid.or(o.set.gid),
-                size: n.size.or(o.set.size),
-                atime: n.atime.or(o.set.atime),
-                mtime: n.mtime.or(o.set.mtime),
-                ctime: n.ctime.or(o.set.ctime),
-                kill_setid: n.kill_setid || o.set.kill_setid,
-            },
+            set: merged(&o.set, &newer.set),
             at: newer.at.max(o.at),
         }
     }
@@ -71,6 +61,20 @@ impl Deferred {
     /// Forgets a given mtime: a write after it makes the commit's own time the mtime.
     pub fn written(&mut self) {
         self.set.mtime = None;
+    }
+}
+
+/// `newer` after `older`, as one setattr: each field the newer one sets wins.
+pub(super) fn merged(older: &SetAttr, newer: &SetAttr) -> SetAttr {
+    SetAttr {
+        perm: newer.perm.or(older.perm),
+        uid: newer.uid.or(older.uid),
+        gid: newer.gid.or(older.gid),
+        size: newer.size.or(older.size),
+        atime: newer.atime.or(older.atime),
+        mtime: newer.mtime.or(older.mtime),
+        ctime: newer.ctime.or(older.ctime),
+        kill_setid: newer.kill_setid || older.kill_setid,
     }
 }
 

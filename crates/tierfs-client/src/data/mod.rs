@@ -598,11 +598,8 @@ impl DataPath {
             return None;
         }
         let base = inner.attr.clone()?;
-        let shown = match &inner.deferred {
-            Some(d) => d.apply(&base),
-            None => base.clone(),
-        };
-        if !deferred::may_wait(&shown, set) {
+        let shown = inner.deferred.as_ref().map(|d| d.apply(&base));
+        if !deferred::may_wait(shown.as_ref().unwrap_or(&base), set) {
             return None;
         }
         let now = now_nanos();
@@ -887,16 +884,7 @@ impl DataPath {
         let merged = match (&waiting, then) {
             (None, t) => t.cloned(),
             (Some(d), None) => Some(d.set.clone()),
-            (Some(d), Some(t)) => Some(
-                deferred::Deferred::merge(
-                    Some(d.clone()),
-                    deferred::Deferred {
-                        set: t.clone(),
-                        at: d.at,
-                    },
-                )
-                .set,
-            ),
+            (Some(d), Some(t)) => Some(deferred::merged(&d.set, t)),
         };
         let then = merged.as_ref();
         // The bytes stop counting against buffer_limit once this commit is over, unless it
