@@ -5,7 +5,7 @@ mod common;
 use common::*;
 use std::fs;
 use std::io::Write;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, OpenOptionsExt, PermissionsExt};
 use std::process::Command;
 use std::sync::{Arc, Barrier};
 use std::thread;
@@ -792,4 +792,46 @@ fn a_file_being_written_shows_its_changes_here_and_takes_permissions_away_at_onc
         "the later write moved the mtime"
     );
     assert_eq!(read_all(&t.p(1, "f")).unwrap(), b"first second");
+}
+
+/// A change kept for the commit of a file's buffered writes on one client gives way to a
+/// change another client made after it: the other client's chmod 0640, made while c0 still had
+/// its chmod 0644 waiting, is the file's mode after c0's close on both clients (before, c0's
+/// commit applied its older 0644 over it, giving back the read the newer chmod took away).
+#[test]
+fn a_waiting_change_gives_way_to_a_newer_one_made_on_another_client() {
+    let t = two_without_writeback_cache();
+    let p0 = t.p(0, "f");
+    let f = fs::OpenOptions::new()
+        .create_new(true)
+        .write(true)
+        .mode(0o600)
+        .open(&p0)
+        .unwrap();
+    use std::os::fd::AsRawFd;
+    (&f).write_all(b"data").unwrap();
+    let before = deferred(&t, 0);
+    io_res(unsafe { libc::fchmod(f.as_raw_fd(), 0o644) }).unwrap();
+    assert_eq!(deferred(&t, 0), before + 1, "the chmod 0644 waited");
+    fs::set_permissions(t.p(1, "f"), fs::Permissions::from_mode(0o640)).unwrap();
+    drop(f);
+    after_ttl(TTL);
+    for c in 0..2 {
+        let st = stat(&t.p(c, "f")).unwrap();
+        assert_eq!(
+            (st.st_mode & 0o7777, st.st_size),
+            (0o640, 4),
+            "client {c}: the newer chmod stays, the data landed"
+        );
+    }
+    as_user(&Cred::new(1000, 1000), {
+        let p1 = t.p(1, "f");
+        move || {
+            let r = fs::File::open(&p1);
+            assert!(
+                matches!(&r, Err(e) if err_of(e) == libc::EACCES),
+                "uid 1000 opens the file c1 made 0640: {r:?}"
+            );
+        }
+    });
 }

@@ -918,7 +918,9 @@ impl FsInner {
                 perm: Some(perm),
                 ..Default::default()
             };
-            self.meta.setattr(ino, &set)?
+            let now = self.meta.setattr(ino, &set)?;
+            self.data.attrs_set(&now);
+            now
         } else {
             a
         };
@@ -1156,6 +1158,7 @@ impl FsInner {
             mtime: mtime.map(time_set),
             ctime: ctime.map(from_time),
             kill_setid,
+            unless_changed: None,
         };
         if size.is_none() && !local && !self.writeback_cache {
             // Times, a mode that adds permissions, a chown that takes nothing away, of a file
@@ -1177,6 +1180,7 @@ impl FsInner {
         } else {
             None
         };
+        let alone = committed.is_none();
         let a = match committed {
             Some(a) => a,
             None => self.meta.setattr(ino, &set)?,
@@ -1187,6 +1191,9 @@ impl FsInner {
         }
         if size.is_some() {
             self.data.changed(ino, &a);
+        } else if alone {
+            // (a commit's attributes are known here already)
+            self.data.attrs_set(&a);
         }
         Ok(Step::Done(a))
     }
@@ -2818,7 +2825,8 @@ impl Filesystem for TierFs {
                         perm: Some(perm),
                         ..Default::default()
                     };
-                    self.meta.setattr(ino.0, &set)?;
+                    let a = self.meta.setattr(ino.0, &set)?;
+                    self.data.attrs_set(&a);
                     // The kernel keeps the old mode cached for the attribute TTL (a write only
                     // makes it refetch size and times): make the writer's next stat ask us.
                     if let Some(n) = self.notifier.get() {

@@ -50,6 +50,10 @@ pub fn run_all(factory: &Factory<'_>) {
         ),
         ("slices_and_commit_order", slices_and_commit_order),
         ("commit_then_setattr", commit_then_setattr),
+        (
+            "a_kept_change_gives_way_to_a_newer_one",
+            a_kept_change_gives_way_to_a_newer_one,
+        ),
         ("open_unlinked_file_survives", open_unlinked_file_survives),
         (
             "unlinked_files_are_freed_by_the_purge",
@@ -509,6 +513,83 @@ fn commit_then_setattr(e: &dyn MetaEngine) {
         Err(MetaError::SessionEnded(_))
     ));
     assert_eq!(e.getattr(g.ino).unwrap(), before);
+}
+
+/// A setattr with expected old values ([`SetAttr::unless_changed`]: a change a client kept to
+/// commit with the file's data) applies each of its mode, owner and group only where the file
+/// still has the expected value; its times and the data always.
+fn a_kept_change_gives_way_to_a_newer_one(e: &dyn MetaEngine) {
+    let a = e
+        .create(ROOT_INO, b"f", &file(), Some(layout()), None)
+        .unwrap();
+    let kept = SetAttr {
+        perm: Some(0o644),
+        uid: Some(7),
+        gid: Some(8),
+        mtime: Some(TimeSet::At(2_000)),
+        unless_changed: Some(AttrBase {
+            perm: Some(a.perm),
+            uid: Some(a.uid),
+            gid: Some(a.gid),
+        }),
+        ..Default::default()
+    };
+    // another client's chmod meanwhile: it stays; the owner, group and times still apply
+    e.setattr(
+        a.ino,
+        &SetAttr {
+            perm: Some(0o600),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let b = e
+        .commit_slices_then(None, a.ino, &[inline_slice(b"abc")], 3, 9_000, &kept)
+        .unwrap();
+    assert_eq!(
+        (b.perm, b.uid, b.gid, b.mtime, b.size),
+        (0o600, 7, 8, 2_000, 3)
+    );
+    assert_eq!(e.getattr(a.ino).unwrap(), b);
+    // nothing changed meanwhile: all of it applies; alone (no data) as well
+    let g = e
+        .create(ROOT_INO, b"g", &file(), Some(layout()), None)
+        .unwrap();
+    let kept_g = SetAttr {
+        unless_changed: Some(AttrBase {
+            perm: Some(g.perm),
+            uid: Some(g.uid),
+            gid: Some(g.gid),
+        }),
+        ..kept.clone()
+    };
+    let b = e.setattr(g.ino, &kept_g).unwrap();
+    assert_eq!((b.perm, b.uid, b.gid, b.mtime), (0o644, 7, 8, 2_000));
+    // an owner changed elsewhere: the kept chown's owner goes, and with it its clearing of
+    // setuid (set elsewhere too, after the change was kept)
+    let h = e
+        .create(ROOT_INO, b"h", &file(), Some(layout()), None)
+        .unwrap();
+    e.setattr(
+        h.ino,
+        &SetAttr {
+            uid: Some(9),
+            perm: Some(0o4755),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let chown = SetAttr {
+        uid: Some(7),
+        kill_setid: true,
+        unless_changed: Some(AttrBase {
+            uid: Some(h.uid),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let b = e.setattr(h.ino, &chown).unwrap();
+    assert_eq!((b.uid, b.perm), (9, 0o4755));
 }
 
 fn unlink_rmdir_nlink(e: &dyn MetaEngine) {

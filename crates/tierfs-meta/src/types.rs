@@ -161,6 +161,49 @@ pub struct SetAttr {
     /// group-execute is set. Read and applied in the setattr's own transaction (the client
     /// need not read the mode first); ignored when `perm` is given.
     pub kill_setid: bool,
+    /// The mode, owner and group this change was judged against, for the fields it sets that
+    /// must still have them when it lands: a change a client kept to commit later (with the
+    /// file's buffered writes) gives way to one another client made meanwhile. `None`: every
+    /// field applies.
+    pub unless_changed: Option<AttrBase>,
+}
+
+/// The values a [`SetAttr`]'s mode, owner and group expect to replace ([`SetAttr::unless_changed`]):
+/// each field with a value here applies only if the file still has that value.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AttrBase {
+    pub perm: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+}
+
+impl SetAttr {
+    /// This change as it applies to a file that has `cur` now: a mode, owner or group whose
+    /// expected old value ([`SetAttr::unless_changed`]) is no longer the file's is left out.
+    pub fn against(&self, cur: &Attr) -> SetAttr {
+        let mut s = self.clone();
+        if let Some(b) = s.unless_changed.take() {
+            let stale = |want: Option<u32>, has: u32| want.is_some_and(|w| w != has);
+            let mut dropped = false;
+            if stale(b.perm, cur.perm) {
+                s.perm = None;
+                dropped = true;
+            }
+            if stale(b.uid, cur.uid) {
+                s.uid = None;
+                dropped = true;
+            }
+            if stale(b.gid, cur.gid) {
+                s.gid = None;
+                dropped = true;
+            }
+            // (a chown's clearing of setuid/setgid goes with it)
+            if dropped {
+                s.kill_setid = false;
+            }
+        }
+        s
+    }
 }
 
 /// A new inode to create.

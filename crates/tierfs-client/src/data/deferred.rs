@@ -11,7 +11,7 @@
 //! they would have seen the file before the change, which granted nothing they lacked
 //! (docs/semantics.md, "Attribute changes of a file being written").
 
-use tierfs_meta::{Attr, Kind, Nanos, SetAttr, TimeSet};
+use tierfs_meta::{Attr, AttrBase, Kind, Nanos, SetAttr, TimeSet};
 
 /// Setuid and setgid: a mode carrying either never waits (a write clears them, and a commit
 /// after that would set them again).
@@ -75,6 +75,38 @@ pub(super) fn merged(older: &SetAttr, newer: &SetAttr) -> SetAttr {
         mtime: newer.mtime.or(older.mtime),
         ctime: newer.ctime.or(older.ctime),
         kill_setid: newer.kill_setid || older.kill_setid,
+        unless_changed: merged_base(older, newer),
+    }
+}
+
+/// The expected old values of `newer` after `older`: a field's comes with the change that
+/// sets it (a change made now, the caller's, expects nothing).
+fn merged_base(older: &SetAttr, newer: &SetAttr) -> Option<AttrBase> {
+    let o = older.unless_changed.unwrap_or_default();
+    let n = newer.unless_changed.unwrap_or_default();
+    let b = AttrBase {
+        perm: if newer.perm.is_some() { n.perm } else { o.perm },
+        uid: if newer.uid.is_some() { n.uid } else { o.uid },
+        gid: if newer.gid.is_some() { n.gid } else { o.gid },
+    };
+    (b != AttrBase::default()).then_some(b)
+}
+
+/// `set`, judged on a file the engine last told this client has `base`, as it is kept for a
+/// later commit: each "now" made the time `now` (the client answers with it at once); its
+/// mode, owner and group apply then only if the file still has `base`'s (another client's
+/// change meanwhile is newer and stays); and no clearing of setuid/setgid (a waiting change
+/// was judged on a file without them: if another client set them meanwhile, that is newer).
+pub(super) fn kept(set: &SetAttr, base: &Attr, now: Nanos) -> SetAttr {
+    let b = AttrBase {
+        perm: set.perm.map(|_| base.perm),
+        uid: set.uid.map(|_| base.uid),
+        gid: set.gid.map(|_| base.gid),
+    };
+    SetAttr {
+        kill_setid: false,
+        unless_changed: (b != AttrBase::default()).then_some(b),
+        ..pinned(set, now)
     }
 }
 
@@ -268,6 +300,46 @@ mod tests {
             at: 130,
         };
         assert_eq!(Deferred::merge(Some(d), again).set.perm, Some(0o664));
+    }
+
+    #[test]
+    fn a_kept_change_expects_what_it_was_judged_on_and_a_change_made_now_expects_nothing() {
+        let base = file(0o600, 0, 0);
+        let k = kept(&chown(Some(1000), None), &base, 5);
+        assert!(!k.kill_setid, "judged on a file without setuid/setgid");
+        assert_eq!(
+            k.unless_changed,
+            Some(AttrBase {
+                uid: Some(0),
+                ..Default::default()
+            })
+        );
+        let m = kept(&chmod(0o644), &base, 6);
+        let both = merged(&k, &m);
+        assert_eq!(
+            both.unless_changed,
+            Some(AttrBase {
+                perm: Some(0o600),
+                uid: Some(0),
+                gid: None
+            })
+        );
+        // the caller's chmod made now (it did not wait) replaces the kept one, unconditionally
+        let now = merged(&both, &chmod(0o640));
+        assert_eq!(now.perm, Some(0o640));
+        assert_eq!(
+            now.unless_changed,
+            Some(AttrBase {
+                uid: Some(0),
+                ..Default::default()
+            })
+        );
+        assert_eq!(kept(&SetAttr::default(), &base, 7).unless_changed, None);
+        // as the engine applies it: the owner changed elsewhere stays, the mode goes on
+        let mut elsewhere = base.clone();
+        elsewhere.uid = 9;
+        let applied = both.against(&elsewhere);
+        assert_eq!((applied.perm, applied.uid), (Some(0o644), None));
     }
 
     #[test]

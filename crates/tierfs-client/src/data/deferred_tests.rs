@@ -210,3 +210,25 @@ fn an_acl_that_came_meanwhile_follows_the_waiting_chmod() {
     assert_eq!(seen.lock().len(), 1);
     f.finish();
 }
+
+/// A chmod this client made at once (nothing was buffered then) is what a later change is
+/// judged on: 0666 -> 0644 takes write away, so it does not wait (before, the file's
+/// attributes here still said 0600 and the chmod passed as one that adds read).
+#[test]
+fn a_change_made_at_once_here_is_what_later_ones_are_judged_on() {
+    let (_plan, f) = faulty();
+    f.data.write(f.ino, 0, b"x").unwrap();
+    f.data.flush(f.ino).unwrap();
+    let a = f.data.meta.setattr(f.ino, &chmod(0o666)).unwrap();
+    f.data.attrs_set(&a);
+    f.data.write(f.ino, 1, b"y").unwrap();
+    assert!(
+        f.data.defer_setattr(f.ino, &chmod(0o644)).is_none(),
+        "0666 -> 0644 takes write away"
+    );
+    let shown = f.data.defer_setattr(f.ino, &chmod(0o667)).expect("adds x");
+    assert_eq!(shown.perm, 0o667);
+    f.data.flush(f.ino).unwrap();
+    assert_eq!(f.data.meta.getattr(f.ino).unwrap().perm, 0o667);
+    f.finish();
+}

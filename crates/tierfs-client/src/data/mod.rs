@@ -604,7 +604,7 @@ impl DataPath {
         }
         let now = now_nanos();
         let d = deferred::Deferred {
-            set: deferred::pinned(set, now),
+            set: deferred::kept(set, &base, now),
             at: now,
         };
         let d = deferred::Deferred::merge(inner.deferred.take(), d);
@@ -1101,8 +1101,12 @@ impl DataPath {
                 a2.size = size.max(inner.pending_end);
                 inner.attr = Some(a2);
                 drop(inner);
-                if let (Some(p), true) = (waiting.and_then(|d| d.set.perm), a.has_xattrs()) {
-                    // An ACL came meanwhile (another client's): it follows the mode now.
+                let applied = waiting
+                    .and_then(|d| d.set.perm)
+                    .filter(|p| p & 0o7777 == a.perm);
+                if let (Some(p), true) = (applied, a.has_xattrs()) {
+                    // An ACL came meanwhile (another client's): it follows the mode now (unless
+                    // the mode gave way to another client's, whose chmod made the ACL follow).
                     if let Some(hook) = self.chmod_hook.get() {
                         hook(ino, p);
                     }
@@ -1188,6 +1192,24 @@ impl DataPath {
     /// ([`FileInner::changed_to`]).
     pub fn changed(&self, ino: Ino, attr: &Attr) {
         self.learn(ino, Some(attr), true);
+    }
+
+    /// A setattr of this client without a size went to the engine now, giving `a`: the mode,
+    /// owner, group, times and xattr count known here follow (a change that waits later is
+    /// judged on them, and expects them in the engine: [`deferred::kept`]). The data, its
+    /// size and version are as they were.
+    pub fn attrs_set(&self, a: &Attr) {
+        if let Some(st) = self.existing(a.ino) {
+            if let Some(known) = st.inner.lock().attr.as_mut() {
+                known.perm = a.perm;
+                known.uid = a.uid;
+                known.gid = a.gid;
+                known.atime = a.atime;
+                known.mtime = a.mtime;
+                known.ctime = a.ctime;
+                known.xattr_count = a.xattr_count;
+            }
+        }
     }
 
     fn learn(&self, ino: Ino, attr: Option<&Attr>, ours: bool) {

@@ -561,6 +561,8 @@ fn pg_unlink(tx: &mut dyn Tx, parent: Ino, name: &[u8]) -> Result<Option<Ino>> {
 /// same transaction: [`crate::engine::FileData::commit_slices_then`]).
 pub(super) fn setattr_in(tx: &mut dyn Tx, ino: Ino, set: &SetAttr) -> Result<Attr> {
     let mut a = lock1(tx, ino)?;
+    // (a change kept for later gives way to one made elsewhere meanwhile)
+    let set = &set.against(&a);
     // The HSM record a truncate of a clean archived file writes (no statement else).
     let dirtied = super::data::dirtied(&a);
     let now = now_nanos();
