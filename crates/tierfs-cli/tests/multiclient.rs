@@ -646,7 +646,7 @@ fn deferred(t: &TestFs, i: usize) -> u64 {
 /// changes of a file being written"). The other client sees each file whole after the TTL:
 /// data, mode, owner and mtime as in the source.
 #[test]
-fn tar_and_cp_a_attributes_reach_another_client_with_the_data() {
+fn tar_cp_a_and_rsync_attributes_reach_another_client_with_the_data() {
     let t = two_without_writeback_cache();
     let src = t.root().join("src");
     fs::create_dir(&src).unwrap();
@@ -708,12 +708,29 @@ fn tar_and_cp_a_attributes_reach_another_client_with_the_data() {
         .unwrap()
         .success();
     assert!(ok, "cp -a into c0");
+    let after_cp = deferred(&t, 0);
     assert!(
-        deferred(&t, 0) > after_tar,
+        after_cp > after_tar,
         "cp -a's times or ACL waited for the commit of its copy"
     );
+    // rsync: create O_EXCL 0600, fchmod 0600 (nothing written yet: waits for the close of the
+    // handle open for writing), write, close, then times and mode after the close, rename.
+    let ok = Command::new("rsync")
+        .arg("-a")
+        .arg(format!("{}/", src.display()))
+        .arg(t.p(0, "synced"))
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "rsync -a into c0");
+    assert!(
+        deferred(&t, 0) >= after_cp + files.len() as u64,
+        "rsync's fchmod after its create waited for its writer's close: {} of {}",
+        deferred(&t, 0) - after_cp,
+        files.len()
+    );
     after_ttl(TTL);
-    for dir in ["src", "copy"] {
+    for dir in ["src", "copy", "synced"] {
         for (name, mode, uid, gid, mtime) in files {
             let p = t.p(1, &format!("{dir}/{name}"));
             let st = stat(&p).unwrap();

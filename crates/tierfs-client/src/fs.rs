@@ -95,6 +95,9 @@ struct Handle {
     /// file's RO copy once one is made while it is open ([`FsInner::late_ro_copy`]). None for
     /// every other handle.
     late_ro: Option<LateRo>,
+    /// A handle of the data path opened for writing: while one is open, a setattr that only
+    /// grants waits for the commit its close makes (data/deferred.rs).
+    writes: bool,
 }
 
 /// The RO copy an uncached read-only handle moved to (the first open of a file under an `ro`
@@ -1035,7 +1038,8 @@ impl FsInner {
         sid: u64,
         restoring: Option<Restoring>,
     ) -> (u64, FopenFlags) {
-        let keep = self.data.open(attr);
+        let writes = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        let keep = self.data.open(attr, writes);
         if !keep && seen {
             // The data changed since this client last saw it: make the kernel drop its cached
             // size too, so reads are not cut at a stale end of file. (Not for a file this open
@@ -1073,6 +1077,7 @@ impl FsInner {
             session: sid,
             restoring,
             late_ro,
+            writes,
         });
         (fh, fl)
     }
@@ -1879,6 +1884,7 @@ impl FsInner {
             session: sid,
             restoring: None,
             late_ro: None,
+            writes: false,
         });
         Ok((fh, fl, backing))
     }
@@ -2537,6 +2543,7 @@ impl Filesystem for TierFs {
                 session: self.session.id(),
                 restoring: None,
                 late_ro: None,
+                writes: false,
             });
             reply.opened(FileHandle(fh), FopenFlags::FOPEN_DIRECT_IO);
             return;
@@ -3009,9 +3016,9 @@ impl Filesystem for TierFs {
             if recorded && !kept {
                 self.data.queue_close(ino.0, caller, opened_under);
             }
-            if h.as_ref().is_some_and(|h| h.cache.is_none()) {
+            if let Some(h) = h.as_ref().filter(|h| h.cache.is_none()) {
                 // a handle of the data path (DataPath::open): the file's state may go
-                self.data.release(ino.0);
+                self.data.release(ino.0, h.writes);
             }
             closed.and(flushed).and(unlocked)
         });

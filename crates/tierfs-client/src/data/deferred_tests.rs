@@ -204,7 +204,7 @@ fn an_acl_that_came_meanwhile_follows_the_waiting_chmod() {
         .removexattr(f.ino, b"system.posix_acl_access")
         .unwrap();
     let a = f.data.meta.getattr(f.ino).unwrap();
-    f.data.open(&a);
+    f.data.open(&a, false);
     f.data.defer_setattr(f.ino, &chmod(0o666)).unwrap();
     f.data.flush(f.ino).unwrap();
     assert_eq!(seen.lock().len(), 1);
@@ -230,5 +230,52 @@ fn a_change_made_at_once_here_is_what_later_ones_are_judged_on() {
     assert_eq!(shown.perm, 0o667);
     f.data.flush(f.ino).unwrap();
     assert_eq!(f.data.meta.getattr(f.ino).unwrap().perm, 0o667);
+    f.finish();
+}
+
+/// rsync's `fchmod` right after its create: nothing is buffered yet, but a handle is open for
+/// writing here, so the change waits for that handle's close (its flush): with the data when
+/// something was written, alone otherwise; a change made between the close and the release
+/// goes at the release. A read-only handle keeps nothing waiting.
+#[test]
+fn a_handle_open_for_writing_keeps_changes_for_its_close() {
+    let (plan, f) = faulty();
+    let a = f.data.meta.getattr(f.ino).unwrap();
+    f.data.open(&a, false);
+    assert!(
+        f.data.defer_setattr(f.ino, &chmod(0o644)).is_none(),
+        "read-only: no commit to wait for"
+    );
+    f.data.open(&a, true);
+    f.data.defer_setattr(f.ino, &chmod(0o600)).expect("waits");
+    f.data.write(f.ino, 0, b"data").unwrap();
+    f.data.flush(f.ino).unwrap().expect("a commit");
+    assert_eq!(setattrs(&plan), 0, "in the commit");
+    assert_eq!(plan.calls("commit_slices"), 1);
+    // nothing written: the close commits the change alone
+    f.data.defer_setattr(f.ino, &chmod(0o640)).expect("waits");
+    let a = f.data.flush(f.ino).unwrap().expect("the change committed");
+    assert_eq!(a.perm, 0o640);
+    assert_eq!(setattrs(&plan), 1);
+    assert_eq!(f.data.meta.getattr(f.ino).unwrap().perm, 0o640);
+    // after the close, before the release: at the release
+    f.data.defer_setattr(f.ino, &chmod(0o644)).expect("waits");
+    f.data.release(f.ino, false);
+    assert_eq!(
+        f.data.meta.getattr(f.ino).unwrap().perm,
+        0o640,
+        "one open left"
+    );
+    plan.fail_next("setattr", 1, Fault::Error);
+    f.data.release(f.ino, true);
+    assert_eq!(
+        f.data.meta.getattr(f.ino).unwrap().perm,
+        0o640,
+        "the engine failed"
+    );
+    assert!(f.data.has_deferred(f.ino), "kept for the retry");
+    assert_eq!(f.data.retry_unflushed(), 1);
+    assert_eq!(f.data.meta.getattr(f.ino).unwrap().perm, 0o644);
+    assert!(!f.data.has_deferred(f.ino));
     f.finish();
 }

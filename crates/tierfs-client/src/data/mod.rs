@@ -129,11 +129,14 @@ struct FileInner {
     pending_end: u64,
     /// An error of a background upload, reported at the next write, flush or fsync.
     deferred_error: Option<i32>,
-    /// Attribute changes waiting for the commit of `pending` (never without it; see
-    /// [`deferred`]): in its transaction, and shown by this client meanwhile.
+    /// Attribute changes waiting for the commit of `pending`, or for the next flush (the
+    /// close of a handle open for writing; see [`deferred`]): in its transaction, and shown by
+    /// this client meanwhile.
     deferred: Option<deferred::Deferred>,
     /// Handles of this client open on the file through the data path.
     opens: u32,
+    /// Those of them open for writing.
+    writers: u32,
 }
 
 impl FileInner {
@@ -298,7 +301,25 @@ impl DataPath {
     /// goes with its last handle unless it still holds unflushed data or an error to report.
     /// (The kernel forgets inodes only under memory pressure: an untar of a million files
     /// would otherwise keep a million states.)
-    pub fn release(&self, ino: Ino) {
+    /// A handle of `ino` (open for writing: `writes`) was released.
+    pub fn release(&self, ino: Ino, writes: bool) {
+        if let Some(st) = self.existing(ino) {
+            let last_with_changes = {
+                let mut inner = st.inner.lock();
+                if writes {
+                    inner.writers = inner.writers.saturating_sub(1);
+                }
+                inner.opens <= 1 && inner.deferred.is_some()
+            };
+            if last_with_changes {
+                // Changes made after the writer's close (its flush) and before its release
+                // (the kernel sends it later) waited for it: they go now. If that fails, they
+                // stay with the file's state for the background retry.
+                if let Err(e) = self.flush(ino) {
+                    tracing::warn!(ino, "attribute changes kept for a retry: {e}");
+                }
+            }
+        }
         self.drop_state(ino, true);
     }
 
@@ -324,6 +345,7 @@ impl DataPath {
         let inner = st.inner.lock();
         if (release && inner.opens > 0)
             || !inner.pending.is_empty()
+            || inner.deferred.is_some()
             || inner.deferred_error.is_some()
         {
             return;
@@ -523,12 +545,14 @@ impl DataPath {
         })
     }
 
-    /// Records the attributes seen at open; returns whether the kernel may keep its page cache
-    /// (the data did not change since this client last saw it).
-    pub fn open(&self, attr: &Attr) -> bool {
+    /// Records the attributes seen at open of a handle (for writing: `writes`); returns whether
+    /// the kernel may keep its page cache (the data did not change since this client last saw
+    /// it).
+    pub fn open(&self, attr: &Attr, writes: bool) -> bool {
         let st = self.state(attr.ino);
         let mut inner = st.inner.lock();
         inner.opens += 1;
+        inner.writers += u32::from(writes);
         let seen = match inner.seen_version {
             Some(v) => Some(v),
             None => self.seen.lock().remove(&attr.ino),
@@ -587,14 +611,15 @@ impl DataPath {
         a.allocated.saturating_add(pending).min(size)
     }
 
-    /// A setattr of `ino` that may wait for the commit of the writes buffered here
-    /// ([`deferred::may_wait`], judged on the attributes this client shows): kept for that
-    /// commit's transaction; the attributes to answer with (`None`: nothing buffered, the
-    /// attributes unknown here, or a change that must go now).
+    /// A setattr of `ino` that may wait for the commit of the writes buffered here, or of a
+    /// handle open for writing here (its close flushes: rsync's `fchmod` right after its
+    /// create) ([`deferred::may_wait`], judged on the attributes this client shows): kept for
+    /// that commit's transaction; the attributes to answer with (`None`: nothing buffered nor
+    /// open for writing, the attributes unknown here, or a change that must go now).
     pub fn defer_setattr(&self, ino: Ino, set: &SetAttr) -> Option<Attr> {
         let st = self.existing(ino)?;
         let mut inner = st.inner.lock();
-        if inner.pending.is_empty() || inner.deferred_error.is_some() {
+        if (inner.pending.is_empty() && inner.writers == 0) || inner.deferred_error.is_some() {
             return None;
         }
         let base = inner.attr.clone()?;
@@ -871,12 +896,7 @@ impl DataPath {
             }
             let p = std::mem::take(&mut inner.pending);
             let taken = std::mem::take(&mut inner.pending_bytes);
-            // (never without pending writes; taken only with them)
-            let waiting = if p.is_empty() {
-                None
-            } else {
-                inner.deferred.take()
-            };
+            let waiting = inner.deferred.take();
             (p, inner.pending_end, taken, inner.pending_session, waiting)
         };
         // The attribute changes that waited for this commit go in its transaction, before the
@@ -897,7 +917,10 @@ impl DataPath {
         }
         let mut unbuffer = Unbuffer(self, taken);
         if pending.is_empty() {
-            return Ok(None);
+            return match (waiting, then) {
+                (Some(d), Some(set)) => self.commit_waiting(&st, ino, d, set),
+                _ => Ok(None),
+            };
         }
         let attr = self.attr_of(&st, ino)?;
         let layout = attr
@@ -1115,6 +1138,40 @@ impl DataPath {
             }
             Err(ClientError::Meta(MetaError::NotFound)) => Ok(None),
             Err(e) => Err(e),
+        }
+    }
+
+    /// The changes `d` that waited for a handle's close with nothing written since (merged with
+    /// the caller's newer ones: `set`), alone in one transaction; put back if it fails.
+    fn commit_waiting(
+        &self,
+        st: &FileState,
+        ino: Ino,
+        d: deferred::Deferred,
+        set: &SetAttr,
+    ) -> Result<Option<Attr>> {
+        match self.meta.setattr(ino, set) {
+            Ok(a) => {
+                self.attrs_set(&a);
+                if let (Some(p), true) =
+                    (d.set.perm.filter(|p| p & 0o7777 == a.perm), a.has_xattrs())
+                {
+                    if let Some(hook) = self.chmod_hook.get() {
+                        hook(ino, p);
+                    }
+                }
+                Ok(Some(a))
+            }
+            Err(MetaError::NotFound) => Ok(None),
+            Err(e) => {
+                let mut inner = st.inner.lock();
+                // (older than whatever waited since)
+                inner.deferred = Some(match inner.deferred.take() {
+                    Some(newer) => deferred::Deferred::merge(Some(d), newer),
+                    None => d,
+                });
+                Err(e.into())
+            }
         }
     }
 
@@ -1498,7 +1555,7 @@ impl DataPath {
             .iter()
             .filter(|(_, st)| {
                 let inner = st.inner.lock();
-                inner.opens == 0 && !inner.pending.is_empty()
+                inner.opens == 0 && (!inner.pending.is_empty() || inner.deferred.is_some())
             })
             .map(|(i, _)| *i)
             .collect();

@@ -92,7 +92,7 @@ fn an_open_with_attributes_from_before_a_punch_keeps_the_newer_ones() {
         .unwrap();
     assert!(a.data_version > before.data_version);
     f.data.invalidate(f.ino, Some(&a));
-    let keep = f.data.open(&before);
+    let keep = f.data.open(&before, false);
     assert!(
         !keep,
         "the page cache is not kept for attributes older than what is known"
