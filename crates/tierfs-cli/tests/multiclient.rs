@@ -852,3 +852,56 @@ fn a_waiting_change_gives_way_to_a_newer_one_made_on_another_client() {
         }
     });
 }
+
+fn opens_queued(t: &TestFs, i: usize) -> u64 {
+    stat_value(t.mnt(i), "tierfs_opens_queued_total")
+}
+
+/// A read-only open is answered before its record reaches the engine (with the client's next
+/// batch of closes; here held back for 30 s). Another client unlinks the file in between: the
+/// reader still stats and reads it through its open (its getattr finds the file gone, records
+/// the queued open, which keeps the file, and asks again), after the purge's grace too.
+#[test]
+fn a_read_only_open_recorded_later_keeps_a_file_another_client_unlinks() {
+    let mut t = TestFs::with(Opts {
+        clients: 0,
+        ..Opts::default()
+    });
+    // c0 records its opens and closes every 30 s; c1 as usual (its writer's close must land
+    // before its unlink, or the unlink finds the file open and keeps it anyway)
+    for (name, env) in [("c0", "30000"), ("c1", "")] {
+        t.mount_env = if env.is_empty() {
+            Vec::new()
+        } else {
+            vec![("TIERFS_TEST_CLOSE_INTERVAL_MS".into(), env.into())]
+        };
+        t.mount_with(&ClientOpts {
+            name: name.into(),
+            attr_ttl: Some(TTL),
+            ..Default::default()
+        });
+    }
+    let data = b"kept for the open reader\n".repeat(1000);
+    fs::write(t.p(1, "f"), &data).unwrap();
+    // (c1's close recorded: its batch every 50 ms)
+    thread::sleep(Duration::from_millis(300));
+    after_ttl(TTL);
+    let before = opens_queued(&t, 0);
+    let f = fs::File::open(t.p(0, "f")).unwrap();
+    assert_eq!(opens_queued(&t, 0), before + 1, "the open was queued");
+    fs::remove_file(t.p(1, "f")).unwrap();
+    // past the TTL: the kernel asks the daemon, which finds the file gone until it records
+    // the open
+    after_ttl(TTL);
+    assert_eq!(f.metadata().unwrap().len(), data.len() as u64);
+    let mut got = vec![0; data.len()];
+    f.read_exact_at(&mut got, 0).unwrap();
+    assert_eq!(got, data);
+    // past the purge's grace (tierfs_meta::UNLINK_GRACE, 5 s) and its next pass
+    thread::sleep(Duration::from_secs(7));
+    let mut again = vec![0; data.len()];
+    f.read_exact_at(&mut again, 0).unwrap();
+    assert_eq!(again, data, "read after the purge's grace");
+    assert!(!t.p(0, "f").exists() && !t.p(1, "f").exists());
+    drop(f);
+}

@@ -1276,6 +1276,18 @@ impl FsInner {
             self.data
                 .queue_close(ino, tierfs_meta::changelog::current(), sid);
         }
+        if self.pcc.is_none() && !write && snapshot.is_none() && a.hsm.0 == 0 {
+            // A read-only open of a file without HSM state that no client holds in an RW
+            // cache: answered now, recorded with the next batch of closes, or never if it is
+            // closed before that (DataPath::queue_open; docs/semantics.md, "Unlink of a file
+            // nobody has open").
+            if self.meta.pcc_lease(ino)?.is_none() {
+                self.data
+                    .queue_open(ino, tierfs_meta::changelog::current(), sid);
+                let (fh, fl) = self.open_handle(&a, flags, true, sid);
+                return Ok(Step::Done((fh, fl, None)));
+            }
+        }
         let opened = match &self.pcc {
             Some(pcc) => {
                 let name = self.names.lock().get(&ino).cloned();
@@ -1463,7 +1475,22 @@ impl FsInner {
             .as_ref()
             .is_some_and(|r| r.request.load(Ordering::Acquire) != 0);
         let sequential = (prev == off || off == 0) && !following;
-        self.data.read(ino, off, size, sequential)
+        self.with_queued_opens(ino, || self.data.read(ino, off, size, sequential))
+    }
+
+    /// `f` on file `ino`, which this client may have opened read-only without recording the
+    /// open yet (DataPath::queue_open): when `f` finds the file gone (another client unlinked
+    /// it after the open was answered, before its record landed), the queued opens are
+    /// recorded now, which keeps the file for them (an open orphan, as if recorded at once),
+    /// and `f` runs once more.
+    fn with_queued_opens<T>(&self, ino: Ino, f: impl Fn() -> Result<T>) -> Result<T> {
+        match f() {
+            Err(ClientError::Meta(MetaError::NotFound)) if self.data.has_queued_open(ino) => {
+                self.data.drain_closes()?;
+                f()
+            }
+            r => r,
+        }
     }
 
     /// The RO copy an uncached read-only handle reads from now, if any: one made since the
@@ -2187,7 +2214,10 @@ impl Filesystem for TierFs {
             reply.attr(&Duration::ZERO, &self.stats_attr(ino.0));
             return;
         }
-        match self.run("getattr", || Ok(self.meta.getattr(ino.0)?)) {
+        let r = self.run("getattr", || {
+            self.with_queued_opens(ino.0, || Ok(self.meta.getattr(ino.0)?))
+        });
+        match r {
             Ok(a) => reply.attr(&self.attr_ttl_now(), &self.fattr(&a)),
             Err(e) => reply.error(ino_errno(&e)),
         }
@@ -3013,7 +3043,8 @@ impl Filesystem for TierFs {
                 }
                 _ => false,
             };
-            if recorded && !kept {
+            // (an open still queued and this close cancel out: neither reaches the engine)
+            if recorded && !kept && !self.data.cancel_queued_open(ino.0, opened_under) {
                 self.data.queue_close(ino.0, caller, opened_under);
             }
             if let Some(h) = h.as_ref().filter(|h| h.cache.is_none()) {

@@ -44,6 +44,8 @@ pub struct Metrics {
     pub commits_put_back: Counter,
     /// Setattrs kept for the commit of the file's buffered writes (data/deferred.rs).
     pub setattrs_deferred: Counter,
+    /// Read-only opens answered before their record reached the engine (DataPath::queue_open).
+    pub opens_queued: Counter,
     /// GETXATTR and LISTXATTR answered without the engine (the inode has no xattrs).
     pub xattr_answered_locally: Counter,
     handles: parking_lot::RwLock<std::collections::HashMap<&'static str, OpHandles>>,
@@ -187,6 +189,13 @@ impl Metrics {
              a file with writes buffered here, committed in the transaction of those writes",
             setattrs_deferred.clone(),
         );
+        let opens_queued = Counter::default();
+        registry.register(
+            "opens_queued",
+            "Read-only opens answered at once and recorded in the metadata engine with the next \
+             batch of closes (or never, when their close came first)",
+            opens_queued.clone(),
+        );
         let xattr_answered_locally = Counter::default();
         registry.register(
             "xattr_answered_locally",
@@ -200,6 +209,7 @@ impl Metrics {
             buffered_bytes,
             commits_put_back,
             setattrs_deferred,
+            opens_queued,
             xattr_answered_locally,
             ops,
             errors,

@@ -111,7 +111,9 @@ fn main() {
     let t = cpu();
     let mut purged = 0;
     loop {
-        let k = e.purge_unlinked(64).expect("purge");
+        let k = e
+            .purge_unlinked(64, tierfs_meta::now_nanos() + 1)
+            .expect("purge");
         purged += k;
         if k < 64 {
             break;

@@ -56,6 +56,10 @@ pub fn run_all(factory: &Factory<'_>) {
         ),
         ("open_unlinked_file_survives", open_unlinked_file_survives),
         (
+            "an_open_recorded_late_keeps_a_file_unlinked_meanwhile",
+            an_open_recorded_late_keeps_a_file_unlinked_meanwhile,
+        ),
+        (
             "unlinked_files_are_freed_by_the_purge",
             unlinked_files_are_freed_by_the_purge,
         ),
@@ -1010,12 +1014,117 @@ fn open_unlinked_file_survives(e: &dyn MetaEngine) {
     assert!(e.getattr(f.ino).is_ok(), "client 2 still has it open once");
     e.close_files(s[2], &[f.ino]).unwrap();
     assert!(matches!(e.getattr(f.ino), Err(MetaError::NotFound)));
+    // left for the purge, which waits UNLINK_GRACE from the unlink
+    assert_eq!(
+        e.purge_unlinked(64, now_nanos() - 3_600_000_000_000)
+            .unwrap(),
+        0
+    );
+    assert_eq!(e.purge_unlinked(64, now_nanos() + 1).unwrap(), 1);
     let t = e.trash(10, OPEN_TRASH_GRACE).unwrap();
     assert_eq!(t.len(), 1);
     let used = e.targets().unwrap()[0].used;
     e.trash_done(&[t[0].id]).unwrap();
     assert_eq!(e.targets().unwrap()[0].used, used - 10);
     assert!(e.trash(10, OPEN_TRASH_GRACE).unwrap().is_empty());
+}
+
+/// A client's batch of open and close records (`record_opens_closes`), the opens answered
+/// before they were recorded: a file unlinked in between, left for the purge, which waits
+/// `UNLINK_GRACE` (by the unlink's ctime), becomes an open orphan when the open lands, lives
+/// through it and goes at its last close; a file already purged is reported gone; an open and
+/// its close in one batch leave nothing open.
+fn an_open_recorded_late_keeps_a_file_unlinked_meanwhile(e: &dyn MetaEngine) {
+    let s = live_sessions(e, 2);
+    let f = e
+        .create(ROOT_INO, b"f", &file(), Some(layout()), None)
+        .unwrap();
+    e.commit_slices(f.ino, &[obj_slice(0, 0, 10, 7)], 10, 1)
+        .unwrap();
+    // client 1 answered an open of f; client 2 unlinks it before client 1's batch lands
+    e.unlink(ROOT_INO, b"f").unwrap();
+    assert!(matches!(e.getattr(f.ino), Err(MetaError::NotFound)));
+    let long_ago = now_nanos() - 3_600_000_000_000;
+    assert_eq!(
+        e.purge_unlinked(64, long_ago).unwrap(),
+        0,
+        "unlinked within the grace: not purged"
+    );
+    assert_eq!(e.record_opens_closes(s[1], &[f.ino], &[]).unwrap(), vec![]);
+    assert_eq!(
+        e.getattr(f.ino).unwrap().size,
+        10,
+        "usable through the open"
+    );
+    assert_eq!(e.read_chunk(f.ino, 0).unwrap().len(), 1);
+    assert!(e.lookup(ROOT_INO, b"f").is_err(), "its name stays gone");
+    assert_eq!(e.purge_unlinked(64, now_nanos() + 1).unwrap(), 0, "open");
+    assert_eq!(e.record_opens_closes(s[1], &[], &[f.ino]).unwrap(), vec![]);
+    assert!(matches!(e.getattr(f.ino), Err(MetaError::NotFound)));
+    assert_eq!(
+        e.purge_unlinked(64, now_nanos() + 1).unwrap(),
+        1,
+        "after the last close"
+    );
+    assert_eq!(trashed(e), vec![7]);
+    // purged before the open's record landed: reported gone, nothing recorded
+    let g = e
+        .create(ROOT_INO, b"g", &file(), Some(layout()), None)
+        .unwrap();
+    e.unlink(ROOT_INO, b"g").unwrap();
+    assert_eq!(e.purge_unlinked(64, now_nanos() + 1).unwrap(), 1);
+    let h = e
+        .create(ROOT_INO, b"h", &file(), Some(layout()), None)
+        .unwrap();
+    assert_eq!(
+        e.record_opens_closes(s[2], &[g.ino, h.ino], &[]).unwrap(),
+        vec![g.ino]
+    );
+    // h is open on client 2: its unlink keeps it
+    e.unlink(ROOT_INO, b"h").unwrap();
+    assert!(e.getattr(h.ino).is_ok(), "open on client 2");
+    // an open and its close in one batch: nothing stays open
+    let k = e
+        .create(ROOT_INO, b"k", &file(), Some(layout()), None)
+        .unwrap();
+    e.record_opens_closes(s[2], &[k.ino], &[k.ino, h.ino])
+        .unwrap();
+    assert!(
+        matches!(e.getattr(h.ino), Err(MetaError::NotFound)),
+        "h's last close"
+    );
+    e.unlink(ROOT_INO, b"k").unwrap();
+    assert_eq!(
+        e.purge_unlinked(64, now_nanos() + 1).unwrap(),
+        2,
+        "h, and k open nowhere"
+    );
+    // unlinked while open on client 2, whose close lands before client 1's open: the last
+    // recorded close leaves it for the purge, and client 1's open keeps it
+    let n = e
+        .create(ROOT_INO, b"n", &file(), Some(layout()), None)
+        .unwrap();
+    e.commit_slices(n.ino, &[obj_slice(0, 0, 10, 9)], 10, 1)
+        .unwrap();
+    e.open_file(s[2], n.ino).unwrap();
+    e.unlink(ROOT_INO, b"n").unwrap();
+    e.close_files(s[2], &[n.ino]).unwrap();
+    assert!(matches!(e.getattr(n.ino), Err(MetaError::NotFound)));
+    assert_eq!(e.purge_unlinked(64, long_ago).unwrap(), 0, "in its grace");
+    assert_eq!(e.record_opens_closes(s[1], &[n.ino], &[]).unwrap(), vec![]);
+    assert_eq!(e.read_chunk(n.ino, 0).unwrap().len(), 1);
+    assert_eq!(e.getattr(n.ino).unwrap().size, 10);
+    e.close_files(s[1], &[n.ino]).unwrap();
+    assert_eq!(e.purge_unlinked(64, now_nanos() + 1).unwrap(), 1);
+    // an ended session records nothing
+    e.unregister_session(s[2]).unwrap();
+    let m = e
+        .create(ROOT_INO, b"m", &file(), Some(layout()), None)
+        .unwrap();
+    assert!(matches!(
+        e.record_opens_closes(s[2], &[m.ino], &[]),
+        Err(MetaError::SessionEnded(_))
+    ));
 }
 
 /// The objects in the trash (any age), sorted.
@@ -1072,7 +1181,11 @@ fn unlinked_files_are_freed_by_the_purge(e: &dyn MetaEngine) {
     assert_eq!(full.bytes, base.bytes + 5 * 3000 + 6 * 10);
     e.unlink(ROOT_INO, b"f0-too").unwrap();
     assert_eq!(e.getattr(files[0].ino).unwrap().nlink, 1);
-    assert_eq!(e.purge_unlinked(64).unwrap(), 0, "f0 still has a name");
+    assert_eq!(
+        e.purge_unlinked(64, now_nanos() + 1).unwrap(),
+        0,
+        "f0 still has a name"
+    );
     for i in 0..5 {
         e.unlink(ROOT_INO, format!("f{i}").as_bytes()).unwrap();
     }
@@ -1109,11 +1222,11 @@ fn unlinked_files_are_freed_by_the_purge(e: &dyn MetaEngine) {
     // their objects reach the trash at the purge, not at the unlink
     assert_eq!(trashed(e), Vec::<u64>::new());
     // in batches of at most `max`; the open one is not the purge's
-    assert_eq!(e.purge_unlinked(2).unwrap(), 2);
+    assert_eq!(e.purge_unlinked(2, now_nanos() + 1).unwrap(), 2);
     assert_eq!(trashed(e).len(), 2);
-    assert_eq!(e.purge_unlinked(2).unwrap(), 2);
-    assert_eq!(e.purge_unlinked(2).unwrap(), 1);
-    assert_eq!(e.purge_unlinked(2).unwrap(), 0);
+    assert_eq!(e.purge_unlinked(2, now_nanos() + 1).unwrap(), 2);
+    assert_eq!(e.purge_unlinked(2, now_nanos() + 1).unwrap(), 1);
+    assert_eq!(e.purge_unlinked(2, now_nanos() + 1).unwrap(), 0);
     assert_eq!(trashed(e), vec![100, 101, 102, 103, 104]);
     assert_eq!(e.usage().unwrap(), after, "the purge changes no count");
     assert!(e.meta_issues(i64::MAX).unwrap().is_empty());
@@ -1122,10 +1235,18 @@ fn unlinked_files_are_freed_by_the_purge(e: &dyn MetaEngine) {
     assert_eq!(e.read_chunk(held.ino, 0).unwrap().len(), 1);
     e.close_files(s[1], &[held.ino]).unwrap();
     assert!(matches!(e.getattr(held.ino), Err(MetaError::NotFound)));
+    assert_eq!(
+        e.usage().unwrap().inodes,
+        base.inodes,
+        "gone for every count"
+    );
+    assert_eq!(e.inodes_used().unwrap(), base.inodes);
+    // left for the purge (UNLINK_GRACE from its unlink)
+    assert_eq!(e.purge_unlinked(64, now_nanos() + 1).unwrap(), 1);
     assert_eq!(trashed(e), vec![100, 101, 102, 103, 104, 200]);
     assert_eq!(e.usage().unwrap().inodes, base.inodes);
     assert_eq!(e.inodes_used().unwrap(), base.inodes);
-    assert_eq!(e.purge_unlinked(64).unwrap(), 0);
+    assert_eq!(e.purge_unlinked(64, now_nanos() + 1).unwrap(), 0);
 }
 
 /// Slices freed by compaction and by the unlink of a file that has inline bytes and objects
@@ -1181,14 +1302,14 @@ fn freed_slices_trash_their_objects_once(e: &dyn MetaEngine) {
     );
     e.unlink(ROOT_INO, b"f").unwrap();
     assert_eq!(trashed(e), vec![5, 6], "nothing more until the purge");
-    assert_eq!(e.purge_unlinked(64).unwrap(), 1);
+    assert_eq!(e.purge_unlinked(64, now_nanos() + 1).unwrap(), 1);
     assert_eq!(
         trashed(e),
         vec![5, 6, 8, 11],
         "object 8 (two slices) once, object 9 kept for g, no entry for the inline bytes"
     );
     e.unlink(ROOT_INO, b"g").unwrap();
-    assert_eq!(e.purge_unlinked(64).unwrap(), 1);
+    assert_eq!(e.purge_unlinked(64, now_nanos() + 1).unwrap(), 1);
     assert_eq!(
         trashed(e),
         vec![5, 6, 8, 9, 11],
@@ -1638,7 +1759,7 @@ fn fsck_queries_and_repairs(e: &dyn MetaEngine) {
         e.meta_issues(10_000_000_000).unwrap().is_empty(),
         "not an issue"
     );
-    assert_eq!(e.purge_unlinked(64).unwrap(), 1);
+    assert_eq!(e.purge_unlinked(64, now_nanos() + 1).unwrap(), 1);
     let mut refs = e.object_refs().unwrap();
     refs.sort_by_key(|r| r.obj);
     assert_eq!(refs.len(), 2, "{refs:?}");
@@ -1940,7 +2061,7 @@ fn shared_objects_freed_with_last_slice(e: &dyn MetaEngine) {
     .unwrap();
     assert!(e.trash(10, OPEN_TRASH_GRACE).unwrap().is_empty());
     e.unlink(ROOT_INO, b"f").unwrap();
-    assert_eq!(e.purge_unlinked(64).unwrap(), 1);
+    assert_eq!(e.purge_unlinked(64, now_nanos() + 1).unwrap(), 1);
     let t = e.trash(10, OPEN_TRASH_GRACE).unwrap();
     assert_eq!(t.len(), 1);
     assert_eq!((t[0].obj, t[0].len), (42, 8));

@@ -41,6 +41,14 @@ pub const ORPHAN_GRACE: Duration = Duration::from_secs(10);
 /// (`DataPath::read`); the grace only makes that rare.
 pub const OPEN_TRASH_GRACE: Duration = Duration::from_secs(60);
 
+/// How long a file whose last name went while nobody had it open waits before the purge frees
+/// it, counted from the unlink (the inode's ctime). A client records a read-only open of a file
+/// in the engine a little after answering it, in its next batch of open and close records
+/// ([`Sessions::record_opens_closes`], within about 50 ms): a file unlinked elsewhere in
+/// between must still be there when that record lands, which makes it an open orphan that
+/// lives until its last close.
+pub const UNLINK_GRACE: Duration = Duration::from_secs(5);
+
 /// A kind of event an engine can push to the clients that listen for it; a listener names the
 /// ones it wants.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -144,9 +152,11 @@ pub trait Namespace: Send + Sync {
     /// Frees up to `max` files whose last name went while nobody had them open (left for the
     /// purge by `unlink`: no request finds them any more), in one write transaction: their
     /// slices and inline bytes, their objects to the trash, xattrs, locks and HSM state, and
-    /// the inode. Returns how many; fewer than `max` means none is left now. Any client may
-    /// run it (the daemon's `purge` worker does); two at once each free different files.
-    fn purge_unlinked(&self, max: u64) -> Result<u64>;
+    /// the inode — those unlinked before `unlinked_before` (their ctime; the daemon passes now
+    /// minus [`UNLINK_GRACE`]). Returns how many; fewer than `max` means none is left now. Any
+    /// client may run it (the daemon's `purge` worker does); two at once each free different
+    /// files.
+    fn purge_unlinked(&self, max: u64, unlinked_before: Nanos) -> Result<u64>;
 }
 
 /// File data: object ids, slices, space reservation, compaction, and the trash of objects no
@@ -225,6 +235,13 @@ pub trait Sessions: Send + Sync {
     /// ended (as for every write recorded under a session: creates with `open_by`, closes,
     /// locks, [`FileData::commit_slices_for`]).
     fn open_file(&self, session: u64, ino: Ino) -> Result<()>;
+    /// Records, in one transaction, opens of `opens` (each as [`Sessions::open_file`]) and then
+    /// drops one open of each of `closes` (as [`Sessions::close_files`]), by `session`: a
+    /// client's batch of opens it answered before recording them (read-only opens of files
+    /// without a lease or HSM state) and of closes. An open of a file unlinked since, not yet
+    /// purged ([`UNLINK_GRACE`]), makes it an open orphan again (usable through its opens,
+    /// freed at the last close); opens of files that are gone are left out and returned.
+    fn record_opens_closes(&self, session: u64, opens: &[Ino], closes: &[Ino]) -> Result<Vec<Ino>>;
     /// Drops one open of each of `inos` by `session` (one transaction); a file with no names
     /// left is deleted at its last close on every client.
     fn close_files(&self, session: u64, inos: &[Ino]) -> Result<()>;

@@ -291,7 +291,7 @@ impl Namespace for FaultyEngine {
         fn get_projid(&self, ino: Ino) -> Result<(u32, bool)>;
         fn path_of(&self, ino: Ino) -> Result<Option<Vec<u8>>>;
         fn purge_orphans(&self, replaced_before: Nanos) -> Result<u64>;
-        fn purge_unlinked(&self, max: u64) -> Result<u64>;
+        fn purge_unlinked(&self, max: u64, unlinked_before: Nanos) -> Result<u64>;
     }
 }
 
@@ -348,6 +348,7 @@ impl Sessions for FaultyEngine {
         fn sessions(&self) -> Result<Vec<SessionInfo>>;
         fn reap_sessions(&self, timeout_ns: i64) -> Result<usize>;
         fn open_file(&self, session: u64, ino: Ino) -> Result<()>;
+        fn record_opens_closes(&self, session: u64, opens: &[Ino], closes: &[Ino]) -> Result<Vec<Ino>>;
         fn close_files(&self, session: u64, inos: &[Ino]) -> Result<()>;
         fn client_alive(&self, client: &str, timeout_ns: i64) -> Result<bool>;
         fn client_session(&self, client: &str) -> Result<Option<(SessionInfo, i64)>>;

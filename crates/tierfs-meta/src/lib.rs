@@ -26,7 +26,7 @@ pub mod url;
 
 pub use engine::{
     Admin, Changelog, Channel, FileData, Hsm, Listener, Locks, MetaEngine, Namespace, Notice, Pcc,
-    Sessions, Workers, OPEN_TRASH_GRACE, ORPHAN_GRACE,
+    Sessions, Workers, OPEN_TRASH_GRACE, ORPHAN_GRACE, UNLINK_GRACE,
 };
 pub use error::{MetaError, Result};
 pub use types::*;

@@ -200,6 +200,9 @@ pub struct DataPath {
     /// Queued closes, each with the context of whoever opened the file (its CLOSE record's)
     /// and the session it was opened under.
     closes: Mutex<Vec<(Ino, Caller, u64)>>,
+    /// Queued opens (read-only ones answered before they were recorded), as `closes`; sent
+    /// with them, before them. Taken together with `closes` (this lock first).
+    opens: Mutex<Vec<(Ino, Caller, u64)>>,
     /// This client's session, once mounted: buffered writes are committed under it.
     session: OnceLock<Arc<Session>>,
     /// Chunks that got new slices: compaction looks at them in the background.
@@ -250,6 +253,7 @@ impl DataPath {
             buffered_fell: (Mutex::new(()), Condvar::new()),
             seen: Mutex::new(HashMap::new()),
             closes: Mutex::new(Vec::new()),
+            opens: Mutex::new(Vec::new()),
             session: OnceLock::new(),
             compact_candidates: Mutex::new(Default::default()),
             info_cache: Mutex::new(None),
@@ -462,45 +466,94 @@ impl DataPath {
         }
     }
 
-    /// Sends queued closes to the metadata engine, one transaction per session they were
-    /// opened under (the current one, but also one that ended: those opens went with it, and
-    /// the closes are dropped).
+    /// A read-only open of `ino` answered before it is recorded: it reaches the metadata
+    /// engine with the next batch of closes ([`DataPath::drain_closes`], within the
+    /// `close-recorder`'s interval), or never if its close comes first
+    /// ([`DataPath::cancel_queued_open`]). Until then the file counts as open nowhere; the
+    /// purge's [`tierfs_meta::UNLINK_GRACE`] keeps a file unlinked meanwhile for the record.
+    pub fn queue_open(&self, ino: Ino, caller: Caller, session: u64) {
+        self.opens.lock().push((ino, caller, session));
+        self.metrics.opens_queued.inc();
+    }
+
+    /// A close of `ino` while an open of it (by `session`) still waits in the queue: the two
+    /// cancel out and neither reaches the metadata engine (`cp -a`'s and rsync's source
+    /// files: no metadata write for their open and close). Returns whether one was taken
+    /// back.
+    pub fn cancel_queued_open(&self, ino: Ino, session: u64) -> bool {
+        let mut q = self.opens.lock();
+        match q.iter().position(|x| x.0 == ino && x.2 == session) {
+            Some(i) => {
+                q.swap_remove(i);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Whether an open of `ino` waits in the queue.
+    pub fn has_queued_open(&self, ino: Ino) -> bool {
+        self.opens.lock().iter().any(|x| x.0 == ino)
+    }
+
+    /// Sends queued opens and closes to the metadata engine, one transaction per session they
+    /// were opened under (the current one, but also one that ended: those opens went with
+    /// it, and the closes are dropped), the opens first.
     pub fn drain_closes(&self) -> Result<usize> {
-        let batch = std::mem::take(&mut *self.closes.lock());
-        if batch.is_empty() {
+        let (opens, batch) = {
+            let mut o = self.opens.lock();
+            let mut c = self.closes.lock();
+            (std::mem::take(&mut *o), std::mem::take(&mut *c))
+        };
+        if batch.is_empty() && opens.is_empty() {
             return Ok(0);
         }
-        let mut sessions: Vec<u64> = batch.iter().map(|x| x.2).collect();
+        let mut sessions: Vec<u64> = batch.iter().chain(&opens).map(|x| x.2).collect();
         sessions.sort_unstable();
         sessions.dedup();
         let mut done = 0;
         let mut failed = None;
         for session in sessions {
-            let mine: Vec<(Ino, Caller)> = batch
-                .iter()
-                .filter(|x| x.2 == session)
-                .map(|(i, c, _)| (*i, c.clone()))
-                .collect();
+            let of = |q: &[(Ino, Caller, u64)]| -> Vec<(Ino, Caller)> {
+                q.iter()
+                    .filter(|x| x.2 == session)
+                    .map(|(i, c, _)| (*i, c.clone()))
+                    .collect()
+            };
+            let (my_opens, mine) = (of(&opens), of(&batch));
+            let open_inos: Vec<Ino> = my_opens.iter().map(|(i, _)| *i).collect();
             let inos: Vec<Ino> = mine.iter().map(|(i, _)| *i).collect();
-            // Each CLOSE record names its opener (tierfs_meta::changelog::for_ino).
+            // Each OPEN and CLOSE record names its opener (tierfs_meta::changelog::for_ino).
             let r = {
-                let _scope = tierfs_meta::changelog::enter_batch(mine.clone());
-                self.meta.close_files(session, &inos)
+                let callers = my_opens.iter().chain(&mine).cloned().collect();
+                let _scope = tierfs_meta::changelog::enter_batch(callers);
+                self.meta.record_opens_closes(session, &open_inos, &inos)
             };
             let r = match self.session.get() {
                 Some(s) => s.watch(session, r),
                 None => r,
             };
             match r {
-                Ok(()) => done += mine.len(),
+                Ok(gone) => {
+                    done += mine.len() + my_opens.len();
+                    for ino in gone {
+                        // Unlinked elsewhere and purged before the record landed (the engine
+                        // was out of reach for longer than UNLINK_GRACE): what is known of it
+                        // goes, so reads through the open fail (ENOENT) rather than find no
+                        // slices.
+                        tracing::warn!(ino, "a read-only open recorded too late: the file is gone");
+                        self.learn(ino, None, false);
+                    }
+                }
                 Err(MetaError::SessionEnded(_)) => {
-                    tracing::debug!(session, "closes under an ended session dropped");
+                    tracing::debug!(session, "opens and closes under an ended session dropped");
                 }
                 Err(e) => {
-                    // Keep them for the next round.
-                    self.closes
-                        .lock()
-                        .extend(mine.into_iter().map(|(i, c)| (i, c, session)));
+                    // Keep them for the next round (opens before any close queued since).
+                    let mut o = self.opens.lock();
+                    let mut c = self.closes.lock();
+                    o.extend(my_opens.into_iter().map(|(i, c)| (i, c, session)));
+                    c.extend(mine.into_iter().map(|(i, c)| (i, c, session)));
                     failed = Some(e);
                 }
             }

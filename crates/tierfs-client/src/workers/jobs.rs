@@ -152,8 +152,27 @@ impl Worker for SessionReaper {
     }
 }
 
-/// `close-recorder`: records the closes that FUSE releases queued (one transaction per
-/// batch); at unmount it records what is left.
+/// [`CLOSE_INTERVAL`]; in debug builds `TIERFS_TEST_CLOSE_INTERVAL_MS` sets it, so that the
+/// integration tests can hold a read-only open's record back (DataPath::queue_open).
+fn close_interval() -> Duration {
+    #[cfg(debug_assertions)]
+    {
+        static SET: std::sync::OnceLock<Option<Duration>> = std::sync::OnceLock::new();
+        if let Some(d) = *SET.get_or_init(|| {
+            std::env::var("TIERFS_TEST_CLOSE_INTERVAL_MS")
+                .ok()
+                .and_then(|v| v.parse::<u64>().ok())
+                .map(Duration::from_millis)
+        }) {
+            return d;
+        }
+    }
+    CLOSE_INTERVAL
+}
+
+/// `close-recorder`: records the opens (read-only ones answered before they were recorded)
+/// and closes that FUSE requests queued (one transaction per batch); at unmount it records
+/// what is left.
 pub struct CloseRecorder {
     pub data: Arc<DataPath>,
 }
@@ -163,7 +182,7 @@ impl Worker for CloseRecorder {
         "close-recorder"
     }
     fn interval(&self) -> Duration {
-        CLOSE_INTERVAL
+        close_interval()
     }
     fn work(&mut self, _ctx: &Ctx) -> Result<Next, WorkError> {
         self.data
@@ -478,7 +497,11 @@ impl Worker for Purge {
         true
     }
     fn work(&mut self, ctx: &Ctx) -> Result<Next, WorkError> {
-        let n = match self.meta.purge_unlinked(PURGE_BATCH) {
+        // (files unlinked in the last UNLINK_GRACE wait: a read-only open answered before the
+        // unlink may still be on its way to the engine, in a batch of open records)
+        let before =
+            tierfs_meta::now_nanos().saturating_sub(tierfs_meta::UNLINK_GRACE.as_nanos() as i64);
+        let n = match self.meta.purge_unlinked(PURGE_BATCH, before) {
             Ok(n) => n,
             Err(e) => {
                 self.freed = 0;

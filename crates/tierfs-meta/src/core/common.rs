@@ -563,16 +563,24 @@ pub fn retire_inode(tx: &mut dyn Tx, ino: Ino) -> Result<()> {
     Ok(())
 }
 
-/// Purges `ino` if it is an unlinked file (`orphan = 1`) that nobody has open any more.
+/// Leaves `ino` for the purge (or frees it, with HSM state) if it is an unlinked file (`orphan = 1`) that nobody has open any more.
 pub fn purge_if_orphan(tx: &mut dyn Tx, ino: Ino) -> Result<()> {
     let orphan = tx.query_opt(
-        "SELECT orphan, EXISTS (SELECT 1 FROM open_files WHERE ino = $1) \
+        "SELECT orphan, EXISTS (SELECT 1 FROM open_files WHERE ino = $1), hsm \
          FROM inodes WHERE ino = $1",
         vals![ino],
     )?;
     if let Some(r) = orphan {
         if r.i64(0)? == 1 && !r.bool(1)? {
-            purge_inode(tx, ino)?;
+            if r.i64(2)? == 0 {
+                // Left for the purge, which waits UNLINK_GRACE from the unlink (its ctime): a
+                // read-only open another client answered before the unlink may still be on
+                // its way, and makes it an open orphan again when it lands.
+                tx.exec("UPDATE inodes SET orphan = 3 WHERE ino = $1", vals![ino])?;
+            } else {
+                // (HSM state: freed at once, as at an unlink; such opens are always recorded)
+                purge_inode(tx, ino)?;
+            }
         }
     }
     Ok(())

@@ -162,11 +162,13 @@ fn ops() -> Vec<(&'static str, Op)> {
                 .map(|_| ())
         }),
         ("set_projid", |e, t| e.set_projid(t.d, 7, true).map(|_| ())),
-        ("purge_unlinked", |e, _| match e.purge_unlinked(64)? {
-            1 => Ok(()),
-            n => Err(MetaError::Invalid(format!(
-                "freed {n} files, not setup's /p"
-            ))),
+        ("purge_unlinked", |e, _| {
+            match e.purge_unlinked(64, now_nanos() + 1)? {
+                1 => Ok(()),
+                n => Err(MetaError::Invalid(format!(
+                    "freed {n} files, not setup's /p"
+                ))),
+            }
         }),
     ]
 }

@@ -1974,7 +1974,10 @@ mod tests {
                 e.unlink(ROOT_INO, name).unwrap();
             });
             steps[8] = cost(&mut || {
-                assert_eq!(e.purge_unlinked(64).unwrap(), u64::from(!archived));
+                assert_eq!(
+                    e.purge_unlinked(64, now_nanos() + 1).unwrap(),
+                    u64::from(!archived)
+                );
             });
             steps
         };

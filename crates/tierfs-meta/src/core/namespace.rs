@@ -1371,10 +1371,10 @@ impl<D: Driver> Namespace for SqlMeta<D> {
         )
     }
 
-    fn purge_unlinked(&self, max: u64) -> Result<u64> {
+    fn purge_unlinked(&self, max: u64, unlinked_before: Nanos) -> Result<u64> {
         self.purge_found(
-            "SELECT ino FROM inodes WHERE orphan = 3 ORDER BY ino LIMIT $1",
-            vals![max],
+            "SELECT ino FROM inodes WHERE orphan = 3 AND ctime < $2 ORDER BY ino LIMIT $1",
+            vals![max, unlinked_before],
             PENDING,
         )
     }

@@ -5,7 +5,7 @@
 //! [`session_from_row`].
 
 use super::changelog::{self, Rec};
-use super::common::{lock1, lock_rows, purge_if_orphan};
+use super::common::{lock1, lock_inodes, lock_rows, purge_if_orphan, record_open};
 use super::SqlMeta;
 use crate::changelog::RecordType;
 use crate::engine::Sessions;
@@ -248,11 +248,44 @@ impl<D: Driver> Sessions for SqlMeta<D> {
         if inos.is_empty() {
             return Ok(());
         }
+        self.record_opens_closes(session, &[], inos).map(|_| ())
+    }
+
+    fn record_opens_closes(&self, session: u64, opens: &[Ino], closes: &[Ino]) -> Result<Vec<Ino>> {
+        if opens.is_empty() && closes.is_empty() {
+            return Ok(Vec::new());
+        }
         self.d.write(|tx| {
-            // An ended session's opens went with it: nothing to count down.
+            // An ended session's opens went with it: nothing to record or count down.
             hold_session(tx, session)?;
-            lock_rows(tx, inos)?;
-            for ino in inos {
+            // A file unlinked since its open was answered and not purged yet (UNLINK_GRACE)
+            // is an open orphan again: usable through that open, freed at its last close.
+            for ino in opens {
+                tx.exec(
+                    "UPDATE inodes SET orphan = 1 WHERE ino = $1 AND orphan = 3",
+                    vals![*ino],
+                )?;
+            }
+            let mut gone = Vec::new();
+            let mut opened = Vec::with_capacity(opens.len());
+            if !opens.is_empty() {
+                // The opens' and the closes' rows, locked in one ordered pass (PostgreSQL).
+                let mut all: Vec<Ino> = opens.iter().chain(closes).copied().collect();
+                all.sort_unstable();
+                all.dedup();
+                let live = lock_inodes(tx, &all)?;
+                for ino in opens {
+                    if live.contains_key(ino) {
+                        record_open(tx, session, *ino)?;
+                        opened.push(*ino);
+                    } else {
+                        gone.push(*ino);
+                    }
+                }
+            } else {
+                lock_rows(tx, closes)?;
+            }
+            for ino in closes {
                 let ino = *ino;
                 // The last open of this session goes (one statement: the usual case), or
                 // one of several is counted down.
@@ -268,15 +301,16 @@ impl<D: Driver> Sessions for SqlMeta<D> {
                 }
                 purge_if_orphan(tx, ino)?;
             }
-            // changelog: CLOSE, in the context of whoever opened each file (the client's
-            // batch scope). After the loop's row locks (and purges: a record does not need
+            // changelog: OPEN and CLOSE, in the context of whoever opened each file (the
+            // client's batch scope). After the row locks (and purges: a record does not need
             // its inode): on PostgreSQL a record holds the order lock until commit.
-            let recs: Vec<Rec> = inos
+            let recs: Vec<Rec> = opened
                 .iter()
-                .map(|ino| Rec::new(RecordType::Close, *ino))
+                .map(|ino| Rec::new(RecordType::Open, *ino))
+                .chain(closes.iter().map(|ino| Rec::new(RecordType::Close, *ino)))
                 .collect();
             changelog::record_all(tx, &recs)?;
-            Ok(())
+            Ok(gone)
         })
     }
 
