@@ -382,3 +382,38 @@ fn idle_reader_is_dropped_with_a_warning() {
     t.tierfs(&["changelog", "deregister", "cl1", "--meta", &url])
         .assert_clean_error();
 }
+
+/// A read-only open is recorded with the client's next batch of closes, and an open and its
+/// close in one batch cancel out, but only while no reader wants OPEN or CLOSE records: once
+/// one does (at most a second after it registers), a quick open and close of a file leave both
+/// records.
+#[test]
+fn quick_read_only_opens_are_recorded_while_a_reader_wants_them() {
+    let t = TestFs::with(Opts {
+        clients: 1,
+        ..Opts::default()
+    });
+    fs::write(t.p(0, "g"), b"g").unwrap();
+    let g = fs::metadata(t.p(0, "g")).unwrap().ino();
+    let reg = t.tierfs(&[
+        "changelog",
+        "register",
+        "--meta",
+        &t.meta_url(),
+        "--mask",
+        "+OPEN",
+    ]);
+    reg.assert_ok();
+    let cl = reg.stdout.trim().to_string();
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(fs::read(t.p(0, "g")).unwrap(), b"g");
+    let mut v = Vec::new();
+    let seen = wait_until(Duration::from_secs(10), || {
+        v = records(&t, &["--reader", &cl]);
+        has(&v, "OPEN", g, "c0").is_some() && has(&v, "CLOSE", g, "c0").is_some()
+    });
+    assert!(
+        seen,
+        "the read-only open and its close left no records: {v:#?}"
+    );
+}

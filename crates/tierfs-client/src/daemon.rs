@@ -565,9 +565,11 @@ fn start_workers(
         health: Arc::clone(&health),
     })
     .map_err(spawn_err)?;
-    w.spawn(jobs::CloseRecorder {
-        data: Arc::clone(data),
-    })
+    w.spawn(jobs::CloseRecorder::new(
+        Arc::clone(data),
+        meta.clone(),
+        cfg.client_name.clone().unwrap_or_else(hostname),
+    ))
     .map_err(spawn_err)?;
     w.spawn(jobs::CommitRetry {
         data: Arc::clone(data),

@@ -203,6 +203,10 @@ pub struct DataPath {
     /// Queued opens (read-only ones answered before they were recorded), as `closes`; sent
     /// with them, before them. Taken together with `closes` (this lock first).
     opens: Mutex<Vec<(Ino, Caller, u64)>>,
+    /// Until when (ns) a queued open and its close may cancel out: set by the
+    /// `close-recorder`, about a second ahead, while no changelog reader wants OPEN or
+    /// CLOSE records ([`DataPath::allow_open_cancel`]).
+    open_cancel_until: std::sync::atomic::AtomicI64,
     /// This client's session, once mounted: buffered writes are committed under it.
     session: OnceLock<Arc<Session>>,
     /// Chunks that got new slices: compaction looks at them in the background.
@@ -254,6 +258,7 @@ impl DataPath {
             seen: Mutex::new(HashMap::new()),
             closes: Mutex::new(Vec::new()),
             opens: Mutex::new(Vec::new()),
+            open_cancel_until: std::sync::atomic::AtomicI64::new(0),
             session: OnceLock::new(),
             compact_candidates: Mutex::new(Default::default()),
             info_cache: Mutex::new(None),
@@ -481,6 +486,10 @@ impl DataPath {
     /// files: no metadata write for their open and close). Returns whether one was taken
     /// back.
     pub fn cancel_queued_open(&self, ino: Ino, session: u64) -> bool {
+        if now_nanos() >= self.open_cancel_until.load(Ordering::Relaxed) {
+            // a changelog reader wants OPEN or CLOSE records (or nobody looked lately)
+            return false;
+        }
         let mut q = self.opens.lock();
         match q.iter().position(|x| x.0 == ino && x.2 == session) {
             Some(i) => {
@@ -489,6 +498,17 @@ impl DataPath {
             }
             None => false,
         }
+    }
+
+    /// Whether a queued open and its close may cancel out from now on, for about a second
+    /// (`allowed`: no changelog reader wants OPEN or CLOSE records), or no longer.
+    pub fn allow_open_cancel(&self, allowed: bool) {
+        let until = if allowed {
+            now_nanos().saturating_add(1_000_000_000)
+        } else {
+            0
+        };
+        self.open_cancel_until.store(until, Ordering::Relaxed);
     }
 
     /// Whether an open of `ino` waits in the queue.

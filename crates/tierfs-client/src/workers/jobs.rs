@@ -175,6 +175,22 @@ fn close_interval() -> Duration {
 /// what is left.
 pub struct CloseRecorder {
     pub data: Arc<DataPath>,
+    meta: Arc<dyn MetaEngine>,
+    /// This client's name, as changelog readers' masks are asked for.
+    client: String,
+    /// When to ask the changelog readers' masks again.
+    next_look: std::time::Instant,
+}
+
+impl CloseRecorder {
+    pub fn new(data: Arc<DataPath>, meta: Arc<dyn MetaEngine>, client: String) -> Self {
+        CloseRecorder {
+            data,
+            meta,
+            client,
+            next_look: std::time::Instant::now(),
+        }
+    }
 }
 
 impl Worker for CloseRecorder {
@@ -185,6 +201,19 @@ impl Worker for CloseRecorder {
         close_interval()
     }
     fn work(&mut self, _ctx: &Ctx) -> Result<Next, WorkError> {
+        let now = std::time::Instant::now();
+        if now >= self.next_look {
+            // A queued read-only open and its close cancel out (neither is recorded) only
+            // while no changelog reader wants OPEN or CLOSE records.
+            let opens = tierfs_meta::changelog::RecordType::Open.bit()
+                | tierfs_meta::changelog::RecordType::Close.bit();
+            let allowed = matches!(
+                self.meta.changelog_wanted(&self.client),
+                Ok(m) if m.0 & opens == 0
+            );
+            self.data.allow_open_cancel(allowed);
+            self.next_look = now + Duration::from_millis(500);
+        }
         self.data
             .drain_closes()
             .map_err(|e| format!("recording closes failed: {e}"))?;
