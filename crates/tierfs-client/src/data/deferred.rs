@@ -17,11 +17,13 @@ use tierfs_meta::{Attr, AttrBase, Kind, Nanos, SetAttr, TimeSet};
 /// after that would set them again).
 const SETID: u32 = libc::S_ISUID | libc::S_ISGID;
 
-/// The changes kept for one file, and when the last of them was made (its ctime here).
+/// The changes kept for one file, when the last of them was made (its ctime here), and when
+/// the first was (they wait at most [`super::DEFERRED_MAX_AGE`] from then).
 #[derive(Clone, Debug)]
 pub(super) struct Deferred {
     pub set: SetAttr,
     pub at: Nanos,
+    pub since: Nanos,
 }
 
 impl Deferred {
@@ -33,6 +35,7 @@ impl Deferred {
         Deferred {
             set: merged(&o.set, &newer.set),
             at: newer.at.max(o.at),
+            since: newer.since.min(o.since),
         }
     }
 
@@ -275,14 +278,17 @@ mod tests {
                 ..Default::default()
             },
             at: 100,
+            since: 100,
         };
         let second = Deferred {
             set: chown(Some(1000), Some(1000)),
             at: 110,
+            since: 110,
         };
         let third = Deferred {
             set: chmod(0o644),
             at: 120,
+            since: 120,
         };
         let d = Deferred::merge(Some(Deferred::merge(Some(first), second)), third);
         assert_eq!(d.set.mtime, Some(TimeSet::At(50)));
@@ -292,12 +298,14 @@ mod tests {
         );
         assert!(d.set.kill_setid);
         assert_eq!(d.at, 120);
+        assert_eq!(d.since, 100, "they wait from the first");
         let shown = d.apply(&file(0o600, 0, 0));
         assert_eq!((shown.perm, shown.uid, shown.gid), (0o644, 1000, 1000));
         assert_eq!((shown.mtime, shown.ctime, shown.atime), (50, 120, 1));
         let again = Deferred {
             set: chmod(0o664),
             at: 130,
+            since: 130,
         };
         assert_eq!(Deferred::merge(Some(d), again).set.perm, Some(0o664));
     }
@@ -354,6 +362,7 @@ mod tests {
                 77,
             ),
             at: 77,
+            since: 77,
         };
         assert_eq!(d.set.mtime, Some(TimeSet::At(77)));
         assert_eq!(d.set.atime, Some(TimeSet::At(9)));

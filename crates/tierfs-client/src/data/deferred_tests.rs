@@ -279,3 +279,29 @@ fn a_handle_open_for_writing_keeps_changes_for_its_close() {
     assert!(!f.data.has_deferred(f.ino));
     f.finish();
 }
+
+/// A writer that keeps its file open and writes nothing more does not hold a waiting change
+/// back for longer than `DEFERRED_MAX_AGE`: the `commit-retry` worker commits it (here with a
+/// maximum age of zero), and the file's state stays for its open handle.
+#[test]
+fn changes_that_waited_too_long_are_committed_while_the_file_stays_open() {
+    let (plan, f) = faulty();
+    let a = f.data.meta.getattr(f.ino).unwrap();
+    f.data.open(&a, true);
+    f.data.defer_setattr(f.ino, &chmod(0o644)).expect("waits");
+    assert_eq!(
+        f.data.commit_kept(std::time::Duration::from_secs(3600)),
+        0,
+        "young"
+    );
+    assert_eq!(f.data.meta.getattr(f.ino).unwrap().perm, 0o600);
+    assert_eq!(f.data.commit_kept(std::time::Duration::ZERO), 1);
+    assert_eq!(f.data.meta.getattr(f.ino).unwrap().perm, 0o644);
+    assert_eq!(setattrs(&plan), 1);
+    assert!(!f.data.has_deferred(f.ino));
+    // still open for writing here: the next grant waits again
+    f.data.defer_setattr(f.ino, &chmod(0o664)).expect("waits");
+    f.data.release(f.ino, true);
+    assert_eq!(f.data.meta.getattr(f.ino).unwrap().perm, 0o664);
+    f.finish();
+}

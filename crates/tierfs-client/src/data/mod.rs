@@ -42,6 +42,10 @@ use space::SpaceGuard;
 
 /// A chunk with more slices than this is rewritten as one object (compaction).
 const COMPACT_SLICES: usize = 16;
+
+/// How long attribute changes kept for a file's commit (data/deferred.rs) wait at most: past
+/// it the `commit-retry` worker (every second) commits them with whatever is buffered.
+pub const DEFERRED_MAX_AGE: Duration = Duration::from_secs(1);
 /// Chunks waiting for a compaction check, at most.
 const COMPACT_QUEUE: usize = 65_536;
 /// Files whose last seen data version is remembered after their state went, at most.
@@ -704,6 +708,7 @@ impl DataPath {
         let d = deferred::Deferred {
             set: deferred::kept(set, &base, now),
             at: now,
+            since: now,
         };
         let d = deferred::Deferred::merge(inner.deferred.take(), d);
         let a = d.apply(&base);
@@ -1622,24 +1627,37 @@ impl DataPath {
     /// commit at their last close (the engine or a target did not answer), and lets their
     /// states go. Called now and then by a background worker; returns how many committed.
     pub fn retry_unflushed(&self) -> usize {
-        let waiting: Vec<Ino> = self
+        self.commit_kept(DEFERRED_MAX_AGE)
+    }
+
+    /// [`DataPath::retry_unflushed`], and the commit (with whatever is buffered) of attribute
+    /// changes that waited longer than `max_age` for a file still open here (a writer that
+    /// keeps its file open and writes nothing more must not hold a `chmod o+r` back from the
+    /// other clients for longer than that).
+    fn commit_kept(&self, max_age: Duration) -> usize {
+        let old = now_nanos().saturating_sub(max_age.as_nanos() as i64);
+        let waiting: Vec<(Ino, bool)> = self
             .files
             .lock()
             .iter()
-            .filter(|(_, st)| {
+            .filter_map(|(i, st)| {
                 let inner = st.inner.lock();
-                inner.opens == 0 && (!inner.pending.is_empty() || inner.deferred.is_some())
+                let closed =
+                    inner.opens == 0 && (!inner.pending.is_empty() || inner.deferred.is_some());
+                let aged = inner.deferred.as_ref().is_some_and(|d| d.since <= old);
+                (closed || aged).then_some((*i, closed))
             })
-            .map(|(i, _)| *i)
             .collect();
         let mut done = 0;
-        for ino in waiting {
+        for (ino, closed) in waiting {
             match self.flush(ino) {
                 Ok(_) => {
                     done += 1;
-                    self.drop_state(ino, false);
+                    if closed {
+                        self.drop_state(ino, false);
+                    }
                 }
-                Err(e) => tracing::warn!(ino, "committing writes kept after a failed close: {e}"),
+                Err(e) => tracing::warn!(ino, "committing kept writes or attribute changes: {e}"),
             }
         }
         done

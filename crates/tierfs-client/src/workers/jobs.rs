@@ -457,7 +457,9 @@ impl Worker for CommitRetry {
     fn work(&mut self, ctx: &Ctx) -> Result<Next, WorkError> {
         let n = self.data.retry_unflushed();
         if n > 0 {
-            ctx.progress(format!("committed the kept writes of {n} closed file(s)"));
+            ctx.progress(format!(
+                "committed the kept writes or attribute changes of {n} file(s)"
+            ));
         }
         Ok(Next::Idle)
     }
