@@ -465,14 +465,7 @@ impl DataPath {
     /// Only a close of the same `session` cancels out (one of an ended session has nothing
     /// left to count down, and the new open must be recorded).
     pub fn cancel_queued_close(&self, ino: Ino, session: u64) -> bool {
-        let mut q = self.closes.lock();
-        match q.iter().position(|x| x.0 == ino && x.2 == session) {
-            Some(i) => {
-                q.swap_remove(i);
-                true
-            }
-            None => false,
-        }
+        take_queued(&self.closes, ino, session)
     }
 
     /// A read-only open of `ino` answered before it is recorded: it reaches the metadata
@@ -494,14 +487,7 @@ impl DataPath {
             // a changelog reader wants OPEN or CLOSE records (or nobody looked lately)
             return false;
         }
-        let mut q = self.opens.lock();
-        match q.iter().position(|x| x.0 == ino && x.2 == session) {
-            Some(i) => {
-                q.swap_remove(i);
-                true
-            }
-            None => false,
-        }
+        take_queued(&self.opens, ino, session)
     }
 
     /// Whether a queued open and its close may cancel out from now on, for about a second
@@ -1671,6 +1657,18 @@ impl DataPath {
                 tracing::error!(ino, "flush at unmount failed: {e}");
             }
         }
+    }
+}
+
+/// Takes one queued open or close of `ino` under `session` out of `q`; whether there was one.
+fn take_queued(q: &Mutex<Vec<(Ino, Caller, u64)>>, ino: Ino, session: u64) -> bool {
+    let mut q = q.lock();
+    match q.iter().position(|x| x.0 == ino && x.2 == session) {
+        Some(i) => {
+            q.swap_remove(i);
+            true
+        }
+        None => false,
     }
 }
 
