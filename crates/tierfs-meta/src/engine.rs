@@ -240,10 +240,12 @@ pub trait Sessions: Send + Sync {
     /// client's batch of opens it answered before recording them (read-only opens of files
     /// without a lease or HSM state) and of closes. An open of a file unlinked since, not yet
     /// purged ([`UNLINK_GRACE`]), makes it an open orphan again (usable through its opens,
-    /// freed at the last close); opens of files that are gone are left out and returned.
+    /// left for the purge at the last close); opens of files that are gone are left out and
+    /// returned.
     fn record_opens_closes(&self, session: u64, opens: &[Ino], closes: &[Ino]) -> Result<Vec<Ino>>;
     /// Drops one open of each of `inos` by `session` (one transaction); a file with no names
-    /// left is deleted at its last close on every client.
+    /// left is left for the purge ([`Namespace::purge_unlinked`]) at its last close on every
+    /// client (one with HSM state is deleted then).
     fn close_files(&self, session: u64, inos: &[Ino]) -> Result<()>;
     /// Whether a client with this name has a session whose heartbeat is newer than `timeout_ns`.
     fn client_alive(&self, client: &str, timeout_ns: i64) -> Result<bool>;
