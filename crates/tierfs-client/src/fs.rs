@@ -652,28 +652,18 @@ impl FsInner {
     }
 
     fn fattr(&self, a: &Attr) -> FileAttr {
-        // Attribute changes waiting for the commit of this client's buffered writes show here
-        // at once (data/deferred.rs).
-        let shown = match a.kind {
-            Kind::File => self.data.shown(a),
-            _ => None,
+        // A regular file: attribute changes waiting for the commit of this client's buffered
+        // writes show here at once (data/deferred.rs), and so do the writes in size and
+        // st_blocks (the bytes that hold data, schema v5); a directory or a symlink counts its
+        // size.
+        let (shown, mut size, mut allocated) = match a.kind {
+            Kind::File => self.data.local_view(a),
+            _ => (None, a.size, a.size),
         };
         let a = shown.as_ref().unwrap_or(a);
         // Every reply with attributes says whether the inode has xattrs.
         self.xattr_hint.seen(a);
-        let mut size = if a.kind == Kind::File {
-            self.data.local_size(a)
-        } else {
-            a.size
-        };
         let mut mtime = a.mtime;
-        // st_blocks: the bytes that hold data (schema v5), not the size; a directory or a
-        // symlink counts its size.
-        let mut allocated = if a.kind == Kind::File {
-            self.data.local_allocated(a, size)
-        } else {
-            a.size
-        };
         if let Some((s, m)) = self.pcc.as_ref().and_then(|p| p.local_attr(a.ino)) {
             // RW-cached here: the cache file is the truth.
             size = s;

@@ -305,3 +305,26 @@ fn changes_that_waited_too_long_are_committed_while_the_file_stays_open() {
     assert_eq!(f.data.meta.getattr(f.ino).unwrap().perm, 0o664);
     f.finish();
 }
+
+/// A stat here shows, from one look at the file's state, the waiting changes, the size the
+/// buffered writes make and the bytes they hold.
+#[test]
+fn a_stat_here_shows_waiting_changes_size_and_blocks_at_once() {
+    let (_plan, f) = faulty();
+    f.data.write(f.ino, 0, &[7u8; 3000]).unwrap();
+    f.data.defer_setattr(f.ino, &chmod(0o644)).expect("waits");
+    let engine = f.data.meta.getattr(f.ino).unwrap();
+    assert_eq!((engine.size, engine.perm), (0, 0o600));
+    let (shown, size, allocated) = f.data.local_view(&engine);
+    assert_eq!(shown.map(|a| a.perm), Some(0o644));
+    assert_eq!((size, allocated), (3000, 3000));
+    f.data.flush(f.ino).unwrap();
+    let engine = f.data.meta.getattr(f.ino).unwrap();
+    let (shown, size, allocated) = f.data.local_view(&engine);
+    assert!(shown.is_none());
+    assert_eq!(
+        (size, allocated, engine.perm),
+        (3000, engine.allocated.min(3000), 0o644)
+    );
+    f.finish();
+}

@@ -646,32 +646,28 @@ impl DataPath {
         keep
     }
 
-    /// The size a stat on this client should show for `a` (read from the engine): buffered
-    /// writes extend it, and so does this client's last commit when `a` was read before it.
-    pub fn local_size(&self, a: &Attr) -> u64 {
-        match self.existing(a.ino) {
-            Some(st) => {
-                let inner = st.inner.lock();
-                let mut size = a.size.max(inner.pending_end);
-                if let Some((version, committed)) = inner.last_commit {
-                    if a.data_version < version {
-                        size = size.max(committed);
-                    }
-                }
-                size
+    /// A regular file `a` (read from the engine, or known) as a stat on this client shows it,
+    /// from one look at its state here: `a` with the attribute changes waiting here (`None`:
+    /// none wait); the size, which buffered writes extend, and so does this client's last
+    /// commit when `a` was read before it; and the bytes allocated (st_blocks): the engine's
+    /// count plus the writes still buffered here, at most that size.
+    pub fn local_view(&self, a: &Attr) -> (Option<Attr>, u64, u64) {
+        let Some(st) = self.existing(a.ino) else {
+            return (None, a.size, a.allocated.min(a.size));
+        };
+        let inner = st.inner.lock();
+        let shown = inner.deferred.as_ref().map(|d| d.apply(a));
+        let mut size = a.size.max(inner.pending_end);
+        if let Some((version, committed)) = inner.last_commit {
+            if a.data_version < version {
+                size = size.max(committed);
             }
-            None => a.size,
         }
-    }
-
-    /// The bytes a stat on this client shows as allocated for `a` (st_blocks): the engine's
-    /// count plus the writes still buffered here, at most `size`.
-    pub fn local_allocated(&self, a: &Attr, size: u64) -> u64 {
-        let pending = self
-            .existing(a.ino)
-            .map(|st| st.inner.lock().pending_bytes as u64)
-            .unwrap_or(0);
-        a.allocated.saturating_add(pending).min(size)
+        let allocated = a
+            .allocated
+            .saturating_add(inner.pending_bytes as u64)
+            .min(size);
+        (shown, size, allocated)
     }
 
     /// A setattr of `ino` that may wait for the commit of the writes buffered here, or of a
