@@ -161,6 +161,15 @@ impl FileInner {
         }
     }
 
+    /// Waiting changes `d` that did not land (their commit failed) wait again, older than
+    /// whatever waited since.
+    fn put_back(&mut self, d: deferred::Deferred) {
+        self.deferred = Some(match self.deferred.take() {
+            Some(newer) => deferred::Deferred::merge(Some(d), newer),
+            None => d,
+        });
+    }
+
     /// Forgets the cached slice lists; answers read from the engine before this are not kept.
     fn forget_slices(&mut self) {
         self.chunk_slices.clear();
@@ -1143,11 +1152,7 @@ impl DataPath {
             inner.pending_bytes += taken;
             inner.pending_end = inner.pending_end.max(end);
             if let Some(d) = waiting.clone() {
-                // (older than whatever waited since)
-                inner.deferred = Some(match inner.deferred.take() {
-                    Some(newer) => deferred::Deferred::merge(Some(d), newer),
-                    None => d,
-                });
+                inner.put_back(d);
             }
             self.metrics.commits_put_back.inc();
         } else if result.is_ok() {
@@ -1184,20 +1189,23 @@ impl DataPath {
                 a2.size = size.max(inner.pending_end);
                 inner.attr = Some(a2);
                 drop(inner);
-                let applied = waiting
-                    .and_then(|d| d.set.perm)
-                    .filter(|p| p & 0o7777 == a.perm);
-                if let (Some(p), true) = (applied, a.has_xattrs()) {
-                    // An ACL came meanwhile (another client's): it follows the mode now (unless
-                    // the mode gave way to another client's, whose chmod made the ACL follow).
-                    if let Some(hook) = self.chmod_hook.get() {
-                        hook(ino, p);
-                    }
-                }
+                self.acl_follows(ino, waiting.as_ref(), &a);
                 Ok(Some(a))
             }
             Err(ClientError::Meta(MetaError::NotFound)) => Ok(None),
             Err(e) => Err(e),
+        }
+    }
+
+    /// After the changes `waiting` landed, giving `a`: an ACL another client gave the file
+    /// meanwhile follows their mode (unless the mode gave way to another client's, whose chmod
+    /// made the ACL follow already).
+    fn acl_follows(&self, ino: Ino, waiting: Option<&deferred::Deferred>, a: &Attr) {
+        let applied = waiting
+            .and_then(|d| d.set.perm)
+            .filter(|p| p & 0o7777 == a.perm);
+        if let (Some(p), true, Some(hook)) = (applied, a.has_xattrs(), self.chmod_hook.get()) {
+            hook(ino, p);
         }
     }
 
@@ -1213,23 +1221,12 @@ impl DataPath {
         match self.meta.setattr(ino, set) {
             Ok(a) => {
                 self.attrs_set(&a);
-                if let (Some(p), true) =
-                    (d.set.perm.filter(|p| p & 0o7777 == a.perm), a.has_xattrs())
-                {
-                    if let Some(hook) = self.chmod_hook.get() {
-                        hook(ino, p);
-                    }
-                }
+                self.acl_follows(ino, Some(&d), &a);
                 Ok(Some(a))
             }
             Err(MetaError::NotFound) => Ok(None),
             Err(e) => {
-                let mut inner = st.inner.lock();
-                // (older than whatever waited since)
-                inner.deferred = Some(match inner.deferred.take() {
-                    Some(newer) => deferred::Deferred::merge(Some(d), newer),
-                    None => d,
-                });
+                st.inner.lock().put_back(d);
                 Err(e.into())
             }
         }
