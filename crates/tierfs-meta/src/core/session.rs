@@ -258,14 +258,6 @@ impl<D: Driver> Sessions for SqlMeta<D> {
         self.d.write(|tx| {
             // An ended session's opens went with it: nothing to record or count down.
             hold_session(tx, session)?;
-            // A file unlinked since its open was answered and not purged yet (UNLINK_GRACE)
-            // is an open orphan again: usable through that open, freed at its last close.
-            for ino in opens {
-                tx.exec(
-                    "UPDATE inodes SET orphan = 1 WHERE ino = $1 AND orphan = 3",
-                    vals![*ino],
-                )?;
-            }
             let mut gone = Vec::new();
             let mut opened = Vec::with_capacity(opens.len());
             if !opens.is_empty() {
@@ -273,8 +265,22 @@ impl<D: Driver> Sessions for SqlMeta<D> {
                 let mut all: Vec<Ino> = opens.iter().chain(closes).copied().collect();
                 all.sort_unstable();
                 all.dedup();
-                let live = lock_inodes(tx, &all)?;
+                let mut live = lock_inodes(tx, &all)?;
                 for ino in opens {
+                    // A file unlinked since its open was answered and not purged yet
+                    // (UNLINK_GRACE; no request finds it) is an open orphan again: usable
+                    // through that open, left for the purge at its last close. (Only the
+                    // purge touches such rows, skipping locked ones: this lock out of order
+                    // waits on nobody.)
+                    if !live.contains_key(ino)
+                        && tx.exec(
+                            "UPDATE inodes SET orphan = 1 WHERE ino = $1 AND orphan = 3",
+                            vals![*ino],
+                        )? == 1
+                    {
+                        // (a second open of it in this batch finds it here)
+                        live.insert(*ino, lock1(tx, *ino)?);
+                    }
                     if live.contains_key(ino) {
                         record_open(tx, session, *ino)?;
                         opened.push(*ino);
