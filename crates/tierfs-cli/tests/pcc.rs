@@ -913,6 +913,95 @@ fn ro_rule_attaches_at_open() {
     assert!(pcc_event(t.mnt(0), "attaches_ro") >= 1);
 }
 
+/// On a mount with a cache, read-only opens of files nobody holds in an RW cache are answered
+/// before their record reaches the engine (here held back for 30 s), whether served from an RO
+/// copy or uncached; another client unlinks both files meanwhile: the reader still stats and
+/// reads them through its opens (a getattr that finds a file gone records the queued opens and
+/// asks again), after the purge's grace too.
+#[test]
+fn cached_and_uncached_read_only_opens_recorded_later_keep_files_unlinked_elsewhere() {
+    let _g = serial();
+    let mut t = TestFs::with(Opts {
+        clients: 0,
+        timeout: Duration::from_secs(120),
+        ..Opts::default()
+    });
+    t.mount_env = vec![("TIERFS_TEST_CLOSE_INTERVAL_MS".into(), "30000".into())];
+    let a = pcc_opts(&t, "a", "1G", &[]);
+    t.mount_with(&a);
+    t.mount_env = Vec::new();
+    let b = pcc_opts(&t, "b", "1G", &[]);
+    t.mount_with(&b);
+    pcc(
+        &t,
+        &[
+            "rule",
+            "add",
+            "--mode",
+            "ro",
+            "fname={*.dat}",
+            "--mount",
+            &s(t.mnt(0)),
+        ],
+    )
+    .assert_ok();
+    thread::sleep(Duration::from_millis(2200));
+    let data = pattern(77, 0, 200_000);
+    fs::write(t.p(1, "in.dat"), &data).unwrap();
+    fs::write(t.p(1, "in.txt"), &data).unwrap();
+    // (b's closes recorded: its batch every 50 ms)
+    thread::sleep(Duration::from_millis(300));
+    after_ttl();
+    read_then_ro_copy(
+        t.mnt(0),
+        &t.p(0, "in.dat"),
+        &data,
+        "first read under the ro rule",
+    );
+    assert!(
+        wait_until(Duration::from_secs(10), || state(&t, &t.p(0, "in.dat")).typ
+            == "readonly"),
+        "the RO copy was not made"
+    );
+    let queued = stat_value(t.mnt(0), "tierfs_opens_queued_total");
+    let hits = pcc_event(t.mnt(0), "hits");
+    let cached = File::open(t.p(0, "in.dat")).unwrap();
+    assert_eq!(
+        pcc_event(t.mnt(0), "hits"),
+        hits + 1,
+        "served from the RO copy"
+    );
+    let uncached = File::open(t.p(0, "in.txt")).unwrap();
+    assert_eq!(
+        stat_value(t.mnt(0), "tierfs_opens_queued_total"),
+        queued + 2,
+        "both opens were queued, not recorded"
+    );
+    fs::remove_file(t.p(1, "in.dat")).unwrap();
+    fs::remove_file(t.p(1, "in.txt")).unwrap();
+    // past the TTL: the kernel asks the daemon, which finds the files gone until it records
+    // the opens; then past the purge's grace (tierfs_meta::UNLINK_GRACE, 5 s) and its next pass
+    for (when, pause) in [
+        ("after the unlink", SLACK),
+        ("after the purge's grace", Duration::from_secs(7)),
+    ] {
+        thread::sleep(pause);
+        after_ttl();
+        for (f, what) in [(&cached, "RO copy"), (&uncached, "uncached")] {
+            let m = f
+                .metadata()
+                .unwrap_or_else(|e| panic!("{what} handle, {when}: fstat: {e}"));
+            assert_eq!(m.len(), data.len() as u64, "{what} handle, {when}");
+            let mut got = vec![0; data.len()];
+            f.read_exact_at(&mut got, 0)
+                .unwrap_or_else(|e| panic!("{what} handle, {when}: read: {e}"));
+            assert_same_bytes(&got, &data, 0, &format!("{what} handle, {when}"));
+        }
+    }
+    assert!(!t.p(0, "in.dat").exists() && !t.p(0, "in.txt").exists());
+    drop((cached, uncached));
+}
+
 /// Bytes the daemon of `mnt` read from its storage targets, all targets.
 fn target_read_bytes(mnt: &Path) -> u64 {
     let text = fs::read_to_string(mnt.join(".tierfs-stats")).unwrap_or_default();

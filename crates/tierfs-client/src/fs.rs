@@ -1266,16 +1266,36 @@ impl FsInner {
             self.data
                 .queue_close(ino, tierfs_meta::changelog::current(), sid);
         }
-        if self.pcc.is_none() && !write && snapshot.is_none() && a.hsm.0 == 0 {
+        if !write && snapshot.is_none() && a.hsm.0 == 0 && self.meta.pcc_lease(ino)?.is_none() {
             // A read-only open of a file without HSM state that no client holds in an RW
-            // cache: answered now, recorded with the next batch of closes, or never if it is
-            // closed before that (DataPath::queue_open; docs/semantics.md, "Unlink of a file
-            // nobody has open").
-            if self.meta.pcc_lease(ino)?.is_none() {
-                self.data
-                    .queue_open(ino, tierfs_meta::changelog::current(), sid);
-                let (fh, fl) = self.open_handle(&a, flags, true, sid);
-                return Ok(Step::Done((fh, fl, None)));
+            // cache: answered now (from this client's RO copy, if it has one), recorded with
+            // the next batch of closes, or never if it is closed before that
+            // (DataPath::queue_open; docs/semantics.md, "Read-only opens are recorded a
+            // little after they are answered").
+            let opened = match &self.pcc {
+                None => Some(Ok(CacheOpened::Uncached(a.clone()))),
+                Some(pcc) => {
+                    let name = self.names.lock().get(&ino).cloned();
+                    pcc.open_unrecorded(&a, name.as_deref())
+                }
+            };
+            match opened {
+                Some(Ok(CacheOpened::Served(served))) => {
+                    self.data
+                        .queue_open(ino, tierfs_meta::changelog::current(), sid);
+                    return self
+                        .open_cached(reply, &a, flags, served, true)
+                        .map(Step::Done);
+                }
+                Some(Ok(CacheOpened::Uncached(attr))) => {
+                    self.data
+                        .queue_open(ino, tierfs_meta::changelog::current(), sid);
+                    let (fh, fl) = self.open_handle(&attr, flags, true, sid);
+                    return Ok(Step::Done((fh, fl, None)));
+                }
+                Some(Err(e)) => return Err(e),
+                // the cache is changing the file's state: opened as usual, below
+                Some(Ok(CacheOpened::Held(_) | CacheOpened::Busy)) | None => {}
             }
         }
         let opened = match &self.pcc {

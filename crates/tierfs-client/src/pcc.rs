@@ -198,9 +198,11 @@ pub struct Pcc {
 
 /// What [`Pcc::open`] did.
 pub enum Opened {
-    /// Served from the cache; the open is recorded.
+    /// Served from the cache; the open is recorded (by [`Pcc::open`]; the caller of
+    /// [`Pcc::open_unrecorded`] queues its record).
     Served(Served),
-    /// To be served from the capacity tier with these attributes; the open is recorded.
+    /// To be served from the capacity tier with these attributes; the open is recorded (as
+    /// for `Served`).
     Uncached(Attr),
     /// Another client holds the lease: nothing was recorded; recall it and open again.
     Held(PccLease),
@@ -1050,6 +1052,25 @@ impl Pcc {
                 Err(e)
             }
         }
+    }
+
+    /// A read-only open of `attr`'s file that the engine does not record now (the caller
+    /// queues its record: `DataPath::queue_open`): no client holds the file's RW-PCC lease and
+    /// it has no HSM state, so the engine's open would only have counted it. Served from this
+    /// client's RO copy when it is complete and holds `attr`'s data version, else uncached (an
+    /// RO copy queued if a rule asks for one), as [`Pcc::open`] serves it. None when this
+    /// client's cache is changing the file's state now: the caller opens as usual.
+    pub fn open_unrecorded(
+        self: &Arc<Self>,
+        attr: &Attr,
+        name: Option<&[u8]>,
+    ) -> Option<Result<Opened>> {
+        self.last_open
+            .store(now_nanos(), std::sync::atomic::Ordering::Relaxed);
+        let slot = self.slot(attr.ino);
+        let _held = slot.op.try_lock()?;
+        self.sync(&slot, attr.ino);
+        Some(self.serve(&slot, attr, None, name, false))
     }
 
     /// An open of `ino` served on its kept open (see [`crate::pcc_state`]), without the
