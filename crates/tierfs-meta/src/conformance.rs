@@ -1020,7 +1020,18 @@ fn open_unlinked_file_survives(e: &dyn MetaEngine) {
             .unwrap(),
         0
     );
+    assert!(
+        e.read_chunk(f.ino, 1).unwrap().is_empty(),
+        "a hole of a file not purged yet"
+    );
     assert_eq!(e.purge_unlinked(64, now_nanos() + 1).unwrap(), 1);
+    // purged: its data is gone, not a hole (a reader must not get zeros)
+    for c in [0, 1] {
+        assert!(
+            matches!(e.read_chunk(f.ino, c), Err(MetaError::NotFound)),
+            "chunk {c} of a purged file"
+        );
+    }
     let t = e.trash(10, OPEN_TRASH_GRACE).unwrap();
     assert_eq!(t.len(), 1);
     let used = e.targets().unwrap()[0].used;

@@ -164,7 +164,8 @@ pub trait Namespace: Send + Sync {
 pub trait FileData: Send + Sync {
     /// Allocates `n` consecutive object ids and returns the first.
     fn alloc_object_ids(&self, n: u64) -> Result<u64>;
-    /// The slices of one chunk in commit order.
+    /// The slices of one chunk in commit order (none: a hole); `NotFound` when the file is
+    /// gone (purged), which a hole never is.
     fn read_chunk(&self, ino: Ino, chunk: u64) -> Result<Vec<Slice>>;
     /// Records written slices (in write order) and extends the size to at least `new_end`;
     /// bumps the data version and mtime/ctime. Returns the new attributes.

@@ -1521,7 +1521,11 @@ impl DataPath {
         };
         let mut done = 0;
         for (ino, chunk) in batch {
-            let slices = self.meta.read_chunk(ino, chunk)?;
+            let slices = match self.meta.read_chunk(ino, chunk) {
+                Ok(s) => s,
+                Err(MetaError::NotFound) => continue,
+                Err(e) => return Err(e.into()),
+            };
             if slices.len() <= COMPACT_SLICES {
                 continue;
             }

@@ -57,3 +57,28 @@ fn a_sequential_read_fetches_each_chunk_once_whatever_the_cache_size() {
         f.finish();
     }
 }
+
+/// A file purged while this client still knows its attributes (a read-only open whose record
+/// reached the engine too late: docs/semantics.md): its reads fail, they do not return the
+/// file's size in zeros (an empty slice list is a hole only while the file exists).
+#[test]
+fn a_read_of_a_purged_file_fails_instead_of_returning_zeros() {
+    let f = fixture_configured(DataConfig::default(), |m| m);
+    let data = vec![7u8; 100_000];
+    f.data.write(f.ino, 0, &data).unwrap();
+    f.data.flush(f.ino).unwrap();
+    f.data.meta.unlink(tierfs_meta::ROOT_INO, b"f").unwrap();
+    let later = tierfs_meta::now_nanos() + 1;
+    assert_eq!(f.data.meta.purge_unlinked(64, later).unwrap(), 1);
+    for sequential in [true, false] {
+        match f.data.read(f.ino, 0, 4096, sequential) {
+            Err(e) => assert_eq!(e.errno(), libc::ENOENT, "sequential={sequential}: {e}"),
+            Ok(got) => panic!(
+                "sequential={sequential}: read {} bytes of a purged file (zeros: {})",
+                got.len(),
+                got.iter().all(|b| *b == 0)
+            ),
+        }
+    }
+    f.finish();
+}

@@ -111,6 +111,16 @@ impl<D: Driver> FileData for SqlMeta<D> {
                 v.push(slice_from_row(&mut r)?);
                 Ok(())
             })?;
+            // No slices: a hole, or a file that is gone (purged, its slices with it, in one
+            // transaction): a reader of the second must not take it for zeros.
+            if v.is_empty()
+                && !tx.exists(
+                    "SELECT EXISTS (SELECT 1 FROM inodes WHERE ino = $1)",
+                    vals![ino],
+                )?
+            {
+                return Err(MetaError::NotFound);
+            }
             Ok(v)
         })
     }
