@@ -1242,7 +1242,13 @@ impl FsInner {
                     .map(Step::Done);
             }
         }
-        let a = self.meta.getattr(ino)?;
+        // A read-only open reads whether some client holds the file's RW-PCC lease with its
+        // attributes (no lease: it may be recorded later, below).
+        let (a, leased) = if !write && snapshot.is_none() {
+            self.meta.getattr_leased(ino)?
+        } else {
+            (self.meta.getattr(ino)?, true)
+        };
         if a.kind == Kind::Dir {
             return Err(ClientError::Meta(MetaError::IsDir));
         }
@@ -1266,7 +1272,7 @@ impl FsInner {
             self.data
                 .queue_close(ino, tierfs_meta::changelog::current(), sid);
         }
-        if !write && snapshot.is_none() && a.hsm.0 == 0 && self.meta.pcc_lease(ino)?.is_none() {
+        if !write && snapshot.is_none() && a.hsm.0 == 0 && !leased {
             // A read-only open of a file without HSM state that no client holds in an RW
             // cache: answered now (from this client's RO copy, if it has one), recorded with
             // the next batch of closes, or never if it is closed before that

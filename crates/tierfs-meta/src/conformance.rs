@@ -2106,11 +2106,19 @@ fn rw_lease_refused_while_open_on_another_client(e: &dyn MetaEngine) {
     e.open_file(b, f.ino).unwrap();
     assert!(matches!(e.pcc_acquire(f.ino, "a"), Err(MetaError::InUse)));
     assert!(e.pcc_lease(f.ino).unwrap().is_none());
+    assert_eq!(
+        e.getattr_leased(f.ino).unwrap(),
+        (e.getattr(f.ino).unwrap(), false)
+    );
     // the holder's own opens do not count
     e.open_file(a, f.ino).unwrap();
     e.close_files(b, &[f.ino]).unwrap();
     let l = e.pcc_acquire(f.ino, "a").unwrap();
     assert_eq!(l.client, "a");
+    assert_eq!(
+        e.getattr_leased(f.ino).unwrap(),
+        (e.getattr(f.ino).unwrap(), true)
+    );
     e.close_files(a, &[f.ino]).unwrap();
     // a file created open by b (open_by) counts too
     let g = e

@@ -264,6 +264,10 @@ pub trait Sessions: Send + Sync {
 /// The persistent client cache: RW-PCC leases and attach rules.
 pub trait Pcc: Send + Sync {
     fn pcc_lease(&self, ino: Ino) -> Result<Option<PccLease>>;
+    /// The attributes of `ino` (as [`Namespace::getattr`]) and whether any client holds its
+    /// RW-PCC lease, in one read: a read-only open decides from both whether the engine must
+    /// record it at once.
+    fn getattr_leased(&self, ino: Ino) -> Result<(Attr, bool)>;
     /// Takes the RW-PCC lease of a file for `client` (a new generation; the file's data version
     /// moves so read-only copies elsewhere are dropped). `WouldBlock` while another client
     /// holds it; `InUse` while a session of another client has the file open (its handles

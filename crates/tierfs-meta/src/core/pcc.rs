@@ -311,6 +311,20 @@ impl<D: Driver> Pcc for SqlMeta<D> {
         self.d.read(|tx| lease_of(tx, ino))
     }
 
+    fn getattr_leased(&self, ino: Ino) -> Result<(Attr, bool)> {
+        static SQL: OnceLock<String> = OnceLock::new();
+        let sql = SQL.get_or_init(|| {
+            format!(
+                "SELECT {ATTR_COLS_I}, EXISTS (SELECT 1 FROM pcc_leases l WHERE l.ino = i.ino) \
+                 FROM inodes i WHERE i.ino = $1 AND i.{VISIBLE}"
+            )
+        });
+        self.d.read(|tx| {
+            let r = tx.one(sql, vals![ino])?;
+            Ok((attr_from_row(&r)?, r.bool(22)?))
+        })
+    }
+
     fn pcc_acquire(&self, ino: Ino, client: &str) -> Result<PccLease> {
         self.acquire(ino, client, false)
     }
