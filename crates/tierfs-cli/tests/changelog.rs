@@ -416,4 +416,24 @@ fn quick_read_only_opens_are_recorded_while_a_reader_wants_them() {
         seen,
         "the read-only open and its close left no records: {v:#?}"
     );
+    // opened and closed in a loop, each open finding the last close still queued: every open
+    // and close is recorded too (neither cancels out while the reader wants them)
+    for _ in 0..5 {
+        assert_eq!(fs::read(t.p(0, "g")).unwrap(), b"g");
+    }
+    let count = |v: &[serde_json::Value], typ: &str| {
+        v.iter()
+            .filter(|r| r["type"] == typ && r["target"] == g && r["client"] == "c0")
+            .count()
+    };
+    let all = wait_until(Duration::from_secs(10), || {
+        v = records(&t, &["--reader", &cl]);
+        count(&v, "OPEN") >= 6 && count(&v, "CLOSE") >= 6
+    });
+    assert!(
+        all,
+        "6 opens and closes, recorded: {} OPEN, {} CLOSE",
+        count(&v, "OPEN"),
+        count(&v, "CLOSE")
+    );
 }

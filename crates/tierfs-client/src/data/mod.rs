@@ -474,7 +474,13 @@ impl DataPath {
     /// Only a close of the same `session` cancels out (one of an ended session has nothing
     /// left to count down, and the new open must be recorded).
     pub fn cancel_queued_close(&self, ino: Ino, session: u64) -> bool {
-        take_queued(&self.closes, ino, session)
+        // (not while a changelog reader wants OPEN or CLOSE records: each is recorded then)
+        self.may_cancel() && take_queued(&self.closes, ino, session)
+    }
+
+    /// Whether a queued open and close may cancel out now ([`DataPath::allow_open_cancel`]).
+    fn may_cancel(&self) -> bool {
+        now_nanos() < self.open_cancel_until.load(Ordering::Relaxed)
     }
 
     /// A read-only open of `ino` answered before it is recorded: it reaches the metadata
@@ -492,11 +498,8 @@ impl DataPath {
     /// files: no metadata write for their open and close). Returns whether one was taken
     /// back.
     pub fn cancel_queued_open(&self, ino: Ino, session: u64) -> bool {
-        if now_nanos() >= self.open_cancel_until.load(Ordering::Relaxed) {
-            // a changelog reader wants OPEN or CLOSE records (or nobody looked lately)
-            return false;
-        }
-        take_queued(&self.opens, ino, session)
+        // (not while a changelog reader wants OPEN or CLOSE records, or nobody looked lately)
+        self.may_cancel() && take_queued(&self.opens, ino, session)
     }
 
     /// Whether a queued open and its close may cancel out from now on, for about a second

@@ -203,8 +203,9 @@ impl Worker for CloseRecorder {
     fn work(&mut self, _ctx: &Ctx) -> Result<Next, WorkError> {
         let now = std::time::Instant::now();
         if now >= self.next_look {
-            // A queued read-only open and its close cancel out (neither is recorded) only
-            // while no changelog reader wants OPEN or CLOSE records.
+            // A queued open and its close, or a queued close and the next open, cancel out
+            // (neither is recorded) only while no changelog reader wants OPEN or CLOSE
+            // records.
             let opens = tierfs_meta::changelog::RecordType::Open.bit()
                 | tierfs_meta::changelog::RecordType::Close.bit();
             let allowed = matches!(
