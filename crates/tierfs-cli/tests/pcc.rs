@@ -867,24 +867,22 @@ fn ro_copies_dropped_after_a_write_elsewhere() {
     assert_eq!(state(&t, &t.p(0, "f")).typ, "none");
 }
 
+/// Adds an `ro` rule through the first client's mount and waits until the clients use it
+/// (they read the rules again when theirs are older than 2 s: `RULES_TTL`).
+fn ro_rule_on_first_client(t: &TestFs, rule: &str) {
+    pcc(
+        t,
+        &["rule", "add", "--mode", "ro", rule, "--mount", &s(t.mnt(0))],
+    )
+    .assert_ok();
+    thread::sleep(Duration::from_millis(2200));
+}
+
 #[test]
 fn ro_rule_attaches_at_open() {
     let _g = serial();
     let (t, _) = pcc_fs(&[("a", &[]), ("b", &[])], 120);
-    pcc(
-        &t,
-        &[
-            "rule",
-            "add",
-            "--mode",
-            "ro",
-            "fname={*.dat}&size<{10M}",
-            "--mount",
-            &s(t.mnt(0)),
-        ],
-    )
-    .assert_ok();
-    thread::sleep(Duration::from_millis(2200));
+    ro_rule_on_first_client(&t, "fname={*.dat}&size<{10M}");
     let data = pattern(31, 0, MIB + 7);
     fs::write(t.p(1, "in.dat"), &data).unwrap();
     fs::write(t.p(1, "in.txt"), &data).unwrap();
@@ -932,20 +930,7 @@ fn cached_and_uncached_read_only_opens_recorded_later_keep_files_unlinked_elsewh
     t.mount_env = Vec::new();
     let b = pcc_opts(&t, "b", "1G", &[]);
     t.mount_with(&b);
-    pcc(
-        &t,
-        &[
-            "rule",
-            "add",
-            "--mode",
-            "ro",
-            "fname={*.dat}",
-            "--mount",
-            &s(t.mnt(0)),
-        ],
-    )
-    .assert_ok();
-    thread::sleep(Duration::from_millis(2200));
+    ro_rule_on_first_client(&t, "fname={*.dat}");
     let data = pattern(77, 0, 200_000);
     fs::write(t.p(1, "in.dat"), &data).unwrap();
     fs::write(t.p(1, "in.txt"), &data).unwrap();
