@@ -1243,11 +1243,13 @@ impl FsInner {
             }
         }
         // A read-only open reads whether some client holds the file's RW-PCC lease with its
-        // attributes (no lease: it may be recorded later, below).
-        let (a, leased) = if !write && snapshot.is_none() {
-            self.meta.getattr_leased(ino)?
+        // attributes: with none, it may be recorded later (below). Other opens leave the
+        // lease to `pcc_open`.
+        let (a, unleased) = if !write && snapshot.is_none() {
+            let (a, leased) = self.meta.getattr_leased(ino)?;
+            (a, !leased)
         } else {
-            (self.meta.getattr(ino)?, true)
+            (self.meta.getattr(ino)?, false)
         };
         if a.kind == Kind::Dir {
             return Err(ClientError::Meta(MetaError::IsDir));
@@ -1272,7 +1274,7 @@ impl FsInner {
             self.data
                 .queue_close(ino, tierfs_meta::changelog::current(), sid);
         }
-        if !write && snapshot.is_none() && a.hsm.0 == 0 && !leased {
+        if unleased && a.hsm.0 == 0 {
             // A read-only open of a file without HSM state that no client holds in an RW
             // cache: answered now (from this client's RO copy, if it has one), recorded with
             // the next batch of closes, or never if it is closed before that
