@@ -211,12 +211,20 @@ fn wait_dirty(t: &TestFs, p: &Path) -> State {
     st
 }
 
-/// Waits for the background write-back of an RW-PCC file (dirty first, then clean).
+/// Waits for the background write-back of RW-PCC file `p` on mount `mnt`, written after that
+/// mount had counted `writebacks` write-backs: one more is counted and the file is clean.
+/// (Not by seeing it dirty first: with `writeback_delay_secs = 0` the write-back can be over
+/// before the first look.)
 #[track_caller]
-fn wait_written_back(t: &TestFs, p: &Path, limit: Duration) -> State {
-    wait_dirty(t, p);
-    let (st, ok) = wait_state(t, p, limit, |s| !s.dirty() && !s.lease_dirty);
-    assert!(ok, "still dirty after {limit:?}: {}", st.raw);
+fn wait_written_back(t: &TestFs, mnt: &Path, writebacks: u64, p: &Path, limit: Duration) -> State {
+    let (st, ok) = wait_state(t, p, limit, |s| {
+        !s.dirty() && !s.lease_dirty && pcc_event(mnt, "writebacks") > writebacks
+    });
+    assert!(
+        ok,
+        "no write-back counted, or still dirty, after {limit:?}: {}",
+        st.raw
+    );
     st
 }
 
@@ -731,8 +739,9 @@ fn background_writeback_keeps_the_lease() {
     pcc(&t, &["attach", "-w", &s(&fa)]).assert_ok();
     let before = total_usage(&t);
     let data = pattern(11, 0, 2 * MIB + 5);
+    let wb0 = pcc_event(t.mnt(0), "writebacks");
     write_at(&fa, 0, &data, false);
-    let st = wait_written_back(&t, &fa, Duration::from_secs(15));
+    let st = wait_written_back(&t, t.mnt(0), wb0, &fa, Duration::from_secs(15));
     assert_eq!(st.typ, "readwrite", "stays attached: {}", st.raw);
     assert_eq!(st.lease_owner.as_deref(), Some("a"), "{}", st.raw);
     assert!(!st.lease_dirty, "the lease is clean: {}", st.raw);
@@ -761,8 +770,9 @@ fn owner_down_clean_file_readable_once_its_session_expires() {
     fs::write(&fa, b"").unwrap();
     pcc(&t, &["attach", "-w", &s(&fa)]).assert_ok();
     let data = pattern(13, 0, 3 * MIB + 1);
+    let wb0 = pcc_event(t.mnt(0), "writebacks");
     write_at(&fa, 0, &data, false);
-    wait_written_back(&t, &fa, Duration::from_secs(15));
+    wait_written_back(&t, t.mnt(0), wb0, &fa, Duration::from_secs(15));
     t.kill9(0);
     let t0 = Instant::now();
     assert_reads(&fb, &data, "b reads the clean file of a dead owner");
@@ -3313,8 +3323,9 @@ fn owner_judged_dead_while_writing_loses_no_acknowledged_write() {
     fs::write(&fa, b"").unwrap();
     pcc(&t, &["attach", "-w", &s(&fa)]).assert_ok();
     let seed = 3;
+    let wb0 = pcc_event(t.mnt(0), "writebacks");
     write_record(&fa, seed, 0, false).unwrap();
-    let st = wait_written_back(&t, &fa, Duration::from_secs(20));
+    let st = wait_written_back(&t, t.mnt(0), wb0, &fa, Duration::from_secs(20));
     assert!(!st.lease_dirty, "not written back: {}", st.raw);
     let h = OpenOptions::new().write(true).open(&fa).unwrap();
     let pid = t.daemon_pid(0);
