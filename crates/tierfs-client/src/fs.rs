@@ -1280,30 +1280,33 @@ impl FsInner {
             // the next batch of closes, or never if it is closed before that
             // (DataPath::queue_open; docs/semantics.md, "Read-only opens are recorded a
             // little after they are answered").
-            let opened = match &self.pcc {
-                None => Some(Ok(CacheOpened::Uncached(a.clone()))),
+            // Some(the RO copy it is served from, or None: uncached) when it goes unrecorded
+            let unrecorded = match &self.pcc {
+                None => Some(None),
                 Some(pcc) => {
                     let name = self.names.lock().get(&ino).cloned();
-                    pcc.open_unrecorded(&a, name.as_deref())
+                    match pcc.open_unrecorded(&a, name.as_deref()) {
+                        Some(Ok(CacheOpened::Served(served))) => Some(Some(served)),
+                        // (served uncached with `a`, the attributes just read)
+                        Some(Ok(CacheOpened::Uncached(_))) => Some(None),
+                        Some(Err(e)) => return Err(e),
+                        // the cache is changing the file's state: opened as usual, below
+                        Some(Ok(CacheOpened::Held(_) | CacheOpened::Busy)) | None => None,
+                    }
                 }
             };
-            match opened {
-                Some(Ok(CacheOpened::Served(served))) => {
-                    self.data
-                        .queue_open(ino, tierfs_meta::changelog::current(), sid);
-                    return self
+            if let Some(served) = unrecorded {
+                self.data
+                    .queue_open(ino, tierfs_meta::changelog::current(), sid);
+                return match served {
+                    Some(served) => self
                         .open_cached(reply, &a, flags, served, true)
-                        .map(Step::Done);
-                }
-                Some(Ok(CacheOpened::Uncached(attr))) => {
-                    self.data
-                        .queue_open(ino, tierfs_meta::changelog::current(), sid);
-                    let (fh, fl) = self.open_handle(&attr, flags, true, sid);
-                    return Ok(Step::Done((fh, fl, None)));
-                }
-                Some(Err(e)) => return Err(e),
-                // the cache is changing the file's state: opened as usual, below
-                Some(Ok(CacheOpened::Held(_) | CacheOpened::Busy)) | None => {}
+                        .map(Step::Done),
+                    None => {
+                        let (fh, fl) = self.open_handle(&a, flags, true, sid);
+                        Ok(Step::Done((fh, fl, None)))
+                    }
+                };
             }
         }
         let opened = match &self.pcc {
