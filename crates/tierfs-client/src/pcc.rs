@@ -176,7 +176,7 @@ pub struct Pcc {
     /// The rules that apply to this client, as last read (see [`Pcc::rules`]).
     rules: Mutex<RulesCache>,
     /// Each file's state machine and the lock of its transitions (see [`crate::pcc_state`]).
-    slots: Mutex<HashMap<Ino, Arc<Slot>>>,
+    slots: Mutex<Slots>,
     /// The files with writers here (their slots' `writers` > 0), kept by [`Pcc::step`]: they
     /// grow through passthrough writes the daemon does not see, so the cache's use measures
     /// them again, and this set spares it a walk over every slot (once per create).
@@ -194,6 +194,35 @@ pub struct Pcc {
     kept_until: std::sync::atomic::AtomicI64,
     /// Kept opens now (their slots' `kept`), at most [`KEPT_MAX`].
     kept: std::sync::atomic::AtomicUsize,
+}
+
+/// Slots held at most before the first sweep of those nobody uses.
+const SLOTS_SWEEP: usize = 4096;
+
+/// Every file's slot (see [`Pcc::slot`]). Slots nobody holds and no handle counts go at a
+/// sweep, which comes when the map has doubled since the last one (at least
+/// [`SLOTS_SWEEP`]): a sweep walks every slot, so thousands that stay (kept opens, open
+/// handles) cost each new slot a constant share of a walk, not a walk each.
+#[derive(Default)]
+struct Slots {
+    map: HashMap<Ino, Arc<Slot>>,
+    /// The size past which the next new slot sweeps first (0: [`SLOTS_SWEEP`]).
+    sweep_at: usize,
+}
+
+impl Slots {
+    fn sweep_if_due(&mut self) {
+        if self.map.len() < self.sweep_at.max(SLOTS_SWEEP) {
+            return;
+        }
+        // Their state is the store's again. (Not those with a kept open: its record must be
+        // closed some day.)
+        self.map.retain(|_, s| {
+            let st = s.st.lock();
+            Arc::strong_count(s) > 1 || st.opens > 0 || st.kept.is_some()
+        });
+        self.sweep_at = 2 * self.map.len();
+    }
 }
 
 /// What [`Pcc::open`] did.
@@ -238,7 +267,7 @@ impl Pcc {
             recaller,
             client,
             rules: Mutex::new(RulesCache::default()),
-            slots: Mutex::new(HashMap::new()),
+            slots: Mutex::new(Slots::default()),
             writing: Mutex::new(HashSet::new()),
             last_validate: Mutex::new(None),
             validate_cursor: Mutex::new(0),
@@ -252,26 +281,19 @@ impl Pcc {
     /// The slot of a file: its state machine and the lock every transition of it holds.
     fn slot(&self, ino: Ino) -> Arc<Slot> {
         let mut g = self.slots.lock();
-        if g.len() > 4096 {
-            // Slots nobody holds and no handle counts: their state is the store's again.
-            // (Not those with a kept open: its record must be closed some day.)
-            g.retain(|_, s| {
-                let st = s.st.lock();
-                Arc::strong_count(s) > 1 || st.opens > 0 || st.kept.is_some()
-            });
-        }
-        if let Some(s) = g.get(&ino) {
+        if let Some(s) = g.map.get(&ino) {
             return Arc::clone(s);
         }
+        g.sweep_if_due();
         let s = Arc::new(Slot::default());
         *s.st.lock() = FileState::from_store(self.store.get(ino).as_ref());
-        g.insert(ino, Arc::clone(&s));
+        g.map.insert(ino, Arc::clone(&s));
         s
     }
 
     /// The state of a file, if it has a slot (no slot: no handle, nothing under way).
     fn peek(&self, ino: Ino) -> Option<FileState> {
-        self.slots.lock().get(&ino).map(|s| s.st.lock().clone())
+        self.slots.lock().map.get(&ino).map(|s| s.st.lock().clone())
     }
 
     /// With the slot's lock held: a settled phase follows the store (the persistent truth),
@@ -319,7 +341,7 @@ impl Pcc {
     /// the file as it would have without kept opens. (A handle still open, whose RELEASE has
     /// not come yet, is then closed as usual: `echo x > f; rm f` frees `f` at once.)
     pub fn name_gone(&self, ino: Ino) {
-        let Some(slot) = self.slots.lock().get(&ino).cloned() else {
+        let Some(slot) = self.slots.lock().map.get(&ino).cloned() else {
             return;
         };
         let mut st = slot.st.lock();
@@ -1085,7 +1107,7 @@ impl Pcc {
             return None;
         }
         // No slot, no kept open.
-        let slot = self.slots.lock().get(&ino).cloned()?;
+        let slot = self.slots.lock().map.get(&ino).cloned()?;
         // A writer is served only between transitions. A reader only changes counts (as its
         // close does), so it is served whatever transition holds the file, the phase
         // permitting: one that starts meanwhile finds it counted, and one that changed the
@@ -1173,6 +1195,7 @@ impl Pcc {
         let slots: Vec<(Ino, Arc<Slot>)> = self
             .slots
             .lock()
+            .map
             .iter()
             .map(|(i, s)| (*i, Arc::clone(s)))
             .collect();
@@ -2020,7 +2043,8 @@ pub fn read_piece(f: &File, off: u64, len: usize) -> std::io::Result<Bytes> {
 
 #[cfg(test)]
 mod tests {
-    use super::{Queued, RoCopies};
+    use super::{Queued, RoCopies, Slot, Slots, SLOTS_SWEEP};
+    use std::sync::Arc;
 
     #[test]
     fn ro_copy_queue_is_bounded_and_holds_each_file_once() {
@@ -2037,5 +2061,37 @@ mod tests {
         assert_eq!(q.pop(), Some("b"));
         assert_eq!(q.pop(), Some("a later"));
         assert_eq!(q.pop(), None);
+    }
+
+    #[test]
+    fn slots_in_use_stay_and_sweeps_come_once_the_map_doubled() {
+        let mut s = Slots::default();
+        // held slots (a caller's Arc), one with an open handle, the rest unused
+        let held: Vec<Arc<Slot>> = (0..3000u64)
+            .map(|i| {
+                let slot = Arc::new(Slot::default());
+                s.map.insert(i, Arc::clone(&slot));
+                slot
+            })
+            .collect();
+        let open = Arc::new(Slot::default());
+        open.st.lock().opens = 1;
+        s.map.insert(1_000_000, open);
+        for i in 0..(SLOTS_SWEEP as u64) {
+            s.map.insert(10_000 + i, Arc::new(Slot::default()));
+        }
+        s.sweep_if_due();
+        assert_eq!(s.map.len(), 3001, "only the slots in use stay");
+        assert!(s.map.contains_key(&1_000_000) && s.map.contains_key(&2999));
+        // with 3,001 slots in use, the next sweep waits until 6,002: no walk per new slot
+        for i in 0..3000u64 {
+            s.map.insert(20_000 + i, Arc::new(Slot::default()));
+            s.sweep_if_due();
+        }
+        assert_eq!(s.map.len(), 6001);
+        s.map.insert(30_000, Arc::new(Slot::default()));
+        s.sweep_if_due();
+        assert_eq!(s.map.len(), 3001);
+        drop(held);
     }
 }
