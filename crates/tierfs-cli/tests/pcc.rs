@@ -726,6 +726,95 @@ fn rw_rule_attaches_at_create() {
     assert_reads(&t.p(1, "x.h5"), &data, "b reads a's RW-PCC file");
 }
 
+/// tar's way with an RW-cached file (write, futimens, fchown, fchmod, close) and `touch`,
+/// `chmod`, `chown` of it once closed: another client sees each change after the owner's close
+/// (docs/semantics.md, "Attribute changes of a file being written"), and a time given as "now"
+/// is the same instant on both clients.
+#[test]
+fn rw_cached_times_owner_and_mode_are_seen_elsewhere() {
+    let _g = serial();
+    let (t, _) = pcc_fs(&[("a", &[("writeback_delay_secs", "1")]), ("b", &[])], 120);
+    pcc(
+        &t,
+        &[
+            "rule",
+            "add",
+            "--mode",
+            "rw",
+            "--client",
+            "a",
+            "fname={*.h5}",
+            "--mount",
+            &s(t.mnt(0)),
+        ],
+    )
+    .assert_ok();
+    thread::sleep(Duration::from_millis(2200));
+    let data = pattern(9, 0, 100_000);
+    let given = std::time::UNIX_EPOCH + Duration::from_secs(1_500_000_000);
+    let wb0 = pcc_event(t.mnt(0), "writebacks");
+    {
+        let f = File::create(t.p(0, "x.h5")).unwrap();
+        (&f).write_all(&data).unwrap();
+        f.set_times(fs::FileTimes::new().set_modified(given).set_accessed(given))
+            .unwrap();
+        std::os::unix::fs::fchown(&f, Some(4321), Some(8765)).unwrap();
+        f.set_permissions(fs::Permissions::from_mode(0o640))
+            .unwrap();
+        let st = state(&t, &t.p(0, "x.h5"));
+        assert_eq!(st.typ, "readwrite", "attached at create: {}", st.raw);
+        // the owner shows every change at once
+        let m = f.metadata().unwrap();
+        assert_eq!(
+            (m.len(), m.mtime(), m.uid(), m.gid(), m.mode() & 0o7777),
+            (100_000, 1_500_000_000, 4321, 8765, 0o640),
+            "owner, file open"
+        );
+    }
+    after_ttl();
+    let seen = |i: usize| {
+        let m = fs::metadata(t.p(i, "x.h5")).unwrap();
+        (
+            m.len(),
+            m.mtime(),
+            m.mtime_nsec(),
+            m.uid(),
+            m.gid(),
+            m.mode() & 0o7777,
+        )
+    };
+    assert_eq!(
+        seen(1),
+        (100_000, 1_500_000_000, 0, 4321, 8765, 0o640),
+        "b after a's close"
+    );
+    // closed and written back (clean: nothing reports the cache file's times again): touch,
+    // a chmod that takes permissions away, a chown back to root
+    wait_written_back(&t, t.mnt(0), wb0, &t.p(0, "x.h5"), Duration::from_secs(15));
+    let touched = std::process::Command::new("touch")
+        .arg(t.p(0, "x.h5"))
+        .status()
+        .unwrap();
+    assert!(touched.success());
+    fs::set_permissions(t.p(0, "x.h5"), fs::Permissions::from_mode(0o600)).unwrap();
+    std::os::unix::fs::chown(t.p(0, "x.h5"), Some(0), Some(0)).unwrap();
+    let owner = seen(0);
+    assert!(owner.1 > 1_500_000_000, "touched: {owner:?}");
+    assert_eq!((owner.3, owner.4, owner.5), (0, 0, 0o600), "{owner:?}");
+    after_ttl();
+    assert_eq!(
+        seen(1),
+        owner,
+        "b sees a's touch (the same instant), chmod and chown"
+    );
+    assert_eq!(
+        state(&t, &t.p(0, "x.h5")).typ,
+        "readwrite",
+        "no open elsewhere: the lease stayed"
+    );
+    assert_reads(&t.p(1, "x.h5"), &data, "b reads a's data");
+}
+
 // ---------------------------------------------------------------------------------------------
 // 3: background write-back, owner down
 // ---------------------------------------------------------------------------------------------

@@ -1117,8 +1117,16 @@ impl FsInner {
             .as_ref()
             .map(|p| p.local_attr(ino).is_some())
             .unwrap_or(false);
+        let (mut atime, mut mtime) = (atime, mtime);
         if let (true, Some(pcc)) = (local, &self.pcc) {
-            // RW-cached here: size and times belong to the cache file.
+            // RW-cached here: size and times belong to the cache file. Times go to the engine
+            // too (below), the same ones: "now" is read once, here.
+            let now = std::time::SystemTime::now();
+            let pin = |t: TimeOrNow| match t {
+                TimeOrNow::Now => TimeOrNow::SpecificTime(now),
+                t => t,
+            };
+            (atime, mtime) = (atime.map(pin), mtime.map(pin));
             pcc.set_local(ino, size, atime.map(time_set), mtime.map(time_set))?;
             size = None;
         } else if size.is_some() {

@@ -1484,8 +1484,10 @@ impl Pcc {
         Ok(())
     }
 
-    /// Truncate or set times of an RW-cached file: the cache file changes, the metadata engine
-    /// hears of the new size and mtime.
+    /// Truncate or set times of an RW-cached file: the cache file changes. A new size is
+    /// reported to the metadata engine (with the cache file's mtime); times alone are not: the
+    /// caller's setattr sets them in the engine (one transaction, not a report and then a
+    /// setattr), and the file's next report finds the cache file's mtime equal to it.
     pub fn set_local(
         &self,
         ino: Ino,
@@ -1518,7 +1520,9 @@ impl Pcc {
             times = times.set_modified(std::time::SystemTime::now());
         }
         f.set_times(times).map_err(io)?;
-        self.report(ino, true)?;
+        if size.is_some() {
+            self.report(ino, true)?;
+        }
         Ok(())
     }
 
