@@ -753,8 +753,18 @@ fn rw_cached_times_owner_and_mode_are_seen_elsewhere() {
     let data = pattern(9, 0, 100_000);
     let given = std::time::UNIX_EPOCH + Duration::from_secs(1_500_000_000);
     let wb0 = pcc_event(t.mnt(0), "writebacks");
+    let deferred = || stat_value(t.mnt(0), "tierfs_setattrs_deferred_total");
+    let deferred0 = deferred();
     {
-        let f = File::create(t.p(0, "x.h5")).unwrap();
+        // (created 0600: the chown takes nothing from the old group, the chmod only adds,
+        // so both may wait; data/deferred.rs)
+        let f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(t.p(0, "x.h5"))
+            .unwrap();
         (&f).write_all(&data).unwrap();
         f.set_times(fs::FileTimes::new().set_modified(given).set_accessed(given))
             .unwrap();
@@ -769,6 +779,12 @@ fn rw_cached_times_owner_and_mode_are_seen_elsewhere() {
             (m.len(), m.mtime(), m.uid(), m.gid(), m.mode() & 0o7777),
             (100_000, 1_500_000_000, 4321, 8765, 0o640),
             "owner, file open"
+        );
+        // they wait for the writer's report (the close): times, chown and chmod
+        assert!(
+            deferred() >= deferred0 + 3,
+            "{} setattrs kept for the report",
+            deferred() - deferred0
         );
     }
     after_ttl();
@@ -813,6 +829,20 @@ fn rw_cached_times_owner_and_mode_are_seen_elsewhere() {
         "no open elsewhere: the lease stayed"
     );
     assert_reads(&t.p(1, "x.h5"), &data, "b reads a's data");
+    // a kept chmod, then one that takes permissions away (it goes now, with the kept one
+    // before it): the last one stays, on both clients
+    {
+        let f = File::create(t.p(0, "y.h5")).unwrap();
+        (&f).write_all(&data).unwrap();
+        f.set_permissions(fs::Permissions::from_mode(0o666))
+            .unwrap();
+        f.set_permissions(fs::Permissions::from_mode(0o604))
+            .unwrap();
+        assert_eq!(f.metadata().unwrap().mode() & 0o7777, 0o604);
+    }
+    after_ttl();
+    assert_eq!(fs::metadata(t.p(1, "y.h5")).unwrap().mode() & 0o7777, 0o604);
+    assert_eq!(fs::metadata(t.p(0, "y.h5")).unwrap().mode() & 0o7777, 0o604);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -661,6 +661,12 @@ impl FsInner {
             _ => (None, a.size, a.size),
         };
         let a = shown.as_ref().unwrap_or(a);
+        // (an RW-cached file's changes waiting for its report: Pcc::defer_setattr)
+        let pcc_shown = match (&self.pcc, a.kind) {
+            (Some(pcc), Kind::File) => pcc.shown(a),
+            _ => None,
+        };
+        let a = pcc_shown.as_ref().unwrap_or(a);
         // Every reply with attributes says whether the inode has xattrs.
         self.xattr_hint.seen(a);
         let mut mtime = a.mtime;
@@ -860,6 +866,10 @@ impl FsInner {
         // with a chmod that waits for its buffered writes' commit.
         let a = self.meta.getattr(ino)?;
         let a = self.data.shown(&a).unwrap_or(a);
+        let a = match &self.pcc {
+            Some(pcc) => pcc.shown(&a).unwrap_or(a),
+            None => a,
+        };
         if name == acl::DEFAULT {
             if a.kind != Kind::Dir {
                 return Err(ClientError::Errno(
@@ -902,8 +912,15 @@ impl FsInner {
                 return Ok(());
             }
         }
-        // Changes waiting for a commit of buffered writes go first: this one is newer.
+        // Changes waiting for a commit of buffered writes (or for an RW-cached file's report)
+        // go first: this one is newer.
         self.data.settle(ino)?;
+        if let Some(pcc) = &self.pcc {
+            pcc.with_deferred(ino, |waiting| match waiting {
+                Some(w) => self.meta.setattr(ino, w).map(drop).map_err(Into::into),
+                None => Ok(()),
+            })?;
+        }
         // The mode is set only when it changes (as on ext4; the ACL's own change moves the
         // ctime); its reply counts the xattrs in the same transaction.
         let now = if perm != a.perm {
@@ -1127,7 +1144,9 @@ impl FsInner {
                 t => t,
             };
             (atime, mtime) = (atime.map(pin), mtime.map(pin));
-            pcc.set_local(ino, size, atime.map(time_set), mtime.map(time_set))?;
+            if size.is_some() || atime.is_some() || mtime.is_some() {
+                pcc.set_local(ino, size, atime.map(time_set), mtime.map(time_set))?;
+            }
             size = None;
         } else if size.is_some() {
             // Another client's RW-PCC file is given back before its size changes here (the
@@ -1163,6 +1182,15 @@ impl FsInner {
             kill_setid,
             unless_changed: None,
         };
+        if let (true, Some(pcc), None, None) = (local, &self.pcc, size, ctime) {
+            // RW-cached here with a writer (tar's fchown and fchmod before its close): the
+            // change may wait for the writer's report (Pcc::defer_setattr), judged on the
+            // attributes the engine has now.
+            let base = self.meta.getattr(ino)?;
+            if let Some(a) = pcc.defer_setattr(ino, &set, &base) {
+                return Ok(Step::Done(a));
+            }
+        }
         if size.is_none() && !local && !self.writeback_cache {
             // Times, a mode that adds permissions, a chown that takes nothing away, of a file
             // with writes buffered here (tar's futimens, fchown and fchmod before its close):
@@ -1184,9 +1212,17 @@ impl FsInner {
             None
         };
         let alone = committed.is_none();
-        let a = match committed {
-            Some(a) => a,
-            None => self.meta.setattr(ino, &set)?,
+        let a = match (committed, &self.pcc) {
+            (Some(a), _) => a,
+            // with the changes waiting for the file's report, older, in the same transaction
+            (None, Some(pcc)) if local => pcc.with_deferred(ino, |waiting| {
+                let set = match waiting {
+                    Some(w) => crate::data::deferred::merged(w, &set),
+                    None => set.clone(),
+                };
+                Ok(self.meta.setattr(ino, &set)?)
+            })?,
+            (None, _) => self.meta.setattr(ino, &set)?,
         };
         // The count comes from the same transaction: without xattrs there is no ACL to follow.
         if let (Some(m), true) = (chmod, a.has_xattrs()) {

@@ -13,11 +13,12 @@ use parking_lot::Mutex;
 
 use tierfs_meta::{
     now_nanos, Attr, Channel, Ino, Kind, Listener, MetaEngine, MetaError, PccLease, PccOpen,
-    PccRuleRow,
+    PccRuleRow, SetAttr,
 };
 use tierfs_pcc::rules::{FileFacts, Rule};
 use tierfs_pcc::store::{CacheStore, Entry, Eviction, Mode};
 
+use crate::data::deferred::{self, Deferred};
 use crate::data::DataPath;
 use crate::error::{ClientError, Result};
 use crate::lease::{Lease, Recaller};
@@ -216,10 +217,10 @@ impl Slots {
             return;
         }
         // Their state is the store's again. (Not those with a kept open: its record must be
-        // closed some day.)
+        // closed some day; nor those with attribute changes waiting for a report.)
         self.map.retain(|_, s| {
             let st = s.st.lock();
-            Arc::strong_count(s) > 1 || st.opens > 0 || st.kept.is_some()
+            Arc::strong_count(s) > 1 || st.opens > 0 || st.kept.is_some() || st.deferred.is_some()
         });
         self.sweep_at = 2 * self.map.len();
     }
@@ -902,8 +903,7 @@ impl Pcc {
         let (size, mtime) = self.local_attr(ino).unwrap_or((0, now_nanos()));
         test_writeback_stall();
         let attr = self.data.write_back(ino, &f, size, mtime)?;
-        self.meta
-            .pcc_report(ino, &self.client, e.generation, !clean, size, mtime)?;
+        self.send_report(slot, ino, e.generation, !clean, size, mtime)?;
         self.store
             .update(ino, |en| {
                 en.dirty = !clean;
@@ -989,6 +989,14 @@ impl Pcc {
             if let Err(err) = self.meta.close_files(by.session, &[ino]) {
                 tracing::debug!(ino, "close of a kept open at give-back: {err}; queued");
                 self.data.queue_close(ino, by.caller, by.session);
+            }
+        }
+        // Attribute changes still waiting for a report (one failed) go before the lease.
+        let waiting = slot.st.lock().deferred.take();
+        if let Some(d) = waiting {
+            if let Err(err) = self.meta.setattr(ino, &d.set) {
+                Self::put_back(slot, d);
+                return Err(err.into());
             }
         }
         if !self.meta.pcc_release(ino, &self.client, e.generation)? {
@@ -1463,13 +1471,16 @@ impl Pcc {
             return Ok(());
         };
         let told = (e.generation, size, mtime);
-        if dirty && e.dirty && slot.st.lock().reported == Some(told) {
+        let same = {
+            let st = slot.st.lock();
+            st.reported == Some(told) && st.deferred.is_none()
+        };
+        if dirty && e.dirty && same {
             self.store.touch(ino, |e| e.last_write = now_nanos());
             slot.st.lock().last_report = Some(Instant::now());
             return Ok(());
         }
-        self.meta
-            .pcc_report(ino, &self.client, e.generation, dirty, size, mtime)?;
+        self.send_report(slot, ino, e.generation, dirty, size, mtime)?;
         if dirty {
             let _ = self.store.update(ino, |e| {
                 e.dirty = true;
@@ -1482,6 +1493,119 @@ impl Pcc {
         st.last_report = Some(Instant::now());
         st.reported = dirty.then_some(told);
         Ok(())
+    }
+
+    /// The report of `ino`'s cache file to the engine (the slot's `report` lock held), with
+    /// the attribute changes that waited for it in its transaction. When the lease went
+    /// meanwhile those changes are the application's all the same: they go on their own.
+    /// Changes that did not land wait again.
+    fn send_report(
+        &self,
+        slot: &Slot,
+        ino: Ino,
+        generation: u64,
+        dirty: bool,
+        size: u64,
+        mtime: tierfs_meta::Nanos,
+    ) -> Result<()> {
+        let waiting = slot.st.lock().deferred.take();
+        let Some(d) = waiting else {
+            self.meta
+                .pcc_report(ino, &self.client, generation, dirty, size, mtime)?;
+            return Ok(());
+        };
+        match self
+            .meta
+            .pcc_report_then(ino, &self.client, generation, dirty, size, mtime, &d.set)
+        {
+            Ok(_) => Ok(()),
+            Err(err @ (MetaError::NotFound | MetaError::WouldBlock)) => {
+                if let Err(e2) = self.meta.setattr(ino, &d.set) {
+                    tracing::warn!(ino, "attribute changes kept for a report: {e2}");
+                    Self::put_back(slot, d);
+                }
+                Err(err.into())
+            }
+            Err(err) => {
+                Self::put_back(slot, d);
+                Err(err.into())
+            }
+        }
+    }
+
+    /// Waiting changes `d` that did not land wait again, older than any kept since.
+    fn put_back(slot: &Slot, d: Deferred) {
+        let mut st = slot.st.lock();
+        st.deferred = Some(match st.deferred.take() {
+            Some(newer) => Deferred::merge(Some(d), newer),
+            None => d,
+        });
+    }
+
+    /// A setattr of `ino`, RW-cached here with a writer, that may wait for the file's next
+    /// report to the engine (the writer's close at the latest, or the `pcc` worker's report of
+    /// a file open for writing, every second): kept for that report's transaction, as the
+    /// data path keeps a setattr for the commit of buffered writes (data/deferred.rs: the same
+    /// rules of what may wait). `base`: the file's attributes as the engine has them now. The
+    /// attributes to answer with; None when the change must go now.
+    pub fn defer_setattr(&self, ino: Ino, set: &SetAttr, base: &Attr) -> Option<Attr> {
+        let slot = self.slots.lock().map.get(&ino).cloned()?;
+        let mut st = slot.st.lock();
+        if !matches!(st.phase, Phase::Rw { .. }) || st.writers == 0 {
+            return None;
+        }
+        let shown = st.deferred.as_ref().map(|d| d.apply(base));
+        if !deferred::may_wait(shown.as_ref().unwrap_or(base), set) {
+            return None;
+        }
+        let now = now_nanos();
+        // A given mtime is the cache file's already (Pcc::set_local), which every report
+        // carries: a write after it moves it on, and the report's mtime is the later one.
+        let set = SetAttr {
+            mtime: None,
+            ..set.clone()
+        };
+        let d = Deferred {
+            set: deferred::kept(&set, base, now),
+            at: now,
+            since: now,
+        };
+        let d = Deferred::merge(st.deferred.take(), d);
+        let shown = d.apply(base);
+        st.deferred = Some(d);
+        self.metrics.setattrs_deferred.inc();
+        Some(shown)
+    }
+
+    /// Runs `send`, an engine change of `ino`'s attributes that does not wait, with the
+    /// changes waiting for the file's report (older: `send` merges them before its own), under
+    /// the slot's `report` lock: no report carrying older changes lands after it. Changes
+    /// that did not land wait again.
+    pub fn with_deferred<T>(
+        &self,
+        ino: Ino,
+        send: impl FnOnce(Option<&SetAttr>) -> Result<T>,
+    ) -> Result<T> {
+        let Some(slot) = self.slots.lock().map.get(&ino).cloned() else {
+            return send(None);
+        };
+        let _reporting = slot.report.lock();
+        let waiting = slot.st.lock().deferred.take();
+        let r = send(waiting.as_ref().map(|d| &d.set));
+        if r.is_err() {
+            if let Some(d) = waiting {
+                Self::put_back(&slot, d);
+            }
+        }
+        r
+    }
+
+    /// `a` (the engine's) as this client shows it: with the attribute changes waiting for the
+    /// file's report; None when none wait.
+    pub fn shown(&self, a: &Attr) -> Option<Attr> {
+        let slot = self.slots.lock().map.get(&a.ino).cloned()?;
+        let st = slot.st.lock();
+        st.deferred.as_ref().map(|d| d.apply(a))
     }
 
     /// Truncate or set times of an RW-cached file: the cache file changes. A new size is

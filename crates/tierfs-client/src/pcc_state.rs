@@ -162,6 +162,10 @@ pub struct FileState {
     /// This client removed a name of the file: its opens are no longer kept (the engine frees
     /// an unlinked file at its last close, which a kept open would put off).
     pub name_gone: bool,
+    /// Attribute changes of an RW-cached file that wait for its next report to the engine
+    /// (a writer's `fchmod`, `fchown`, times before its close; `Pcc::defer_setattr`): they go
+    /// in the report's transaction. Taken and sent with `Slot::report` held.
+    pub(crate) deferred: Option<crate::data::deferred::Deferred>,
 }
 
 impl FileState {

@@ -92,6 +92,10 @@ pub fn run_all(factory: &Factory<'_>) {
         ),
         ("pcc_leases_and_rules", pcc_leases_and_rules),
         (
+            "pcc_report_then_applies_the_waiting_changes",
+            pcc_report_then_applies_the_waiting_changes,
+        ),
+        (
             "pcc_open_checks_the_lease_and_records_in_one_step",
             pcc_open_checks_the_lease_and_records_in_one_step,
         ),
@@ -2521,6 +2525,75 @@ fn pcc_snapshot_recalls(e: &dyn MetaEngine) {
     assert_eq!(e.pcc_lease(f.ino).unwrap().unwrap().snapshot, s4);
     e.close_files(a, &[f.ino]).unwrap();
     e.close_files(b, &[f.ino]).unwrap();
+}
+
+/// The owner's report with the attribute changes that waited for it: both in one transaction,
+/// neither when the lease is not the reporter's, and a kept change gives way to a newer one.
+fn pcc_report_then_applies_the_waiting_changes(e: &dyn MetaEngine) {
+    let f = e
+        .create(ROOT_INO, b"f", &file(), Some(layout()), None)
+        .unwrap();
+    let l = e.pcc_acquire(f.ino, "a").unwrap();
+    let set = SetAttr {
+        perm: Some(0o640),
+        uid: Some(4321),
+        gid: Some(8765),
+        atime: Some(TimeSet::At(55)),
+        unless_changed: Some(AttrBase {
+            perm: Some(f.perm),
+            uid: Some(f.uid),
+            gid: Some(f.gid),
+        }),
+        ..Default::default()
+    };
+    // another holder's report: nothing of it applies
+    assert!(matches!(
+        e.pcc_report_then(f.ino, "b", l.generation, true, 9, 99, &set),
+        Err(MetaError::WouldBlock)
+    ));
+    let now = e.getattr(f.ino).unwrap();
+    assert_eq!((now.size, now.perm, now.uid), (0, f.perm, f.uid));
+    assert!(!e.pcc_lease(f.ino).unwrap().unwrap().dirty);
+    let a = e
+        .pcc_report_then(f.ino, "a", l.generation, true, 12345, 77, &set)
+        .unwrap();
+    let want = (12345, 77, 55, 0o640, 4321, 8765);
+    assert_eq!((a.size, a.mtime, a.atime, a.perm, a.uid, a.gid), want);
+    let now = e.getattr(f.ino).unwrap();
+    assert_eq!(
+        (now.size, now.mtime, now.atime, now.perm, now.uid, now.gid),
+        want
+    );
+    assert!(e.pcc_lease(f.ino).unwrap().unwrap().dirty);
+    // a change kept since before another's newer chmod: the mode stays the newer one's
+    e.setattr(
+        f.ino,
+        &SetAttr {
+            perm: Some(0o600),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let stale = SetAttr {
+        perm: Some(0o644),
+        unless_changed: Some(AttrBase {
+            perm: Some(0o640),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let a = e
+        .pcc_report_then(f.ino, "a", l.generation, false, 1, 78, &stale)
+        .unwrap();
+    assert_eq!((a.perm, a.size, a.mtime), (0o600, 1, 78));
+    assert!(!e.pcc_lease(f.ino).unwrap().unwrap().dirty);
+    assert!(e.pcc_release(f.ino, "a", l.generation).unwrap());
+    // no lease: NotFound, nothing applied
+    assert!(matches!(
+        e.pcc_report_then(f.ino, "a", l.generation, true, 5, 5, &set),
+        Err(MetaError::NotFound)
+    ));
+    assert_eq!(e.getattr(f.ino).unwrap().perm, 0o600);
 }
 
 fn pcc_leases_and_rules(e: &dyn MetaEngine) {

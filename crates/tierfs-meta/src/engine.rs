@@ -327,6 +327,22 @@ pub trait Pcc: Send + Sync {
         size: u64,
         mtime: Nanos,
     ) -> Result<Attr>;
+    /// [`Pcc::pcc_report`] with the owner's attribute changes that waited for it (a writer's
+    /// `fchmod`, `fchown` or times before its close: the client's deferred setattr) applied
+    /// in the same transaction, after the report ([`crate::SetAttr::unless_changed`] keeps
+    /// another client's newer change). Nothing of either is applied when the lease is not
+    /// `client`'s at `generation`.
+    #[allow(clippy::too_many_arguments)]
+    fn pcc_report_then(
+        &self,
+        ino: Ino,
+        client: &str,
+        generation: u64,
+        dirty: bool,
+        size: u64,
+        mtime: Nanos,
+        then: &SetAttr,
+    ) -> Result<Attr>;
     /// The owner gives the lease of `generation` back (and any request to give it back goes).
     /// False when the lease is not that one (nothing changes).
     fn pcc_release(&self, ino: Ino, client: &str, generation: u64) -> Result<bool>;

@@ -365,6 +365,7 @@ impl Pcc for FaultyEngine {
         fn pcc_create(&self, parent: Ino, name: &[u8], node: &NewNode, layout: Option<Layout>, open_by: Option<u64>, client: &str, want: &dyn Fn(&Attr) -> bool) -> Result<(Attr, Option<PccLease>)>;
         fn pcc_open(&self, session: u64, ino: Ino, client: &str, write: bool, snapshot: Option<u64>) -> Result<PccOpen>;
         fn pcc_report(&self, ino: Ino, client: &str, generation: u64, dirty: bool, size: u64, mtime: Nanos) -> Result<Attr>;
+        fn pcc_report_then(&self, ino: Ino, client: &str, generation: u64, dirty: bool, size: u64, mtime: Nanos, then: &SetAttr) -> Result<Attr>;
         fn pcc_release(&self, ino: Ino, client: &str, generation: u64) -> Result<bool>;
         fn pcc_break(&self, ino: Ino, client: &str, generation: u64) -> Result<bool>;
         fn pcc_request_recall(&self, ino: Ino, requester: &str, write: bool) -> Result<u64>;

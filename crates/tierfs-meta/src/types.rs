@@ -147,7 +147,7 @@ pub enum TimeSet {
 }
 
 /// The changes of one `setattr` call; `None` leaves a field alone.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SetAttr {
     pub perm: Option<u32>,
     pub uid: Option<u32>,

@@ -19,8 +19,8 @@ const SETID: u32 = libc::S_ISUID | libc::S_ISGID;
 
 /// The changes kept for one file, when the last of them was made (its ctime here), and when
 /// the first was (they wait at most [`super::DEFERRED_MAX_AGE`] from then).
-#[derive(Clone, Debug)]
-pub(super) struct Deferred {
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Deferred {
     pub set: SetAttr,
     pub at: Nanos,
     pub since: Nanos,
@@ -68,7 +68,7 @@ impl Deferred {
 }
 
 /// `newer` after `older`, as one setattr: each field the newer one sets wins.
-pub(super) fn merged(older: &SetAttr, newer: &SetAttr) -> SetAttr {
+pub(crate) fn merged(older: &SetAttr, newer: &SetAttr) -> SetAttr {
     SetAttr {
         perm: newer.perm.or(older.perm),
         uid: newer.uid.or(older.uid),
@@ -100,7 +100,7 @@ fn merged_base(older: &SetAttr, newer: &SetAttr) -> Option<AttrBase> {
 /// mode, owner and group apply then only if the file still has `base`'s (another client's
 /// change meanwhile is newer and stays); and no clearing of setuid/setgid (a waiting change
 /// was judged on a file without them: if another client set them meanwhile, that is newer).
-pub(super) fn kept(set: &SetAttr, base: &Attr, now: Nanos) -> SetAttr {
+pub(crate) fn kept(set: &SetAttr, base: &Attr, now: Nanos) -> SetAttr {
     let b = AttrBase {
         perm: set.perm.map(|_| base.perm),
         uid: set.uid.map(|_| base.uid),
@@ -136,7 +136,7 @@ pub(super) fn pinned(set: &SetAttr, now: Nanos) -> SetAttr {
 /// setgid to clear, the old owner is root or stays, and the old group had no permission bits
 /// or stays. Never a truncate, a kernel-given ctime (the writeback cache's), a file with
 /// extended attributes (an ACL follows every chmod), or anything but a regular file.
-pub(super) fn may_wait(a: &Attr, set: &SetAttr) -> bool {
+pub(crate) fn may_wait(a: &Attr, set: &SetAttr) -> bool {
     if a.kind != Kind::File || a.has_xattrs() || set.size.is_some() || set.ctime.is_some() {
         return false;
     }

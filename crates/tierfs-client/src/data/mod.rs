@@ -3,7 +3,7 @@
 //! metadata transaction at flush, fsync, close, or when the buffer fills.
 
 pub mod cache;
-mod deferred;
+pub(crate) mod deferred;
 #[cfg(test)]
 mod deferred_tests;
 #[cfg(test)]

@@ -306,6 +306,40 @@ fn pg_report(
     attr_from_row(&r)
 }
 
+/// [`Pcc::pcc_report`] on SQLite (the writer's transaction orders it against every other).
+fn sqlite_report(
+    tx: &mut dyn Tx,
+    ino: Ino,
+    client: &str,
+    generation: u64,
+    dirty: bool,
+    size: u64,
+    mtime: Nanos,
+) -> Result<Attr> {
+    // A dirty cache of an archived file makes it dirty (HSM), in the same statement.
+    static UPDATE: AttrUpdate = AttrUpdate::new(
+        "UPDATE inodes SET size = $2, mtime = $3, ctime = GREATEST(ctime, $3), \
+         hsm = CASE WHEN $4 <> 0 AND hsm & 8 <> 0 THEN hsm | 2 ELSE hsm END WHERE ino = $1",
+    );
+    lock_rows(tx, &[ino])?;
+    let l = lease_of(tx, ino)?.ok_or(MetaError::NotFound)?;
+    if l.client != client || l.generation != generation {
+        // Not this holder's lease any more (given back, broken, taken again).
+        return Err(MetaError::WouldBlock);
+    }
+    tx.exec(
+        "UPDATE pcc_leases SET dirty = $2 WHERE ino = $1",
+        vals![ino, dirty as i64],
+    )?;
+    let a = UPDATE.run(tx, ino, vals![ino, size, mtime, dirty as i64])?;
+    // changelog: MTIME (the lease owner's cached copy: size and mtime)
+    super::changelog::record(
+        tx,
+        &super::changelog::Rec::new(crate::changelog::RecordType::Mtime, ino),
+    )?;
+    Ok(a)
+}
+
 impl<D: Driver> Pcc for SqlMeta<D> {
     fn pcc_lease(&self, ino: Ino) -> Result<Option<PccLease>> {
         self.d.read(|tx| lease_of(tx, ino))
@@ -429,29 +463,28 @@ impl<D: Driver> Pcc for SqlMeta<D> {
                 .d
                 .write_one(|tx| pg_report(tx, ino, client, generation, dirty, size, mtime));
         }
-        // A dirty cache of an archived file makes it dirty (HSM), in the same statement.
-        static UPDATE: AttrUpdate = AttrUpdate::new(
-            "UPDATE inodes SET size = $2, mtime = $3, ctime = GREATEST(ctime, $3), \
-             hsm = CASE WHEN $4 <> 0 AND hsm & 8 <> 0 THEN hsm | 2 ELSE hsm END WHERE ino = $1",
-        );
+        self.d
+            .write(|tx| sqlite_report(tx, ino, client, generation, dirty, size, mtime))
+    }
+
+    fn pcc_report_then(
+        &self,
+        ino: Ino,
+        client: &str,
+        generation: u64,
+        dirty: bool,
+        size: u64,
+        mtime: Nanos,
+        then: &SetAttr,
+    ) -> Result<Attr> {
+        let pg = self.d.dialect().is_postgres();
         self.d.write(|tx| {
-            lock_rows(tx, &[ino])?;
-            let l = lease_of(tx, ino)?.ok_or(MetaError::NotFound)?;
-            if l.client != client || l.generation != generation {
-                // Not this holder's lease any more (given back, broken, taken again).
-                return Err(MetaError::WouldBlock);
+            if pg {
+                pg_report(tx, ino, client, generation, dirty, size, mtime)?;
+            } else {
+                sqlite_report(tx, ino, client, generation, dirty, size, mtime)?;
             }
-            tx.exec(
-                "UPDATE pcc_leases SET dirty = $2 WHERE ino = $1",
-                vals![ino, dirty as i64],
-            )?;
-            let a = UPDATE.run(tx, ino, vals![ino, size, mtime, dirty as i64])?;
-            // changelog: MTIME (the lease owner's cached copy: size and mtime)
-            super::changelog::record(
-                tx,
-                &super::changelog::Rec::new(crate::changelog::RecordType::Mtime, ino),
-            )?;
-            Ok(a)
+            super::namespace::setattr_in(tx, ino, then)
         })
     }
 
