@@ -186,7 +186,8 @@ impl Metrics {
         registry.register(
             "setattrs_deferred",
             "Setattrs (times, a mode that adds permissions, a chown that takes nothing away) of \
-             a file with writes buffered here, committed in the transaction of those writes",
+             a file with writes buffered here, committed in the transaction of those writes, \
+             or of a file RW-cached here with a writer, sent with its next report",
             setattrs_deferred.clone(),
         );
         let opens_queued = Counter::default();
