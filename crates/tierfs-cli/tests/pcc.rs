@@ -681,12 +681,10 @@ fn ior_c_three_clients_under_rw_rule() {
     );
 }
 
-#[test]
-fn rw_rule_attaches_at_create() {
-    let _g = serial();
-    let (t, _) = pcc_fs(&[("a", &[]), ("b", &[])], 120);
+/// An RW rule for client a's `*.h5` files, added through the first mount and in force there.
+fn rw_h5_rule_for_client_a(t: &TestFs) {
     pcc(
-        &t,
+        t,
         &[
             "rule",
             "add",
@@ -701,6 +699,13 @@ fn rw_rule_attaches_at_create() {
     )
     .assert_ok();
     thread::sleep(Duration::from_millis(2200));
+}
+
+#[test]
+fn rw_rule_attaches_at_create() {
+    let _g = serial();
+    let (t, _) = pcc_fs(&[("a", &[]), ("b", &[])], 120);
+    rw_h5_rule_for_client_a(&t);
     let before = total_usage(&t);
     let data = pattern(5, 0, 2 * MIB);
     fs::write(t.p(0, "x.h5"), &data).unwrap();
@@ -734,22 +739,7 @@ fn rw_rule_attaches_at_create() {
 fn rw_cached_times_owner_and_mode_are_seen_elsewhere() {
     let _g = serial();
     let (t, _) = pcc_fs(&[("a", &[("writeback_delay_secs", "1")]), ("b", &[])], 120);
-    pcc(
-        &t,
-        &[
-            "rule",
-            "add",
-            "--mode",
-            "rw",
-            "--client",
-            "a",
-            "fname={*.h5}",
-            "--mount",
-            &s(t.mnt(0)),
-        ],
-    )
-    .assert_ok();
-    thread::sleep(Duration::from_millis(2200));
+    rw_h5_rule_for_client_a(&t);
     let data = pattern(9, 0, 100_000);
     let given = std::time::UNIX_EPOCH + Duration::from_secs(1_500_000_000);
     let wb0 = pcc_event(t.mnt(0), "writebacks");
