@@ -995,7 +995,7 @@ impl Pcc {
         let waiting = slot.st.lock().deferred.take();
         if let Some(d) = waiting {
             if let Err(err) = self.meta.setattr(ino, &d.set) {
-                Self::put_back(slot, d);
+                d.put_back(&mut slot.st.lock().deferred);
                 return Err(err.into());
             }
         }
@@ -1522,24 +1522,15 @@ impl Pcc {
             Err(err @ (MetaError::NotFound | MetaError::WouldBlock)) => {
                 if let Err(e2) = self.meta.setattr(ino, &d.set) {
                     tracing::warn!(ino, "attribute changes kept for a report: {e2}");
-                    Self::put_back(slot, d);
+                    d.put_back(&mut slot.st.lock().deferred);
                 }
                 Err(err.into())
             }
             Err(err) => {
-                Self::put_back(slot, d);
+                d.put_back(&mut slot.st.lock().deferred);
                 Err(err.into())
             }
         }
-    }
-
-    /// Waiting changes `d` that did not land wait again, older than any kept since.
-    fn put_back(slot: &Slot, d: Deferred) {
-        let mut st = slot.st.lock();
-        st.deferred = Some(match st.deferred.take() {
-            Some(newer) => Deferred::merge(Some(d), newer),
-            None => d,
-        });
     }
 
     /// A setattr of `ino`, RW-cached here with a writer, that may wait for the file's next
@@ -1594,7 +1585,7 @@ impl Pcc {
         let r = send(waiting.as_ref().map(|d| &d.set));
         if r.is_err() {
             if let Some(d) = waiting {
-                Self::put_back(&slot, d);
+                d.put_back(&mut slot.st.lock().deferred);
             }
         }
         r
@@ -1603,8 +1594,10 @@ impl Pcc {
     /// `a` (the engine's) as this client shows it: with the attribute changes waiting for the
     /// file's report; None when none wait.
     pub fn shown(&self, a: &Attr) -> Option<Attr> {
-        let slot = self.slots.lock().map.get(&a.ino).cloned()?;
-        let st = slot.st.lock();
+        // (on every reply with a file's attributes: no Arc clone; the slots' lock before a
+        // state's, as a sweep takes them)
+        let slots = self.slots.lock();
+        let st = slots.map.get(&a.ino)?.st.lock();
         st.deferred.as_ref().map(|d| d.apply(a))
     }
 

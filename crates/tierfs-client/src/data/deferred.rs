@@ -61,6 +61,15 @@ impl Deferred {
         a
     }
 
+    /// Changes `self` that did not land (their commit or report failed) wait again in
+    /// `waiting`, older than whatever waited there since.
+    pub fn put_back(self, waiting: &mut Option<Deferred>) {
+        *waiting = Some(match waiting.take() {
+            Some(newer) => Deferred::merge(Some(self), newer),
+            None => self,
+        });
+    }
+
     /// Forgets a given mtime: a write after it makes the commit's own time the mtime.
     pub fn written(&mut self) {
         self.set.mtime = None;

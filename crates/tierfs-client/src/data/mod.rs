@@ -164,10 +164,7 @@ impl FileInner {
     /// Waiting changes `d` that did not land (their commit failed) wait again, older than
     /// whatever waited since.
     fn put_back(&mut self, d: deferred::Deferred) {
-        self.deferred = Some(match self.deferred.take() {
-            Some(newer) => deferred::Deferred::merge(Some(d), newer),
-            None => d,
-        });
+        d.put_back(&mut self.deferred);
     }
 
     /// Forgets the cached slice lists; answers read from the engine before this are not kept.
