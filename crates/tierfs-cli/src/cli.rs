@@ -130,8 +130,9 @@ pub struct FormatArgs {
     /// Default stripe size: a multiple of 64K, e.g. 1M.
     #[arg(long, short = 'S', default_value = "1M")]
     pub stripe_size: String,
-    /// Files no larger than this keep their data in the metadata database (0 disables).
-    #[arg(long, default_value = "64K")]
+    /// Files no larger than this keep their data in the metadata database (0 disables), as
+    /// Lustre's Data-on-MDT: no object, and no object fsync at close (at most 1M).
+    #[arg(long, default_value = "256K")]
     pub inline_threshold: String,
     /// Filesystem name.
     #[arg(long, default_value = "tierfs")]

@@ -293,7 +293,7 @@ pub fn up(a: UpArgs, log_level: &str) -> Result<()> {
                 ],
                 stripe_count: 1,
                 stripe_size: "1M".into(),
-                inline_threshold: "64K".into(),
+                inline_threshold: "256K".into(),
                 name: "demo".into(),
                 fs_name: None,
                 s3_endpoint: None,

@@ -399,6 +399,39 @@ fn small_files_read_back() {
     }
 }
 
+/// `tierfs format` without `--inline-threshold` keeps files up to 256 KiB in the metadata
+/// database (no object on a target, so no object fsync at their close) and puts a byte more in
+/// objects; both read back whole from another client.
+#[test]
+fn default_format_keeps_files_up_to_256k_inline() {
+    let t = TestFs::with(Opts {
+        clients: 2,
+        inline_threshold: None,
+        ..Opts::default()
+    });
+    let out = t.tierfs(&["status", "--meta", &t.meta_url()]);
+    out.assert_ok();
+    assert!(
+        out.stdout.contains("inline up to 256.0K,"),
+        "{}",
+        out.describe()
+    );
+    // (each target also holds its label, `.tierfs-target`)
+    let objects = || {
+        (0..2)
+            .map(|i| dir_usage(&t.target_dir(i).join("objects")))
+            .sum::<u64>()
+    };
+    let small = pattern(40, 0, 256 << 10);
+    fs::write(t.p(0, "small"), &small).unwrap();
+    assert_eq!(objects(), 0, "a 256 KiB file made objects");
+    assert_same_bytes(&read_all(&t.p(1, "small")).unwrap(), &small, 0, "inline");
+    let big = pattern(41, 0, (256 << 10) + 1);
+    fs::write(t.p(0, "big"), &big).unwrap();
+    assert!(objects() > 256 << 10, "a file past 256 KiB made no objects");
+    assert_same_bytes(&read_all(&t.p(1, "big")).unwrap(), &big, 0, "in objects");
+}
+
 #[test]
 fn small_file_grows_past_inline_threshold_and_shrinks() {
     let t = two_clients();
