@@ -1106,6 +1106,69 @@ fn cached_and_uncached_read_only_opens_recorded_later_keep_files_unlinked_elsewh
     drop((cached, uncached));
 }
 
+/// A read-only open of a file this client holds in its RW cache (no kept open: they are off
+/// here) is served from the cache file and recorded later, as an unleased file's: no engine
+/// write at the open (here held back for 30 s). Through that open the holder still reads its
+/// data when another client's open recalls the lease meanwhile, and when that client unlinks
+/// the file, past the purge's grace.
+#[test]
+fn rw_holders_read_only_opens_are_recorded_later_and_keep_the_file() {
+    let _g = serial();
+    let mut t = TestFs::with(Opts {
+        clients: 0,
+        timeout: Duration::from_secs(120),
+        ..Opts::default()
+    });
+    // a with a cache, its queued opens and closes held back; b without a cache
+    t.mount_env = vec![("TIERFS_TEST_CLOSE_INTERVAL_MS".into(), "30000".into())];
+    t.mount_with(&pcc_opts(&t, "a", "1G", &[("pcc_open_cache_secs", "0")]));
+    t.mount_env = Vec::new();
+    t.mount_with(&plain_opts("b", &[]));
+    let (fa, fb) = (t.p(0, "f"), t.p(1, "f"));
+    fs::write(&fa, b"").unwrap();
+    pcc(&t, &["attach", "-w", &s(&fa)]).assert_ok();
+    let data = pattern(78, 0, 300_000);
+    write_at(&fa, 0, &data, true);
+    assert_eq!(state(&t, &fa).typ, "readwrite");
+    let queued = stat_value(t.mnt(0), "tierfs_opens_queued_total");
+    let hits = pcc_event(t.mnt(0), "hits");
+    let h = File::open(&fa).unwrap();
+    assert_eq!(
+        pcc_event(t.mnt(0), "hits"),
+        hits + 1,
+        "served from the cache"
+    );
+    assert_eq!(
+        stat_value(t.mnt(0), "tierfs_opens_queued_total"),
+        queued + 1,
+        "the holder's read-only open was queued, not recorded"
+    );
+    let read = |what: &str| {
+        let mut got = vec![0; data.len()];
+        h.read_exact_at(&mut got, 0)
+            .unwrap_or_else(|e| panic!("{what}: read: {e}"));
+        assert_same_bytes(&got, &data, 0, what);
+        assert_eq!(h.metadata().unwrap().len(), data.len() as u64, "{what}");
+    };
+    read("through the open");
+    // b's open recalls the lease: a gives it back with its reader open
+    after_ttl();
+    assert_reads(&fb, &data, "b reads what a wrote");
+    assert_eq!(state(&t, &fa).lease_owner, None, "a gave the lease back");
+    read("after the recall");
+    fs::remove_file(&fb).unwrap();
+    for (when, pause) in [
+        ("after b's unlink", SLACK),
+        ("after the purge's grace", Duration::from_secs(7)),
+    ] {
+        thread::sleep(pause);
+        after_ttl();
+        read(when);
+    }
+    assert!(!fa.exists());
+    drop(h);
+}
+
 /// Bytes the daemon of `mnt` read from its storage targets, all targets.
 fn target_read_bytes(mnt: &Path) -> u64 {
     let text = fs::read_to_string(mnt.join(".tierfs-stats")).unwrap_or_default();

@@ -1286,14 +1286,14 @@ impl FsInner {
                     .map(Step::Done);
             }
         }
-        // A read-only open reads whether some client holds the file's RW-PCC lease with its
-        // attributes: with none, it may be recorded later (below). Other opens leave the
-        // lease to `pcc_open`.
-        let (a, unleased) = if !write && snapshot.is_none() {
-            let (a, leased) = self.meta.getattr_leased(ino)?;
-            (a, !leased)
+        // A read-only open reads the file's RW-PCC lease with its attributes: with none, or
+        // this client's own, it may be recorded later (below). Other opens leave the lease to
+        // `pcc_open`.
+        let read_only = !write && snapshot.is_none();
+        let (a, lease) = if read_only {
+            self.meta.getattr_leased(ino)?
         } else {
-            (self.meta.getattr(ino)?, false)
+            (self.meta.getattr(ino)?, None)
         };
         if a.kind == Kind::Dir {
             return Err(ClientError::Meta(MetaError::IsDir));
@@ -1318,16 +1318,28 @@ impl FsInner {
             self.data
                 .queue_close(ino, tierfs_meta::changelog::current(), sid);
         }
-        if unleased && a.hsm.0 == 0 {
+        if read_only && a.hsm.0 == 0 {
             // A read-only open of a file without HSM state that no client holds in an RW
-            // cache: answered now (from this client's RO copy, if it has one), recorded with
-            // the next batch of closes, or never if it is closed before that
-            // (DataPath::queue_open; docs/semantics.md, "Read-only opens are recorded a
-            // little after they are answered").
-            // Some(the RO copy it is served from, or None: uncached) when it goes unrecorded
-            let unrecorded = match &self.pcc {
-                None => Some(None),
-                Some(pcc) => {
+            // cache, or this client does: answered now (from this client's RO copy or RW
+            // cache, if it has one), recorded with the next batch of closes, or never if it is
+            // closed before that (DataPath::queue_open; docs/semantics.md, "Read-only opens
+            // are recorded a little after they are answered").
+            // Some(the cache file it is served from, or None: uncached) when it goes
+            // unrecorded
+            let unrecorded = match (&self.pcc, &lease) {
+                (None, Some(_)) => None,
+                (None, None) => Some(None),
+                (Some(pcc), Some(l)) => {
+                    let name = self.names.lock().get(&ino).cloned();
+                    match pcc.open_unrecorded_own(&a, l, name.as_deref()) {
+                        Some(Ok(CacheOpened::Served(served))) => Some(Some(served)),
+                        Some(Err(e)) => return Err(e),
+                        // (another client's lease, or the cache changed since the read: the
+                        // engine decides, below)
+                        Some(Ok(_)) | None => None,
+                    }
+                }
+                (Some(pcc), None) => {
                     let name = self.names.lock().get(&ino).cloned();
                     match pcc.open_unrecorded(&a, name.as_deref()) {
                         Some(Ok(CacheOpened::Served(served))) => Some(Some(served)),

@@ -1103,6 +1103,33 @@ impl Pcc {
         Some(self.serve(&slot, attr, None, name, false))
     }
 
+    /// A read-only open of `attr`'s file that this client holds in its RW cache under `lease`
+    /// (as the engine read it with the attributes), served from the cache file without the
+    /// engine's write (the caller queues its record: `DataPath::queue_open`), as
+    /// [`Pcc::open`] would serve it after `pcc_open` found the lease ours. None unless the
+    /// cache holds the file in RW mode under that lease's generation now (a give-back or a
+    /// new attach since the read), or when a transition holds the file: the caller opens as
+    /// usual (the engine reads the lease again in its transaction).
+    pub fn open_unrecorded_own(
+        self: &Arc<Self>,
+        attr: &Attr,
+        lease: &PccLease,
+        name: Option<&[u8]>,
+    ) -> Option<Result<Opened>> {
+        if lease.client != self.client {
+            return None;
+        }
+        self.last_open
+            .store(now_nanos(), std::sync::atomic::Ordering::Relaxed);
+        let slot = self.slot(attr.ino);
+        let _held = slot.op.try_lock()?;
+        self.sync(&slot, attr.ino);
+        self.store
+            .get(attr.ino)
+            .filter(|e| e.mode == Mode::Rw && e.generation == lease.generation)?;
+        Some(self.serve(&slot, attr, Some(lease), name, false))
+    }
+
     /// An open of `ino` served on its kept open (see [`crate::pcc_state`]), without the
     /// metadata engine: this client holds the file's RW-PCC lease and kept the engine's
     /// record of an earlier open of it under `session`, which still counts the file open here.

@@ -2112,17 +2112,19 @@ fn rw_lease_refused_while_open_on_another_client(e: &dyn MetaEngine) {
     assert!(e.pcc_lease(f.ino).unwrap().is_none());
     assert_eq!(
         e.getattr_leased(f.ino).unwrap(),
-        (e.getattr(f.ino).unwrap(), false)
+        (e.getattr(f.ino).unwrap(), None)
     );
     // the holder's own opens do not count
     e.open_file(a, f.ino).unwrap();
     e.close_files(b, &[f.ino]).unwrap();
     let l = e.pcc_acquire(f.ino, "a").unwrap();
     assert_eq!(l.client, "a");
+    // (read with the attributes: the lease itself, as pcc_lease reads it)
     assert_eq!(
         e.getattr_leased(f.ino).unwrap(),
-        (e.getattr(f.ino).unwrap(), true)
+        (e.getattr(f.ino).unwrap(), Some(l.clone()))
     );
+    assert_eq!(e.pcc_lease(f.ino).unwrap(), Some(l));
     e.close_files(a, &[f.ino]).unwrap();
     // a file created open by b (open_by) counts too
     let g = e

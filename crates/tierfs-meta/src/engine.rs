@@ -264,10 +264,11 @@ pub trait Sessions: Send + Sync {
 /// The persistent client cache: RW-PCC leases and attach rules.
 pub trait Pcc: Send + Sync {
     fn pcc_lease(&self, ino: Ino) -> Result<Option<PccLease>>;
-    /// The attributes of `ino` (as [`Namespace::getattr`]) and whether any client holds its
-    /// RW-PCC lease, in one read: a read-only open decides from both whether the engine must
-    /// record it at once.
-    fn getattr_leased(&self, ino: Ino) -> Result<(Attr, bool)>;
+    /// The attributes of `ino` (as [`Namespace::getattr`]) and its RW-PCC lease if a client
+    /// holds it, in one read: a read-only open decides from both whether the engine must
+    /// record it at once (not when no client holds the file, nor when the caller holds it
+    /// and serves the open from its cache).
+    fn getattr_leased(&self, ino: Ino) -> Result<(Attr, Option<PccLease>)>;
     /// Takes the RW-PCC lease of a file for `client` (a new generation; the file's data version
     /// moves so read-only copies elsewhere are dropped). `WouldBlock` while another client
     /// holds it; `InUse` while a session of another client has the file open (its handles

@@ -359,7 +359,7 @@ impl Sessions for FaultyEngine {
 impl Pcc for FaultyEngine {
     guarded! {
         fn pcc_lease(&self, ino: Ino) -> Result<Option<PccLease>>;
-        fn getattr_leased(&self, ino: Ino) -> Result<(Attr, bool)>;
+        fn getattr_leased(&self, ino: Ino) -> Result<(Attr, Option<PccLease>)>;
         fn pcc_acquire(&self, ino: Ino, client: &str) -> Result<PccLease>;
         fn pcc_acquire_dirty(&self, ino: Ino, client: &str) -> Result<PccLease>;
         fn pcc_create(&self, parent: Ino, name: &[u8], node: &NewNode, layout: Option<Layout>, open_by: Option<u64>, client: &str, want: &dyn Fn(&Attr) -> bool) -> Result<(Attr, Option<PccLease>)>;

@@ -345,17 +345,24 @@ impl<D: Driver> Pcc for SqlMeta<D> {
         self.d.read(|tx| lease_of(tx, ino))
     }
 
-    fn getattr_leased(&self, ino: Ino) -> Result<(Attr, bool)> {
+    fn getattr_leased(&self, ino: Ino) -> Result<(Attr, Option<PccLease>)> {
         static SQL: OnceLock<String> = OnceLock::new();
         let sql = SQL.get_or_init(|| {
             format!(
-                "SELECT {ATTR_COLS_I}, EXISTS (SELECT 1 FROM pcc_leases l WHERE l.ino = i.ino) \
-                 FROM inodes i WHERE i.ino = $1 AND i.{VISIBLE}"
+                "SELECT {ATTR_COLS_I}, p.ino, p.client, p.generation, p.dirty, p.acquired, \
+                        p.snapshot \
+                 FROM inodes i LEFT JOIN pcc_leases p ON p.ino = i.ino \
+                 WHERE i.ino = $1 AND i.{VISIBLE}"
             )
         });
         self.d.read(|tx| {
             let r = tx.one(sql, vals![ino])?;
-            Ok((attr_from_row(&r)?, r.bool(22)?))
+            let n = ATTR_COLS.split(", ").count();
+            let lease = match r.opt_i64(n)? {
+                Some(_) => Some(lease_at(&r, n)?),
+                None => None,
+            };
+            Ok((attr_from_row(&r)?, lease))
         })
     }
 
