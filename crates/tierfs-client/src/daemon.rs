@@ -264,8 +264,31 @@ fn beating<T>(meta: &dyn MetaEngine, session: u64, period: Duration, f: impl FnO
 }
 
 /// Mounts and serves until unmounted. `ready` is called once the mount is up (or failed).
+/// Raises this process's soft limit of open descriptors to its hard limit (as the Go runtime
+/// does for every program since Go 1.19): the daemon holds descriptors of cached files (kernel
+/// passthrough, the `pcc-spares` worker's 512 unnamed spare files) and of objects, and a
+/// service manager's default soft limit (1,024) is soon reached. Its children (none here) would
+/// inherit it. A failure leaves the limit as it was.
+pub fn raise_open_file_limit() {
+    let mut l = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit with a valid pointer to a local struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) == 0 && l.rlim_cur < l.rlim_max {
+            let was = l.rlim_cur;
+            l.rlim_cur = l.rlim_max;
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &l) != 0 {
+                tracing::debug!("open file limit stays {was}");
+            }
+        }
+    }
+}
+
 pub fn mount(req: MountRequest, ready: impl FnOnce(Result<(), String>)) -> Result<(), DaemonError> {
     let sigs = block_signals();
+    raise_open_file_limit();
     let cfg = req.config.clone();
     let mountpoint = prepare_mountpoint(&req.mountpoint)?;
     let meta = match &req.engine {

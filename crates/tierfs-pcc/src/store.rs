@@ -24,7 +24,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -124,24 +124,22 @@ pub struct CacheStore {
     /// fdatasyncs of the index and fsyncs of `data/` done (`sync_counts`).
     index_syncs: AtomicU64,
     dir_syncs: AtomicU64,
-    /// Empty files made ahead in `spare/` (their numbers), which [`CacheStore::create_data`]
-    /// renames into `data/` instead of creating a file there. A create allocates an inode,
-    /// which on some filesystems is far dearer than a rename (ext4 without a journal skips
-    /// one at a time the inodes of the directory's group freed in the last minutes, and a
-    /// cache frees many: docs/benchmarks.md, issue 14 session 24); made off the request path
-    /// ([`CacheStore::top_up_spares`], the `pcc-spares` worker), the allocation no longer
-    /// runs inside a create, under the directory's kernel lock. A spare is never opened before
-    /// it is renamed, and never made from a file given up (a descriptor may still read it).
-    /// Spare `n` is `spare/{n % 2}/n`: the worker makes them in the two directories in turn,
-    /// and a create takes one from the directory the worker is not making one in now
-    /// (`spare_making`): a rename out of a directory waits for its lock, which a create in it
-    /// holds while the filesystem allocates (half a millisecond and more on the filesystems
-    /// above: docs/benchmarks.md, issue 14 session 26).
-    spares: Mutex<Vec<u64>>,
-    /// The number of the spare being made now (`u64::MAX`: none).
-    spare_making: AtomicU64,
-    /// The next spare's number.
-    spare_seq: AtomicU64,
+    /// Empty files made ahead without a name (`O_TMPFILE` in `data/`, their descriptors),
+    /// which [`CacheStore::create_data`] links into `data/` (`linkat`) instead of creating a
+    /// file there. A create allocates an inode, which on some filesystems is far dearer than a
+    /// link (ext4 without a journal skips one at a time the inodes of the directory's group
+    /// freed in the last minutes, and a cache frees many: docs/benchmarks.md, issue 14
+    /// sessions 24 and 30); made off the request path ([`CacheStore::top_up_spares`], the
+    /// `pcc-spares` worker), the allocation no longer runs inside a create. An unnamed file
+    /// takes no directory lock while it is made, and a link is one directory entry where the
+    /// named spares of before took a rename (two entries) and an open with truncation, whose
+    /// close made ext4 start writing the file back (`auto_da_alloc`). A spare is never made
+    /// from a file given up (a descriptor may still read it), and a crash leaves none behind
+    /// (the filesystem frees unnamed files).
+    spares: Mutex<Vec<File>>,
+    /// Spares are made no more: the cache's filesystem refused an unnamed file or its link
+    /// (`O_TMPFILE` unsupported, or `linkat` refused); creates make their files.
+    spares_off: AtomicBool,
     /// Creates that took a spare (`spare_counts`).
     spares_taken: AtomicU64,
 }
@@ -188,33 +186,6 @@ enum Record {
 /// The journal is compacted when it holds more lines than this many plus twice the entries.
 const COMPACT_SLACK: usize = 4096;
 
-/// `rename(2)` that fails with EEXIST instead of replacing `to` (`renameat2`,
-/// `RENAME_NOREPLACE`).
-fn rename_noreplace(from: &Path, to: &Path) -> std::io::Result<()> {
-    use std::ffi::CString;
-    use std::os::unix::ffi::OsStrExt;
-    let c = |p: &Path| {
-        CString::new(p.as_os_str().as_bytes())
-            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))
-    };
-    let (f, t) = (c(from)?, c(to)?);
-    // SAFETY: two NUL-terminated paths that live across the call.
-    let r = unsafe {
-        libc::renameat2(
-            libc::AT_FDCWD,
-            f.as_ptr(),
-            libc::AT_FDCWD,
-            t.as_ptr(),
-            libc::RENAME_NOREPLACE,
-        )
-    };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
-}
-
 fn io(p: &Path, e: std::io::Error) -> CacheError {
     CacheError::Io(p.display().to_string(), e)
 }
@@ -224,7 +195,7 @@ impl CacheStore {
     /// entry a previous run left.
     pub fn open(dir: &Path, fs_uuid: &str, capacity: u64) -> Result<CacheStore> {
         let root = dir.join(fs_uuid);
-        for sub in ["data", "quarantine", "spare", "spare/0", "spare/1"] {
+        for sub in ["data", "quarantine"] {
             let p = root.join(sub);
             fs::DirBuilder::new()
                 .recursive(true)
@@ -237,16 +208,9 @@ impl CacheStore {
         for p in [dir.to_path_buf(), root.clone()] {
             let _ = fs::set_permissions(&p, fs::Permissions::from_mode(0o700));
         }
-        // Spares of an earlier run: empty files nobody names; made again as needed. (Files
-        // directly in `spare/` are an older layout's.)
-        let spare = root.join("spare");
-        for d in [spare.clone(), spare.join("0"), spare.join("1")] {
-            for de in fs::read_dir(&d).map_err(|e| io(&d, e))?.flatten() {
-                if de.file_type().is_ok_and(|t| !t.is_dir()) {
-                    let _ = fs::remove_file(de.path());
-                }
-            }
-        }
+        // Named spares of an older version (`spare/`, `spare/0`, `spare/1`): empty files
+        // nobody names.
+        let _ = fs::remove_dir_all(root.join("spare"));
         let map = Self::load(&root)?;
         let file = Self::write_index(&root, &map)?;
         // The older layout's descriptions are in the (durable) index now.
@@ -266,8 +230,7 @@ impl CacheStore {
             index_syncs: Default::default(),
             dir_syncs: Default::default(),
             spares: Mutex::new(Vec::new()),
-            spare_making: AtomicU64::new(u64::MAX),
-            spare_seq: Default::default(),
+            spares_off: Default::default(),
             spares_taken: Default::default(),
             root,
             capacity,
@@ -505,46 +468,57 @@ impl CacheStore {
     }
 
     /// Makes empty spare files until `want` are ready (see `spares`); how many it made.
-    /// Stops at the first failure (a full disk), which it returns.
+    /// Stops at the first failure (a full disk), which it returns. A filesystem without
+    /// unnamed files turns spares off (see `spares_off`).
     pub fn top_up_spares(&self, want: usize) -> Result<usize> {
         let mut made = 0;
-        while self.spares.lock().len() < want {
-            let n = self.spare_seq.fetch_add(1, SeqCst);
-            let p = self.spare_path(n);
-            self.spare_making.store(n, SeqCst);
-            let r = OpenOptions::new()
+        let dir = self.root.join("data");
+        while !self.spares_off.load(SeqCst) && self.spares.lock().len() < want {
+            match OpenOptions::new()
+                .read(true)
                 .write(true)
-                .create_new(true)
+                .custom_flags(libc::O_TMPFILE)
                 .mode(0o600)
-                .open(&p);
-            self.spare_making.store(u64::MAX, SeqCst);
-            r.map_err(|e| io(&p, e))?;
-            self.spares.lock().push(n);
-            made += 1;
+                .open(&dir)
+            {
+                Ok(f) => {
+                    self.spares.lock().push(f);
+                    made += 1;
+                }
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP | libc::EISDIR)) => {
+                    tracing::info!("cache directory: no unnamed files ({e}): no spare files");
+                    self.spares_off.store(true, SeqCst);
+                }
+                Err(e) => return Err(io(&dir, e)),
+            }
         }
         Ok(made)
     }
 
-    fn spare_path(&self, n: u64) -> PathBuf {
-        self.root
-            .join("spare")
-            .join((n % 2).to_string())
-            .join(n.to_string())
-    }
-
-    /// Takes a ready spare, one in the directory no spare is being made in now when there is
-    /// one (see `spares`).
-    fn take_spare(&self) -> Option<u64> {
-        let making = self.spare_making.load(SeqCst);
-        let mut g = self.spares.lock();
-        let i = match making {
-            u64::MAX => g.len().checked_sub(1)?,
-            m => g
-                .iter()
-                .rposition(|n| n % 2 != m % 2)
-                .or_else(|| g.len().checked_sub(1))?,
+    /// Gives spare `f` the name `p` (`linkat` of its descriptor; fails with EEXIST when `p`
+    /// exists).
+    fn link_spare(f: &File, p: &Path) -> std::io::Result<()> {
+        use std::ffi::CString;
+        use std::os::fd::AsRawFd;
+        use std::os::unix::ffi::OsStrExt;
+        let to = CString::new(p.as_os_str().as_bytes())
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+        // SAFETY: a descriptor this store owns, an empty NUL-terminated path and a
+        // NUL-terminated target path, all alive across the call.
+        let r = unsafe {
+            libc::linkat(
+                f.as_raw_fd(),
+                c"".as_ptr(),
+                libc::AT_FDCWD,
+                to.as_ptr(),
+                libc::AT_EMPTY_PATH,
+            )
         };
-        Some(g.swap_remove(i))
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
     }
 
     /// (spares ready, creates that took one so far)
@@ -553,34 +527,30 @@ impl CacheStore {
     }
 
     /// Creates an empty data file for `ino` (replacing any old one), private to the daemon:
-    /// a spare renamed into place when one is ready, else a new file.
+    /// a spare linked into place when one is ready, else a new file.
     pub fn create_data(&self, ino: Ino) -> Result<File> {
         let p = self.data_path(ino);
-        let spare = self.take_spare();
-        if let Some(n) = spare {
-            let sp = self.spare_path(n);
+        let spare = self.spares.lock().pop();
+        if let Some(f) = spare {
             // Never over an existing file (a descriptor may read it): that one is truncated in
-            // place below, as before spares. (Truncated again: a spare is made empty, and
-            // nothing writes it before this.)
-            let taken = rename_noreplace(&sp, &p).and_then(|()| {
-                OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .truncate(true)
-                    .open(&p)
-            });
-            match taken {
-                Ok(f) => {
+            // place below, as before spares. (A spare is made empty, nothing writes it before
+            // this, and it is not truncated: ext4 would start writing back a file truncated to
+            // nothing at its close.)
+            match Self::link_spare(&f, &p) {
+                Ok(()) => {
                     self.names_made.fetch_add(1, SeqCst);
                     self.spares_taken.fetch_add(1, SeqCst);
                     return Ok(f);
                 }
+                Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
+                    // (`data/` had the name) kept for the next create
+                    self.spares.lock().push(f);
+                }
                 Err(e) => {
-                    if sp.exists() {
-                        // (not renamed: `data/` had the name) kept for the next create
-                        self.spares.lock().push(n);
-                    }
-                    tracing::debug!(ino, "a spare cache file was not used, making one: {e}")
+                    // (e.g. no CAP_DAC_READ_SEARCH for a link of a descriptor)
+                    tracing::info!("cache directory: spare files cannot be linked ({e}): none");
+                    self.spares_off.store(true, SeqCst);
+                    self.spares.lock().clear();
                 }
             }
         }
@@ -823,7 +793,7 @@ mod tests {
             }
             // one local file per cached file: no description files
             let files = std::fs::read_dir(d.path().join("fs")).unwrap().count();
-            assert_eq!(files, 4, "data, quarantine, spare, index");
+            assert_eq!(files, 3, "data, quarantine, index");
             let lines = std::fs::read_to_string(d.path().join("fs/index"))
                 .unwrap()
                 .lines()
@@ -984,28 +954,25 @@ mod tests {
         use std::os::unix::fs::MetadataExt;
         let dir = tempfile::tempdir().unwrap();
         let s = CacheStore::open(dir.path(), "fs", 1 << 30).unwrap();
-        let spare_dir = dir.path().join("fs").join("spare");
-        let spares = || {
-            ["0", "1"]
-                .iter()
-                .map(|d| fs::read_dir(spare_dir.join(d)).unwrap().count())
-                .sum::<usize>()
-        };
+        let data_dir = dir.path().join("fs").join("data");
+        let names = || fs::read_dir(&data_dir).unwrap().count();
         assert_eq!(s.top_up_spares(3).unwrap(), 3);
         assert_eq!(s.top_up_spares(3).unwrap(), 0, "already 3");
-        assert_eq!(spares(), 3);
-        assert_eq!(
-            fs::read_dir(spare_dir.join("0")).unwrap().count(),
-            2,
-            "spares 0 and 2 in spare/0, 1 in spare/1"
-        );
-        // a create takes one: the data file is empty, private, and the spare is gone
+        assert_eq!(s.spare_counts(), (3, 0));
+        assert_eq!(names(), 0, "spares have no names");
+        // a create takes one: the data file is empty, private, and is the spare itself
         let mut f = s.create_data(7).unwrap();
         assert_eq!(s.spare_counts(), (2, 1));
-        assert_eq!(spares(), 2);
+        assert_eq!(names(), 1);
         let m = fs::metadata(s.data_path(7)).unwrap();
-        assert_eq!((m.len(), m.mode() & 0o777), (0, 0o600));
+        assert_eq!((m.len(), m.mode() & 0o777, m.nlink()), (0, 0o600, 1));
+        assert_eq!(
+            f.metadata().unwrap().ino(),
+            m.ino(),
+            "the descriptor is the file's"
+        );
         f.write_all(b"abc").unwrap();
+        assert_eq!(fs::read(s.data_path(7)).unwrap(), b"abc");
         // a create over an existing data file truncates that file in place (a descriptor on
         // it sees it), as without spares; the spare stays ready
         let ino_before = fs::metadata(s.data_path(7)).unwrap().ino();
@@ -1016,39 +983,20 @@ mod tests {
         f.rewind().unwrap();
         f.read_to_end(&mut back).unwrap();
         assert!(back.is_empty(), "the old descriptor sees the truncation");
-        // spares left by a run are not used by the next one: made again
+        // spares do not outlive their store; an older version's named ones are removed
         drop(s);
-        fs::write(spare_dir.join("99"), b"").unwrap(); // the older layout's
+        let old = dir.path().join("fs").join("spare").join("0");
+        fs::create_dir_all(&old).unwrap();
+        fs::write(old.join("99"), b"").unwrap();
         let s = CacheStore::open(dir.path(), "fs", 1 << 30).unwrap();
-        assert_eq!(spares(), 0);
-        assert_eq!(
-            fs::read_dir(&spare_dir).unwrap().count(),
-            2,
-            "only the two directories"
-        );
+        assert!(!dir.path().join("fs").join("spare").exists());
         assert_eq!(s.spare_counts(), (0, 0));
+        // (data/7 was never described in the index: empty, it went at load)
+        assert_eq!(names(), 0, "no spare got a name");
         // no spare ready: a create makes the file
         s.create_data(8).unwrap();
         assert_eq!(s.spare_counts(), (0, 0));
         assert!(s.data_path(8).exists());
-    }
-
-    #[test]
-    fn a_create_takes_a_spare_from_the_directory_no_spare_is_being_made_in() {
-        let dir = tempfile::tempdir().unwrap();
-        let s = CacheStore::open(dir.path(), "fs", 1 << 30).unwrap();
-        assert_eq!(s.top_up_spares(4).unwrap(), 4); // 0..=3
-                                                    // the worker is making spare 4 (in spare/0): a create takes one of spare/1
-        s.spare_making.store(4, SeqCst);
-        let n = s.take_spare().unwrap();
-        assert_eq!(n % 2, 1, "took {n}");
-        let m = s.take_spare().unwrap();
-        assert_eq!(m % 2, 1, "took {m}");
-        // only spare/0's left: one of those rather than none
-        assert_eq!(s.take_spare().unwrap() % 2, 0);
-        s.spare_making.store(u64::MAX, SeqCst);
-        assert!(s.take_spare().is_some());
-        assert!(s.take_spare().is_none());
     }
 
     #[test]

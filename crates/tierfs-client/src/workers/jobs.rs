@@ -288,8 +288,8 @@ pub const PCC_SPARES: usize = 512;
 /// How often the `pcc-spares` worker tops the spares up.
 const PCC_SPARES_INTERVAL: Duration = Duration::from_millis(100);
 
-/// `pcc-spares`: keeps [`PCC_SPARES`] empty files ready in the cache directory, which the
-/// creates of cached files rename into place instead of allocating a file on the request
+/// `pcc-spares`: keeps [`PCC_SPARES`] empty unnamed files ready in the cache directory, which
+/// the creates of cached files link into place instead of allocating a file on the request
 /// path (`tierfs_pcc::store::CacheStore::top_up_spares`; docs/pcc.md).
 pub struct PccSpares {
     pub pcc: Arc<Pcc>,
