@@ -499,9 +499,30 @@ impl Pcc {
         if e.mode != Mode::Rw {
             return None;
         }
-        let m = std::fs::metadata(self.store.data_path(ino)).ok()?;
+        let m = match self.rw_file(ino, &e) {
+            Some(f) => f.metadata().ok()?,
+            None => std::fs::metadata(self.store.data_path(ino)).ok()?,
+        };
         use std::os::unix::fs::MetadataExt;
         Some((m.len(), m.mtime() * 1_000_000_000 + m.mtime_nsec()))
+    }
+
+    /// Remembers `f`, served to a handle, as the descriptor of the file's RW cache file under
+    /// lease `generation` (see [`Slot::file`]).
+    fn note_file(slot: &Slot, f: &Arc<File>, generation: u64) {
+        *slot.file.lock() = Some((Arc::downgrade(f), generation));
+    }
+
+    /// A descriptor of `ino`'s RW cache file `e` that a handle holds now, served under `e`'s
+    /// lease generation (see [`Slot::file`]).
+    fn rw_file(&self, ino: Ino, e: &Entry) -> Option<Arc<File>> {
+        let slot = self.slots.lock().map.get(&ino).cloned()?;
+        let g = slot.file.lock();
+        let (f, generation) = g.as_ref()?;
+        if *generation != e.generation {
+            return None;
+        }
+        f.upgrade()
     }
 
     // ------------------------------------------------------------------ attach / detach
@@ -1155,7 +1176,7 @@ impl Pcc {
         if !slot.st.lock().kept_serves(session, write) {
             return None;
         }
-        self.store.get(ino).filter(|e| e.mode == Mode::Rw)?;
+        let e = self.store.get(ino).filter(|e| e.mode == Mode::Rw)?;
         let f = match self.store.open_data(ino, true) {
             Ok(f) => f,
             Err(err) => {
@@ -1168,10 +1189,9 @@ impl Pcc {
         self.store.touch(ino, |en| en.last_access = now_nanos());
         self.metrics.pcc("hits", 1);
         self.metrics.pcc("opens_kept", 1);
-        Some(Served {
-            file: Arc::new(f),
-            rw: true,
-        })
+        let file = Arc::new(f);
+        Self::note_file(&slot, &file, e.generation);
+        Some(Served { file, rw: true })
     }
 
     /// At the close of a handle served from this client's RW cache whose open the engine
@@ -1259,10 +1279,9 @@ impl Pcc {
                     self.step(slot, ino, Event::Open { write })?;
                     self.store.touch(ino, |en| en.last_access = now_nanos());
                     self.metrics.pcc("hits", 1);
-                    Ok(Opened::Served(Served {
-                        file: Arc::new(f),
-                        rw: true,
-                    }))
+                    let file = Arc::new(f);
+                    Self::note_file(slot, &file, l.generation);
+                    Ok(Opened::Served(Served { file, rw: true }))
                 }
                 // The lease survived but the cached data did not: given up if clean, EIO if
                 // dirty.
@@ -1404,7 +1423,7 @@ impl Pcc {
         // A writer's lease is taken dirty: "may be dirty" is in the engine before the writable
         // descriptor exists.
         match self.attach_rw_as(attr, Some(rule), write) {
-            Ok(_) => {
+            Ok(e) => {
                 let f = self
                     .store
                     .open_data(attr.ino, true)
@@ -1412,10 +1431,9 @@ impl Pcc {
                 // Counted as a writer exactly when the handle is one (see on_close).
                 self.step(&slot, attr.ino, Event::Open { write })?;
                 self.metrics.pcc("hits", 1);
-                Ok(Some(Served {
-                    file: Arc::new(f),
-                    rw: true,
-                }))
+                let file = Arc::new(f);
+                Self::note_file(&slot, &file, e.generation);
+                Ok(Some(Served { file, rw: true }))
             }
             Err(e) => {
                 tracing::debug!(
@@ -1460,10 +1478,9 @@ impl Pcc {
         // Counted as a writer (see on_close): only writers' creates take the lease here.
         self.step(&slot, attr.ino, Event::Open { write: true })?;
         self.metrics.pcc("hits", 1);
-        Ok(Some(Served {
-            file: Arc::new(f),
-            rw: true,
-        }))
+        let file = Arc::new(f);
+        Self::note_file(&slot, &file, lease.generation);
+        Ok(Some(Served { file, rw: true }))
     }
 
     /// Reports an RW-cached file's size and mtime to the metadata engine (others see them).
@@ -1639,7 +1656,15 @@ impl Pcc {
         atime: Option<tierfs_meta::TimeSet>,
         mtime: Option<tierfs_meta::TimeSet>,
     ) -> Result<()> {
-        let f = self.store.open_data(ino, true).map_err(Self::cache_err)?;
+        let held = self
+            .store
+            .get(ino)
+            .filter(|e| e.mode == Mode::Rw)
+            .and_then(|e| self.rw_file(ino, &e));
+        let f = match held {
+            Some(f) => f,
+            None => Arc::new(self.store.open_data(ino, true).map_err(Self::cache_err)?),
+        };
         let io = |e: std::io::Error| ClientError::Failed(format!("cache file: {e}"), libc::EIO);
         if let Some(n) = size {
             f.set_len(n).map_err(io)?;

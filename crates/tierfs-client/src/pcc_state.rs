@@ -356,6 +356,11 @@ pub struct Slot {
     /// report (its `Written`) with `report` held, and a reader's kept open and close with
     /// neither (they change only counts); read without them (counters, `tierfs pcc state`).
     pub st: Mutex<FileState>,
+    /// The descriptor a handle was served of the file's RW cache file, with the lease
+    /// generation it was served under: while a handle holds it, the file's size and times are
+    /// read (`fstat`) and set through it instead of by path (an open, a close, a path walk).
+    /// Not a state: it lives only as long as the handles that hold it.
+    pub file: Mutex<Option<(std::sync::Weak<std::fs::File>, u64)>>,
 }
 
 /// A transition's hold of a file ([`Slot::hold`]).
