@@ -833,6 +833,52 @@ fn rw_cached_times_owner_and_mode_are_seen_elsewhere() {
     after_ttl();
     assert_eq!(fs::metadata(t.p(1, "y.h5")).unwrap().mode() & 0o7777, 0o604);
     assert_eq!(fs::metadata(t.p(0, "y.h5")).unwrap().mode() & 0o7777, 0o604);
+    // `cp -a`'s access ACL equal to a mode (user rw, group r, other r) set through the writer's
+    // descriptor: a chmod that adds permissions, which waits for the report as well
+    let deferred1 = deferred();
+    {
+        use std::os::fd::AsRawFd;
+        let f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(t.p(0, "z.h5"))
+            .unwrap();
+        (&f).write_all(&data).unwrap();
+        let mut acl = 2u32.to_le_bytes().to_vec();
+        for (tag, perm) in [(0x01u16, 6u16), (0x04, 4), (0x20, 4)] {
+            acl.extend_from_slice(&tag.to_le_bytes());
+            acl.extend_from_slice(&perm.to_le_bytes());
+            acl.extend_from_slice(&u32::MAX.to_le_bytes());
+        }
+        let name = c"system.posix_acl_access";
+        // SAFETY: a descriptor alive across the call, a NUL-terminated name, a buffer and its
+        // length.
+        let r = unsafe {
+            libc::fsetxattr(
+                f.as_raw_fd(),
+                name.as_ptr(),
+                acl.as_ptr().cast(),
+                acl.len(),
+                0,
+            )
+        };
+        assert_eq!(r, 0, "fsetxattr: {}", std::io::Error::last_os_error());
+        assert_eq!(
+            f.metadata().unwrap().mode() & 0o7777,
+            0o644,
+            "owner, file open"
+        );
+        assert_eq!(
+            deferred(),
+            deferred1 + 1,
+            "the ACL's mode waits for the report"
+        );
+    }
+    after_ttl();
+    assert_eq!(fs::metadata(t.p(1, "z.h5")).unwrap().mode() & 0o7777, 0o644);
+    assert_eq!(fs::metadata(t.p(0, "z.h5")).unwrap().mode() & 0o7777, 0o644);
 }
 
 // ---------------------------------------------------------------------------------------------

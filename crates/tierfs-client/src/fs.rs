@@ -864,8 +864,8 @@ impl FsInner {
         // Read from the engine now: an ACL to remove from an inode it counts no xattrs for is
         // absent already (nothing to do, at the time of this read). As this client shows it:
         // with a chmod that waits for its buffered writes' commit.
-        let a = self.meta.getattr(ino)?;
-        let a = self.data.shown(&a).unwrap_or(a);
+        let engine = self.meta.getattr(ino)?;
+        let a = self.data.shown(&engine).unwrap_or_else(|| engine.clone());
         let a = match &self.pcc {
             Some(pcc) => pcc.shown(&a).unwrap_or(a),
             None => a,
@@ -900,12 +900,19 @@ impl FsInner {
         }
         if access.is_mode() && !a.has_xattrs() && !self.writeback_cache {
             // A mode that adds permissions to a file with writes buffered here (`cp -a`'s ACL
-            // after its copy): with their commit (data/deferred.rs).
+            // after its copy): with their commit (data/deferred.rs); of a file RW-cached here
+            // with a writer: with the writer's report (Pcc::defer_setattr, judged on the
+            // attributes the engine has).
             let set = SetAttr {
                 perm: Some(perm),
                 ..Default::default()
             };
-            if self.data.defer_setattr(ino, &set).is_some() {
+            let waits = self.data.defer_setattr(ino, &set).is_some()
+                || self
+                    .pcc
+                    .as_ref()
+                    .is_some_and(|p| p.defer_setattr(ino, &set, &engine).is_some());
+            if waits {
                 if let Some(n) = self.notifier.get() {
                     let _ = n.inval_inode(INodeNo(ino), -1, 0);
                 }
