@@ -745,17 +745,22 @@ fn rw_cached_times_owner_and_mode_are_seen_elsewhere() {
     let wb0 = pcc_event(t.mnt(0), "writebacks");
     let deferred = || stat_value(t.mnt(0), "tierfs_setattrs_deferred_total");
     let deferred0 = deferred();
-    {
-        // (created 0600: the chown takes nothing from the old group, the chmod only adds,
-        // so both may wait; data/deferred.rs)
+    // a file of a's made 0600 and written, still open
+    let written = |name: &str| {
         let f = OpenOptions::new()
             .write(true)
             .create(true)
             .truncate(true)
             .mode(0o600)
-            .open(t.p(0, "x.h5"))
+            .open(t.p(0, name))
             .unwrap();
         (&f).write_all(&data).unwrap();
+        f
+    };
+    {
+        // (created 0600: the chown takes nothing from the old group, the chmod only adds,
+        // so both may wait; data/deferred.rs)
+        let f = written("x.h5");
         f.set_times(fs::FileTimes::new().set_modified(given).set_accessed(given))
             .unwrap();
         std::os::unix::fs::fchown(&f, Some(4321), Some(8765)).unwrap();
@@ -838,14 +843,7 @@ fn rw_cached_times_owner_and_mode_are_seen_elsewhere() {
     let deferred1 = deferred();
     {
         use std::os::fd::AsRawFd;
-        let f = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(t.p(0, "z.h5"))
-            .unwrap();
-        (&f).write_all(&data).unwrap();
+        let f = written("z.h5");
         let mut acl = 2u32.to_le_bytes().to_vec();
         for (tag, perm) in [(0x01u16, 6u16), (0x04, 4), (0x20, 4)] {
             acl.extend_from_slice(&tag.to_le_bytes());

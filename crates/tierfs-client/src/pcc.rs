@@ -507,10 +507,12 @@ impl Pcc {
         Some((m.len(), m.mtime() * 1_000_000_000 + m.mtime_nsec()))
     }
 
-    /// Remembers `f`, served to a handle, as the descriptor of the file's RW cache file under
-    /// lease `generation` (see [`Slot::file`]).
-    fn note_file(slot: &Slot, f: &Arc<File>, generation: u64) {
-        *slot.file.lock() = Some((Arc::downgrade(f), generation));
+    /// `f`, the file's RW cache file opened under lease `generation`, served to a handle, and
+    /// remembered as its descriptor (see [`Slot::file`]).
+    fn served_rw(slot: &Slot, f: File, generation: u64) -> Served {
+        let file = Arc::new(f);
+        *slot.file.lock() = Some((Arc::downgrade(&file), generation));
+        Served { file, rw: true }
     }
 
     /// A descriptor of `ino`'s RW cache file `e` that a handle holds now, served under `e`'s
@@ -1189,9 +1191,7 @@ impl Pcc {
         self.store.touch(ino, |en| en.last_access = now_nanos());
         self.metrics.pcc("hits", 1);
         self.metrics.pcc("opens_kept", 1);
-        let file = Arc::new(f);
-        Self::note_file(&slot, &file, e.generation);
-        Some(Served { file, rw: true })
+        Some(Self::served_rw(&slot, f, e.generation))
     }
 
     /// At the close of a handle served from this client's RW cache whose open the engine
@@ -1279,9 +1279,7 @@ impl Pcc {
                     self.step(slot, ino, Event::Open { write })?;
                     self.store.touch(ino, |en| en.last_access = now_nanos());
                     self.metrics.pcc("hits", 1);
-                    let file = Arc::new(f);
-                    Self::note_file(slot, &file, l.generation);
-                    Ok(Opened::Served(Served { file, rw: true }))
+                    Ok(Opened::Served(Self::served_rw(slot, f, l.generation)))
                 }
                 // The lease survived but the cached data did not: given up if clean, EIO if
                 // dirty.
@@ -1431,9 +1429,7 @@ impl Pcc {
                 // Counted as a writer exactly when the handle is one (see on_close).
                 self.step(&slot, attr.ino, Event::Open { write })?;
                 self.metrics.pcc("hits", 1);
-                let file = Arc::new(f);
-                Self::note_file(&slot, &file, e.generation);
-                Ok(Some(Served { file, rw: true }))
+                Ok(Some(Self::served_rw(&slot, f, e.generation)))
             }
             Err(e) => {
                 tracing::debug!(
@@ -1478,9 +1474,7 @@ impl Pcc {
         // Counted as a writer (see on_close): only writers' creates take the lease here.
         self.step(&slot, attr.ino, Event::Open { write: true })?;
         self.metrics.pcc("hits", 1);
-        let file = Arc::new(f);
-        Self::note_file(&slot, &file, lease.generation);
-        Ok(Some(Served { file, rw: true }))
+        Ok(Some(Self::served_rw(&slot, f, lease.generation)))
     }
 
     /// Reports an RW-cached file's size and mtime to the metadata engine (others see them).

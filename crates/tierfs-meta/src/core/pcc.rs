@@ -30,6 +30,15 @@ pub(super) fn lease_at(r: &Row, at: usize) -> Result<PccLease> {
     })
 }
 
+/// The lease in the [`LEASE_COLS`] that start at column `at` of `r`, read through a LEFT JOIN
+/// ([`lease_cols_p`]): None when they are NULL (no client holds the file).
+fn opt_lease_at(r: &Row, at: usize) -> Result<Option<PccLease>> {
+    match r.opt_i64(at)? {
+        Some(_) => Ok(Some(lease_at(r, at)?)),
+        None => Ok(None),
+    }
+}
+
 /// PostgreSQL's first statement of `pcc_open`: the session's row held (as
 /// [`super::session::hold_session`]), then the inode's row locked (as `lock1`), and its lease
 /// read, in one round trip instead of three (each is a round trip to a server across a
@@ -39,14 +48,14 @@ pub(super) fn lease_at(r: &Row, at: usize) -> Result<PccLease> {
 fn pg_open_lock(tx: &mut dyn Tx, session: u64, ino: Ino) -> Result<(Attr, Option<PccLease>)> {
     static SQL: OnceLock<String> = OnceLock::new();
     let sql = SQL.get_or_init(|| {
+        let lease = lease_cols_p();
         format!(
             "WITH s AS (SELECT id FROM sessions WHERE id = $2 FOR KEY SHARE), \
                   l AS (SELECT ino FROM inodes WHERE ino = $1 AND {VISIBLE} \
                         AND EXISTS (SELECT 1 FROM s) FOR UPDATE), \
                   u AS (UPDATE inodes i SET ino = i.ino FROM l WHERE i.ino = l.ino \
                         RETURNING {ATTR_COLS_I}) \
-             SELECT u.*, p.ino, p.client, p.generation, p.dirty, p.acquired, p.snapshot, \
-                    EXISTS (SELECT 1 FROM s) \
+             SELECT u.*, {lease}, EXISTS (SELECT 1 FROM s) \
              FROM (SELECT 1) AS one LEFT JOIN u ON TRUE LEFT JOIN pcc_leases p ON p.ino = u.ino"
         )
     });
@@ -58,16 +67,17 @@ fn pg_open_lock(tx: &mut dyn Tx, session: u64, ino: Ino) -> Result<(Attr, Option
     if r.opt_i64(0)?.is_none() {
         return Err(MetaError::NotFound);
     }
-    let attr = attr_from_row(&r)?;
-    let lease = match r.opt_i64(n)? {
-        Some(_) => Some(lease_at(&r, n)?),
-        None => None,
-    };
-    Ok((attr, lease))
+    Ok((attr_from_row(&r)?, opt_lease_at(&r, n)?))
 }
 
 /// Columns [`lease_from_row`] reads, in order.
 pub(super) const LEASE_COLS: &str = "ino, client, generation, dirty, acquired, snapshot";
+
+/// [`LEASE_COLS`] of `pcc_leases p`, for a statement that joins it.
+fn lease_cols_p() -> String {
+    let cols: Vec<String> = LEASE_COLS.split(", ").map(|c| format!("p.{c}")).collect();
+    cols.join(", ")
+}
 
 fn lease_of(tx: &mut dyn Tx, ino: Ino) -> Result<Option<PccLease>> {
     tx.query_opt(
@@ -348,21 +358,19 @@ impl<D: Driver> Pcc for SqlMeta<D> {
     fn getattr_leased(&self, ino: Ino) -> Result<(Attr, Option<PccLease>)> {
         static SQL: OnceLock<String> = OnceLock::new();
         let sql = SQL.get_or_init(|| {
+            let lease = lease_cols_p();
             format!(
-                "SELECT {ATTR_COLS_I}, p.ino, p.client, p.generation, p.dirty, p.acquired, \
-                        p.snapshot \
+                "SELECT {ATTR_COLS_I}, {lease} \
                  FROM inodes i LEFT JOIN pcc_leases p ON p.ino = i.ino \
                  WHERE i.ino = $1 AND i.{VISIBLE}"
             )
         });
         self.d.read(|tx| {
             let r = tx.one(sql, vals![ino])?;
-            let n = ATTR_COLS.split(", ").count();
-            let lease = match r.opt_i64(n)? {
-                Some(_) => Some(lease_at(&r, n)?),
-                None => None,
-            };
-            Ok((attr_from_row(&r)?, lease))
+            Ok((
+                attr_from_row(&r)?,
+                opt_lease_at(&r, ATTR_COLS.split(", ").count())?,
+            ))
         })
     }
 
